@@ -1,0 +1,80 @@
+"""Output heads: from the last block's vectors to predictions.
+
+* :class:`ClassifierHead` pools the sequence into one vector (max, mean, or the first token), then maps it to
+  class log-probabilities. With a padding mask it pools over real tokens only, so padding cannot change the result.
+* :class:`GeneratorHead` maps every position to log-probabilities over the vocabulary (the next token). Its weight
+  matrix can be *tied* to the token embedding (Press & Wolf 2017): the same vectors read tokens in and write them out.
+
+Both return log-probabilities (``log_softmax``), as ``former`` does; train with :func:`torch.nn.functional.nll_loss`.
+
+Shapes: b batch size, t sequence length, e embedding size, c number of classes, v vocabulary size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchformer._checks import check_choice, check_embeddings, check_mask, check_positive_int
+
+POOLING = ("max", "mean", "first")
+
+
+class ClassifierHead(nn.Module):
+    """``forward(x, mask=None)``: ``(b, t, e) -> (b, c)`` class log-probabilities.
+
+    ``pool="max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the vector at
+    position 0 (a ``[CLS]``-style token; position 0 must then be a real token). A sequence with no real token at
+    all pools to the zero vector.
+    """
+
+    def __init__(self, emb: int, num_classes: int, pool: str = "max") -> None:
+        super().__init__()
+        self.emb = check_positive_int(emb, "emb")
+        check_positive_int(num_classes, "num_classes")
+        self.pool = check_choice(pool, "pool", POOLING)
+        self.toprobs = nn.Linear(emb, num_classes)
+
+    def pooled(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The pooled sequence vector, ``(b, t, e) -> (b, e)``."""
+        b, t, _ = check_embeddings(x, "x", self.emb)
+        if mask is not None:
+            check_mask(mask, "mask", (b, t))
+        if self.pool == "first":
+            return x[:, 0]
+        if mask is None:
+            return x.max(dim=1).values if self.pool == "max" else x.mean(dim=1)
+        real = mask[:, :, None]  # (b, t, 1)
+        if self.pool == "max":
+            pooled = x.masked_fill(~real, torch.finfo(x.dtype).min).max(dim=1).values  # (b, e)
+            return pooled.masked_fill(~real.any(dim=1), 0.0)
+        count = real.sum(dim=1).clamp(min=1)  # (b, 1); an all-padding row divides 0 by 1
+        return (x * real).sum(dim=1) / count
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        return F.log_softmax(self.toprobs(self.pooled(x, mask)), dim=-1)  # (b, e) -> (b, c)
+
+
+class GeneratorHead(nn.Module):
+    """``forward(x)``: ``(b, t, e) -> (b, t, v)`` log-probabilities of the next token at every position.
+
+    Pass ``tie_to=embedding`` (an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e``) to share its weight.
+    """
+
+    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.emb = check_positive_int(emb, "emb")
+        check_positive_int(num_tokens, "num_tokens")
+        self.toprobs = nn.Linear(emb, num_tokens)
+        if tie_to is not None:
+            if tuple(tie_to.weight.shape) != (num_tokens, emb):
+                raise ValueError(
+                    f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
+                    f"got {tuple(tie_to.weight.shape)}"
+                )
+            self.toprobs.weight = tie_to.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_embeddings(x, "x", self.emb)
+        return F.log_softmax(self.toprobs(x), dim=-1)

@@ -1,0 +1,183 @@
+"""Complete models assembled from the modules: a classifier, a generator and an encoder-decoder.
+
+The first positional arguments follow Peter Bloem's ``former``, so ``former`` experiments port by changing the
+import. Everything beyond them is keyword-only; options not named here (``prenorm``, ``ff_mult``, ``activation``,
+``kqnorm``, ``impl``) are passed to every :class:`~torchformer.blocks.TransformerBlock`.
+
+* :class:`CTransformer`: token ids ``(b, t)`` -> class log-probabilities ``(b, c)``.
+* :class:`GTransformer`: token ids ``(b, t)`` -> log-probabilities of the next token ``(b, t, v)``, causally.
+* :class:`Seq2SeqTransformer`: source ids ``(b, u)`` and target ids ``(b, t)`` -> ``(b, t, v_tgt)``.
+
+Shapes: b batch size, t (target) sequence length, u source length, e embedding size, c classes, v vocabulary size.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from torchformer._checks import check_mask, check_positive_int, check_probability, check_tokens
+from torchformer.blocks import BlockCache
+from torchformer.heads import ClassifierHead, GeneratorHead
+from torchformer.positions import make_positions
+from torchformer.stacks import Decoder, Encoder
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids ``(b, t)`` -> vectors ``(b, t, e)``: a lookup table plus a position encoding, then dropout."""
+
+    def __init__(
+        self, num_tokens: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.num_tokens = check_positive_int(num_tokens, "num_tokens")
+        check_positive_int(max_len, "seq_length")
+        self.tokens = nn.Embedding(num_tokens, emb)
+        self.positions = make_positions(positions, emb, max_len)
+        self.drop = nn.Dropout(check_probability(dropout, "dropout"))
+
+    def forward(self, x: Tensor, *, offset: int = 0, name: str = "x") -> Tensor:
+        check_tokens(x, name, self.num_tokens)
+        return self.drop(self.positions(self.tokens(x), offset))
+
+
+class CTransformer(nn.Module):
+    """Sequence classifier: embedding -> :class:`~torchformer.stacks.Encoder` -> pooled :class:`ClassifierHead`.
+
+    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` and an optional padding mask ``(b, t)`` (True = real
+    token) -> ``(b, num_classes)`` log-probabilities. With a mask, padding never changes the result.
+    ``max_pool=True`` pools with max, else mean; ``pool=`` may name ``"max"``, ``"mean"`` or ``"first"`` directly.
+    """
+
+    def __init__(
+        self,
+        emb: int,
+        heads: int,
+        depth: int,
+        seq_length: int,
+        num_tokens: int,
+        num_classes: int,
+        *,
+        max_pool: bool = True,
+        pool: str | None = None,
+        dropout: float = 0.0,
+        wide: bool = False,
+        positions: str = "learned",
+        **block_options,
+    ) -> None:
+        super().__init__()
+        self.seq_length = seq_length
+        self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
+        self.encoder = Encoder(emb, heads, depth, wide=wide, dropout=dropout, **block_options)
+        self.head = ClassifierHead(emb, num_classes, pool or ("max" if max_pool else "mean"))
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        h = self.embedding(x)  # (b, t) -> (b, t, e)
+        if mask is not None:
+            check_mask(mask, "mask", tuple(x.shape))
+        return self.head(self.encoder(h, mask), mask)  # (b, t, e) -> (b, c)
+
+
+class GTransformer(nn.Module):
+    """Autoregressive generator (a GPT-style language model): causal blocks, next-token log-probabilities.
+
+    ``forward(x)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at position ``i`` depends only on
+    tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the embedding with the output layer.
+    See :mod:`torchformer.generation` for sampling and beam search.
+    """
+
+    def __init__(
+        self,
+        emb: int,
+        heads: int,
+        depth: int,
+        seq_length: int,
+        num_tokens: int,
+        *,
+        wide: bool = False,
+        positions: str = "learned",
+        dropout: float = 0.0,
+        tie_weights: bool = False,
+        **block_options,
+    ) -> None:
+        super().__init__()
+        if block_options.pop("causal", True) is not True:
+            raise ValueError("GTransformer is always causal; got causal=False")
+        self.seq_length, self.num_tokens = seq_length, num_tokens
+        self.positions_kind = positions
+        self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
+        self.blocks = Encoder(emb, heads, depth, causal=True, wide=wide, dropout=dropout, **block_options)
+        tie = self.embedding.tokens if tie_weights else None
+        self.head = GeneratorHead(emb, num_tokens, tie_to=tie)
+
+    def forward(self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int = 0) -> Tensor:
+        """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens,
+        starting at absolute position ``offset``, and the earlier positions' keys and values come from the caches."""
+        return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
+
+    def new_caches(self) -> list[BlockCache]:
+        return self.blocks.new_caches()
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
+
+    ``forward(src, tgt, src_mask=None)``: source ids ``(b, u)``, target ids ``(b, t)`` (teacher forcing: the
+    target shifted right, starting with a BOS token) -> ``(b, t, tgt_tokens)`` log-probabilities of the next target
+    token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
+    ``decoder_depth`` defaults to ``depth``.
+    """
+
+    def __init__(
+        self,
+        emb: int,
+        heads: int,
+        depth: int,
+        seq_length: int,
+        src_tokens: int,
+        tgt_tokens: int,
+        *,
+        decoder_depth: int | None = None,
+        wide: bool = False,
+        positions: str = "learned",
+        dropout: float = 0.0,
+        tie_weights: bool = False,
+        **block_options,
+    ) -> None:
+        super().__init__()
+        self.seq_length, self.tgt_tokens = seq_length, tgt_tokens
+        self.positions_kind = positions
+        options = dict(wide=wide, dropout=dropout, **block_options)
+        self.src_embedding = TokenEmbedding(src_tokens, emb, seq_length, positions=positions, dropout=dropout)
+        self.tgt_embedding = TokenEmbedding(tgt_tokens, emb, seq_length, positions=positions, dropout=dropout)
+        self.encoder = Encoder(emb, heads, depth, **options)
+        self.decoder = Decoder(emb, heads, decoder_depth or depth, **options)
+        tie = self.tgt_embedding.tokens if tie_weights else None
+        self.head = GeneratorHead(emb, tgt_tokens, tie_to=tie)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Source ids ``(b, u)`` -> the encoder's output ``(b, u, e)``, the context of every decoder block."""
+        h = self.src_embedding(src, name="src")
+        if src_mask is not None:
+            check_mask(src_mask, "src_mask", tuple(src.shape))
+        return self.encoder(h, src_mask)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        caches: list[BlockCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities."""
+        h = self.tgt_embedding(tgt, offset=offset, name="tgt")
+        if h.size(0) != memory.size(0):
+            raise ValueError(f"tgt must have the same batch size as src ({memory.size(0)}), got {h.size(0)}")
+        return self.head(self.decoder(h, memory, None, src_mask, caches=caches))
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+
+    def new_caches(self) -> list[BlockCache]:
+        return self.decoder.new_caches()

@@ -1,0 +1,165 @@
+"""Properties of torchformer.models: causality, padding invariance, gradients, learning, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchformer import CTransformer, GTransformer, Seq2SeqTransformer
+
+
+def seeded(cls, *args, **kwargs):
+    torch.manual_seed(0)
+    return cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_generator_is_causal(positions, prenorm):
+    model = seeded(GTransformer, 32, 4, 2, 12, 20, positions=positions, prenorm=prenorm).double()
+    x = torch.randint(0, 20, (2, 12))
+    out = model(x)
+    assert out.shape == (2, 12, 20)
+    torch.testing.assert_close(out.exp().sum(-1), torch.ones(2, 12).double())
+    for j in range(1, 12):
+        changed = x.clone()
+        changed[:, j:] = (changed[:, j:] + 1) % 20
+        torch.testing.assert_close(model(changed)[:, :j], out[:, :j])
+
+
+def test_classifier_ignores_padding_when_masked():
+    model = seeded(CTransformer, 32, 4, 2, 16, 30, 3).double()
+    x = torch.randint(1, 30, (2, 6))
+    padded = torch.cat([x, torch.randint(0, 30, (2, 10))], dim=1)  # random tokens in the padding
+    mask = torch.tensor([[True] * 6 + [False] * 10] * 2)
+    for pool in ["max", "mean"]:
+        model.head.pool = pool
+        torch.testing.assert_close(model(padded, mask), model(x))
+    assert model(x).shape == (2, 3)
+
+
+def test_classifier_is_order_sensitive_with_positions_and_invariant_without():
+    x = torch.randint(0, 30, (2, 8))
+    perm = torch.randperm(8)
+    bag = seeded(CTransformer, 32, 4, 2, 8, 30, 2, positions="none").double()
+    torch.testing.assert_close(bag(x[:, perm]), bag(x))  # attention + max pooling is a set function
+    ordered = seeded(CTransformer, 32, 4, 2, 8, 30, 2).double()
+    assert not torch.allclose(ordered(x[:, perm]), ordered(x))
+
+
+def test_seq2seq_ignores_source_padding_and_is_causal_in_target():
+    model = seeded(Seq2SeqTransformer, 32, 4, 2, 16, 25, 15).double()
+    src, tgt = torch.randint(0, 25, (2, 5)), torch.randint(0, 15, (2, 7))
+    out = model(src, tgt)
+    assert out.shape == (2, 7, 15)
+    padded = torch.cat([src, torch.randint(0, 25, (2, 4))], dim=1)
+    mask = torch.tensor([[True] * 5 + [False] * 4] * 2)
+    torch.testing.assert_close(model(padded, tgt, mask), out)
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1) % 15
+    torch.testing.assert_close(model(src, changed)[:, :4], out[:, :4])
+    assert not torch.allclose(model((src + 1) % 25, tgt), out)  # the decoder really reads the source
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: CTransformer(16, 2, 2, 8, 10, 2, wide=True),
+        lambda: CTransformer(16, 2, 2, 8, 10, 2, max_pool=False, prenorm=True, kqnorm=True),
+        lambda: GTransformer(16, 2, 2, 8, 10, tie_weights=True),
+        lambda: GTransformer(16, 2, 2, 8, 10, positions="sinusoidal", activation="gelu"),
+        lambda: Seq2SeqTransformer(16, 2, 2, 8, 10, 12, decoder_depth=1),
+    ],
+)
+def test_every_parameter_gets_a_gradient(build):
+    torch.manual_seed(0)
+    model = build()
+    x = torch.randint(0, 10, (3, 8))
+    out = model(x, x[:, :5]) if isinstance(model, Seq2SeqTransformer) else model(x)
+    out.exp().pow(2).sum().backward()  # a loss that depends on every output
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_reference_impl_gives_the_same_model_output():
+    fast = seeded(GTransformer, 32, 4, 2, 12, 20, wide=True).double()
+    ref = seeded(GTransformer, 32, 4, 2, 12, 20, wide=True, impl="reference").double()
+    x = torch.randint(0, 20, (2, 12))
+    torch.testing.assert_close(fast(x), ref(x))
+
+
+def test_cached_forward_equals_full_forward():
+    model = seeded(GTransformer, 32, 4, 2, 12, 20).double().eval()
+    x = torch.randint(0, 20, (2, 9))
+    caches = model.new_caches()
+    steps = [model(x[:, :4], caches=caches)] + [model(x[:, i : i + 1], caches=caches, offset=i) for i in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model(x))
+
+
+V, N = 10, 6
+
+
+def test_tiny_generator_learns_to_copy():
+    """a1..a6 SEP a1..a6: the second half is only predictable by attending back to the first."""
+    model = seeded(GTransformer, 64, 4, 2, 2 * N + 1, V + 1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        a = torch.randint(0, V, (32, N), generator=g)
+        seq = torch.cat([a, torch.full((32, 1), V), a], dim=1)
+        logp = model(seq[:, :-1])[:, N:]  # predictions of the copied half
+        loss = F.nll_loss(logp.reshape(-1, V + 1), seq[:, N + 1 :].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05  # chance level is ln(10) = 2.3
+
+
+def test_tiny_seq2seq_learns_to_reverse():
+    model = seeded(Seq2SeqTransformer, 64, 4, 2, N, V, V + 1)  # target vocabulary: digits + BOS
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        src = torch.randint(0, V, (32, N), generator=g)
+        tgt = src.flip(1)
+        tgt_in = torch.cat([torch.full((32, 1), V), tgt[:, :-1]], dim=1)  # teacher forcing: BOS + shifted target
+        loss = F.nll_loss(model(src, tgt_in).reshape(-1, V + 1), tgt.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_former_positional_arguments():
+    c = CTransformer(32, 4, 2, 16, 100, 2)  # emb, heads, depth, seq_length, num_tokens, num_classes
+    assert c.embedding.tokens.num_embeddings == 100 and c.head.toprobs.out_features == 2
+    g = GTransformer(32, 4, 2, 16, 100)  # emb, heads, depth, seq_length, num_tokens
+    assert g.embedding.positions.max_len == 16 and len(g.blocks.blocks) == 2
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = seeded(CTransformer, 16, 2, 1, 8, 10, 2)
+    with pytest.raises(TypeError, match="integer token ids.*torch.float32"):
+        model(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"token ids in \[0, 10\), got values in \[0, 12\]"):
+        model(torch.tensor([[0, 12]]))
+    with pytest.raises(ValueError, match=r"token ids in \[0, 10\), got values in \[-1, 3\]"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match=r"x must have shape \(b, t\).*got shape \(4,\)"):
+        model(torch.tensor([1, 2, 3, 4]))
+    with pytest.raises(ValueError, match=r"mask must have shape \(b, t\) = \(1, 4\), got \(1, 3\)"):
+        model(torch.tensor([[1, 2, 3, 4]]), torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="max_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    gen = seeded(GTransformer, 16, 2, 1, 8, 10)
+    with pytest.raises(ValueError, match="GTransformer is always causal"):
+        GTransformer(16, 2, 1, 8, 10, causal=False)
+    with pytest.raises(ValueError, match="positions must be one of"):
+        GTransformer(16, 2, 1, 8, 10, positions="rotary")
+    s2s = seeded(Seq2SeqTransformer, 16, 2, 1, 8, 10, 12)
+    with pytest.raises(ValueError, match=r"tgt must hold token ids in \[0, 12\)"):
+        s2s(torch.zeros(1, 3, dtype=torch.long), torch.full((1, 3), 12))
+    with pytest.raises(ValueError, match=r"src_mask must have shape"):
+        s2s(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 2).bool())
+    with pytest.raises(ValueError, match="same batch size"):
+        s2s(torch.zeros(1, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    assert gen(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 10)
