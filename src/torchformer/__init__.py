@@ -8,10 +8,14 @@ The package is organised one concept per module:
 * :mod:`torchformer.stacks`: encoder and decoder stacks
 * :mod:`torchformer.heads`: classifier and generator heads
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``
+* :mod:`torchformer.evaluation`: bits per byte
+* :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
 """
 
 from torchformer.attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention
 from torchformer.blocks import BlockCache, FeedForward, TransformerBlock
+from torchformer import data
+from torchformer.evaluation import bits_per_byte
 from torchformer.heads import ClassifierHead, GeneratorHead
 from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer, TokenEmbedding
 from torchformer.positions import LearnedPositions, SinusoidalPositions
@@ -37,4 +41,5 @@ __all__ = [
     "SinusoidalPositions",
     "TokenEmbedding",
     "TransformerBlock",
+    "bits_per_byte",
 ]

@@ -1,0 +1,201 @@
+"""Batching variable-length sequences: padding, masks and length bucketing.
+
+A batch of token sequences must become one rectangular ``(b, t)`` tensor, so the
+shorter sequences are padded up to the longest. The padding is not data: a
+boolean mask (``True`` = real token) travels with the ids so attention and
+pooling can ignore it.
+
+Padding costs compute. IMDb reviews range from about 10 to 2,500 tokens, so a
+random batch is mostly padding. *Bucketing* fixes that while keeping the epoch
+random: shuffle, cut the indices into large chunks, sort each chunk by length,
+cut it into batches of similar lengths, then shuffle the order of the batches.
+
+Empty sequences are refused (``ValueError``) rather than padded: a row that is
+all padding has nothing to attend to, and its softmax silently turns into NaN.
+Map empty texts to something (e.g. ``[WordTokenizer.UNK]``) before batching.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["pad_batch", "bucket_batches", "ClassificationBatches"]
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _as_length(i: int, n: object) -> int:
+    # operator.index accepts Python, numpy and 0-d tensor integers, but not floats.
+    try:
+        value = operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        value = -1
+    if isinstance(n, bool) or value < 0:
+        raise ValueError(f"lengths[{i}] must be a non-negative int, got {n!r}")
+    return value
+
+
+def pad_batch(
+    sequences: Sequence[Sequence[int]],
+    *,
+    max_length: int | None = None,
+    pad: int = 0,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Truncate each sequence to ``max_length`` and right-pad them to a common length.
+
+    Args:
+        sequences: ``b`` non-empty sequences of token ids (lists, tuples or 1-D tensors).
+        max_length: keep at most the first ``max_length`` ids of each sequence.
+        pad: the id written into padded positions.
+        device: where the returned tensors live (built on the CPU, then moved once).
+
+    Returns:
+        ``ids`` of shape ``(b, t)``, int64, and ``mask`` of shape ``(b, t)``, bool,
+        ``True`` at real tokens; ``t`` is the longest sequence after truncation.
+    """
+    if max_length is not None:
+        _check_positive_int("max_length", max_length)
+    if not isinstance(pad, int) or isinstance(pad, bool):
+        raise TypeError(f"pad must be an int token id, got {pad!r}")
+    if len(sequences) == 0:
+        raise ValueError("sequences must contain at least one sequence, got an empty batch")
+    rows = [s.tolist() if isinstance(s, Tensor) else s for s in sequences]
+    lengths = [len(row) if max_length is None else min(len(row), max_length) for row in rows]
+    for i, n in enumerate(lengths):
+        if n == 0:
+            raise ValueError(
+                f"sequences[{i}] is empty; an all-padding row has nothing to attend to "
+                "(encode empty texts as e.g. [UNK] instead)"
+            )
+    # One tensor for all real tokens, scattered into place through the mask: far
+    # faster than b small tensor copies.
+    flat = torch.tensor([token for row, n in zip(rows, lengths) for token in row[:n]])
+    if flat.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"sequences must hold integer token ids, got dtype {flat.dtype}")
+    lengths_t = torch.tensor(lengths)
+    mask = torch.arange(int(lengths_t.max())) < lengths_t[:, None]  # (b, t)
+    ids = torch.full(mask.shape, pad, dtype=torch.int64)
+    # Row-major order of the True positions = the concatenation order of `flat`,
+    # because each row's real tokens are a prefix of that row.
+    ids[mask] = flat.long()
+    return ids.to(device), mask.to(device)
+
+
+def bucket_batches(
+    lengths: Sequence[int],
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    generator: torch.Generator | None = None,
+    bucket_size_multiplier: int = 50,
+) -> list[list[int]]:
+    """Group indices ``0 .. len(lengths) - 1`` into batches of similar length.
+
+    Shuffle the indices, cut them into chunks of ``batch_size * bucket_size_multiplier``,
+    sort each chunk by length, cut it into batches of ``batch_size`` and shuffle the
+    batch order. Each index appears exactly once; only the very last batch may be
+    smaller than ``batch_size``; there are ``ceil(len(lengths) / batch_size)`` batches.
+
+    A larger multiplier gives more uniform batches but less randomness in which
+    examples meet in a batch. ``shuffle=False`` skips both shuffles (deterministic,
+    for evaluation). ``generator`` makes the shuffles reproducible; without one,
+    torch's global RNG is used, like ``DataLoader`` does.
+    """
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("bucket_size_multiplier", bucket_size_multiplier)
+    lengths = [_as_length(i, n) for i, n in enumerate(lengths)]
+
+    count = len(lengths)
+    order = torch.randperm(count, generator=generator).tolist() if shuffle else list(range(count))
+    chunk = batch_size * bucket_size_multiplier
+    batches = []
+    for start in range(0, count, chunk):
+        bucket = sorted(order[start : start + chunk], key=lengths.__getitem__)
+        batches += [bucket[i : i + batch_size] for i in range(0, len(bucket), batch_size)]
+    if shuffle:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
+
+class ClassificationBatches:
+    """One epoch of ``(ids, mask, labels)`` batches for sequence classification.
+
+    ``ids`` and ``mask`` are ``(b, t)`` as from :func:`pad_batch`, ``labels`` is ``(b,)``
+    int64. Batches are length-bucketed by :func:`bucket_batches`; each ``iter()``
+    is a new epoch with a fresh shuffle drawn from ``generator``.
+
+    Example:
+        >>> data = ClassificationBatches([[5, 6, 7], [8], [9, 9]], [1, 0, 1], batch_size=2)
+        >>> len(data), sum(labels.numel() for _, _, labels in data)
+        (2, 3)
+    """
+
+    def __init__(
+        self,
+        encoded: Sequence[Sequence[int]],
+        labels: Sequence[int],
+        *,
+        batch_size: int,
+        max_length: int | None = None,
+        shuffle: bool = True,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+        pad: int = 0,
+    ):
+        _check_positive_int("batch_size", batch_size)
+        if max_length is not None:
+            _check_positive_int("max_length", max_length)
+        if len(encoded) != len(labels):
+            raise ValueError(
+                f"encoded and labels must have the same length, got {len(encoded)} and {len(labels)}"
+            )
+        if len(encoded) == 0:
+            raise ValueError("encoded must contain at least one sequence, got none")
+        labels_t = torch.as_tensor(labels)
+        if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:
+            raise TypeError(
+                f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
+                f"shape {tuple(labels_t.shape)}"
+            )
+        # Checked here rather than mid-epoch, so a bad example fails before training starts.
+        lengths = [len(s) if max_length is None else min(len(s), max_length) for s in encoded]
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if empty:
+            raise ValueError(
+                f"encoded[{empty[0]}] is empty ({len(empty)} empty sequences in all); "
+                "encode empty texts as e.g. [UNK] instead"
+            )
+        self.encoded = encoded
+        self.labels = labels_t.long()
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.shuffle = shuffle
+        self.generator = generator
+        self.device = device
+        self.pad = pad
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        batches = bucket_batches(
+            self.lengths, self.batch_size, shuffle=self.shuffle, generator=self.generator
+        )
+        for indices in batches:
+            ids, mask = pad_batch(
+                [self.encoded[i] for i in indices],
+                max_length=self.max_length,
+                pad=self.pad,
+                device=self.device,
+            )
+            yield ids, mask, self.labels[indices].to(self.device)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)

@@ -1,0 +1,203 @@
+"""Tokenizers: turning text into the integer ids a model embeds.
+
+Two deliberately simple schemes, both with id 0 reserved for padding:
+
+* :class:`WordTokenizer` - lower-cased words and punctuation marks. The vocabulary
+  is the ``vocab_size - 2`` most frequent tokens of the *training* texts; anything
+  else becomes ``<unk>``. Building it on training texts only matters: a vocabulary
+  that has seen the test set leaks information about it.
+* :class:`ByteTokenizer` - the UTF-8 bytes of the text, shifted by one so that
+  byte ``b`` gets id ``b + 1``. No vocabulary to build and nothing is ever
+  unknown, at the price of sequences several times longer.
+
+Both save to a ``state_dict()`` of plain lists, strings and ints, which survives
+``json.dump`` and ``torch.save``/``torch.load(weights_only=True)``; use
+:func:`tokenizer_from_state_dict` to get the right class back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+__all__ = ["WordTokenizer", "ByteTokenizer", "tokenizer_from_state_dict"]
+
+# IMDb reviews mark line breaks with HTML tags; they would otherwise become the
+# most frequent "words" of the corpus. Replaced by a space so the words on either
+# side do not fuse.
+_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
+# A word is a run of letters/digits, optionally with inner apostrophes ("don't",
+# "it's"); every other non-space character is a token of its own ("!!" -> "!", "!").
+_TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+
+
+def _words(text: str) -> list[str]:
+    return _TOKEN.findall(_BREAK.sub(" ", text.lower()))
+
+
+def _check_max_length(max_length: int | None) -> None:
+    if max_length is not None and (
+        not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
+    ):
+        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+
+
+def _check_state(state: Any, kind: str) -> None:
+    if not isinstance(state, dict) or state.get("kind") != kind:
+        got = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"state must be a dict with kind={kind!r}, got {got!r}")
+
+
+class WordTokenizer:
+    """Lower-cased word/punctuation tokens with a frequency-ranked vocabulary.
+
+    Id 0 is ``<pad>``, id 1 is ``<unk>``, then the vocabulary words from most to
+    least frequent (ties in alphabetical order, so a build is reproducible).
+
+    Example:
+        >>> tok = WordTokenizer.build(["A fine film.", "A dull film!"], vocab_size=6)
+        >>> tok.tokenize("A FINE<br />film!")
+        ['a', 'fine', 'film', '!']
+        >>> tok.decode(tok.encode("a great film"))
+        'a <unk> film'
+    """
+
+    PAD, UNK = 0, 1
+    PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
+
+    def __init__(self, vocab: Sequence[str]):
+        """Use :meth:`build` or :meth:`from_state_dict`; ``vocab`` lists every token by id."""
+        vocab = list(vocab)
+        if vocab[:2] != [self.PAD_TOKEN, self.UNK_TOKEN]:
+            raise ValueError(
+                f"vocab must start with {[self.PAD_TOKEN, self.UNK_TOKEN]}, got {vocab[:2]}"
+            )
+        if not all(isinstance(token, str) for token in vocab):
+            raise TypeError("vocab must contain only strings")
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("vocab must not contain duplicate tokens")
+        self._id_to_token = vocab
+        self._token_to_id = {token: i for i, token in enumerate(vocab)}
+
+    @classmethod
+    def build(cls, texts: Iterable[str], vocab_size: int) -> WordTokenizer:
+        """Build the vocabulary from ``texts`` (give it the training texts only).
+
+        ``vocab_size`` is the *total* size, ``<pad>`` and ``<unk>`` included, so
+        at most ``vocab_size - 2`` words are kept. Fewer distinct words than that
+        give a smaller vocabulary; ``len(tokenizer)`` is the real size.
+        """
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
+            raise ValueError(
+                f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}"
+            )
+        if isinstance(texts, (str, bytes)):
+            # A lone string would be iterated character by character: surely a mistake.
+            raise TypeError("texts must be an iterable of strings, got a single string")
+        counts: Counter[str] = Counter()
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+            counts.update(_words(text))
+        # Specials are never counted as words (a review could literally say "<unk>",
+        # but the tokenizer splits that into "<", "unk", ">").
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        words = [word for word, _ in ranked[: vocab_size - 2]]
+        return cls([cls.PAD_TOKEN, cls.UNK_TOKEN, *words])
+
+    def tokenize(self, text: str) -> list[str]:
+        """Lower-case, turn ``<br />`` into a space, split off punctuation."""
+        return _words(text)
+
+    def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
+        """Token ids of ``text``, unknown words as :attr:`UNK`, cut to ``max_length``.
+
+        An empty (or all-whitespace) text gives ``[]``; the batching code refuses
+        empty sequences, so decide upstream what such a text should be.
+        """
+        _check_max_length(max_length)
+        lookup, unk = self._token_to_id.get, self.UNK
+        ids = [lookup(token, unk) for token in _words(text)]
+        return ids if max_length is None else ids[:max_length]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Tokens joined by single spaces; ``<pad>`` ids are dropped, unknowns read ``<unk>``.
+
+        For text made of in-vocabulary words, ``decode(encode(t)) == " ".join(tokenize(t))``.
+        """
+        vocab, n = self._id_to_token, len(self._id_to_token)
+        tokens = []
+        for i in ids:
+            i = int(i)  # also accepts 0-d tensors and numpy ints
+            if not 0 <= i < n:
+                raise ValueError(f"ids must be in [0, {n}), got {i}")
+            if i != self.PAD:
+                tokens.append(vocab[i])
+        return " ".join(tokens)
+
+    def __len__(self) -> int:
+        return len(self._id_to_token)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={len(self)})"
+
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer, as plain Python values."""
+        return {"kind": "word", "vocab": list(self._id_to_token)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> WordTokenizer:
+        _check_state(state, "word")
+        return cls(state["vocab"])
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: byte ``b`` is id ``b + 1``, id 0 is ``<pad>``; 257 ids.
+
+    Decoding is exact for any string, except where ``max_length`` cut a multi-byte
+    character in half: that partial character decodes as U+FFFD.
+    """
+
+    PAD = 0
+    PAD_TOKEN = "<pad>"
+
+    def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
+        _check_max_length(max_length)
+        data = text.encode("utf-8")
+        if max_length is not None:
+            data = data[:max_length]
+        return [b + 1 for b in data]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        data = bytearray()
+        for i in ids:
+            i = int(i)
+            if not 0 <= i <= 256:
+                raise ValueError(f"ids must be in [0, 257), got {i}")
+            if i != self.PAD:
+                data.append(i - 1)
+        return data.decode("utf-8", errors="replace")
+
+    def __len__(self) -> int:
+        return 257
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def state_dict(self) -> dict:
+        return {"kind": "byte"}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> ByteTokenizer:
+        _check_state(state, "byte")
+        return cls()
+
+
+def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer:
+    """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``)."""
+    classes = {"word": WordTokenizer, "byte": ByteTokenizer}
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind not in classes:
+        raise ValueError(f"state['kind'] must be one of {sorted(classes)}, got {kind!r}")
+    return classes[kind].from_state_dict(state)

@@ -1,0 +1,135 @@
+"""Bits per byte: how well a byte-level language model compresses held-out text.
+
+A model that assigns probability ``p`` to the byte that actually comes next could encode that
+byte in ``-log2 p`` bits (arithmetic coding gets within a few bits of this for the whole file).
+Bits per byte is the average of that cost over the evaluated bytes; lower is better, and 8.0 is
+what a model that knows nothing (uniform over 256 values) pays.
+
+Every byte of the data after the first is predicted exactly once, from the bytes before it. The
+model sees at most ``context`` bytes, so long data is cut into windows. Windows of ``context``
+inputs start every ``stride`` bytes; the first window scores all of its predictions and each later
+window scores only its last ``stride`` predictions, the ones the previous window did not reach.
+A scored byte thus sees at least ``context - stride + 1`` bytes of context (except near the very
+start of the data, where fewer exist). ``stride = context`` is cheapest but leaves some bytes
+with almost no context; the default ``stride = context // 2`` costs about twice as much and
+gives every scored byte at least half a context; ``stride = 1`` gives every byte a full context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+
+def _window_plan(n: int, length: int, stride: int) -> tuple[Tensor, Tensor]:
+    """Start positions of the windows and, per window, the index of its first scored prediction.
+
+    A window starting at ``s`` feeds ``data[s : s + length]`` and predicts ``data[s + 1 : s + length + 1]``.
+    The last window is moved left so that it ends exactly at the last byte; all windows then have
+    the same length and can be batched.
+    """
+    last = n - 1 - length
+    starts = list(range(0, last + 1, stride))
+    if starts[-1] != last:
+        starts.append(last)
+    starts = torch.tensor(starts, dtype=torch.long)
+    # Window k's predictions up to position starts[k-1] + length were scored by window k - 1.
+    first = torch.zeros_like(starts)
+    first[1:] = starts[:-1] + length - starts[1:]
+    return starts, first
+
+
+@torch.no_grad()
+def bits_per_byte(
+    model: nn.Module,
+    data: Tensor,
+    *,
+    context: int,
+    batch_size: int = 32,
+    stride: Optional[int] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> float:
+    """Average number of bits the model needs per byte of ``data`` (see the module docstring).
+
+    Args:
+        model: maps ``(b, t)`` int64 token ids to ``(b, t, vocab)`` natural-log probabilities of
+            the next token at every position, causally (position ``i`` sees inputs ``<= i``).
+        data: 1-D integer tensor (e.g. ``uint8`` bytes) with at least 2 elements.
+        context: the most inputs the model sees at once.
+        batch_size: windows per forward pass.
+        stride: distance between window starts, in ``[1, context]``; default ``max(1, context // 2)``.
+        device: where to run; default the device of the model's parameters (or of ``data``).
+
+    Returns:
+        total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(data, Tensor) or data.dim() != 1:
+        raise ValueError(f"data must be a 1-D tensor, got {type(data).__name__} with shape "
+                         f"{tuple(data.shape) if isinstance(data, Tensor) else None}")
+    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+        raise TypeError(f"data must hold integer token ids, got dtype {data.dtype}")
+    if len(data) < 2:
+        raise ValueError(f"data must hold at least 2 tokens (the first is never predicted), got {len(data)}")
+    for name, value in (("context", context), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if stride is None:
+        stride = max(1, context // 2)
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
+        raise ValueError(f"stride must be an int in [1, context={context}], got {stride!r}")
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else data.device
+
+    n = len(data)
+    length = min(context, n - 1)  # short data: a single window over all of it
+    starts, first = _window_plan(n, length, stride)
+    data = data.to(device)
+    starts, first = starts.to(device), first.to(device)
+    offsets = torch.arange(length + 1, device=device)
+    positions = torch.arange(length, device=device)
+
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
+    counted = 0
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(starts), batch_size):
+            windows = data[starts[i:i + batch_size, None] + offsets].long()  # (b, length + 1)
+            inputs, targets = windows[:, :-1], windows[:, 1:]
+            logp = model(inputs)
+            if i == 0:
+                _check_output(logp, inputs, data)
+            picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, length)
+            scored = positions >= first[i:i + batch_size, None]
+            total_nats -= torch.where(scored, picked.double(), 0.0).sum()
+            counted += int(scored.sum())
+    finally:
+        model.train(was_training)
+
+    assert counted == n - 1, (counted, n)  # every byte after the first, exactly once
+    return total_nats.item() / math.log(2) / counted
+
+
+def _check_output(logp: Tensor, inputs: Tensor, data: Tensor) -> None:
+    """Catch the usual mistakes (wrong shape, logits instead of log-probabilities) on the first batch."""
+    b, t = inputs.shape
+    if not isinstance(logp, Tensor) or logp.dim() != 3 or tuple(logp.shape[:2]) != (b, t):
+        shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
+        raise ValueError(f"model output must have shape (b, t, vocab) = ({b}, {t}, vocab), got {shape}")
+    vocab = logp.shape[-1]
+    top = int(data.max())
+    if top >= vocab:
+        raise ValueError(f"data holds token id {top}, but the model's vocab has only {vocab} entries")
+    # A sum of probabilities far from 1 means the model returns logits (apply log_softmax) or garbage.
+    drift = logp.float().logsumexp(-1).abs().max().item()
+    if not drift <= 0.1:
+        raise ValueError(
+            "model must return log-probabilities (e.g. log_softmax of the logits): their logsumexp over "
+            f"the last dimension should be 0, got up to {drift:.3g} away from it"
+        )

@@ -1,0 +1,242 @@
+"""Tests for torchformer.data.enwik8_dataset: file formats, the official-file check, downloads, batches. No network."""
+
+import gzip
+import hashlib
+import io
+import os
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchformer.data.download import ChecksumError
+from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
+
+N = 2000  # size of the synthetic "official" file
+
+
+@pytest.fixture
+def raw():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=N, dtype=np.uint8).tobytes()
+
+
+def _write_zip(path, member, payload):
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(member, payload)
+    return path
+
+
+def _official(raw):
+    """Keyword arguments that make `raw` the "official" file."""
+    return {"expected_size": len(raw), "md5": hashlib.md5(raw).hexdigest()}
+
+
+def test_raw_gz_and_zip_give_identical_splits(tmp_path, raw):
+    plain = tmp_path / "enwik8"
+    plain.write_bytes(raw)
+    gz = tmp_path / "enwik8.gz"
+    gz.write_bytes(gzip.compress(raw))
+    zp = _write_zip(tmp_path / "enwik8.zip", "enwik8", raw)
+    results = [enwik8(p, **_official(raw)) for p in (plain, gz, zp)]
+    for result in results:
+        assert all(piece.dtype == torch.uint8 and piece.dim() == 1 for piece in result)
+        for piece, reference in zip(result, results[0]):
+            assert torch.equal(piece, reference)
+    assert torch.cat(results[0]).numpy().tobytes() == raw
+
+
+def test_official_file_uses_official_split_sizes(tmp_path, raw):
+    path = tmp_path / "enwik8"
+    path.write_bytes(raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the official file must load silently
+        train, val, test = enwik8(path, splits=(1700, 200, 100), **_official(raw))
+        default = enwik8(path, **_official(raw))
+    assert (len(train), len(val), len(test)) == (1700, 200, 100)
+    assert val.numpy().tobytes() == raw[1700:1900] and test.numpy().tobytes() == raw[1900:]
+    assert [len(p) for p in default] == [1800, 100, 100]  # 90M/5M/5M scaled to 2000 bytes
+
+
+def test_corrupt_official_file_raises(tmp_path, raw):
+    corrupt = bytearray(raw)
+    corrupt[1234] ^= 1
+    path = tmp_path / "enwik8"
+    path.write_bytes(bytes(corrupt))
+    with pytest.raises(ChecksumError, match="md5") as info:
+        enwik8(path, **_official(raw))
+    assert info.value.expected == hashlib.md5(raw).hexdigest()
+    assert info.value.received == hashlib.md5(corrupt).hexdigest()
+
+
+def test_other_file_warns_and_splits_90_5_5(tmp_path):
+    path = tmp_path / "novel.txt"
+    text = ("It was a dark and stormy night. " * 40).encode()[:1000]
+    path.write_bytes(text)
+    with pytest.warns(UserWarning, match=r"novel\.txt holds 1,000 bytes") as record:
+        train, val, test = enwik8(path)
+    assert "not the 100,000,000" in str(record[0].message)
+    assert (len(train), len(val), len(test)) == (900, 50, 50)
+    assert torch.cat([train, val, test]).numpy().tobytes() == text
+
+
+def test_real_enwik8_prefix_is_not_mistaken_for_enwik8():
+    prefix = "/work/shared/data/enwik8_prefix.gz"
+    if not os.path.exists(prefix):
+        pytest.skip("shared data not available")
+    with pytest.warns(UserWarning, match="4,154,399 bytes"):
+        train, val, test = enwik8(prefix)
+    assert len(train) + len(val) + len(test) == 4_154_399
+    assert bytes(train[:10].tolist()) == b"<mediawiki"
+
+
+def test_too_small_file_and_bad_splits(tmp_path):
+    path = tmp_path / "tiny"
+    path.write_bytes(b"abcdefghij")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="val split would be empty"):
+        enwik8(path)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="splits must be three numbers"):
+        enwik8(path, splits=(1, 2))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="non-negative"):
+        enwik8(path, splits=(8, -1, 3))
+
+
+def test_zip_without_enwik8_member(tmp_path):
+    path = tmp_path / "many.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("a.txt", b"aaa")
+        archive.writestr("b.txt", b"bbb")
+    with pytest.raises(ValueError, match="member named 'enwik8'"):
+        load_text_bytes(path)
+
+
+def test_missing_file_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="download=True") as info:
+        enwik8(root=tmp_path)
+    assert "mattmahoney.net" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_into_cache(tmp_path, raw):
+    remote = _write_zip(tmp_path / "remote.zip", "enwik8", raw)
+    root = tmp_path / "cache"
+    train, val, test = enwik8(download=True, root=root, url=remote.as_uri(), progress=False, **_official(raw))
+    assert torch.cat([train, val, test]).numpy().tobytes() == raw
+    assert [p.name for p in root.iterdir()] == ["enwik8"]  # raw file only, no zip or temp files
+
+    def opener(url):
+        raise AssertionError("the cached copy must be used")
+
+    again = enwik8(download=True, root=root, opener=opener, **_official(raw))
+    assert all(torch.equal(a, b) for a, b in zip(again, (train, val, test)))
+
+
+def test_download_honours_torchformer_home(tmp_path, raw, monkeypatch):
+    monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "home"))
+    remote = _write_zip(tmp_path / "remote.zip", "enwik8", raw)
+    enwik8(download=True, url=remote.as_uri(), progress=False, **_official(raw))
+    assert (tmp_path / "home" / "enwik8").read_bytes() == raw
+
+
+def test_corrupt_download_leaves_cache_empty(tmp_path, raw):
+    corrupt = bytearray(raw)
+    corrupt[0] ^= 0xFF
+    remote = _write_zip(tmp_path / "remote.zip", "enwik8", bytes(corrupt))
+    root = tmp_path / "cache"
+    with pytest.raises(ChecksumError, match="md5"):
+        enwik8(download=True, root=root, url=remote.as_uri(), progress=False, **_official(raw))
+    assert list(root.iterdir()) == []
+
+
+def test_download_that_is_not_a_zip_leaves_cache_empty(tmp_path, raw):
+    root = tmp_path / "cache"
+    html = b"<html>502 Bad Gateway</html>"
+    opener = lambda url: io.BytesIO(html)  # noqa: E731
+    with pytest.raises(zipfile.BadZipFile, match="not a valid zip"):
+        enwik8(download=True, root=root, opener=opener, progress=False, **_official(raw))
+    assert list(root.iterdir()) == []
+
+
+def test_bundled_sample():
+    train, val, test = enwik8_sample()
+    assert sample_path().is_file()
+    data = torch.cat([train, val, test])
+    assert len(data) == 299_994
+    assert (len(val), len(test)) == (14_999, 14_999)
+    assert bytes(data[:10].tolist()) == b"<mediawiki"
+    # The same digest is recorded in SAMPLE_LICENSE.md; a changed sample must update it.
+    digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+    assert digest in sample_path().with_name("SAMPLE_LICENSE.md").read_text()
+
+
+# ---------------------------------------------------------------- random_batches
+
+
+def test_random_batches_shift_shape_dtype():
+    data = torch.arange(1000)  # every value is its own position, so windows can be checked exactly
+    inputs, targets = random_batches(data, context=16, batch_size=64, generator=torch.Generator().manual_seed(1))
+    assert inputs.shape == targets.shape == (64, 16)
+    assert inputs.dtype == targets.dtype == torch.int64
+    starts = inputs[:, 0]
+    expected = starts[:, None] + torch.arange(16)
+    assert torch.equal(inputs, expected)
+    assert torch.equal(targets, expected + 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 60), data=st.data())
+def test_random_batches_windows_come_from_data(n, data):
+    context = data.draw(st.integers(1, n - 1))
+    batch_size = data.draw(st.integers(1, 8))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    text = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    inputs, targets = random_batches(text, context=context, batch_size=batch_size,
+                                     generator=torch.Generator().manual_seed(seed))
+    windows = text.long().unfold(0, context + 1, 1)  # every window that fits, (n - context, context + 1)
+    pairs = torch.cat([inputs, targets[:, -1:]], dim=1)
+    assert torch.equal(targets[:, :-1], inputs[:, 1:])
+    for row in pairs:
+        assert (windows == row).all(dim=1).any()
+
+
+def test_random_batches_reach_every_start():
+    # With 5 possible windows and many draws, each start (including the last one) must occur.
+    data = torch.arange(12)
+    inputs, _ = random_batches(data, context=7, batch_size=500, generator=torch.Generator().manual_seed(0))
+    assert set(inputs[:, 0].tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_random_batches_seeded_reproducibility():
+    train, _, _ = enwik8_sample()
+    a = random_batches(train, context=32, batch_size=4, generator=torch.Generator().manual_seed(7))
+    b = random_batches(train, context=32, batch_size=4, generator=torch.Generator().manual_seed(7))
+    c = random_batches(train, context=32, batch_size=4, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+
+
+def test_random_batches_device_argument():
+    inputs, targets = random_batches(torch.arange(50, dtype=torch.uint8), context=4, batch_size=2, device="meta")
+    assert inputs.device.type == targets.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"context": 10}, ValueError, r"context must be smaller than len\(data\).*context=10 for 10 bytes"),
+        ({"context": 0}, ValueError, "context must be a positive int, got 0"),
+        ({"batch_size": 0}, ValueError, "batch_size must be a positive int, got 0"),
+        ({"batch_size": 2.0}, ValueError, "batch_size must be a positive int, got 2.0"),
+        ({"data": torch.zeros(2, 5, dtype=torch.uint8)}, ValueError, r"1-D tensor.*\(2, 5\)"),
+        ({"data": torch.zeros(10)}, TypeError, "integer token ids, got dtype torch.float32"),
+    ],
+)
+def test_random_batches_bad_arguments(kwargs, error, match):
+    args = {"data": torch.arange(10, dtype=torch.uint8), "context": 4, "batch_size": 2, **kwargs}
+    data = args.pop("data")
+    with pytest.raises(error, match=match):
+        random_batches(data, **args)
