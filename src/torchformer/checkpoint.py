@@ -1,0 +1,329 @@
+"""Checkpoints that survive crashes and resume a run exactly.
+
+A checkpoint is one file holding everything needed to continue training as if it had never stopped:
+
+* the model's ``state_dict`` (taken from the module behind any ``torch.compile`` / DataParallel wrapper, so
+  the keys are the same whichever way the model was run),
+* the optimizer and learning-rate scheduler states and the step counter,
+* ``extra``: whatever the script needs to rebuild itself (config, vocabulary, best validation loss, ...),
+* the state of every random number generator: Python's ``random``, NumPy's global generator, torch's CPU and
+  CUDA generators, and the named ``torch.Generator`` objects the script samples batches from. Without these a
+  resumed run would draw different dropout masks and batches, and would not reproduce the uninterrupted run.
+
+Two properties matter in production:
+
+* **Atomic writes.** The file is written to a temporary name in the same folder, flushed and fsync'ed, then
+  renamed over the target with ``os.replace`` (atomic on POSIX and Windows). A crash or a full disk halfway
+  through a save leaves the previous checkpoint untouched instead of a truncated file.
+* **Safe loading.** Files are read with ``torch.load(..., weights_only=True)``, which refuses to run arbitrary
+  pickled code. So everything saved must be tensors or plain containers of str/int/float/bool/None: the RNG
+  states of Python and NumPy (a tuple and an ndarray) are converted to such forms on save and back on load,
+  and ``save_checkpoint`` rejects an ``extra`` it could not load again, naming the offending entry.
+
+Typical use::
+
+    start = 0
+    if (ckpt := latest_checkpoint(run_dir)) is not None:
+        start = load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, generators={"batches": g})["step"]
+    for step in range(start, total_steps):
+        ...
+        if (step + 1) % every == 0:
+            save_checkpoint(checkpoint_path(run_dir, step + 1), model=model, optimizer=opt, scheduler=sched,
+                            step=step + 1, extra={"config": vars(args)}, generators={"batches": g})
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import re
+import secrets
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+PathLike = Union[str, os.PathLike]
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+# Wrappers prepend these to every state_dict key: torch.compile (OptimizedModule) and DataParallel/DDP.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+# What torch.load(weights_only=True) accepts (on every torch version we support), besides tensors.
+_SAFE_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+_SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module behind ``torch.compile`` (``._orig_mod``) and DataParallel/DDP (``.module``) wrappers."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    while True:  # wrappers can nest, e.g. torch.compile(DDP(model))
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def checkpoint_path(directory: PathLike, step: int) -> Path:
+    """The conventional file name for the checkpoint at ``step``: ``directory/step_00001000.pt``."""
+    return Path(directory) / f"step_{_check_step(step):08d}.pt"
+
+
+def latest_checkpoint(directory: PathLike) -> Optional[Path]:
+    """The ``step_N.pt`` file in ``directory`` with the largest ``N``; ``None`` if there is none (or no folder).
+
+    Steps are compared as numbers, so ``step_123456789.pt`` beats ``step_99999999.pt``. Temporary files of an
+    interrupted save (hidden names) and other files are ignored.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        return None
+    if not directory.is_dir():
+        raise NotADirectoryError(f"directory must be a folder of checkpoints, got the file {directory}")
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(
+    path: PathLike,
+    *,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    step: int,
+    extra: Optional[Mapping[str, Any]] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+) -> Path:
+    """Atomically write a checkpoint to ``path`` (parent folders are created) and return the path.
+
+    ``step`` is the number of optimizer steps taken so far, i.e. the step to resume from. ``extra`` must hold
+    only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
+    ``dataclasses.asdict`` and NumPy scalars with ``.item()``.
+    """
+    path = Path(path)
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "step": _check_step(step),
+        "model": unwrap_model(model).state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "extra": {} if extra is None else dict(extra),
+        "rng": _capture_rng_state(),
+        "generators": {name: g.get_state() for name, g in _check_generators(generators).items()},
+    }
+    _check_loadable(payload, "checkpoint")
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same folder as the target, so os.replace is a rename within one file system (and therefore atomic).
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "xb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def load_checkpoint(
+    path: PathLike,
+    *,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+    map_location: Any = "cpu",
+    restore_rng: bool = True,
+) -> dict:
+    """Load ``path`` into ``model`` (and the optimizer, scheduler and generators given); return step and extra.
+
+    Returns ``{"step": int, "extra": dict}``. ``model`` may be wrapped (``torch.compile``, DataParallel): the
+    weights go into the module behind the wrapper. Keys saved from a wrapped model by other code (prefixed
+    ``_orig_mod.`` or ``module.``) are accepted too. ``restore_rng`` controls the global generators (Python,
+    NumPy, torch CPU and CUDA); the named ``generators`` are always restored when given. A plain
+    ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` when the checkpoint does not fit the
+    model (listing the missing, unexpected and mis-shaped keys) or lacks a requested state.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} does not hold a checkpoint (a dict), it holds a {type(ckpt).__name__}")
+    if "model" not in ckpt:
+        if not ckpt or not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            raise ValueError(f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
+        ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+
+    # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
+    target = unwrap_model(model)
+    state = _match_state_dict(ckpt["model"], target, path)
+    states = {"optimizer": optimizer, "scheduler": scheduler}
+    for name, obj in states.items():
+        if obj is not None and ckpt.get(name) is None:
+            raise ValueError(f"{name} was given but the checkpoint {path} holds no {name} state")
+    generators, saved = _check_generators(generators), ckpt.get("generators", {})
+    for name in generators:
+        if name not in saved:
+            raise ValueError(f"generators[{name!r}] is not in the checkpoint {path}; it has {sorted(saved)}")
+
+    target.load_state_dict(state)
+    for name, obj in states.items():
+        if obj is not None:
+            obj.load_state_dict(ckpt[name])
+    for name, g in generators.items():
+        g.set_state(saved[name].cpu())  # generator states are CPU byte tensors, even for CUDA generators
+    if restore_rng and "rng" in ckpt:
+        _restore_rng_state(ckpt["rng"])
+    return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _check_step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return step
+
+
+def _check_generators(generators: object) -> dict:
+    if generators is None:
+        return {}
+    if not isinstance(generators, Mapping):
+        raise TypeError(f"generators must be a dict of name -> torch.Generator, got {type(generators).__name__}")
+    for name, g in generators.items():
+        if not isinstance(name, str) or not isinstance(g, torch.Generator):
+            raise TypeError(
+                f"generators must map str names to torch.Generator objects, got {name!r}: {type(g).__name__}"
+            )
+    return dict(generators)
+
+
+def _check_loadable(obj: Any, where: str) -> None:
+    """Raise TypeError, naming the entry, for anything ``torch.load(weights_only=True)`` would refuse."""
+    if isinstance(obj, torch.Tensor) or type(obj) in _SAFE_LEAVES:
+        return
+    if type(obj) not in _SAFE_CONTAINERS:
+        raise TypeError(
+            f"cannot save {where} of type {type(obj).__module__}.{type(obj).__qualname__}: checkpoints are "
+            f"loaded with torch.load(weights_only=True), which accepts only tensors and dicts/lists/tuples of "
+            f"str/int/float/bool/None; convert it first (e.g. int(x), x.item(), dataclasses.asdict(config))"
+        )
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _check_loadable(key, f"a key of {where}")
+            _check_loadable(value, f"{where}[{key!r}]")
+    else:
+        for i, value in enumerate(obj):
+            _check_loadable(value, f"{where}[{i}]")
+
+
+def _match_state_dict(state: Mapping[str, torch.Tensor], target: nn.Module, path: Path) -> dict:
+    """Strip wrapper prefixes from ``state``'s keys and check that they fit ``target`` exactly."""
+    expected = target.state_dict()
+    state = dict(state)
+    stripped = True
+    while stripped:  # prefixes can be stacked, e.g. "_orig_mod.module."
+        stripped = False
+        for prefix in _WRAPPER_PREFIXES:
+            if state and all(k.startswith(prefix) for k in state) and not all(k.startswith(prefix) for k in expected):
+                state = {k[len(prefix):]: v for k, v in state.items()}
+                stripped = True
+
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mis_shaped = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or mis_shaped:
+        problems = [
+            f"{label} ({len(keys)}): {_short_list(keys)}"
+            for label, keys in (
+                ("missing keys, in the model but not the checkpoint", missing),
+                ("unexpected keys, in the checkpoint but not the model", unexpected),
+                ("shape mismatches", mis_shaped),
+            )
+            if keys
+        ]
+        raise ValueError(f"checkpoint {path} does not fit the {type(target).__name__} model: " + "; ".join(problems))
+    return state
+
+
+def _short_list(items: list, limit: int = 10) -> str:
+    shown = ", ".join(map(str, items[:limit]))
+    return shown + (f", ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _numpy_to_plain(obj: Any) -> Any:
+    # NumPy's state holds an ndarray and NumPy ints; weights_only loading accepts neither.
+    if isinstance(obj, np.ndarray):
+        return {"ndarray": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _numpy_to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _plain_to_numpy(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"ndarray", "dtype"}:
+            return np.asarray(obj["ndarray"], dtype=obj["dtype"])
+        return {k: _plain_to_numpy(v) for k, v in obj.items()}
+    return obj
+
+
+def _capture_rng_state() -> dict:
+    version, internal, gauss_next = random.getstate()
+    return {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "numpy": _numpy_to_plain(np.random.get_state(legacy=False)),
+        "torch_cpu": torch.get_rng_state(),
+        # One state per visible GPU. Empty when CUDA was never initialised: then no CUDA random numbers were
+        # drawn, and asking for the states would needlessly create a context on every GPU.
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+    }
+
+
+def _restore_rng_state(state: Mapping[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    np.random.set_state(_plain_to_numpy(state["numpy"]))
+    torch.set_rng_state(state["torch_cpu"].cpu())  # map_location may have moved it; RNG states live on the CPU
+    if torch.cuda.is_available():
+        # A run resumed on fewer GPUs restores those it has; on a CPU-only machine the CUDA states don't matter.
+        for index, cuda_state in enumerate(state["torch_cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state.cpu(), index)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Make the rename itself durable (POSIX). Windows cannot open folders; there the rename is already durable.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
