@@ -180,7 +180,7 @@ class MultiHeadAttention(nn.Module):
                 f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads "
                 f"(each head gets emb // heads dimensions); choose another heads or use wide=True"
             )
-        self.wide, self.causal = bool(wide), bool(causal)
+        self.wide, self.causal, self.kqnorm = bool(wide), bool(causal), bool(kqnorm)
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
         self.head_size = emb if wide else emb // heads
@@ -234,7 +234,7 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"emb={self.emb}, heads={self.heads}, wide={self.wide}, causal={self.causal}, "
-            f"dropout={self.dropout}, impl={self.impl!r}"
+            f"dropout={self.dropout}, kqnorm={self.kqnorm}, impl={self.impl!r}"
         )
 
 

@@ -59,7 +59,8 @@ class ClassifierHead(nn.Module):
 class GeneratorHead(nn.Module):
     """``forward(x)``: ``(b, t, e) -> (b, t, v)`` log-probabilities of the next token at every position.
 
-    Pass ``tie_to=embedding`` (an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e``) to share its weight.
+    Pass ``tie_to=embedding`` (an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e``) to share its weight;
+    the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first logits have unit scale.
     """
 
     def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
@@ -73,6 +74,10 @@ class GeneratorHead(nn.Module):
                     f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
                     f"got {tuple(tie_to.weight.shape)}"
                 )
+            # nn.Embedding starts with unit-variance entries; as output weights they would give logits of standard
+            # deviation sqrt(e) (a starting loss far above uniform guessing). Rescale to std e^-1/2: unit-variance logits.
+            with torch.no_grad():
+                tie_to.weight.normal_(0.0, emb**-0.5)
             self.toprobs.weight = tie_to.weight
 
     def forward(self, x: Tensor) -> Tensor:
