@@ -148,8 +148,10 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.tensor([1, 2, 3, 4]))
     with pytest.raises(ValueError, match=r"mask must have shape \(b, t\) = \(1, 4\), got \(1, 3\)"):
         model(torch.tensor([[1, 2, 3, 4]]), torch.ones(1, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="max_len=8"):
+    with pytest.raises(ValueError, match=r"x reaches position 8.*seq_length=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(TypeError, match="CTransformer got unexpected keyword argument.*attention_type"):
+        CTransformer(16, 2, 1, 8, 10, 2, attention_type="default")
     gen = seeded(GTransformer, 16, 2, 1, 8, 10)
     with pytest.raises(ValueError, match="GTransformer is always causal"):
         GTransformer(16, 2, 1, 8, 10, causal=False)
@@ -162,4 +164,17 @@ def test_bad_inputs_raise_clear_errors():
         s2s(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 2).bool())
     with pytest.raises(ValueError, match="same batch size"):
         s2s(torch.zeros(1, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"memory must have embedding size 16"):
+        s2s.decode(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 4, 8))
+    with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
+        s2s.decode(torch.zeros(1, 3, dtype=torch.long), [[0.0] * 16])
     assert gen(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 10)
+
+
+@pytest.mark.parametrize("tie_weights", [False, True])
+def test_initial_loss_is_close_to_uniform_guessing(tie_weights):
+    """An untrained generator should be about as unsure as a uniform guess (ln 256 = 5.55 nats), tied or not."""
+    model = seeded(GTransformer, 64, 4, 2, 32, 256, tie_weights=tie_weights)
+    x = torch.randint(0, 256, (8, 33))
+    loss = F.nll_loss(model(x[:, :-1]).transpose(1, 2), x[:, 1:]).item()
+    assert 5.0 < loss < 7.0

@@ -13,13 +13,27 @@ Shapes: b batch size, t (target) sequence length, u source length, e embedding s
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_mask, check_positive_int, check_probability, check_tokens
+from torchformer import generation
+from torchformer._checks import check_embeddings, check_mask, check_positive_int, check_probability, check_tokens
 from torchformer.blocks import BlockCache
 from torchformer.heads import ClassifierHead, GeneratorHead
 from torchformer.positions import make_positions
 from torchformer.stacks import Decoder, Encoder
+
+
+BLOCK_OPTIONS = ("prenorm", "ff_mult", "activation", "kqnorm", "impl")
+
+
+def check_block_options(model: str, options: dict) -> None:
+    unknown = sorted(set(options) - set(BLOCK_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"the options passed on to every block are {', '.join(BLOCK_OPTIONS)}"
+        )
 
 
 class TokenEmbedding(nn.Module):
@@ -37,6 +51,13 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, x: Tensor, *, offset: int = 0, name: str = "x") -> Tensor:
         check_tokens(x, name, self.num_tokens)
+        max_len = getattr(self.positions, "max_len", None)  # only learned positions have a limit
+        if max_len is not None and offset + x.size(1) > max_len:
+            raise ValueError(
+                f"{name} reaches position {offset + x.size(1) - 1} (length {x.size(1)}, offset {offset}), but the "
+                f"model has learned positions for seq_length={max_len} only; crop {name} to its last {max_len} "
+                f"tokens or build the model with a larger seq_length"
+            )
         return self.drop(self.positions(self.tokens(x), offset))
 
 
@@ -65,6 +86,7 @@ class CTransformer(nn.Module):
         **block_options,
     ) -> None:
         super().__init__()
+        check_block_options("CTransformer", block_options)
         self.seq_length = seq_length
         self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
         self.encoder = Encoder(emb, heads, depth, wide=wide, dropout=dropout, **block_options)
@@ -102,6 +124,7 @@ class GTransformer(nn.Module):
         super().__init__()
         if block_options.pop("causal", True) is not True:
             raise ValueError("GTransformer is always causal; got causal=False")
+        check_block_options("GTransformer", block_options)
         self.seq_length, self.num_tokens = seq_length, num_tokens
         self.positions_kind = positions
         self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
@@ -116,6 +139,43 @@ class GTransformer(nn.Module):
 
     def new_caches(self) -> list[BlockCache]:
         return self.blocks.new_caches()
+
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logprobs: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
+        See :func:`torchformer.generation.generate`."""
+        return generation.generate(
+            self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
+            use_cache=use_cache, generator=generator, return_logprobs=return_logprobs,
+        )
+
+    def beam_search(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        beam_size: int,
+        length_penalty: float = 1.0,
+        eos: int | None = None,
+        use_cache: bool = True,
+    ) -> tuple[Tensor, Tensor]:
+        """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
+        See :func:`torchformer.generation.beam_search`."""
+        return generation.beam_search(
+            self, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos,
+            use_cache=use_cache,
+        )
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -145,6 +205,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> None:
         super().__init__()
         self.seq_length, self.tgt_tokens = seq_length, tgt_tokens
+        check_block_options("Seq2SeqTransformer", block_options)
         self.positions_kind = positions
         options = dict(wide=wide, dropout=dropout, **block_options)
         self.src_embedding = TokenEmbedding(src_tokens, emb, seq_length, positions=positions, dropout=dropout)
@@ -172,6 +233,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities."""
         h = self.tgt_embedding(tgt, offset=offset, name="tgt")
+        check_embeddings(memory, "memory", h.size(-1))
         if h.size(0) != memory.size(0):
             raise ValueError(f"tgt must have the same batch size as src ({memory.size(0)}), got {h.size(0)}")
         return self.head(self.decoder(h, memory, None, src_mask, caches=caches))
@@ -181,3 +243,26 @@ class Seq2SeqTransformer(nn.Module):
 
     def new_caches(self) -> list[BlockCache]:
         return self.decoder.new_caches()
+
+    def generate(
+        self,
+        src: Tensor,
+        max_len: int,
+        *,
+        bos: int,
+        eos: int,
+        src_mask: Tensor | None = None,
+        beam_size: int = 1,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        length_penalty: float = 1.0,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Target ids ``(b, max_len)`` for source ids ``src`` ``(b, u)``, starting after ``bos``, padded with ``eos``.
+        Greedy by default; ``beam_size > 1`` for beam search. See :func:`torchformer.generation.seq2seq_generate`."""
+        return generation.seq2seq_generate(
+            self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
+            top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,
+        )

@@ -1,0 +1,341 @@
+"""Tests for torchformer.generation: cached vs uncached decoding, sampling supports, beam search, seq2seq."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from torchformer.attention import SelfAttention
+from torchformer.generation import beam_search, generate, sample_next, seq2seq_generate
+from torchformer.models import GTransformer, Seq2SeqTransformer
+
+
+class TableModel(nn.Module):
+    """A model whose next-token distribution is a lookup table ``logp[position, last token]``, shape ``(L, v, v)``.
+
+    It follows the generation protocol (``forward(x, *, caches, offset)``, ``new_caches()``, ``seq_length``), so
+    the probability of any continuation is known exactly: the sum of table entries along it.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table.log_softmax(dim=-1)
+        self.seq_length, self.num_tokens = table.size(0), table.size(-1)
+
+    def forward(self, x, *, caches=None, offset=0):
+        positions = torch.arange(offset, offset + x.size(1))
+        return self.table[positions[None, :], x]  # (n, t, v)
+
+    def new_caches(self):
+        return []  # the table needs no state: every position only looks at its own token
+
+    def sequence_score(self, prompt: list[int], new: list[int], *, eos=None, length_penalty=1.0) -> float:
+        """Reference score of continuing ``prompt`` with ``new``: log-probabilities up to the first eos."""
+        seq, total, length = list(prompt), 0.0, 0
+        for token in new:
+            total += float(self.table[len(seq) - 1, seq[-1], token])
+            seq.append(token)
+            length += 1
+            if token == eos:
+                break
+        return total / length**length_penalty
+
+
+def fixed_distribution_model(probs: list[float], length: int = 8) -> TableModel:
+    """Every position predicts the same distribution, whatever the input."""
+    v = len(probs)
+    logp = torch.tensor(probs, dtype=torch.float64).log()
+    return TableModel(logp.expand(length, v, v).clone())
+
+
+def small_lm(positions: str = "learned", seq_length: int = 12, seed: int = 0) -> GTransformer:
+    torch.manual_seed(seed)
+    return GTransformer(16, 2, 2, seq_length, 13, positions=positions).double().eval()
+
+
+def small_seq2seq(seed: int = 0) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    return Seq2SeqTransformer(16, 2, 2, 10, 9, 11).double().eval()
+
+
+# ------------------------------------------------------------------------------------------ KV cache
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "none"])
+@pytest.mark.parametrize("new", [4, 15])  # 15 runs past the context of 12: the window slides
+def test_greedy_with_cache_equals_without(positions, new):
+    model = small_lm(positions)
+    prompt = torch.randint(0, 13, (3, 5), generator=torch.Generator().manual_seed(1))
+    cached, lp_cached = generate(model, prompt, new, temperature=0, return_logprobs=True)
+    plain, lp_plain = generate(model, prompt, new, temperature=0, use_cache=False, return_logprobs=True)
+    assert cached.shape == (3, 5 + new)
+    assert torch.equal(cached[:, :5], prompt)
+    assert torch.equal(cached, plain)
+    torch.testing.assert_close(lp_cached, lp_plain, rtol=0, atol=1e-10)
+
+
+def test_cached_logprobs_match_full_forward_pass():
+    model = small_lm()
+    prompt = torch.randint(0, 13, (4, 3), generator=torch.Generator().manual_seed(2))
+    # Sampled, not greedy: the property must hold for whatever tokens were chosen.
+    tokens, logprobs = generate(
+        model, prompt, 9, temperature=1.3, generator=torch.Generator().manual_seed(0), return_logprobs=True
+    )
+    assert tokens.shape == (4, 12) and logprobs.shape == (4, 9, 13)
+    with torch.no_grad():
+        full = model(tokens)  # one forward pass over the final sequence, no cache
+    torch.testing.assert_close(logprobs, full[:, 2:-1], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_past_the_context_the_model_sees_the_last_seq_length_tokens(use_cache):
+    model = small_lm("sinusoidal", seq_length=6)
+    prompt = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(3))
+    tokens, logprobs = generate(model, prompt, 10, temperature=0, use_cache=use_cache, return_logprobs=True)
+    with torch.no_grad():
+        for i in range(10):  # the reference: a full forward pass over the cropped window before token 4 + i
+            window = tokens[:, : 4 + i][:, -6:]
+            torch.testing.assert_close(logprobs[:, i], model(window)[:, -1], rtol=0, atol=1e-10)
+
+
+def test_long_prompt_is_cropped_to_the_context():
+    model = small_lm(seq_length=8)
+    prompt = torch.randint(0, 13, (2, 20), generator=torch.Generator().manual_seed(4))
+    out = generate(model, prompt, 5, temperature=0)
+    assert out.shape == (2, 25) and torch.equal(out[:, :20], prompt)
+    assert torch.equal(out[:, 20:], generate(model, prompt[:, -8:], 5, temperature=0)[:, 8:])
+
+
+def test_attention_subclass_reuses_the_cache():
+    class SharpAttention(SelfAttention):
+        """A new attention variant: only ``attend`` is overridden (queries scaled by 3)."""
+
+        def attend(self, q, k, v, key_mask, *, return_weights=False):
+            return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
+
+    model = small_lm()
+    for block in model.blocks.blocks:
+        sharp = SharpAttention(16, 2, causal=True).double()
+        sharp.load_state_dict(block.attention.state_dict())
+        block.attention = sharp
+    prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(5))
+    cached, lp = generate(model, prompt, 8, temperature=0, return_logprobs=True)
+    assert torch.equal(cached, generate(model, prompt, 8, temperature=0, use_cache=False))
+    with torch.no_grad():
+        torch.testing.assert_close(lp, model(cached)[:, 2:-1], rtol=0, atol=1e-10)
+
+
+def test_eos_pads_finished_rows():
+    # Token 2 is the most likely everywhere, so greedy decoding emits eos=2 at once.
+    model = fixed_distribution_model([0.1, 0.2, 0.5, 0.2])
+    out, logprobs = generate(model, torch.zeros(2, 1, dtype=torch.long), 5, temperature=0, eos=2,
+                             return_logprobs=True)
+    assert torch.equal(out[:, 1:], torch.full((2, 5), 2))
+    assert torch.all(logprobs[:, 1:, 2] == 0)  # after eos, eos is certain
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+
+def test_top_k_1_equals_greedy():
+    model = small_lm()
+    prompt = torch.randint(0, 13, (3, 4), generator=torch.Generator().manual_seed(6))
+    greedy = generate(model, prompt, 8, temperature=0)
+    assert torch.equal(generate(model, prompt, 8, temperature=1.5, top_k=1), greedy)
+
+
+# Distinct probabilities in scrambled order, so a bug that keeps the first ids instead of the likeliest shows.
+PROBS = [0.05, 0.3, 0.1, 0.4, 0.15]  # ranked: 3 (0.4), 1 (0.3), 4 (0.15), 2 (0.1), 0 (0.05)
+
+
+@pytest.mark.parametrize(
+    "options, support",
+    [
+        (dict(top_k=2), {3, 1}),
+        (dict(top_k=3), {3, 1, 4}),
+        (dict(top_p=0.4), {3}),  # 0.4 alone reaches p
+        (dict(top_p=0.6), {3, 1}),
+        (dict(top_p=0.8), {3, 1, 4}),
+        (dict(top_k=2, top_p=0.5), {3}),  # renormalised top-2: 0.4 / 0.7 = 0.57 >= 0.5
+    ],
+)
+def test_top_k_top_p_sample_exactly_their_support(options, support):
+    model = fixed_distribution_model(PROBS)
+    prompt = torch.zeros(400, 1, dtype=torch.long)
+    out = generate(model, prompt, 5, generator=torch.Generator().manual_seed(0), **options)
+    seen = set(out[:, 1:].unique().tolist())
+    assert seen == support  # never outside; and with 2000 draws every token of the support shows up
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logits=st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=12),
+    top_k=st.integers(1, 12),
+    top_p=st.floats(0.01, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sample_next_stays_in_support(logits, top_k, top_p, seed):
+    logp = torch.tensor(logits, dtype=torch.float64).log_softmax(-1).expand(64, -1)
+    gen = torch.Generator().manual_seed(seed)
+    k_tokens = sample_next(logp, top_k=top_k, generator=gen)
+    kth = logp[0].topk(min(top_k, logp.size(1))).values[-1]
+    assert torch.all(logp[0, k_tokens] >= kth)
+    p_tokens = sample_next(logp, top_p=top_p, generator=gen)
+    probs = logp[0].exp()
+    for token in p_tokens.tolist():  # the tokens strictly more likely than it must not already reach top_p
+        assert probs[probs > probs[token]].sum() < top_p + 1e-12
+
+
+def test_seeded_sampling_is_reproducible():
+    model = fixed_distribution_model([1.0] * 50)  # uniform: two different seeds almost surely disagree
+    prompt = torch.zeros(4, 1, dtype=torch.long)
+    a = generate(model, prompt, 7, generator=torch.Generator().manual_seed(123))
+    b = generate(model, prompt, 7, generator=torch.Generator().manual_seed(123))
+    c = generate(model, prompt, 7, generator=torch.Generator().manual_seed(124))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    lm = small_lm()
+    lm_prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(7))
+    runs = [lm.generate(lm_prompt, 8, top_p=0.9, generator=torch.Generator().manual_seed(9), use_cache=cache)
+            for cache in (True, True, False)]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+# ------------------------------------------------------------------------------------------ beam search
+
+
+@pytest.mark.parametrize("eos", [None, 4])
+def test_beam_size_1_equals_greedy(eos):
+    model = small_lm()
+    prompt = torch.randint(0, 13, (3, 4), generator=torch.Generator().manual_seed(8))
+    greedy, logprobs = generate(model, prompt, 12, temperature=0, eos=eos, return_logprobs=True)
+    beam, scores = beam_search(model, prompt, 12, beam_size=1, eos=eos, length_penalty=0.0)
+    assert torch.equal(beam, greedy)
+    chosen = logprobs.gather(2, greedy[:, 4:, None]).squeeze(2)  # log p of each greedy token (0 after eos)
+    torch.testing.assert_close(scores, chosen.sum(1), rtol=0, atol=1e-10)
+
+
+def test_beam_search_finds_the_sequence_greedy_misses():
+    # Start token 3. First step: A=0 (0.6) or B=1 (0.4). After A every token is equally likely (1/3), after B
+    # token C=2 is nearly certain (0.9). Greedy takes A and ends at 0.6 / 3 = 0.2; B C has 0.4 * 0.9 = 0.36.
+    v, eps = 4, 1e-9
+    table = torch.full((4, v, v), eps, dtype=torch.float64)
+    table[0, 3] = torch.tensor([0.6, 0.4, eps, eps])
+    table[1, 0] = torch.tensor([1 / 3, 1 / 3, 1 / 3, eps])
+    table[1, 1] = torch.tensor([0.05, 0.05, 0.9, eps])
+    model = TableModel(table.log())
+    prompt = torch.tensor([[3]])
+    greedy = generate(model, prompt, 2, temperature=0)
+    beam, score = beam_search(model, prompt, 2, beam_size=2, length_penalty=0.0)
+    assert beam.tolist() == [[3, 1, 2]] and greedy[0, 1].item() == 0
+    assert math.isclose(score.item(), math.log(0.36), rel_tol=1e-6)
+    assert model.sequence_score([3], greedy[0, 1:].tolist(), length_penalty=0.0) < score.item()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    eos=st.one_of(st.none(), st.integers(0, 2)),
+    length_penalty=st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_wide_beam_finds_the_exhaustive_best(seed, eos, length_penalty):
+    # With beam_size >= v ** (steps - 1) no prefix is ever pruned, so beam search must return the best of all
+    # v ** steps continuations under the documented score.
+    v, steps = 3, 3
+    table = torch.randn(6, v, v, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
+    model = TableModel(table)
+    prompt = [1, 0]
+    best = -math.inf
+    for new in itertools.product(range(v), repeat=steps):
+        if eos in new and any(token != eos for token in new[new.index(eos):]):
+            continue  # not a valid output: after eos comes only eos
+        best = max(best, model.sequence_score(prompt, list(new), eos=eos, length_penalty=length_penalty))
+    out, score = beam_search(model, torch.tensor([prompt]), steps, beam_size=v ** (steps - 1), eos=eos,
+                             length_penalty=length_penalty)
+    assert math.isclose(score.item(), best, rel_tol=1e-9, abs_tol=1e-9)
+    own = model.sequence_score(prompt, out[0, 2:].tolist(), eos=eos, length_penalty=length_penalty)
+    assert math.isclose(own, score.item(), rel_tol=1e-9, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("seq_length, eos", [(16, None), (8, 5)])  # 3 + 12 > 8: past the context
+def test_beam_search_with_and_without_cache(seq_length, eos):
+    model = small_lm(seq_length=seq_length)
+    prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(10))
+    a, sa = model.beam_search(prompt, 12, beam_size=4, eos=eos)
+    b, sb = model.beam_search(prompt, 12, beam_size=4, eos=eos, use_cache=False)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(sa, sb, rtol=0, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------ seq2seq
+
+
+def test_seq2seq_cached_equals_uncached_and_beam_1_is_greedy():
+    model = small_seq2seq()
+    src = torch.randint(3, 9, (3, 6), generator=torch.Generator().manual_seed(11))
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4])
+    options = dict(bos=0, eos=1, src_mask=mask)
+    greedy = model.generate(src, 9, **options)
+    assert greedy.shape == (3, 9)
+    assert torch.equal(greedy, model.generate(src, 9, use_cache=False, **options))
+    assert torch.equal(greedy, model.generate(src, 9, beam_size=1, top_k=1, temperature=1.0, **options))
+    beam = model.generate(src, 9, beam_size=3, **options)
+    assert torch.equal(beam, model.generate(src, 9, beam_size=3, use_cache=False, **options))
+    # Padding is invisible: a row decoded alone, without its padding, gives the same tokens.
+    alone = model.generate(src[1:2, :4], 9, bos=0, eos=1, beam_size=3)
+    assert torch.equal(alone, beam[1:2])
+
+
+def test_seq2seq_encodes_once_and_feeds_one_token_per_step():
+    model = small_seq2seq()
+    calls = {"encode": 0, "decode_lengths": []}
+    encode, decode = model.encode, model.decode
+
+    def counting_encode(*args, **kwargs):
+        calls["encode"] += 1
+        return encode(*args, **kwargs)
+
+    def recording_decode(tgt, *args, **kwargs):
+        calls["decode_lengths"].append(tgt.size(1))
+        return decode(tgt, *args, **kwargs)
+
+    model.encode, model.decode = counting_encode, recording_decode
+    seq2seq_generate(model, torch.randint(3, 9, (2, 5)), 6, bos=0, eos=1, beam_size=2)
+    assert calls["encode"] == 1 and set(calls["decode_lengths"]) == {1}
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(eos=13), "eos"),
+    ],
+)
+def test_bad_sampling_options_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        generate(small_lm(), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
+
+
+def test_bad_inputs_name_the_argument():
+    model = small_lm()
+    with pytest.raises(TypeError, match="prompt"):
+        generate(model, torch.zeros(1, 2), 3)
+    with pytest.raises(ValueError, match="prompt"):
+        generate(model, torch.zeros(3, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
+    with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10
+        small_seq2seq().generate(torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)
