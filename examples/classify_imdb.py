@@ -1,0 +1,269 @@
+"""Sentiment classification of IMDb movie reviews with a transformer encoder (CTransformer), end to end.
+
+    python examples/classify_imdb.py --data /work/shared/data --preset cpu          # train, report validation
+    python examples/classify_imdb.py --data /work/shared/data --preset cpu --final  # ... and the test set
+    python examples/classify_imdb.py --predict "A wonderful, moving film." --out runs/classify_imdb
+
+Reviews are tokenized (words, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
+padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
+are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
+have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). See docs/imdb.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from torchformer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from torchformer.data.batching import ClassificationBatches, pad_batch
+from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
+from torchformer.inspect import attention_weights, plot_attention
+from torchformer.metrics import evaluate_classifier, format_confusion_matrix
+from torchformer.models import CTransformer
+from torchformer.training import (
+    CSVLogger, autocast, count_parameters, plot_curves, progress, resolve_device, set_seed, warmup_cosine,
+)
+
+CLASSES = ("negative", "positive")
+# Keys of PRESETS are argparse dests; an explicit flag always wins over the preset.
+PRESETS = {
+    "cpu": dict(num_epochs=3, batch_size=32, learn_rate=3e-3, embedding=64, vocab_size=20_000, max_length=256,
+                heads=4, depth=1, max_pool=False, lr_warmup=5_000, dropout=0.1, tokenizer="word"),
+    "gpu": dict(num_epochs=10, batch_size=64, learn_rate=2e-4, embedding=512, vocab_size=50_000, max_length=512,
+                heads=8, depth=6, max_pool=True, lr_warmup=64_000, dropout=0.1, tokenizer="word"),
+}
+MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    add = p.add_argument
+    add("-e", "--num-epochs", type=int, help="passes over the training reviews")
+    add("-b", "--batch-size", type=int, help="reviews per batch")
+    add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
+    add("-E", "--embedding", type=int, help="embedding size")
+    add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included (word tokenizer)")
+    add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut)")
+    add("-H", "--heads", type=int, help="attention heads")
+    add("-d", "--depth", type=int, help="transformer blocks")
+    add("--max-pool", action=argparse.BooleanOptionalAction, help="max-pool over positions (else mean-pool)")
+    add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
+    add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
+    add("--dropout", type=float, help="dropout rate")
+    add("--tokenizer", choices=("word", "byte"))
+    add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1)
+    add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
+    add("--preset", choices=tuple(PRESETS), help="defaults for a device (default: gpu on CUDA, else cpu)")
+    add("--device", default="auto")
+    add("--compile", action="store_true", help="torch.compile the model")
+    add("--threads", type=int, help="torch CPU threads")
+    add("--data", help="folder with imdb_{train,test}.jsonl.gz, an aclImdb/ folder or aclImdb_v1.tar.gz")
+    add("--download", action="store_true", help="without --data: fetch the official archive if it is missing")
+    add("--val-size", type=int, default=5000, help="training reviews held out for validation")
+    add("--eval-every", type=int, help="validate (and checkpoint) every N steps (default: once per epoch)")
+    add("--checkpoint", help="folder for resumable checkpoints; with --predict also a checkpoint file")
+    add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
+    add("--out", default="runs/classify_imdb", help="folder for the log, plots and final model")
+    add("--predict", action="append", metavar="TEXT_OR_FILE",
+        help="classify this text (or each line of this file) with a trained model; repeatable")
+    args = p.parse_args(argv)
+    if args.predict:
+        return args
+    device = resolve_device(args.device)
+    preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("num_epochs", "batch_size", "embedding", "vocab_size", "max_length", "heads", "depth", "val_size"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be a positive int, got {getattr(args, key)}")
+    if args.learn_rate <= 0 or args.lr_warmup < 0 or args.gradient_clipping < 0:
+        p.error(f"need --learn-rate > 0, --lr-warmup >= 0 and --gradient-clipping >= 0, got {args.learn_rate}, "
+                f"{args.lr_warmup}, {args.gradient_clipping}")
+    if args.data is not None and not Path(args.data).exists():
+        p.error(f"--data {args.data} does not exist")
+    return args
+
+
+def build_model(config: dict, num_tokens: int) -> CTransformer:
+    return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
+                        len(CLASSES), max_pool=config["max_pool"], dropout=config["dropout"])
+
+
+def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    # An empty review would be an all-padding row (nothing to attend to): give it one unknown token instead.
+    return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
+
+
+def predict(args: argparse.Namespace) -> None:
+    source = Path(args.checkpoint) if args.checkpoint else Path(args.out) / "model.pt"
+    path = latest_checkpoint(source) if source.is_dir() else source
+    if path is None or not path.is_file():
+        sys.exit(f"classify_imdb.py: error: no trained model at {source}; train first or pass --checkpoint")
+    extra = torch.load(path, map_location="cpu", weights_only=True)["extra"]
+    tokenizer = tokenizer_from_state_dict(extra["tokenizer"])
+    model = build_model(extra["config"], len(tokenizer))
+    load_checkpoint(path, model=model, restore_rng=False)
+    texts = []
+    for item in args.predict:  # each item is a text, or a file holding one review per line
+        is_file = len(item) < 4096 and Path(item).is_file()
+        texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()] if is_file else [item]
+    ids, mask = pad_batch(encode(tokenizer, texts, extra["config"]["max_length"]))
+    with torch.no_grad():
+        probs = model.eval()(ids, mask).exp()
+    for text, p in zip(texts, probs.tolist()):
+        scores = "  ".join(f"P({c})={q:.3f}" for c, q in zip(CLASSES, p))
+        print(f"{scores}  -> {CLASSES[max(range(len(p)), key=p.__getitem__)]}  | {text[:70]!r}")
+
+
+def train(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    set_seed(args.seed)
+    device = resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        train_all, test = imdb(args.data, download=args.download) if args.data is None else imdb(args.data)
+    except FileNotFoundError as e:
+        sys.exit(f"classify_imdb.py: error: {e}\n(pass --data FOLDER, or --download to fetch the official archive)")
+    train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
+    config = {k: getattr(args, k) for k in MODEL_KEYS}
+
+    resume = latest_checkpoint(args.checkpoint) if args.checkpoint else None
+    if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
+        tokenizer = tokenizer_from_state_dict(torch.load(resume, weights_only=True)["extra"]["tokenizer"])
+    elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
+        tokenizer = WordTokenizer.build([text for text, _ in train_set], args.vocab_size)
+    else:
+        tokenizer = ByteTokenizer()
+    eval_set = test if args.final else val_set
+
+    def batches(examples, shuffle, generator=None):
+        return ClassificationBatches(encode(tokenizer, [t for t, _ in examples], args.max_length),
+                                     [y for _, y in examples], batch_size=args.batch_size if shuffle else
+                                     2 * args.batch_size, shuffle=shuffle, generator=generator, device=device)
+
+    g = torch.Generator().manual_seed(args.seed)  # batch order; saved in checkpoints
+    train_batches, val_batches = batches(train_set, True, g), batches(val_set, False)
+    print(f"tokenized {len(train_set)} train / {len(val_set)} val reviews, vocabulary {len(tokenizer)}, "
+          f"{time.perf_counter() - t_start:.0f}s")
+
+    model = build_model(config, len(tokenizer)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
+    per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
+    warmup = min(args.lr_warmup // args.batch_size, total)
+    sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=total)
+    step = 0
+    if resume is not None:
+        # g comes back in its state at the start of the interrupted epoch; we replay its order and skip ahead.
+        step = load_checkpoint(resume, model=model, optimizer=opt, scheduler=sched, generators={"batches": g})["step"]
+        print(f"resumed from {resume} at step {step}")
+    fast = torch.compile(model) if args.compile else model
+    print(f"{count_parameters(model):,} parameters, {total} steps on {device}")
+
+    eval_every = args.eval_every or per_epoch
+    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"])
+    bar = progress(total=total, desc="train")
+    bar.update(step)
+    running, tokens, t_log = [], 0, time.perf_counter()
+    for epoch in range(step // per_epoch, args.num_epochs):
+        epoch_state = g.get_state()  # the epoch's shuffle is drawn from g when iteration starts
+        skip = step - epoch * per_epoch
+        for i, (ids, mask, labels) in enumerate(train_batches):
+            if i < skip:
+                continue
+            fast.train()
+            with autocast(device):
+                loss = F.nll_loss(fast(ids, mask).float(), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.gradient_clipping > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
+            opt.step()
+            sched.step()
+            step += 1
+            running.append(loss.item())
+            tokens += int(mask.sum())
+            bar.update(1)
+            if step % 50 == 0:
+                recent = sum(running[-50:]) / len(running[-50:])
+                bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{tokens / (time.perf_counter() - t_log):.0f}")
+                log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0], train_loss=recent,
+                        seconds=round(time.perf_counter() - t_start, 1))
+                tokens, t_log = 0, time.perf_counter()
+            if step % eval_every == 0 or step == total or step == args.stop_at:
+                val = evaluate_classifier(fast, val_batches)
+                log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val.loss, val_accuracy=val.accuracy,
+                        seconds=round(time.perf_counter() - t_start, 1))
+                bar.write(f"step {step}: train loss {sum(running) / len(running):.4f} (since last validation), "
+                          f"val loss {val.loss:.4f}, val accuracy {val.accuracy:.4f}")
+                running, tokens, t_log = [], 0, time.perf_counter()
+                if args.checkpoint:
+                    state = torch.Generator()  # the start state of the epoch a resumed run replays
+                    state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
+                    save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
+                                    scheduler=sched, step=step, generators={"batches": state},
+                                    extra={"config": config, "tokenizer": tokenizer.state_dict()})
+                    for old in sorted(Path(args.checkpoint).glob("step_*.pt"))[:-2]:
+                        old.unlink()  # keep the two newest
+            if step == args.stop_at:
+                bar.close()
+                log.close()
+                print(f"stopped at step {step} (--stop-at); run again with the same --checkpoint to resume")
+                return {}
+    bar.close()
+    log.close()
+    save_checkpoint(out / "model.pt", model=model, step=step,
+                    extra={"config": config, "tokenizer": tokenizer.state_dict()})
+    for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])):
+        if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, title=f"IMDb: {name}"):
+            print("matplotlib is not installed: no plots")
+    return report(model, tokenizer, eval_set, batches, args, out, t_start)
+
+
+def report(model, tokenizer, eval_set, batches, args, out: Path, t_start: float) -> dict:
+    """Accuracy and confusion matrix on the evaluation set, and a picture of one review's attention."""
+    split = "test" if args.final else "validation"
+    result = evaluate_classifier(model, batches(eval_set, False))
+    print(f"\n{split} accuracy {result.accuracy:.4f} on {result.count} reviews (loss {result.loss:.4f})")
+    print(format_confusion_matrix(result.confusion, labels=CLASSES))
+    # One short review (at least 20 tokens), cut to 48 tokens so the words stay legible.
+    encoded = encode(tokenizer, [t for t, _ in eval_set], args.max_length)
+    index = min((i for i, e in enumerate(encoded) if len(e) >= 20), key=lambda i: len(encoded[i]), default=0)
+    ids, mask = pad_batch([encoded[index][:48]], device=next(model.parameters()).device)
+    model.eval()
+    weights = attention_weights(model, ids, mask)[0].mean(dim=0)  # (t, t), averaged over heads
+    with torch.no_grad():
+        p_pos = model(ids, mask).exp()[0, 1].item()
+    words = [tokenizer.decode([i]) for i in ids[0].tolist()]
+    plot_attention(weights, x_labels=words, y_labels=words, path=out / "attention.png",
+                   title=f"last block, mean over heads; true {CLASSES[eval_set[index][1]]}, P(positive)={p_pos:.2f}")
+    seconds = time.perf_counter() - t_start
+    results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,
+               "confusion": result.confusion.tolist(), "wall_seconds": round(seconds, 1),
+               "cpu_seconds": round(time.process_time(), 1)}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"total time {seconds:.0f}s; outputs in {out}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.predict:
+        predict(args)
+        return {}
+    return train(args)
+
+
+if __name__ == "__main__":
+    main()

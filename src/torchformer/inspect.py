@@ -1,0 +1,132 @@
+"""Looking inside a trained model: the attention weights of one layer, and a picture of them.
+
+The fast attention path (``scaled_dot_product_attention``) never materialises the weights, so a model trained
+and run with it cannot simply hand them out. Instead we *replay* one attention layer: a forward pre-hook records
+exactly the inputs the layer received during an ordinary forward pass (after the embedding, the earlier blocks
+and, for pre-norm blocks, the layer normalisation), and the layer is then called again on those inputs with
+``return_weights=True``, which uses the readable reference path. Because the hook sits on the attention module
+itself, the result is right for pre-norm and post-norm blocks alike, and for self- and cross-attention.
+
+* :func:`capture_attention`: the weights of any attention module while ``model(*args)`` runs (e.g. the
+  cross-attention of an encoder-decoder's last decoder block).
+* :func:`attention_weights`: the common case, the self-attention of block ``layer`` of a classifier or
+  generator, ``(b, t) -> (b, h, t, t)``.
+* :func:`plot_attention`: any ``(t, u)`` matrix as a labelled heat map PNG (matplotlib optional).
+
+Shapes: b batch size, h heads, t queries, u keys (``t`` for self-attention, the context length for cross).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from torchformer.attention import MultiHeadAttention
+from torchformer.checkpoint import unwrap_model
+
+__all__ = ["attention_weights", "capture_attention", "plot_attention"]
+
+
+@torch.no_grad()
+def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwargs: Any) -> Tensor:
+    """Run ``model(*args, **kwargs)`` once and return the weights ``(b, h, t, u)`` of the module ``attention``.
+
+    ``attention`` must be a :class:`~torchformer.attention.SelfAttention` or
+    :class:`~torchformer.attention.CrossAttention` inside ``model`` that the forward pass calls exactly once.
+    Run a full forward pass, not incremental decoding with caches: the replay sees only the new positions.
+    Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0.
+    """
+    if not isinstance(attention, MultiHeadAttention):
+        raise TypeError(f"attention must be a SelfAttention or CrossAttention module, got {type(attention).__name__}")
+    calls: list[tuple[tuple, dict]] = []
+
+    def record(module: nn.Module, inputs: tuple, options: dict) -> None:
+        calls.append((inputs, options))
+
+    handle = attention.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        model(*args, **kwargs)
+    finally:
+        handle.remove()
+    if len(calls) != 1:
+        raise ValueError(
+            f"attention must be called exactly once by the model's forward pass, it was called {len(calls)} times"
+        )
+    inputs, options = calls[0]
+    options = {k: v for k, v in options.items() if k not in ("cache", "return_weights")}
+    _, weights = attention(*inputs, **options, return_weights=True)
+    return weights
+
+
+def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None, *, layer: int = -1) -> Tensor:
+    """Self-attention weights ``(b, h, t, t)`` of block ``layer`` for token ids ``(b, t)`` (and a padding mask).
+
+    Works for :class:`~torchformer.models.CTransformer` (``model.encoder.blocks``) and
+    :class:`~torchformer.models.GTransformer` (``model.blocks.blocks``), also behind ``torch.compile``.
+    ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
+    dropout should not change the captured input.
+    """
+    inner = unwrap_model(model)
+    stack = getattr(inner, "encoder", None) or getattr(inner, "blocks", None)
+    blocks = getattr(stack, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(
+            f"model must be a CTransformer or GTransformer (with .encoder.blocks or .blocks.blocks), "
+            f"got {type(inner).__name__}; use capture_attention() for other models"
+        )
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -len(blocks) <= layer < len(blocks):
+        raise ValueError(f"layer must be an int in [{-len(blocks)}, {len(blocks)}), got {layer!r}")
+    call = (ids,) if mask is None else (ids, mask)
+    return capture_attention(inner, blocks[layer].attention, *call)
+
+
+def plot_attention(
+    weights: Tensor,
+    *,
+    x_labels: Sequence[str],
+    y_labels: Sequence[str],
+    path: str | os.PathLike,
+    title: str | None = None,
+) -> bool:
+    """Draw a ``(t, u)`` matrix as a heat map PNG at ``path``: row ``i`` is query ``y_labels[i]``, column ``j`` key
+    ``x_labels[j]``. Returns ``True`` when written, ``False`` when matplotlib is not installed.
+
+    Pass one head (``weights[0, head]``) or the mean over heads (``weights[0].mean(0)``). Nothing is assumed
+    about the values, so cross-attention and any other matrix work too.
+    """
+    if not isinstance(weights, Tensor) or weights.dim() != 2:
+        shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be a 2-D (t, u) tensor, got {shape}")
+    t, u = weights.shape
+    if len(y_labels) != t or len(x_labels) != u:
+        raise ValueError(
+            f"weights has shape (t, u) = ({t}, {u}), so y_labels needs {t} labels and x_labels {u}; "
+            f"got {len(y_labels)} and {len(x_labels)}"
+        )
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+
+    # Figure + FigureCanvasAgg instead of pyplot: no global figure registry, no GUI backend.
+    size = 0.22  # inches per row/column, so labels stay readable
+    fig = Figure(figsize=(min(3 + size * u, 40), min(2.5 + size * t, 40)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(weights.detach().float().cpu().numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02)
+    ax.set_xticks(range(u), [str(s) for s in x_labels], rotation=90, fontsize=7)
+    ax.set_yticks(range(t), [str(s) for s in y_labels], fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return True

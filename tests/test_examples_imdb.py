@@ -1,0 +1,146 @@
+"""examples/classify_imdb.py end to end on a tiny synthetic IMDb: training, resuming, padding, --predict.
+
+The corpus follows a trivially separable rule: positive reviews contain "great", negative ones "awful", amid
+random filler words. A working pipeline (tokenizer, padding masks, bucketing, model, optimizer) learns it in a
+few seconds; a broken one stays near 50 %.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchformer.data.batching import pad_batch
+from torchformer.data.tokenizers import tokenizer_from_state_dict
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "classify_imdb.py"
+FILLER = "the a film movie plot actor scene story was is and it of to this that with but very quite".split()
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("classify_imdb", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def review(rng: random.Random, label: int) -> str:
+    words = [rng.choice(FILLER) for _ in range(rng.randint(4, 40))]
+    words.insert(rng.randint(0, len(words)), "great" if label else "awful")
+    return " ".join(words) + rng.choice([".", "!", " <br /><br />"])
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("imdb")
+    rng = random.Random(0)
+    for split, n in (("train", 320), ("test", 120)):
+        with gzip.open(folder / f"imdb_{split}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for i in range(n):
+                label = i % 2
+                f.write(json.dumps({"text": review(rng, label), "label": label, "id": i}) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+def tiny(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data", str(data_dir), "--out", str(out), "--device", "cpu", "--threads", "1", "-E", "32", "-H", "2",
+            "-d", "1", "-M", "32", "-b", "16", "-e", "4", "-l", "1e-2", "--lr-warmup", "64", "--dropout", "0.1",
+            "-V", "64", "--val-size", "60", "--eval-every", "7", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(script, data_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    results = script.main(tiny(data_dir, out, "--final", "--checkpoint", str(out / "ckpt")))
+    assert results["split"] == "test" and results["count"] == 120
+    return out
+
+
+def test_learns_the_rule_and_writes_its_outputs(trained):
+    results = json.loads((trained / "results.json").read_text())
+    assert results["accuracy"] >= 0.95, results
+    confusion = torch.tensor(results["confusion"])
+    assert confusion.sum() == 120 and confusion.sum(dim=1).tolist() == [60, 60]  # rows: the true classes
+    assert confusion.trace() / 120 == pytest.approx(results["accuracy"])
+    header = (trained / "log.csv").read_text().splitlines()[0].split(",")
+    assert header == ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"]
+    pytest.importorskip("matplotlib")
+    for name in ("loss.png", "accuracy.png", "attention.png"):
+        assert (trained / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_padding_never_changes_a_prediction(script, trained):
+    ckpt = torch.load(trained / "model.pt", weights_only=True)
+    tokenizer = tokenizer_from_state_dict(ckpt["extra"]["tokenizer"])
+    model = script.build_model(ckpt["extra"]["config"], len(tokenizer))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    texts = ["great film", "the plot was awful and the actor was very quite bad", "awful", "a great great story"]
+    encoded = [tokenizer.encode(t) for t in texts]
+    with torch.no_grad():
+        alone = torch.cat([model(torch.tensor([e])) for e in encoded])  # no padding at all
+        ids, mask = pad_batch(encoded)  # padded to the longest, 12 tokens
+        batched = model(ids, mask)
+        # Much more padding, and padding ids that are real words: the mask alone must hide them.
+        wide_ids, wide_mask = pad_batch(encoded, pad=tokenizer.encode("great")[0])
+        wide_ids = torch.cat([wide_ids, wide_ids[:, :1].expand(-1, 20)], dim=1)
+        wide_mask = torch.cat([wide_mask, torch.zeros(len(texts), 20, dtype=torch.bool)], dim=1)
+        wide = model(wide_ids, wide_mask)
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wide, alone, atol=1e-5, rtol=1e-5)
+    assert alone.argmax(-1).tolist() == [1, 0, 0, 1]
+
+
+def test_resume_reproduces_the_uninterrupted_run(script, data_dir, trained, tmp_path):
+    # Interrupt mid-epoch (17 steps: not an epoch end, not a validation step), then run the same command again.
+    argv = tiny(data_dir, tmp_path, "--final", "--checkpoint", str(tmp_path / "ckpt"))
+    assert script.main([*argv, "--stop-at", "17"]) == {}
+    assert not (tmp_path / "model.pt").exists()
+    resumed = script.main(argv)
+    a = torch.load(trained / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert a["step"] == b["step"] == 4 * 17  # 260 training reviews / 16 per batch = 17 batches per epoch
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert resumed["accuracy"] == json.loads((trained / "results.json").read_text())["accuracy"]
+    assert len(list((tmp_path / "ckpt").glob("step_*.pt"))) <= 2  # old checkpoints are pruned
+
+
+def test_predict_prints_class_probabilities(script, trained, tmp_path, capsys):
+    reviews = tmp_path / "reviews.txt"
+    reviews.write_text("what an awful movie\n\nthe story was great\n", encoding="utf-8")
+    script.main(["--predict", "a great film, great actor", "--predict", str(reviews), "--out", str(trained)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3  # the text, then one line per non-empty line of the file
+    for line, expected in zip(lines, ["positive", "negative", "positive"]):
+        p_neg = float(line.split("P(negative)=")[1].split()[0])
+        p_pos = float(line.split("P(positive)=")[1].split()[0])
+        assert p_neg + p_pos == pytest.approx(1.0, abs=2e-3)
+        assert f"-> {expected}" in line
+    # --checkpoint may name the checkpoint folder of the run as well: same model, same output.
+    script.main(["--predict", "a great film, great actor", "--checkpoint", str(trained / "ckpt")])
+    assert capsys.readouterr().out.strip() == lines[0]
+
+
+def test_clear_errors(script, tmp_path, monkeypatch):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(SystemExit):
+        script.main(["--data", str(missing)])
+    monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_home"))
+    with pytest.raises(SystemExit, match="--data.*--download"):
+        script.main(["--out", str(tmp_path / "out"), "--device", "cpu"])
+    with pytest.raises(SystemExit, match="no trained model"):
+        script.main(["--predict", "fine", "--out", str(tmp_path / "untrained")])
+    with pytest.raises(SystemExit):
+        script.main(["-b", "0", "--device", "cpu"])
