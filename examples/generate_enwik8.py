@@ -1,0 +1,270 @@
+"""Train a character-level GTransformer on enwik8: evaluate in bits per byte, checkpoint, resume, sample.
+
+    python examples/generate_enwik8.py                       # bundled 300 KB sample; cpu/gpu preset by device
+    python examples/generate_enwik8.py -D enwik8.zip --preset gpu --compile --checkpoint runs/ckpt --final
+
+The flags of Peter Bloem's ``former`` (experiments/generate.py) keep their meaning. ``--preset`` fills in every flag
+you do not give; an explicit flag always wins. See docs/enwik8.md and the "generate_enwik8.py" section of
+examples/README.md for measured results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from torchformer import GTransformer
+from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
+from torchformer.evaluation import bits_per_byte
+from torchformer.flops import mfu, model_flops_per_token
+from torchformer.training import (
+    CSVLogger, autocast, checkpoint_path, count_parameters, latest_checkpoint, load_checkpoint, plot_curves,
+    progress, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
+)
+
+PRESETS = {
+    # Measured: 7 to 12 minutes on one core, depending on the load (see examples/README.md).
+    "cpu": dict(num_batches=1000, batch_size=32, learn_rate=5e-3, lr_warmup=50, embedding=128, heads=4, depth=4,
+                context=128, dropout=0.0, test_every=250, test_subset=20_000),
+    # For one H100/H200 (bf16). Not measured: no GPU was available when this preset was written.
+    "gpu": dict(num_batches=50_000, batch_size=32, learn_rate=6e-4, lr_warmup=2000, embedding=512, heads=8,
+                depth=12, context=1024, dropout=0.1, test_every=2000, test_subset=100_000),
+}
+ARCHITECTURE = ("embedding", "heads", "depth", "context")  # must match to resume a checkpoint
+COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "final_val_bpb", "test_bpb", "elapsed_s"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = p.add_argument
+    add("-N", "--num-batches", type=int, help="optimizer steps to train for")
+    add("-b", "--batch-size", type=int, help="sequences per micro-batch")
+    add("-l", "--learn-rate", type=float, help="peak learning rate")
+    add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
+    add("-E", "--embedding", type=int, help="embedding size")
+    add("-H", "--heads", type=int, help="attention heads")
+    add("-d", "--depth", type=int, help="transformer blocks")
+    add("-C", "--context", type=int, help="context length in bytes")
+    add("--dropout", type=float, help="dropout rate")
+    add("--gradient-clipping", type=float, default=1.0, help="max gradient norm (0: off)")
+    add("--test-every", type=int, help="evaluate, sample and checkpoint every N steps")
+    add("--test-subset", type=int, help="bytes of the validation split used while training")
+    add("--test-batch-size", type=int, default=64, help="windows per batch when evaluating")
+    add("--final", action="store_true", help="at the end, report bits per byte on the TEST split (else validation)")
+    add("-D", "--data", type=Path, help="enwik8 (raw, .gz or .zip) or any byte file; default: cache, else sample")
+    add("--preset", choices=sorted(PRESETS), help="default: gpu on CUDA, else cpu")
+    add("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    add("--compile", action="store_true", help="torch.compile the model for training")
+    add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
+    add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest one in it")
+    add("--seed", type=int, default=1)
+    add("--out", type=Path, default=Path("runs/generate_enwik8"), help="folder for the CSV log and the plot")
+    add("--sample-length", type=int, default=600, help="bytes to sample at each evaluation (0: none)")
+    add("--temperature", type=float, default=0.5, help="sampling temperature")
+    add("--peak-tflops", type=float, default=989.0, help="accelerator peak for MFU (989: H100 bf16 dense)")
+    add("--threads", type=int, help="torch CPU threads")
+    add("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: checkpoint at step N, then exit as if killed
+    args = p.parse_args(argv)
+
+    args.device = resolve_device(args.device)
+    preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for name in ("num_batches", "batch_size", "embedding", "heads", "depth", "context", "test_every",
+                 "test_subset", "test_batch_size", "accumulate"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
+    if args.data is not None and not args.data.is_file():
+        p.error(f"--data {args.data}: no such file")
+    if args.stop_after is not None and args.checkpoint is None:
+        p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
+    return args
+
+
+def load_data(path: Path | None):
+    if path is not None:
+        return enwik8(path), str(path)
+    try:
+        return enwik8(), str(default_root() / "enwik8")
+    except FileNotFoundError:
+        banner = "!" * 100
+        print(f"{banner}\n!! No --data and no enwik8 in {default_root()}: training on the 300 KB SAMPLE bundled with "
+              f"torchformer.\n!! Fine for a demo; the figures are NOT enwik8 results. Pass -D path/to/enwik8.zip.\n"
+              f"{banner}", file=sys.stderr)
+        return enwik8_sample(), "bundled sample (enwik8_sample)"
+
+
+def sample(model, data, args, generator) -> str:
+    """Continue a random ``context``-byte seed from ``data`` by ``--sample-length`` bytes."""
+    start = int(torch.randint(len(data) - args.context, (1,), generator=generator, device=generator.device))
+    seed = data[start:start + args.context].long()[None].to(args.device)
+    with autocast(args.device):
+        out = model.generate(seed, args.sample_length, temperature=args.temperature, generator=generator)
+    decode = lambda ids: bytes(ids.tolist()).decode("utf-8", errors="replace")  # noqa: E731
+    return f"[{decode(seed[0])}]{decode(out[0, args.context:])}"
+
+
+def evaluate(model, data, args) -> float:
+    with autocast(args.device):
+        return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size)
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop rows logged after ``step``: a killed run may have logged past its last checkpoint."""
+    if not path.exists():
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def prune(directory: Path, keep: int = 2) -> None:
+    """Keep the ``keep`` newest checkpoints (a GPU run's checkpoints are hundreds of MB each)."""
+    found = sorted(directory.glob("step_*.pt"))
+    for old in found[:-keep]:
+        old.unlink()
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    set_seed(args.seed)
+    (train, val, test), source = load_data(args.data)
+    print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
+    val_subset = val[:args.test_subset]
+    if args.context >= min(len(train), len(val)):
+        sys.exit(f"--context {args.context} is too long for this data ({len(val):,} validation bytes)")
+    train = train.to(args.device)  # 90 MB at most; sampling windows then never leaves the device
+
+    model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
+                         prenorm=True).to(args.device)
+    flops = model_flops_per_token(model, context=args.context)
+    print(f"model: {count_parameters(model):,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
+    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")
+    sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup, args.num_batches), total_steps=args.num_batches)
+    # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them.
+    batches = torch.Generator().manual_seed(args.seed)
+    sampler = torch.Generator(device=args.device).manual_seed(args.seed + 1)
+    generators = {"batches": batches, "sampling": sampler}
+
+    start, elapsed = 0, 0.0
+    if args.checkpoint and (ckpt := latest_checkpoint(args.checkpoint)) is not None:
+        try:
+            state = load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, generators=generators)
+        except ValueError as e:
+            sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
+        saved = state["extra"]["config"]
+        changed = [f"--{k} {saved[k]} (now {getattr(args, k)})" for k in ARCHITECTURE if saved[k] != getattr(args, k)]
+        if changed:
+            sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
+        start, elapsed = state["step"], state["extra"]["elapsed_s"]
+        print(f"resumed from {ckpt} at step {start}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    truncate_log(args.out / "log.csv", start)
+    log = CSVLogger(args.out / "log.csv", COLUMNS)
+    tb = tensorboard(args.out)
+    net = torch.compile(model) if args.compile else model
+
+    def save(step: int) -> None:
+        if args.checkpoint:
+            config = {k: getattr(args, k) for k in ARCHITECTURE}
+            save_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt, scheduler=sched,
+                            step=step, extra={"config": config, "elapsed_s": elapsed}, generators=generators)
+            prune(args.checkpoint)
+
+    tokens_per_step = args.batch_size * args.accumulate * args.context
+    bar = progress(total=args.num_batches, desc="train")
+    bar.update(start)
+    say = getattr(bar, "write", print)  # tqdm.write keeps the bar intact; the plain fallback has no write
+    for step in range(start + 1, args.num_batches + 1):
+        tic = time.perf_counter()
+        net.train()
+        loss_sum = 0.0
+        for _ in range(args.accumulate):
+            x, y = random_batches(train, context=args.context, batch_size=args.batch_size, generator=batches)
+            with autocast(args.device):
+                logp = net(x)  # (b, t, 256) log-probabilities of the next byte
+            loss = F.nll_loss(logp.float().flatten(0, 1), y.flatten()) / args.accumulate
+            loss.backward()
+            loss_sum += loss.item()
+        if args.gradient_clipping > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        seconds = time.perf_counter() - tic
+        elapsed += seconds
+        speed = tokens_per_step / seconds
+        bar.update(1)
+        stats = {"loss": f"{loss_sum:.3f}", "tok/s": f"{speed:,.0f}"}
+        if args.device.type == "cuda":
+            stats["mfu"] = f"{mfu(speed, flops, peak_tflops=args.peak_tflops):.1%}"
+        bar.set_postfix(stats)
+        row = dict(step=step, loss=loss_sum, lr=lr, tokens_per_s=round(speed), elapsed_s=round(elapsed, 1))
+
+        if step % args.test_every == 0 or step == args.num_batches:
+            row["val_bpb"] = evaluate(model, val_subset, args)  # the uncompiled module: eval shapes vary
+            say(f"step {step}: loss {loss_sum:.3f} (= {loss_sum / math.log(2):.3f} bits/byte on train), "
+                      f"validation {row['val_bpb']:.3f} bits/byte on {len(val_subset):,} bytes")
+            if args.sample_length > 0:
+                say(f"sample (seed in brackets, temperature {args.temperature}):\n"
+                          f"{sample(model, val, args, sampler)}\n")
+            if tb:
+                tb.add_scalar("val_bpb", row["val_bpb"], step)
+        if tb:
+            tb.add_scalar("loss", loss_sum, step)
+        log.log(**row)
+        if step % args.test_every == 0 or step == args.num_batches or step == args.stop_after:
+            save(step)
+        if step == args.stop_after:
+            print(f"--stop-after {step}: checkpoint saved, stopping")
+            if tb:
+                tb.close()
+            bar.close()
+            log.close()
+            return {"step": step}
+    bar.close()
+
+    split, data = ("test", test) if args.final else ("validation", val)
+    result = {"step": args.num_batches, "split": split, "bpb": evaluate(model, data, args), "elapsed_s": elapsed}
+    print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
+          f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
+    log.log(step=args.num_batches, **{"test_bpb" if args.final else "final_val_bpb": result["bpb"]})
+    log.close()
+    if tb:
+        tb.close()
+    if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["loss", "val_bpb"],
+                   title="enwik8: train loss (nats) and validation bits per byte"):
+        print(f"curves: {args.out / 'loss.png'}")
+    else:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+    return result
+
+
+def tensorboard(out: Path):
+    """A TensorBoard writer when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(out / "tensorboard")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Counting the arithmetic of training, to know how well the hardware is used (MFU).
+
+Training a transformer on one token costs about ``6 N`` floating-point operations, where ``N`` is the number of
+parameters that take part in matrix multiplications: each such weight is used in one multiply-add (2 FLOPs) in the
+forward pass and two in the backward pass (the gradient for the input and for the weight itself). Attention adds
+work that has no parameters: per layer and per token, the query is multiplied with ``T`` keys and the weights with
+``T`` values, ``2 * 2 * H * Q * T`` FLOPs forward and twice that backward, so ``12 * L * H * Q * T`` in all
+(``L`` layers, ``H`` heads of size ``Q``, context ``T``). This is the estimate of the PaLM paper (appendix B) and
+nanoGPT; it counts the full ``T`` keys although a causal query only needs half of them on average, as they do.
+
+Embedding *lookups* are not multiplications, so the token and position tables do not count in ``N``, unless the
+token table is tied to the output layer, where it is a real ``(e, v)`` matrix product.
+
+*Model FLOPs utilisation* (MFU, Chowdhery et al. 2022) divides the FLOPs the model needs per second,
+``flops_per_token * tokens_per_second``, by the accelerator's peak. It deliberately ignores work the
+implementation adds (recomputation, padding), so it compares implementations fairly. For reference, the dense
+bfloat16 peak is about 989 TFLOP/s for an H100 SXM (and an H200) and 312 for an A100.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from torchformer.attention import MultiHeadAttention
+
+__all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token"]
+
+
+def _check_count(value: object, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def flops_per_token(*, params: int, layers: int, attention_width: int, context: int) -> int:
+    """Training FLOPs per token: ``6 * params + 12 * layers * attention_width * context``.
+
+    ``params`` counts the parameters used in matrix products (see :func:`matmul_parameters`), ``layers`` the
+    attention layers, ``attention_width = heads * head_size`` (``emb`` for narrow heads, ``heads * emb`` for wide
+    ones) and ``context`` the sequence length trained on.
+    """
+    _check_count(params, "params", minimum=0)
+    _check_count(layers, "layers", minimum=0)
+    _check_count(attention_width, "attention_width", minimum=1)
+    _check_count(context, "context", minimum=1)
+    return 6 * params + 12 * layers * attention_width * context
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """Parameters of ``model`` except embedding tables that are only looked up; shared parameters count once."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    # A table tied to a linear layer (the output head) is multiplied there, so it stays in the count.
+    multiplied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    lookups = {
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in multiplied
+    }
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():  # parameters() already yields a shared tensor once; the set makes sure
+        if id(p) not in seen and id(p) not in lookups:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def model_flops_per_token(model: nn.Module, *, context: int) -> int:
+    """:func:`flops_per_token` for a torchformer model (e.g. a ``GTransformer``) trained on ``context`` tokens.
+
+    Every :class:`~torchformer.attention.MultiHeadAttention` inside counts as one attention layer of width
+    ``heads * head_size``. Works on the module behind ``torch.compile`` too (the parameters are the same).
+    """
+    _check_count(context, "context", minimum=1)
+    attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    attention_flops = sum(12 * m.heads * m.head_size * context for m in attention)
+    return 6 * matmul_parameters(model) + attention_flops
+
+
+def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: the fraction of ``peak_tflops`` (TFLOP/s) that the training throughput needs."""
+    for name, value in (("tokens_per_second", tokens_per_second), ("flops_per_token", flops_per_token)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    if isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not peak_tflops > 0:
+        raise ValueError(f"peak_tflops must be a positive number (TFLOP/s), got {peak_tflops!r}")
+    return tokens_per_second * flops_per_token / (peak_tflops * 1e12)

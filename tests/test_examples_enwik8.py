@@ -1,0 +1,141 @@
+"""End-to-end tests of examples/generate_enwik8.py on a tiny synthetic corpus (never the network or shared data)."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "generate_enwik8.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("generate_enwik8", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """30 KB of pseudo-English: enough structure to learn from, not enwik8 (so the script warns)."""
+    rng = random.Random(0)
+    words = ["the", "cat", "sat", "on", "a", "mat", "[[link]]", "and", "<page>", "of", "Wikipedia", "\n"]
+    path = tmp_path_factory.mktemp("data") / "tiny.txt"
+    path.write_text(" ".join(rng.choice(words) for _ in range(6000)), encoding="utf-8")
+    return path
+
+
+def tiny(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """A 20-step run of a tiny model; dropout and accumulation on, so every source of randomness matters."""
+    return ["-D", str(corpus), "--out", str(out), "--threads", "1", "-N", "20", "-b", "4", "-E", "16", "-H", "2",
+            "-d", "2", "-C", "16", "--dropout", "0.1", "--accumulate", "2", "--lr-warmup", "4", "-l", "3e-3",
+            "--test-every", "5", "--test-subset", "300", "--sample-length", "8", "--temperature", "1.0", *extra]
+
+
+def read_log(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def training_rows(rows: list[dict]) -> dict[int, dict]:
+    return {int(r["step"]): r for r in rows if r["loss"]}
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_killed_after_checkpoint_and_resumed_matches_uninterrupted_run(script, corpus, tmp_path, capsys):
+    whole = script.main(tiny(corpus, tmp_path / "a", "--checkpoint", str(tmp_path / "a_ckpt")))
+    whole_out = capsys.readouterr().out
+
+    stopped = script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(tmp_path / "b_ckpt"), "--stop-after", "12"))
+    assert stopped == {"step": 12}
+    assert sorted(p.name for p in (tmp_path / "b_ckpt").glob("*.pt"))[-1] == "step_00000012.pt"
+    assert max(training_rows(read_log(tmp_path / "b" / "log.csv"))) == 12
+    capsys.readouterr()
+
+    resumed = script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(tmp_path / "b_ckpt")))
+    resumed_out = capsys.readouterr().out
+    assert "resumed from" in resumed_out and "at step 12" in resumed_out
+
+    a, b = read_log(tmp_path / "a" / "log.csv"), read_log(tmp_path / "b" / "log.csv")
+    steps_a, steps_b = training_rows(a), training_rows(b)
+    assert sorted(steps_b) == list(range(1, 21)), "every step logged exactly once across the two runs"
+    for step in range(1, 21):  # exact equality: batches, dropout masks, optimizer and schedule all restored
+        assert steps_b[step]["loss"] == steps_a[step]["loss"], step
+        assert steps_b[step]["lr"] == steps_a[step]["lr"], step
+        assert steps_b[step]["val_bpb"] == steps_a[step]["val_bpb"], step
+    losses = [float(steps_a[s]["loss"]) for s in range(1, 21)]
+    assert len(set(losses)) > 10  # the run really trained (the losses are not all the same number)
+    assert resumed["bpb"] == whole["bpb"]
+    # The sampling generator is restored too: the samples after the resume are the uninterrupted run's.
+    samples = lambda out: [part.split("\n\n")[0] for part in out.split("sample (seed")[1:]]  # noqa: E731
+    assert len(samples(whole_out)) == 4 and len(samples(resumed_out)) == 2  # steps 5, 10, 15, 20 and 15, 20
+    assert samples(resumed_out) == samples(whole_out)[2:]
+    # Only the two newest checkpoints are kept.
+    assert sorted(p.name for p in (tmp_path / "b_ckpt").glob("*.pt")) == ["step_00000015.pt", "step_00000020.pt"]
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_final_reports_test_split_and_learns(script, corpus, tmp_path):
+    args = tiny(corpus, tmp_path, "--final", "-N", "40", "--dropout", "0.0")
+    result = script.main(args)
+    assert result["split"] == "test"
+    assert 0 < result["bpb"] < 6.0  # a uniform guess over the 256 byte values costs 8 bits per byte
+    rows = read_log(tmp_path / "log.csv")
+    assert rows[-1]["test_bpb"] and float(rows[-1]["test_bpb"]) == result["bpb"]
+    assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_checkpoint_of_compiled_model_resumes_uncompiled(script, corpus, tmp_path, monkeypatch):
+    # The eager backend still wraps the model (keys gain "_orig_mod."), without a slow C++ compile in the test.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    ckpt = str(tmp_path / "ckpt")
+    script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--compile", "--stop-after", "3"))
+    state = torch.load(next(Path(ckpt).glob("*.pt")), weights_only=True)
+    assert not any(k.startswith("_orig_mod.") for k in state["model"])
+    assert script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-N", "5"))["step"] == 5
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_resume_with_another_architecture_is_refused(script, corpus, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--stop-after", "2"))
+    with pytest.raises(SystemExit, match="--heads 2 \\(now 4\\)"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-H", "4"))
+
+
+def test_without_data_uses_bundled_sample_loudly(script, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_cache"))
+    result = script.main(["--out", str(tmp_path), "--threads", "1", "-N", "2", "-b", "2", "-E", "16", "-H", "2",
+                          "-d", "1", "-C", "16", "--test-subset", "200", "--sample-length", "0"])
+    assert "SAMPLE bundled" in capsys.readouterr().err
+    assert result["split"] == "validation" and result["bpb"] > 0
+
+
+def test_presets_fill_only_flags_not_given(script):
+    args = script.parse_args(["--preset", "gpu", "-d", "2", "--device", "cpu"])
+    assert args.depth == 2  # explicit flag wins
+    assert (args.embedding, args.context) == (script.PRESETS["gpu"]["embedding"], script.PRESETS["gpu"]["context"])
+    cpu = script.parse_args(["--device", "cpu"])  # no --preset: chosen by device
+    assert cpu.embedding == script.PRESETS["cpu"]["embedding"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-D", "no/such/enwik8.zip"], "no/such/enwik8.zip"),
+        (["--stop-after", "3"], "--checkpoint"),
+        (["-b", "0"], "--batch-size must be a positive int, got 0"),
+    ],
+)
+def test_bad_flags_name_the_problem(script, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args([*argv, "--device", "cpu"])
+    assert message in capsys.readouterr().err

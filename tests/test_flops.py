@@ -1,0 +1,83 @@
+"""Tests for torchformer.flops: the 6N + 12 L H Q T estimate, checked against counts done by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchformer import GTransformer
+from torchformer.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token
+
+# GTransformer(emb=8, heads=2, depth=2, seq_length=16, num_tokens=32), post-norm, counted on paper:
+#   attention: q, k, v 3 * 8 * 8 (no bias) + unifyheads 8 * 8 + 8          =  264
+#   two layer norms 2 * (8 + 8)                                             =   32
+#   feed-forward 8 * 32 + 32 + 32 * 8 + 8                                   =  552
+#   one block 848, two blocks                                               = 1696
+#   output head 8 * 32 + 32                                                 =  288
+#   lookup tables (not multiplied): tokens 32 * 8 = 256, positions 16 * 8 = 128
+HAND_N = 1696 + 288
+HAND_ATTENTION = 12 * 2 * 8 * 16  # 12 * layers * (heads * head_size) * context
+
+
+def tiny(**options) -> GTransformer:
+    return GTransformer(8, 2, 2, 16, 32, **options)
+
+
+def test_matmul_parameters_match_the_hand_count():
+    model = tiny()
+    assert matmul_parameters(model) == HAND_N
+    assert sum(p.numel() for p in model.parameters()) == HAND_N + 256 + 128  # so the tables really were excluded
+
+
+def test_flops_per_token_matches_the_hand_count():
+    assert model_flops_per_token(tiny(), context=16) == 6 * HAND_N + HAND_ATTENTION
+    assert flops_per_token(params=HAND_N, layers=2, attention_width=8, context=16) == 6 * HAND_N + HAND_ATTENTION
+
+
+def test_tied_embedding_counts_once_as_the_head():
+    # Tied, the token table *is* the head's (32, 8) matrix: it is multiplied, so it counts, but only once.
+    assert matmul_parameters(tiny(tie_weights=True)) == HAND_N
+
+
+def test_prenorm_final_norm_and_wide_heads():
+    assert matmul_parameters(tiny(prenorm=True)) == HAND_N + 16  # the stack's final LayerNorm
+    wide = tiny(wide=True)  # every head is 8 wide: q, k, v 8 -> 16, unifyheads 16 -> 8
+    per_block_extra = 3 * 8 * 8 + 8 * 8  # what doubling the attention width adds to one block
+    assert matmul_parameters(wide) == HAND_N + 2 * per_block_extra
+    assert model_flops_per_token(wide, context=16) == 6 * (HAND_N + 2 * per_block_extra) + 2 * HAND_ATTENTION
+
+
+def test_compiled_wrapper_counts_the_same():
+    model = tiny()
+    wrapped = torch.compile(model, backend="eager")
+    assert model_flops_per_token(wrapped, context=16) == model_flops_per_token(model, context=16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 10**6), st.integers(1, 10**5), st.integers(1, 2000))
+def test_mfu_is_linear_and_one_at_peak(flops, context, tokens):
+    peak = flops * tokens / 1e12  # TFLOP/s that these tokens per second need
+    assert mfu(tokens, flops, peak_tflops=peak) == pytest.approx(1.0)
+    assert mfu(2 * tokens, flops, peak_tflops=peak) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: flops_per_token(params=-1, layers=1, attention_width=8, context=4), "params must be an int >= 0"),
+        (lambda: flops_per_token(params=1, layers=1, attention_width=8, context=0), "context must be an int >= 1"),
+        (lambda: model_flops_per_token(tiny(), context=2.5), "context must be an int >= 1, got 2.5"),
+        (lambda: mfu(100.0, 10, peak_tflops=0), "peak_tflops must be a positive number"),
+        (lambda: mfu(-1.0, 10, peak_tflops=989), "tokens_per_second must be a number >= 0"),
+    ],
+)
+def test_bad_arguments_name_the_argument(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_matmul_parameters_rejects_non_modules():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        matmul_parameters("model")
