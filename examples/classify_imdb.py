@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchformer.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from torchformer.checkpoint import (
+    checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
+)
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
@@ -215,8 +217,7 @@ def train(args: argparse.Namespace) -> dict:
                     save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
                                     scheduler=sched, step=step, generators={"batches": state},
                                     extra={"config": config, "tokenizer": tokenizer.state_dict()})
-                    for old in sorted(Path(args.checkpoint).glob("step_*.pt"))[:-2]:
-                        old.unlink()  # keep the two newest
+                    prune_checkpoints(args.checkpoint, keep=2)
             if step == args.stop_at:
                 bar.close()
                 log.close()

@@ -27,7 +27,7 @@ from torchformer.evaluation import bits_per_byte
 from torchformer.flops import mfu, model_flops_per_token
 from torchformer.training import (
     CSVLogger, autocast, checkpoint_path, count_parameters, latest_checkpoint, load_checkpoint, plot_curves,
-    progress, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
+    progress, prune_checkpoints, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
 )
 
 PRESETS = {
@@ -132,13 +132,6 @@ def truncate_log(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def prune(directory: Path, keep: int = 2) -> None:
-    """Keep the ``keep`` newest checkpoints (a GPU run's checkpoints are hundreds of MB each)."""
-    found = sorted(directory.glob("step_*.pt"))
-    for old in found[:-keep]:
-        old.unlink()
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
@@ -185,7 +178,7 @@ def main(argv=None) -> dict:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
             save_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt, scheduler=sched,
                             step=step, extra={"config": config, "elapsed_s": elapsed}, generators=generators)
-            prune(args.checkpoint)
+            prune_checkpoints(args.checkpoint, keep=2)
 
     tokens_per_step = args.batch_size * args.accumulate * args.context
     bar = progress(total=args.num_batches, desc="train")

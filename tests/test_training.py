@@ -23,6 +23,7 @@ from torchformer.training import (
     load_checkpoint,
     plot_curves,
     progress,
+    prune_checkpoints,
     resolve_device,
     save_checkpoint,
     set_seed,
@@ -463,3 +464,15 @@ def test_count_parameters_counts_tied_weights_once():
     model[1].bias.requires_grad_(False)
     assert count_parameters(model, trainable_only=True) == 10 * 4 + 4 * 4
     assert count_parameters(unwrap_model(FakeCompiled(model))) == count_parameters(FakeCompiled(model))
+
+
+def test_prune_checkpoints_keeps_the_newest_by_step_number(tmp_path):
+    for step in (5, 40, 100, 7):
+        checkpoint_path(tmp_path, step).write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    deleted = prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in deleted) == ["step_00000005.pt", "step_00000007.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step_00000040.pt", "step_00000100.pt"]
+    assert prune_checkpoints(tmp_path / "missing") == []
+    with pytest.raises(ValueError, match="keep must be a positive int, got 0"):
+        prune_checkpoints(tmp_path, keep=0)

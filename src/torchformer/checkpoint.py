@@ -46,6 +46,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchformer._checks import check_positive_int
+
 PathLike = Union[str, os.PathLike]
 
 FORMAT_VERSION = 1
@@ -76,19 +78,38 @@ def checkpoint_path(directory: PathLike, step: int) -> Path:
     return Path(directory) / f"step_{_check_step(step):08d}.pt"
 
 
+def _checkpoints(directory: PathLike) -> list[Path]:
+    """The ``step_N.pt`` files in ``directory``, oldest (smallest ``N``) first; none if there is no folder."""
+    directory = Path(directory)
+    if not directory.exists():
+        return []
+    if not directory.is_dir():
+        raise NotADirectoryError(f"directory must be a folder of checkpoints, got the file {directory}")
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
+    return [p for _, p in sorted(found)]
+
+
 def latest_checkpoint(directory: PathLike) -> Optional[Path]:
     """The ``step_N.pt`` file in ``directory`` with the largest ``N``; ``None`` if there is none (or no folder).
 
     Steps are compared as numbers, so ``step_123456789.pt`` beats ``step_99999999.pt``. Temporary files of an
     interrupted save (hidden names) and other files are ignored.
     """
-    directory = Path(directory)
-    if not directory.exists():
-        return None
-    if not directory.is_dir():
-        raise NotADirectoryError(f"directory must be a folder of checkpoints, got the file {directory}")
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
-    return max(found)[1] if found else None
+    found = _checkpoints(directory)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
+    """Delete all but the ``keep`` newest ``step_N.pt`` files in ``directory``; return the deleted paths.
+
+    Keeping more than one guards against a checkpoint that turns out to be bad; keeping all of a long GPU run's
+    checkpoints (hundreds of MB each) fills the disk.
+    """
+    check_positive_int(keep, "keep")
+    old = _checkpoints(directory)[:-keep]
+    for path in old:
+        path.unlink()
+    return old
 
 
 def save_checkpoint(

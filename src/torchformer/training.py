@@ -31,6 +31,7 @@ from torchformer.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
+    prune_checkpoints,
     save_checkpoint,
     unwrap_model,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "load_checkpoint",
     "plot_curves",
     "progress",
+    "prune_checkpoints",
     "resolve_device",
     "save_checkpoint",
     "set_seed",
