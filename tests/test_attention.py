@@ -274,3 +274,23 @@ def test_bad_inputs_raise_clear_errors():
         SelfAttention(16, 4, dropout=1.5)
     with pytest.raises(ValueError, match="heads must be a positive int, got 0"):
         SelfAttention(16, 0)
+
+
+def test_a_failed_cached_call_leaves_the_cache_unchanged():
+    att = make(16, 4, causal=True)
+    x, cache = torch.randn(2, 5, 16), KVCache()
+    att(x[:, :2], cache=cache)
+    bad_mask = torch.ones(2, 2, dtype=torch.bool)  # must cover the 2 cached + 1 new positions
+    with pytest.raises(ValueError, match=r"mask must have shape \(b, len\(cache\) \+ t\) = \(2, 3\), got \(2, 2\)"):
+        att(x[:, 2:3], bad_mask, cache=cache)
+    assert len(cache) == 2
+
+
+def test_dtype_mismatch_is_a_clear_error_except_under_autocast():
+    att = make(16, 4)
+    with pytest.raises(TypeError, match=r"x has dtype torch.float64 but the module's parameters are torch.float32"):
+        att(torch.randn(2, 5, 16, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert att(torch.randn(2, 5, 16)).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="context has dtype torch.float64"):
+        make_cross().float()(torch.randn(1, 2, 16), torch.randn(1, 3, 16, dtype=torch.float64))

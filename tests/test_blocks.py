@@ -60,3 +60,8 @@ def test_errors():
         TransformerBlock(16, 4, activation="tanh")
     with pytest.raises(ValueError, match="ff_mult must be a positive int"):
         TransformerBlock(16, 4, ff_mult=0)
+
+
+def test_block_reports_dtype_mismatch_before_its_first_layer_norm():
+    with pytest.raises(TypeError, match=r"x has dtype torch.float32 but the module's parameters are torch.float64"):
+        block(prenorm=True)(torch.randn(1, 2, 16))

@@ -335,6 +335,8 @@ def test_bad_inputs_name_the_argument():
         generate(model, torch.zeros(3, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, torch.zeros(1, 2, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match=rf"prompt must hold token ids in \[0, {model.num_tokens}\)"):
+        generate(model, torch.full((1, 2), model.num_tokens), 3)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10

@@ -178,3 +178,20 @@ def test_initial_loss_is_close_to_uniform_guessing(tie_weights):
     x = torch.randint(0, 256, (8, 33))
     loss = F.nll_loss(model(x[:, :-1]).transpose(1, 2), x[:, 1:]).item()
     assert 5.0 < loss < 7.0
+
+
+def test_offset_follows_the_caches_and_a_wrong_one_is_refused():
+    model = seeded(GTransformer, 32, 4, 2, 12, 20).double().eval()
+    x = torch.randint(0, 20, (1, 6))
+    caches = model.new_caches()
+    model(x[:, :5], caches=caches)
+    torch.testing.assert_close(model(x[:, 5:], caches=caches)[:, -1], model(x)[:, -1])  # offset 5 implied
+    with pytest.raises(ValueError, match=r"offset must equal the number of cached positions \(6\).*got 3"):
+        model(x[:, :1], caches=caches, offset=3)
+    with pytest.raises(ValueError, match=r"caches must hold one BlockCache per block \(2\), got 1"):
+        model(x, caches=caches[:1])
+
+
+def test_zero_decoder_depth_is_refused():
+    with pytest.raises(ValueError, match="depth must be a positive int, got 0"):
+        Seq2SeqTransformer(16, 2, 2, 8, 10, 12, decoder_depth=0)

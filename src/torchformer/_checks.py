@@ -34,8 +34,19 @@ def check_choice(value: object, name: str, choices: tuple) -> str:
     return value  # type: ignore[return-value]
 
 
-def check_embeddings(x: object, name: str, emb: int) -> tuple[int, int, int]:
-    """Check that ``x`` is a float tensor of shape ``(b, t, emb)`` and return ``(b, t, emb)``."""
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has one function per device type
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = None) -> tuple[int, int, int]:
+    """Check that ``x`` is a float tensor of shape ``(b, t, emb)`` and return ``(b, t, emb)``.
+
+    With ``like`` (a parameter of the module), also check that ``x`` has the parameters' dtype, unless autocast is
+    on (then the mismatch is intended and autocast resolves it).
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (b, t, {emb}), got {type(x).__name__}")
     if x.dim() != 3:
@@ -46,11 +57,16 @@ def check_embeddings(x: object, name: str, emb: int) -> tuple[int, int, int]:
         )
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
+    if like is not None and x.dtype != like.dtype and not _autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
+            f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
+        )
     return x.size(0), x.size(1), x.size(2)
 
 
-def check_mask(mask: object, name: str, shape: tuple[int, int]) -> Tensor:
-    """Check a padding mask: bool ``(b, t)`` with ``True`` marking real tokens."""
+def check_mask(mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)") -> Tensor:
+    """Check a padding mask: bool ``shape`` (named ``dims`` in messages) with ``True`` marking real tokens."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -58,7 +74,7 @@ def check_mask(mask: object, name: str, shape: tuple[int, int]) -> Tensor:
             f"{name} must have dtype torch.bool (True = real token), got {mask.dtype}; use {name}.bool()"
         )
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape (b, t) = {tuple(shape)}, got {tuple(mask.shape)}")
+        raise ValueError(f"{name} must have shape {dims} = {tuple(shape)}, got {tuple(mask.shape)}")
     return mask
 
 

@@ -259,13 +259,14 @@ class SelfAttention(MultiHeadAttention):
         return_weights: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        b, t, _ = check_embeddings(x, "x", self.emb)
+        b, t, _ = check_embeddings(x, "x", self.emb, like=self.toqueries.weight)
+        if mask is not None:  # checked before the cache is touched: a failed call must not change it
+            cached = 0 if cache is None else len(cache)
+            check_mask(mask, "mask", (b, cached + t), "(b, len(cache) + t)" if cache is not None else "(b, t)")
         q = self.project_queries(x)  # (b, h, t, s)
         k, v = self.project_keys_values(x)  # (b, h, t, s) each
         if cache is not None:
             k, v = cache.update(k, v)  # (b, h, u, s) with u = cached + t
-        if mask is not None:
-            check_mask(mask, "mask", (b, k.size(2)))
         out, weights = self.attend(q, k, v, mask, return_weights=return_weights)
         out = self.unifyheads(self.merge_heads(out))  # (b, h, t, s) -> (b, t, h * s) -> (b, t, e)
         if mask is not None:  # a query that sees no real key carries no information: make it exactly zero
@@ -299,12 +300,12 @@ class CrossAttention(MultiHeadAttention):
         return_weights: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        b, _, _ = check_embeddings(x, "x", self.emb)
-        bc, u, _ = check_embeddings(context, "context", self.emb)
+        b, _, _ = check_embeddings(x, "x", self.emb, like=self.toqueries.weight)
+        bc, u, _ = check_embeddings(context, "context", self.emb, like=self.tokeys.weight)
         if bc != b:
             raise ValueError(f"context must have the same batch size as x ({b}), got {bc}")
         if context_mask is not None:
-            check_mask(context_mask, "context_mask", (b, u))
+            check_mask(context_mask, "context_mask", (b, u), "(b, u)")
         q = self.project_queries(x)  # (b, h, t, s)
         if cache is not None and len(cache) > 0:
             k, v = cache.keys, cache.values  # computed from the same context on the first step

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
+from torchformer._checks import check_choice, check_embeddings, check_positive_int, check_probability
 from torchformer.attention import CrossAttention, KVCache, SelfAttention
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -115,6 +115,7 @@ class TransformerBlock(nn.Module):
         *,
         cache: BlockCache | None = None,
     ) -> Tensor:
+        check_embeddings(x, "x", self.attention.emb, like=self.norm1.weight)
         if self.cross and context is None:
             raise ValueError("context must be given to a block built with cross=True (it has cross-attention)")
         if not self.cross and context is not None:

@@ -78,6 +78,9 @@ def bits_per_byte(
     for name, value in (("context", context), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    seq_length = getattr(model, "seq_length", None)
+    if seq_length is not None and context > seq_length:
+        raise ValueError(f"context ({context}) must not exceed the model's seq_length ({seq_length})")
     if stride is None:
         stride = max(1, context // 2)
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:

@@ -72,13 +72,17 @@ def _check_count(value: object, name: str) -> int:
     return value
 
 
-def _check_prompt(prompt: object, name: str) -> Tensor:
+def _check_prompt(prompt: object, name: str, num_tokens: int | None = None) -> Tensor:
     if not isinstance(prompt, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, shape (b, t), got {type(prompt).__name__}")
     if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {prompt.dtype}")
     if prompt.dim() != 2 or prompt.size(1) == 0 or prompt.size(0) == 0:
         raise ValueError(f"{name} must have shape (b, t) with b, t >= 1, got shape {tuple(prompt.shape)}")
+    if num_tokens is not None:
+        lo, hi = int(prompt.min()), int(prompt.max())
+        if lo < 0 or hi >= num_tokens:
+            raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
     return prompt.long()
 
 
@@ -322,7 +326,7 @@ def generate(
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
     """
-    prompt = _check_prompt(prompt, "prompt")
+    prompt = _check_prompt(prompt, "prompt", getattr(model, "num_tokens", None))
     _check_count(max_new_tokens, "max_new_tokens")
     _check_sampling(temperature, top_k, top_p)
     if eos is not None:
@@ -357,7 +361,7 @@ def beam_search(
     ``length_penalty=0`` it is the total log-probability, which favours short sequences when ``eos`` can end them;
     1 (the default) is the mean log-probability per token. ``beam_size=1`` is greedy decoding.
     """
-    prompt = _check_prompt(prompt, "prompt")
+    prompt = _check_prompt(prompt, "prompt", getattr(model, "num_tokens", None))
     _check_count(max_new_tokens, "max_new_tokens")
     _check_count(beam_size, "beam_size")
     _check_length_penalty(length_penalty)
@@ -401,7 +405,7 @@ def seq2seq_generate(
     With learned positions the decoder sees at most ``model.seq_length`` target positions, so ``max_len`` may be
     at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
     """
-    src = _check_prompt(src, "src")
+    src = _check_prompt(src, "src", getattr(getattr(model, "src_embedding", None), "num_tokens", None))
     _check_count(max_len, "max_len")
     _check_count(beam_size, "beam_size")
     _check_sampling(temperature, top_k, top_p)

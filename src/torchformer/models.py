@@ -36,6 +36,19 @@ def check_block_options(model: str, options: dict) -> None:
         )
 
 
+def resolve_offset(caches: list[BlockCache] | None, offset: int | None) -> int:
+    """The absolute position of the first new token: with caches, the number of positions already cached."""
+    if caches is None:
+        return 0 if offset is None else offset
+    cached = len(caches[0].self_attention) if caches else 0
+    if offset is not None and offset != cached:
+        raise ValueError(
+            f"offset must equal the number of cached positions ({cached}) when caches are given, got {offset}; "
+            f"leave offset out and it follows the caches"
+        )
+    return cached
+
+
 class TokenEmbedding(nn.Module):
     """Token ids ``(b, t)`` -> vectors ``(b, t, e)``: a lookup table plus a position encoding, then dropout."""
 
@@ -132,9 +145,12 @@ class GTransformer(nn.Module):
         tie = self.embedding.tokens if tie_weights else None
         self.head = GeneratorHead(emb, num_tokens, tie_to=tie)
 
-    def forward(self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int = 0) -> Tensor:
-        """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens,
-        starting at absolute position ``offset``, and the earlier positions' keys and values come from the caches."""
+    def forward(self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int | None = None) -> Tensor:
+        """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens, which
+        start at absolute position ``offset`` = the number of cached positions (the default, checked if given);
+        the earlier positions' keys and values come from the caches. Without caches, ``offset`` (default 0) is the
+        absolute position of ``x[:, 0]``."""
+        offset = resolve_offset(caches, offset)
         return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
 
     def new_caches(self) -> list[BlockCache]:
@@ -211,7 +227,7 @@ class Seq2SeqTransformer(nn.Module):
         self.src_embedding = TokenEmbedding(src_tokens, emb, seq_length, positions=positions, dropout=dropout)
         self.tgt_embedding = TokenEmbedding(tgt_tokens, emb, seq_length, positions=positions, dropout=dropout)
         self.encoder = Encoder(emb, heads, depth, **options)
-        self.decoder = Decoder(emb, heads, decoder_depth or depth, **options)
+        self.decoder = Decoder(emb, heads, depth if decoder_depth is None else decoder_depth, **options)
         tie = self.tgt_embedding.tokens if tie_weights else None
         self.head = GeneratorHead(emb, tgt_tokens, tie_to=tie)
 
@@ -229,9 +245,11 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: Tensor | None = None,
         *,
         caches: list[BlockCache] | None = None,
-        offset: int = 0,
+        offset: int | None = None,
     ) -> Tensor:
-        """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities."""
+        """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
+        ``caches`` and ``offset`` work as in :meth:`GTransformer.forward`."""
+        offset = resolve_offset(caches, offset)
         h = self.tgt_embedding(tgt, offset=offset, name="tgt")
         check_embeddings(memory, "memory", h.size(-1))
         if h.size(0) != memory.size(0):

@@ -22,6 +22,11 @@ from torchformer._checks import check_positive_int
 from torchformer.blocks import BlockCache, TransformerBlock
 
 
+def check_caches(caches: list[BlockCache] | None, depth: int) -> None:
+    if caches is not None and len(caches) != depth:
+        raise ValueError(f"caches must hold one BlockCache per block ({depth}), got {len(caches)}; use new_caches()")
+
+
 class Encoder(nn.Module):
     """``depth`` transformer blocks. ``forward(x, mask=None)``: ``(b, t, e) -> (b, t, e)``.
 
@@ -39,6 +44,7 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(emb) if block_options.get("prenorm") else nn.Identity()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, caches: list[BlockCache] | None = None) -> Tensor:
+        check_caches(caches, len(self.blocks))
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache=None if caches is None else caches[i])
         return self.norm(x)
@@ -76,6 +82,7 @@ class Decoder(nn.Module):
         *,
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
+        check_caches(caches, len(self.blocks))
         for i, block in enumerate(self.blocks):
             x = block(x, mask, context, context_mask, cache=None if caches is None else caches[i])
         return self.norm(x)
