@@ -80,7 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.predict:
         return args
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, TypeError) as e:
+        p.error(f"--device: {e}")
     preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -97,8 +100,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_model(config: dict, num_tokens: int) -> CTransformer:
-    return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
-                        len(CLASSES), max_pool=config["max_pool"], dropout=config["dropout"])
+    try:
+        return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
+                            len(CLASSES), max_pool=config["max_pool"], dropout=config["dropout"])
+    except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
+        sys.exit(f"error: cannot build the model from these flags: {e}")
 
 
 def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:

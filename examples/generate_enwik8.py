@@ -74,7 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: checkpoint at step N, then exit as if killed
     args = p.parse_args(argv)
 
-    args.device = resolve_device(args.device)
+    try:
+        args.device = resolve_device(args.device)
+    except (ValueError, TypeError) as e:
+        p.error(f"--device: {e}")
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -144,8 +147,11 @@ def main(argv=None) -> dict:
         sys.exit(f"--context {args.context} is too long for this data ({len(val):,} validation bytes)")
     train = train.to(args.device)  # 90 MB at most; sampling windows then never leaves the device
 
-    model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
-                         prenorm=True).to(args.device)
+    try:
+        model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
+                             prenorm=True).to(args.device)
+    except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
+        sys.exit(f"error: cannot build the model from these flags: {e}")
     flops = model_flops_per_token(model, context=args.context)
     print(f"model: {count_parameters(model):,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")

@@ -47,6 +47,16 @@ def make_examples(n: int, min_len: int, max_len: int, generator: torch.Generator
     return src, mask, tgt
 
 
+def as_text(ids: torch.Tensor) -> str:
+    """Token ids -> digit string, up to the first EOS (special tokens never print as digits)."""
+    out = []
+    for t in ids.tolist():
+        if t == EOS:
+            break
+        out.append(str(t - DIGIT0) if t >= DIGIT0 else {PAD: "<pad>", BOS: "<bos>"}[t])
+    return "".join(out)
+
+
 def exact_match(predicted, tgt) -> float:
     """``predicted`` ``(n, max_len + 1)`` from ``generate`` (eos-padded) against the target without BOS."""
     expected = tgt[:, 1:].masked_fill(tgt[:, 1:] == PAD, EOS)
@@ -156,9 +166,7 @@ def main() -> None:
     # Plot the longest held-out example: the decoder reads BOS + its own greedy output.
     row = int(mask.sum(1).argmax())
     length = int(mask[row].sum())
-    shown = "".join(str(t - DIGIT0) for t in src[row, :length].tolist())
-    answer = "".join(str(t - DIGIT0) for t in greedy[row, :length].tolist())
-    print(f"example: {shown} -> {answer}")
+    print(f"example: {as_text(src[row, :length])} -> {as_text(greedy[row])}")
     decoder_input = torch.cat([greedy.new_full((1, 1), BOS), greedy[row : row + 1, :length]], dim=1)
     weights = cross_attention_weights(model, src[row : row + 1], mask[row : row + 1], decoder_input)
     args.out.mkdir(parents=True, exist_ok=True)
