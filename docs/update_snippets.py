@@ -1,8 +1,9 @@
 """Run the Python snippets of the docs and paste their real output under them.
 
-Every ```python block is run; its printed output replaces the ```text block right after it. Each block runs in a
-fresh interpreter, unless the page contains the marker ``<!-- snippets continue -->``: then the page's blocks run in
-order in one namespace. A snippet that raises stops the run.
+Every ```python block that is followed by a ```text block is run in a fresh interpreter, and its printed output
+replaces that ```text block; a block with no output block is an illustration (a fragment) and is not run. A page
+with the marker ``<!-- snippets continue -->`` runs all its blocks in order in one namespace instead. A snippet that
+raises stops the run. Print rounded figures: the last digits of float sums differ with the number of threads.
 
     python docs/update_snippets.py docs/*.md           # rewrite the outputs
     python docs/update_snippets.py --check docs/*.md   # exit 1 if any page's output differs from a fresh run
@@ -42,6 +43,8 @@ def run(codes: list[str]) -> list[str]:
 
 def refresh(text: str, path: pathlib.Path) -> str:
     matches = list(BLOCK.finditer(text))
+    if "<!-- snippets continue -->" not in text:
+        matches = [m for m in matches if m.group(2) is not None]  # fragments without an output are not run
     codes = [m.group(1) for m in matches]
     if "<!-- snippets continue -->" in text:
         outputs = run(codes)
