@@ -41,8 +41,9 @@ a sequence whose *total* probability is higher although its first token was not 
 **The model protocol.** The functions here need only this from a decoder-only ``model`` (:class:`GTransformer`
 provides it; a hand-written test model can too):
 
-* ``model(x, *, caches=None, offset=0)`` -> log-probabilities ``(n, t, v)``. Without caches ``x`` ``(n, t)`` is a
-  whole window starting at position 0; with caches it holds only the new tokens, starting at position ``offset``.
+* ``model(x, *, caches=None, offset=None)`` -> log-probabilities ``(n, t, v)``. Without caches ``x`` ``(n, t)`` is a
+  whole window starting at position 0; with caches it holds only the new tokens, starting at position ``offset``
+  (the number of cached positions).
 * ``model.new_caches()`` -> a list of objects with ``reorder(index)`` (batch rows to keep, for beam search).
 * ``model.seq_length``: the longest window the model can see.
 
