@@ -61,11 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
-    add("--tokenizer", choices=("word", "byte"))
-    add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1)
+    add("--tokenizer", choices=("word", "byte"), help="words (vocabulary from the training split) or UTF-8 bytes")
+    add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split, init and batches")
     add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
     add("--preset", choices=tuple(PRESETS), help="defaults for a device (default: gpu on CUDA, else cpu)")
-    add("--device", default="auto")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model")
     add("--threads", type=int, help="torch CPU threads")
     add("--data", help="folder with imdb_{train,test}.jsonl.gz, an aclImdb/ folder or aclImdb_v1.tar.gz")
@@ -125,6 +125,8 @@ def predict(args: argparse.Namespace) -> None:
     for item in args.predict:  # each item is a text, or a file holding one review per line
         is_file = len(item) < 4096 and Path(item).is_file()
         texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()] if is_file else [item]
+    if not texts or not all(t.strip() for t in texts):
+        sys.exit("classify_imdb.py: error: --predict needs a non-empty review text (or a file with one review per line)")
     ids, mask = pad_batch(encode(tokenizer, texts, extra["config"]["max_length"]))
     with torch.no_grad():
         probs = model.eval()(ids, mask).exp()

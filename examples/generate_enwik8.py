@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--compile", action="store_true", help="torch.compile the model for training")
     add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
     add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest one in it")
-    add("--seed", type=int, default=1)
+    add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
     add("--out", type=Path, default=Path("runs/generate_enwik8"), help="folder for the CSV log and the plot")
     add("--sample-length", type=int, default=600, help="bytes to sample at each evaluation (0: none)")
     add("--temperature", type=float, default=0.5, help="sampling temperature")
