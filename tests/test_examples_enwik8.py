@@ -125,6 +125,12 @@ def test_presets_fill_only_flags_not_given(script):
     assert (args.embedding, args.context) == (script.PRESETS["gpu"]["embedding"], script.PRESETS["gpu"]["context"])
     cpu = script.parse_args(["--device", "cpu"])  # no --preset: chosen by device
     assert cpu.embedding == script.PRESETS["cpu"]["embedding"]
+    # The training length comes from the preset (--minutes for gpu, -N for cpu) unless either is given.
+    assert (args.minutes, args.num_batches) == (script.PRESETS["gpu"]["minutes"], None)
+    gpu_steps = script.parse_args(["--preset", "gpu", "-N", "100", "--device", "cpu"])
+    assert (gpu_steps.minutes, gpu_steps.num_batches) == (None, 100)
+    cpu_minutes = script.parse_args(["--minutes", "2", "--device", "cpu"])
+    assert (cpu_minutes.minutes, cpu_minutes.num_batches) == (2.0, None)
 
 
 @pytest.mark.parametrize(
@@ -139,3 +145,35 @@ def test_bad_flags_name_the_problem(script, argv, message, capsys):
     with pytest.raises(SystemExit):
         script.parse_args([*argv, "--device", "cpu"])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_minutes_sets_the_number_of_steps_and_a_resume_keeps_it(script, corpus, tmp_path, capsys):
+    # 3 seconds of training; evaluation only at the end (a later --test-every wins over tiny()'s)
+    args = list(tiny(corpus, tmp_path, "--checkpoint", str(tmp_path / "ckpt"), "--minutes", "0.05",
+                     "--test-every", "100000"))
+    del args[args.index("-N"):args.index("-N") + 2]
+    stopped = script.main([*args, "--stop-after", "3"])
+    printed = capsys.readouterr().out
+    steps = int(printed.split("ms per step measured, so -N ")[1].split()[0])
+    assert stopped == {"step": 3} and steps >= 3
+    resumed = script.main(args)  # no new measurement: the checkpoint's -N is kept, so the schedule is the same
+    assert "ms per step measured" not in capsys.readouterr().out
+    assert resumed["step"] == steps
+
+
+def test_minutes_and_num_batches_together_are_refused(script, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args(["--minutes", "5", "-N", "100", "--device", "cpu"])
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_resume_with_other_kqnorm_names_the_flag(script, corpus, tmp_path):
+    # With --kqnorm another -H also changes weight shapes; the flag comparison must come first, with its message.
+    ckpt = str(tmp_path / "ckpt")
+    script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--stop-after", "2", "--kqnorm"))
+    with pytest.raises(SystemExit, match="--heads 2 \\(now 4\\)"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-H", "4", "--kqnorm"))
+    with pytest.raises(SystemExit, match="--kqnorm True \\(now False\\)"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--no-kqnorm"))
