@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -33,9 +34,14 @@ for code in json.load(sys.stdin):
 
 
 def run(codes: list[str]) -> list[str]:
+    # The snippets run in a temporary folder, so relative PYTHONPATH entries (e.g. PYTHONPATH=src) must be made
+    # absolute first, or they would point nowhere.
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(str(pathlib.Path(p).resolve()) for p in env["PYTHONPATH"].split(os.pathsep))
     with tempfile.TemporaryDirectory() as cwd:  # snippets that write files write them somewhere harmless
         result = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(codes), capture_output=True,
-                                text=True, cwd=cwd, timeout=600)
+                                text=True, cwd=cwd, env=env, timeout=600)
     if result.returncode:
         raise SystemExit(f"a snippet failed:\n{result.stderr}")
     return result.stdout.split(SEPARATOR)[:-1]

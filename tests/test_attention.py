@@ -294,3 +294,42 @@ def test_dtype_mismatch_is_a_clear_error_except_under_autocast():
         assert att(torch.randn(2, 5, 16)).dtype == torch.bfloat16
     with pytest.raises(TypeError, match="context has dtype torch.float64"):
         make_cross().float()(torch.randn(1, 2, 16), torch.randn(1, 3, 16, dtype=torch.float64))
+
+
+# --- CUDA only: the fast path really reaches the fused kernels, and stays equal to the reference in bf16 ---------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("wide", [False, True])
+def test_causal_fast_path_runs_on_the_flash_kernel_on_cuda(wide):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    attn = make(128, 2, wide=wide, causal=True).cuda()
+    x = torch.randn(2, 64, 128, device="cuda")
+    # With only flash attention allowed, SDPA raises if our call (mask, shapes, dtype) cannot use it.
+    with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = attn(x)
+    ref = make(128, 2, wide=wide, causal=True, dtype=torch.float64, impl="reference").cuda()
+    ref.load_state_dict(attn.state_dict())
+    expected = ref(x.double())
+    error = (out.double() - expected).norm() / expected.norm()
+    assert error < 1e-2, f"bf16 relative error {error:.2e}"  # bf16 operands: 1e-3 to 1e-2
+
+
+@cuda
+def test_padding_mask_fast_path_matches_float64_reference_on_cuda():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fast = make(64, 4).cuda()
+    ref = make(64, 4, dtype=torch.float64, impl="reference").cuda()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(3, 33, 64, device="cuda")
+    mask = random_mask(3, 33).cuda()
+    # A boolean mask rules flash attention out; the memory-efficient kernel must take it.
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        out = fast(x, mask)
+    expected = ref(x.double(), mask)
+    assert ((out.double() - expected).norm() / expected.norm()) < 1e-5  # float32 (tf32 is off by default)
+    assert torch.isfinite(out).all()
