@@ -88,6 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--device: {e}")
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
+    args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
     given_length = args.minutes is not None or args.num_batches is not None
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
@@ -129,13 +130,15 @@ def sample(model, data, args, generator) -> str:
     return f"[{decode(seed[0])}]{decode(out[0, args.context:])}"
 
 
-def seconds_per_step(net, train, args, steps: int = 20) -> float:
-    """Time forward + backward passes of training batches (after 3 warm-up steps, which compile with --compile).
+def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
+    """Time whole training steps (after 3 warm-up steps, which also compile the model with --compile).
 
-    The batches come from a generator of their own and no optimizer step is taken, so training itself is not
-    affected. The optimizer update costs a few percent more, which the result leaves out.
+    The steps are real ones, with one difference: the optimizer is a throwaway Adam with learning rate 0, which
+    does all the work of an update but leaves the weights exactly as they were. The batches come from a generator
+    of their own, so training afterwards is not affected (except that dropout draws from the global generator).
     """
     generator = torch.Generator(device=args.device).manual_seed(args.seed + 2)
+    probe = torch.optim.Adam(model.parameters(), lr=0.0, fused=args.device.type == "cuda")
 
     def step() -> None:
         for _ in range(args.accumulate):
@@ -143,6 +146,10 @@ def seconds_per_step(net, train, args, steps: int = 20) -> float:
             with autocast(args.device):
                 loss = F.nll_loss(net(x).float().flatten(0, 1), y.flatten())
             loss.backward()
+        if args.gradient_clipping > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
+        probe.step()
+        probe.zero_grad(set_to_none=True)
 
     net.train()
     for _ in range(3):
@@ -152,8 +159,39 @@ def seconds_per_step(net, train, args, steps: int = 20) -> float:
     for _ in range(steps):
         step()
     synchronize(args.device)
-    net.zero_grad(set_to_none=True)
     return (time.perf_counter() - tic) / steps
+
+
+def check_resumable(ckpt: Path, args) -> None:
+    """Refuse to resume ``ckpt`` with other architecture flags, and continue the schedule it was trained with
+    (its ``-N``, unless ``-N`` is given on the command line).
+
+    Only the checkpoint's small ``extra`` part is read here (``mmap``: the weights stay on disk), so that a changed
+    flag gets a message naming it rather than a weight-shape mismatch later.
+    """
+    try:
+        extra = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)["extra"]
+        config = extra["config"]
+    except Exception as e:  # noqa: BLE001 -- a foreign or damaged file: say which one, not a traceback
+        sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
+                 f"use a new --checkpoint folder")
+    changed = [f"--{k} {config.get(k, False)} (now {getattr(args, k)})" for k in ARCHITECTURE
+               if config.get(k, False) != getattr(args, k)]
+    if changed:
+        sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
+    saved = extra.get("num_batches")  # older checkpoints do not record it
+    if saved is None:
+        if args.minutes and args.typed_num_batches is None:
+            sys.exit(f"cannot resume {ckpt} with --minutes: it does not record its -N; pass -N instead")
+        return
+    if args.typed_num_batches is not None:  # an explicit -N wins, e.g. to train longer than first planned
+        if args.typed_num_batches != saved:
+            print(f"note: {ckpt.name} was trained with -N {saved}; with -N {args.typed_num_batches} the learning-rate "
+                  f"schedule changes from here on")
+        return
+    if args.minutes:
+        print(f"resuming with -N {saved}, as in the run that wrote {ckpt.name} (--minutes is not measured again)")
+    args.num_batches = saved  # the learning-rate schedule continues exactly where it stopped
 
 
 def synchronize(device: torch.device) -> None:
@@ -201,18 +239,10 @@ def main(argv=None) -> dict:
     print(f"model: {count_parameters(model):,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
     net = torch.compile(model) if args.compile else model
     ckpt = latest_checkpoint(args.checkpoint) if args.checkpoint else None
-    if ckpt is not None:  # compare the architecture first: that error is clearer than a weight-shape mismatch
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True)["extra"]
-        changed = [f"--{k} {saved['config'].get(k, False)} (now {getattr(args, k)})" for k in ARCHITECTURE
-                   if saved["config"].get(k, False) != getattr(args, k)]
-        if changed:
-            sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
-    if args.minutes and ckpt is not None:  # a resumed run keeps the schedule it started with
-        args.num_batches = saved.get("num_batches")
-        if args.num_batches is None:
-            sys.exit(f"cannot resume {ckpt} with --minutes: it does not record its -N; pass -N instead")
+    if ckpt is not None:
+        check_resumable(ckpt, args)
     elif args.minutes:
-        seconds = seconds_per_step(net, train, args)
+        seconds = seconds_per_step(net, model, train, args)
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")
@@ -240,8 +270,9 @@ def main(argv=None) -> dict:
     def save(step: int) -> None:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
+            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches}
             save_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt, scheduler=sched,
-                            step=step, extra={"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches}, generators=generators)
+                            step=step, extra=extra, generators=generators)
             prune_checkpoints(args.checkpoint, keep=2)
 
     tokens_per_step = args.batch_size * args.accumulate * args.context
@@ -313,11 +344,14 @@ def main(argv=None) -> dict:
         tic = time.perf_counter()  # evaluation, sampling and saving do not count as training time
     bar.close()
     # The first interval includes warm-up (and compilation with --compile); leave it out of the typical speed.
-    typical = statistics.median(speeds[1:] or speeds) if speeds else 0.0
-    speed_note = f"median {typical:,.0f} tokens/s"
-    if args.device.type == "cuda":
-        speed_note += f", MFU {mfu(typical, flops, peak_tflops=args.peak_tflops):.1%} of {args.peak_tflops:g} TFLOP/s"
-    print(f"training: {elapsed / 60:.1f} min, {speed_note}")
+    typical = statistics.median(speeds[1:] or speeds) if speeds else None
+    if typical is None:
+        print(f"training: nothing left to train, the checkpoint is at step {args.num_batches}")
+    else:
+        note = f"median {typical:,.0f} tokens/s"
+        if args.device.type == "cuda":
+            note += f", MFU {mfu(typical, flops, peak_tflops=args.peak_tflops):.1%} of {args.peak_tflops:g} TFLOP/s"
+        print(f"training: {elapsed / 60:.1f} min, {note}")
 
     split, data = ("test", test) if args.final else ("validation", val)
     result = {"step": args.num_batches, "split": split, "bpb": evaluate(model, data, args), "elapsed_s": elapsed,

@@ -139,6 +139,9 @@ def test_presets_fill_only_flags_not_given(script):
         (["-D", "no/such/enwik8.zip"], "no/such/enwik8.zip"),
         (["--stop-after", "3"], "--checkpoint"),
         (["-b", "0"], "--batch-size must be a positive int, got 0"),
+        (["--log-every", "0"], "--log-every must be a positive int, got 0"),
+        (["--minutes", "0"], "--minutes must be a positive number, got 0.0"),
+        (["--minutes", "nan"], "--minutes must be a positive number, got nan"),
     ],
 )
 def test_bad_flags_name_the_problem(script, argv, message, capsys):
@@ -177,3 +180,28 @@ def test_resume_with_other_kqnorm_names_the_flag(script, corpus, tmp_path):
         script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-H", "4", "--kqnorm"))
     with pytest.raises(SystemExit, match="--kqnorm True \\(now False\\)"):
         script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--no-kqnorm"))
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_resume_continues_the_checkpoints_schedule_unless_n_is_given(script, corpus, tmp_path, capsys):
+    ckpt = str(tmp_path / "ckpt")
+    script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--stop-after", "3"))  # a run of -N 20
+    without_n = list(tiny(corpus, tmp_path, "--checkpoint", ckpt))
+    del without_n[without_n.index("-N"):without_n.index("-N") + 2]  # the cpu preset would say -N 2000
+    script.main([*without_n, "--stop-after", "5"])
+    rows = training_rows(read_log(tmp_path / "log.csv"))
+    lr_at_5 = float(rows[5]["lr"])
+    reference = tmp_path / "reference"  # the same 5 steps of -N 20, never interrupted
+    script.main(tiny(corpus, reference, "--checkpoint", str(reference / "ckpt"), "--stop-after", "5"))
+    assert lr_at_5 == float(training_rows(read_log(reference / "log.csv"))[5]["lr"])
+    capsys.readouterr()
+    assert script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-N", "8"))["step"] == 8  # an explicit -N wins
+    assert "was trained with -N 20; with -N 8 the learning-rate schedule changes" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_foreign_file_in_the_checkpoint_folder_is_a_clear_error(script, corpus, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "ckpt" / "step_00000005.pt")  # a bare state_dict
+    with pytest.raises(SystemExit, match="is not a checkpoint written by this script"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", str(tmp_path / "ckpt")))
