@@ -8,7 +8,15 @@ processing the prompt (one forward pass in both cases), as a user calling ``gene
     python benchmarks/generate.py                     # CPU, contexts 256 and 1024
     python benchmarks/generate.py --device cuda
 
-Cached and uncached runs alternate within one process, so their ratio is meaningful even on a busy machine.
+Two more columns use :class:`~torchformer.static_generation.StaticCacheGenerator`: the same cache in buffers
+allocated once ("static"), and with ``--compile`` its one-token step compiled by ``torch.compile`` ("compiled";
+``--mode reduce-overhead`` adds CUDA graphs on a GPU). Compilation happens in the warm-up and is not timed.
+
+    python benchmarks/generate.py --compile
+    python benchmarks/generate.py --device cuda --compile --mode reduce-overhead
+
+All variants alternate within one process, so their ratios are meaningful even on a busy machine. Every variant
+must produce the tokens of the uncached run; the benchmark stops if one does not.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import time
 import torch
 
 from torchformer.models import GTransformer
+from torchformer.static_generation import StaticCacheGenerator
 
 
 def timed(fn, device: torch.device) -> float:
@@ -45,6 +54,8 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: its choice)")
+    parser.add_argument("--compile", action="store_true", help="also time the compiled static-cache step")
+    parser.add_argument("--mode", default=None, help="torch.compile mode for --compile (e.g. reduce-overhead)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -54,24 +65,37 @@ def main() -> None:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device {device}, "
           f"threads {torch.get_num_threads()}")
     print(f"model: emb {args.emb}, heads {args.heads}, depth {args.depth}, vocab {args.vocab}; batch {args.batch}, "
-          f"{args.new_tokens} new tokens, greedy, median of {args.repeats}\n")
-    print("| context | prompt | no cache (tok/s) | cache (tok/s) | speed-up |")
-    print("|--:|--:|--:|--:|--:|")
+          f"{args.new_tokens} new tokens, greedy, median of {args.repeats}"
+          + (f"; compile mode {args.mode}" if args.compile else "") + "\n")
+    names = ["no cache", "cache", "static"] + (["compiled"] if args.compile else [])
+    print("| context | prompt | " + " | ".join(f"{n} (tok/s)" for n in names) + " | cache / no cache | "
+          + " | ".join(f"{n} / no cache" for n in names[2:]) + " |")
+    print("|--:|--:|" + "--:|" * (2 * len(names) - 1))
     for context in args.contexts:
         if args.new_tokens >= context:
             raise ValueError(f"--new-tokens must be smaller than every context, got {args.new_tokens} >= {context}")
         model = GTransformer(args.emb, args.heads, args.depth, context, args.vocab).to(device).eval()
         prompt = torch.randint(0, args.vocab, (args.batch, context - args.new_tokens), device=device)
-        for cache in (True, False):  # warm-up: allocator, kernels, lazy initialisation
-            model.generate(prompt, 2, temperature=0, use_cache=cache)
-        times: dict[bool, list[float]] = {True: [], False: []}
+        static = StaticCacheGenerator(model)
+        runs = {
+            "no cache": lambda n: model.generate(prompt, n, temperature=0, use_cache=False),
+            "cache": lambda n: model.generate(prompt, n, temperature=0),
+            "static": lambda n: static.generate(prompt, n, temperature=0),
+        }
+        if args.compile:
+            compiled = StaticCacheGenerator(model, compile=True, mode=args.mode)
+            runs["compiled"] = lambda n: compiled.generate(prompt, n, temperature=0)
+        reference = runs["no cache"](args.new_tokens)
+        for name, run in runs.items():  # warm-up (allocator, kernels, compilation) and a check of the tokens
+            if not torch.equal(run(args.new_tokens), reference):
+                raise SystemExit(f"{name}: the generated tokens differ from the uncached run")
+        times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.repeats):
-            for cache in (True, False):
-                times[cache].append(timed(
-                    lambda: model.generate(prompt, args.new_tokens, temperature=0, use_cache=cache), device))
-        rate = {cache: args.batch * args.new_tokens / statistics.median(t) for cache, t in times.items()}
-        print(f"| {context} | {prompt.size(1)} | {rate[False]:.1f} | {rate[True]:.1f} | "
-              f"{rate[True] / rate[False]:.1f}x |", flush=True)
+            for name, run in runs.items():
+                times[name].append(timed(lambda: run(args.new_tokens), device))
+        rate = {name: args.batch * args.new_tokens / statistics.median(t) for name, t in times.items()}
+        print(f"| {context} | {prompt.size(1)} | " + " | ".join(f"{rate[n]:.1f}" for n in names) + " | "
+              + " | ".join(f"{rate[n] / rate['no cache']:.1f}x" for n in names[1:]) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchformer import CrossAttention, KVCache, SelfAttention
+from torchformer.attention import StaticKVCache
 from torchformer.attention import attention_fast, attention_reference, build_allowed
 
 torch.set_num_threads(2)
@@ -227,6 +228,66 @@ def test_incremental_decoding_with_cache_equals_full_causal_pass(impl, chunks):
         start += n
     assert len(cache) == 7
     torch.testing.assert_close(torch.cat(outs, dim=1), att(x), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_static_cache_steps_equal_the_growing_cache(impl, wide):
+    # Prompt of 3 into a growing cache, copied into buffers of 8 slots, then 4 one-token steps at a position tensor.
+    att = make(16, 4, causal=True, wide=wide, impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    grown = KVCache()
+    att(x[:, :3], cache=grown)
+    position = torch.zeros((), dtype=torch.long)
+    static = StaticKVCache.from_cache(grown, 8, position)
+    keys = static.keys
+    for i in range(3, 7):
+        expected = att(x[:, i : i + 1], cache=grown)
+        position.fill_(i)
+        torch.testing.assert_close(att(x[:, i : i + 1], cache=static), expected, atol=1e-12, rtol=1e-12)
+    assert static.keys is keys and keys.shape == (2, 4, 8, 16 if wide else 4)  # written in place, never resized
+    torch.testing.assert_close(static.keys[:, :, :7], grown.keys, atol=0, rtol=0)
+    assert static.key_mask(None).tolist() == [[True] * 7 + [False]] * 2  # slots 0..position are the keys
+
+
+def test_static_cache_ignores_what_its_unfilled_slots_hold():
+    att = make(16, 4, causal=True, dtype=torch.float64)
+    x = torch.randn(1, 3, 16, dtype=torch.float64)
+    grown = KVCache()
+    att(x[:, :2], cache=grown)
+    position = torch.tensor(2)
+    clean = StaticKVCache.from_cache(grown, 6, position)
+    dirty = StaticKVCache.from_cache(grown, 6, position)
+    dirty.keys[:, :, 3:], dirty.values[:, :, 3:] = 1e4, -1e4  # slots after the new token's
+    torch.testing.assert_close(att(x[:, 2:], cache=dirty), att(x[:, 2:], cache=clean), atol=0, rtol=0)
+    dirty.load(grown)  # loading again clears the slots beyond the prompt
+    assert dirty.keys[:, :, 2:].abs().sum() == 0
+
+
+def test_static_cache_reorder_is_in_place_and_errors_are_clear():
+    att = make(16, 4, causal=True)
+    grown = KVCache()
+    att(torch.randn(3, 2, 16), cache=grown)
+    static = StaticKVCache.from_cache(grown, 4, torch.tensor(2))
+    keys, before = static.keys, static.keys.clone()
+    static.reorder(torch.tensor([2, 0, 1]))
+    assert static.keys is keys and torch.equal(keys, before[[2, 0, 1]])
+    with pytest.raises(ValueError, match=r"keeps its batch size \(3\).*got 2"):
+        static.reorder(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"one new position per step.*got \(3, 4, 2, 4\)"):
+        att(torch.randn(3, 2, 16), cache=static)
+    with pytest.raises(ValueError, match="mask cannot be used with a StaticKVCache"):
+        att(torch.randn(3, 1, 16), torch.ones(3, 3, dtype=torch.bool), cache=static)
+    with pytest.raises(TypeError, match="does not know its length on the host"):
+        len(static)
+    with pytest.raises(TypeError, match="new keys have dtype torch.float64 but the cache holds torch.float32"):
+        att.double()(torch.randn(3, 1, 16, dtype=torch.float64), cache=static)
+    with pytest.raises(ValueError, match=r"position must be a 0-dim torch.long tensor.*shape \(1,\)"):
+        StaticKVCache(keys, keys.clone(), torch.tensor([2]))
+    with pytest.raises(ValueError, match="do not fit buffers of shape"):
+        StaticKVCache.from_cache(grown, 1, torch.tensor(0))  # 2 cached positions, 1 slot
+    with pytest.raises(ValueError, match="cache is empty"):
+        StaticKVCache.from_cache(KVCache(), 4, torch.tensor(0))
 
 
 def test_cross_attention_cache_reuses_context_keys():

@@ -36,6 +36,13 @@ def test_offset_gives_the_later_positions():
     torch.testing.assert_close(learned(x[:, 7:].float(), offset=7), learned(x.float())[:, 7:])
 
 
+def test_a_tensor_offset_gives_the_same_positions_as_an_int():
+    # A compiled decoding step passes its position as a 0-dim tensor (see torchformer.static_generation).
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    for pos in (SinusoidalPositions(16), LearnedPositions(16, 10).double()):
+        torch.testing.assert_close(pos(x, offset=torch.tensor(6)), pos(x, offset=6), atol=0, rtol=0)
+
+
 def test_dtype_follows_input():
     assert SinusoidalPositions(8)(torch.zeros(1, 3, 8, dtype=torch.float64)).dtype == torch.float64
     assert LearnedPositions(8, 4)(torch.zeros(1, 3, 8, dtype=torch.float64)).dtype == torch.float64

@@ -8,11 +8,13 @@ The package is organised one concept per module:
 * :mod:`torchformer.stacks`: encoder and decoder stacks
 * :mod:`torchformer.heads`: classifier and generator heads
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``
+* :mod:`torchformer.generation`: sampling, beam search, the KV cache in use; :mod:`torchformer.static_generation`:
+  the same with preallocated caches and a compiled one-token step
 * :mod:`torchformer.evaluation`: bits per byte
 * :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
 """
 
-from torchformer.attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention
+from torchformer.attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention, StaticKVCache
 from torchformer.blocks import BlockCache, FeedForward, TransformerBlock
 from torchformer import data
 from torchformer.evaluation import bits_per_byte
@@ -39,6 +41,7 @@ __all__ = [
     "SelfAttention",
     "Seq2SeqTransformer",
     "SinusoidalPositions",
+    "StaticKVCache",
     "TokenEmbedding",
     "TransformerBlock",
     "bits_per_byte",

@@ -45,6 +45,7 @@ from torchformer._checks import (
 )
 
 IMPLEMENTATIONS = ("sdpa", "reference")
+NO_MASK_WITH_STATIC_CACHE = "mask cannot be used with a StaticKVCache: it decodes one token at a time, without padding"
 
 
 class KVCache:
@@ -55,8 +56,9 @@ class KVCache:
     positions and returns everything cached: ``(b, h, u_old, s) + (b, h, t, s) -> (b, h, u_old + t, s)``.
 
     A subclass of :class:`MultiHeadAttention` gets caching for free as long as it keeps the
-    project -> cache -> attend -> unify order of :meth:`SelfAttention.forward` (override :meth:`~MultiHeadAttention.attend`
-    or the projections, not ``forward``).
+    project -> cache -> attend -> unify order of :meth:`SelfAttention.forward` (override
+    :meth:`~MultiHeadAttention.attend` or the projections, not ``forward``). ``key_mask`` tells attention which of the returned keys are real: here all
+    of them (or those the padding mask marks); :class:`StaticKVCache` returns slots that are not filled yet.
     """
 
     def __init__(self) -> None:
@@ -74,11 +76,117 @@ class KVCache:
             self.values = torch.cat([self.values, values], dim=2)  # type: ignore[list-item]
         return self.keys, self.values  # type: ignore[return-value]
 
+    def key_mask(self, mask: Tensor | None) -> Tensor | None:
+        """The padding mask over all keys that :meth:`update` returned: here simply ``mask``, ``(b, u)`` or None."""
+        return mask
+
     def reorder(self, index: Tensor) -> None:
         """Select batch rows, e.g. to follow the surviving hypotheses of a beam search."""
         if self.keys is not None:
             self.keys = self.keys.index_select(0, index)
             self.values = self.values.index_select(0, index)  # type: ignore[union-attr]
+
+
+class StaticKVCache(KVCache):
+    """A KV cache in buffers allocated once, for decoding steps whose shapes never change.
+
+    A growing :class:`KVCache` hands attention ``u + 1`` keys at step ``u``: a new shape every step, so
+    ``torch.compile`` would compile every position anew and a CUDA graph (one recorded sequence of kernels, replayed
+    with a single launch) could not be recorded at all. Here the keys and values live in preallocated buffers
+    ``(b, h, capacity, s)``, and the step's position is ``position``, a 0-dim integer tensor on the device that the
+    caller sets before each step. ``update`` writes the one new key and value at that position, in place, and
+    returns the *whole* buffers; :meth:`key_mask` marks the filled slots, ``0 .. position``, as the keys attention
+    may use. With one query per step this is exactly the causal mask: the new token sees itself and everything before.
+
+    Only one position per step (``t = 1``): fill the prompt into a growing :class:`KVCache` first and copy it over
+    with :meth:`from_cache`. Padding masks are not supported (generation needs none).
+    :class:`~torchformer.generation.StaticCacheGenerator` drives it.
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
+        if keys.dim() != 4 or keys.shape != values.shape:
+            raise ValueError(
+                f"keys and values must be buffers of the same shape (b, h, capacity, s), "
+                f"got {tuple(keys.shape)} and {tuple(values.shape)}"
+            )
+        if position.dim() != 0 or position.dtype != torch.long or position.device != keys.device:
+            raise ValueError(
+                f"position must be a 0-dim torch.long tensor on the buffers' device ({keys.device}), "
+                f"got dtype {position.dtype}, shape {tuple(position.shape)} on {position.device}"
+            )
+        self.keys, self.values, self.position = keys, values, position
+        self.slots = torch.arange(keys.size(2), device=keys.device)  # (capacity,)
+        mark_static = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+        if mark_static is not None:
+            # Tell torch.compile that these tensors keep their memory across calls: a CUDA graph may then write
+            # into them directly instead of copying them in and out at every step.
+            for buffer in (self.keys, self.values):
+                mark_static(buffer)
+
+    @classmethod
+    def from_cache(cls, cache: KVCache, capacity: int, position: Tensor) -> StaticKVCache:
+        """Buffers of ``capacity`` positions with a filled :class:`KVCache`'s keys and values in slots ``0 .. u-1``."""
+        if cache.keys is None:
+            raise ValueError("cache is empty: run the prompt through the model with it first")
+        b, h, _, s = cache.keys.shape
+        static = cls(cache.keys.new_zeros(b, h, capacity, s), cache.keys.new_zeros(b, h, capacity, s), position)
+        static.load(cache)
+        return static
+
+    def load(self, cache: KVCache) -> None:
+        """Copy a filled :class:`KVCache` into slots ``0 .. u-1``, in place, and clear the others."""
+        if cache.keys is None or cache.values is None:
+            raise ValueError("cache is empty: run the prompt through the model with it first")
+        b, h, u, s = cache.keys.shape
+        capacity = self.keys.size(2)
+        if (b, h, s) != (self.keys.size(0), self.keys.size(1), self.keys.size(3)) or u > capacity:
+            raise ValueError(
+                f"cache holds keys of shape {tuple(cache.keys.shape)}, which do not fit buffers of shape "
+                f"{tuple(self.keys.shape)} (b, h, capacity, s)"
+            )
+        for buffer, filled in ((self.keys, cache.keys), (self.values, cache.values)):
+            buffer[:, :, :u].copy_(filled)
+            buffer[:, :, u:].zero_()  # never attended to (masked), but stale numbers should not linger
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a StaticKVCache does not know its length on the host: the fill level is its position tensor, on the "
+            "device; pass offset=<that position> to the model instead of relying on len(cache)"
+        )
+
+    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        if keys.size(2) != 1:
+            raise ValueError(
+                f"a StaticKVCache takes one new position per step (keys of shape (b, h, 1, s)), got "
+                f"{tuple(keys.shape)}; run the prompt with a KVCache and convert it with StaticKVCache.from_cache"
+            )
+        if keys.dtype != self.keys.dtype:
+            raise TypeError(
+                f"new keys have dtype {keys.dtype} but the cache holds {self.keys.dtype}; run the prompt and the "
+                f"decoding steps under the same autocast setting"
+            )
+        # (b, h, 1, s) into slot `position` of (b, h, capacity, s). The slot is data (a tensor), not a Python int,
+        # so the same compiled step serves every position.
+        index = self.position.view(1)
+        self.keys.index_copy_(2, index, keys)
+        self.values.index_copy_(2, index, values)
+        return self.keys, self.values
+
+    def key_mask(self, mask: Tensor | None) -> Tensor:
+        """``(b, capacity)``: True at the slots filled so far, ``0 .. position``; the rest hold no keys yet."""
+        if mask is not None:
+            raise ValueError(NO_MASK_WITH_STATIC_CACHE)
+        return (self.slots <= self.position).expand(self.keys.size(0), -1)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place (the buffers keep their memory); ``index`` must keep the batch size."""
+        if index.numel() != self.keys.size(0):
+            raise ValueError(
+                f"a StaticKVCache keeps its batch size ({self.keys.size(0)}): index must have that many entries, "
+                f"got {index.numel()}"
+            )
+        self.keys.copy_(self.keys.index_select(0, index))
+        self.values.copy_(self.values.index_select(0, index))
 
 
 def build_allowed(
@@ -261,13 +369,17 @@ class SelfAttention(MultiHeadAttention):
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, _ = check_embeddings(x, "x", self.emb, like=self.toqueries.weight)
         if mask is not None:  # checked before the cache is touched: a failed call must not change it
+            if isinstance(cache, StaticKVCache):
+                raise ValueError(NO_MASK_WITH_STATIC_CACHE)
             cached = 0 if cache is None else len(cache)
             check_mask(mask, "mask", (b, cached + t), "(b, len(cache) + t)" if cache is not None else "(b, t)")
         q = self.project_queries(x)  # (b, h, t, s)
         k, v = self.project_keys_values(x)  # (b, h, t, s) each
+        key_mask = mask
         if cache is not None:
-            k, v = cache.update(k, v)  # (b, h, u, s) with u = cached + t
-        out, weights = self.attend(q, k, v, mask, return_weights=return_weights)
+            k, v = cache.update(k, v)  # (b, h, u, s) with u = cached + t (or the capacity of a static cache)
+            key_mask = cache.key_mask(mask)  # (b, u) or None: which of those keys hold real tokens
+        out, weights = self.attend(q, k, v, key_mask, return_weights=return_weights)
         out = self.unifyheads(self.merge_heads(out))  # (b, h, t, s) -> (b, t, h * s) -> (b, t, e)
         if mask is not None:  # a query that sees no real key carries no information: make it exactly zero
             out = out.masked_fill(~queries_with_keys(mask, causal=self.causal, t=t), 0.0)

@@ -46,11 +46,14 @@ class FeedForward(nn.Module):
 
 
 class BlockCache:
-    """The per-block state kept during incremental decoding: one :class:`KVCache` per attention layer."""
+    """The per-block state kept during incremental decoding: one :class:`KVCache` per attention layer.
 
-    def __init__(self) -> None:
-        self.self_attention = KVCache()
-        self.cross_attention = KVCache()
+    Fresh, growing caches by default; pass others (e.g. a :class:`~torchformer.attention.StaticKVCache`) to use them.
+    """
+
+    def __init__(self, self_attention: KVCache | None = None, cross_attention: KVCache | None = None) -> None:
+        self.self_attention = KVCache() if self_attention is None else self_attention
+        self.cross_attention = KVCache() if cross_attention is None else cross_attention
 
     def reorder(self, index) -> None:
         self.self_attention.reorder(index)

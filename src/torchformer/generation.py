@@ -237,7 +237,8 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **samp
             nxt = nxt.masked_fill(done, eos)
             done = done | (nxt == eos)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        if step == steps - 1 or bool(done.all()):
+        # Reading `done` waits for the device, so only when a row can finish: without eos the host runs ahead.
+        if step == steps - 1 or (eos is not None and bool(done.all())):
             break
         logp = stepper.advance(tokens)
     missing = steps - len(history)
@@ -280,7 +281,7 @@ def _beam_loop(
         done = done.gather(1, origin) | (token == eos if eos is not None else torch.zeros_like(done))
         index = (origin + torch.arange(b, device=device)[:, None] * k).view(-1)  # rows of the (b * k) batch
         tokens = torch.cat([tokens.index_select(0, index), token.view(-1, 1)], dim=1)
-        if step == steps - 1 or bool(done.all()):
+        if step == steps - 1 or (eos is not None and bool(done.all())):
             break
         stepper.reorder(index)
         logp = stepper.advance(tokens)
@@ -327,16 +328,24 @@ def generate(
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
     """
-    prompt = _check_prompt(prompt, "prompt", getattr(model, "num_tokens", None))
-    _check_count(max_new_tokens, "max_new_tokens")
-    _check_sampling(temperature, top_k, top_p)
-    if eos is not None:
-        _check_token(eos, "eos", getattr(model, "num_tokens", None))
     stepper = _LMStepper(model, use_cache=use_cache)
-    tokens, logprobs = _sample_loop(
-        stepper, prompt, max_new_tokens, eos=eos, temperature=temperature, top_k=top_k, top_p=top_p,
-        generator=generator,
+    return _generate(
+        stepper, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
+        generator=generator, return_logprobs=return_logprobs,
     )
+
+
+def _generate(
+    stepper, prompt: object, max_new_tokens: object, *, eos: int | None, return_logprobs: bool, **sampling
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`generate` with a given stepper: check the arguments, then sample."""
+    num_tokens = getattr(stepper.model, "num_tokens", None)
+    prompt = _check_prompt(prompt, "prompt", num_tokens)
+    _check_count(max_new_tokens, "max_new_tokens")
+    _check_sampling(sampling["temperature"], sampling["top_k"], sampling["top_p"])
+    if eos is not None:
+        _check_token(eos, "eos", num_tokens)
+    tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, **sampling)  # type: ignore[arg-type]
     return (tokens, logprobs) if return_logprobs else tokens
 
 

@@ -36,8 +36,19 @@ def check_block_options(model: str, options: dict) -> None:
         )
 
 
-def resolve_offset(caches: list[BlockCache] | None, offset: int | None) -> int:
-    """The absolute position of the first new token: with caches, the number of positions already cached."""
+def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None) -> int | Tensor:
+    """The absolute position of the first new token: with caches, the number of positions already cached.
+
+    A 0-dim tensor ``offset`` is taken as given: it is the position of a step with static caches, which live in
+    device memory and are filled to a length the host does not read (see :class:`~torchformer.attention.StaticKVCache`).
+    """
+    if isinstance(offset, Tensor):
+        if offset.dim() != 0 or offset.dtype.is_floating_point or offset.dtype == torch.bool:
+            raise ValueError(
+                f"offset must be an int or a 0-dim integer tensor, got a {offset.dtype} tensor of shape "
+                f"{tuple(offset.shape)}"
+            )
+        return offset
     if caches is None:
         return 0 if offset is None else offset
     cached = len(caches[0].self_attention) if caches else 0
@@ -62,10 +73,10 @@ class TokenEmbedding(nn.Module):
         self.positions = make_positions(positions, emb, max_len)
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
-    def forward(self, x: Tensor, *, offset: int = 0, name: str = "x") -> Tensor:
+    def forward(self, x: Tensor, *, offset: int | Tensor = 0, name: str = "x") -> Tensor:
         check_tokens(x, name, self.num_tokens)
         max_len = getattr(self.positions, "max_len", None)  # only learned positions have a limit
-        if max_len is not None and offset + x.size(1) > max_len:
+        if max_len is not None and not isinstance(offset, Tensor) and offset + x.size(1) > max_len:
             raise ValueError(
                 f"{name} reaches position {offset + x.size(1) - 1} (length {x.size(1)}, offset {offset}), but the "
                 f"model has learned positions for seq_length={max_len} only; crop {name} to its last {max_len} "
@@ -145,11 +156,14 @@ class GTransformer(nn.Module):
         tie = self.embedding.tokens if tie_weights else None
         self.head = GeneratorHead(emb, num_tokens, tie_to=tie)
 
-    def forward(self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int | Tensor | None = None
+    ) -> Tensor:
         """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens, which
         start at absolute position ``offset`` = the number of cached positions (the default, checked if given);
         the earlier positions' keys and values come from the caches. Without caches, ``offset`` (default 0) is the
-        absolute position of ``x[:, 0]``."""
+        absolute position of ``x[:, 0]``. With static caches (:meth:`new_static_caches`) ``offset`` is a 0-dim
+        tensor holding the position of the one new token."""
         offset = resolve_offset(caches, offset)
         return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
 

@@ -10,7 +10,9 @@ is. We do that by adding a position vector to each token embedding before the fi
   it knows only the ``max_len`` positions it was built with.
 
 Both take ``x`` ``(b, t, e)`` and return ``x`` plus the position vectors of positions ``offset .. offset + t - 1``
-(``offset`` > 0 when generating with a cache, where ``x`` holds only the newest positions).
+(``offset`` > 0 when generating with a cache, where ``x`` holds only the newest positions). ``offset`` may also be
+a 0-dim integer tensor: a compiled decoding step (:class:`~torchformer.generation.StaticCacheGenerator`) reads the
+position from device memory, so that one compiled graph serves every position.
 
 Shapes: b batch size, t sequence length, e embedding size.
 """
@@ -25,9 +27,11 @@ from torch import Tensor, nn
 from torchformer._checks import check_embeddings, check_positive_int
 
 
-def sinusoidal_table(length: int, emb: int, *, offset: int = 0, device=None, dtype=None) -> Tensor:
+def sinusoidal_table(
+    length: int, emb: int, *, offset: int | Tensor = 0, device=None, dtype=None
+) -> Tensor:
     """The sinusoidal position vectors of positions ``offset .. offset + length - 1``, shape ``(length, emb)``."""
-    positions = torch.arange(offset, offset + length, device=device, dtype=torch.float64)[:, None]  # (t, 1)
+    positions = (torch.arange(length, device=device, dtype=torch.float64) + offset)[:, None]  # (t, 1)
     pair = torch.arange(emb, device=device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
     inv_freq = torch.exp(-math.log(10000.0) * (2 * pair).to(torch.float64) / emb)  # 1 / 10000^(2i/e), (e,)
     angles = positions * inv_freq  # (t, e)
@@ -43,7 +47,7 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         _, t, _ = check_embeddings(x, "x", self.emb)
         return x + sinusoidal_table(t, self.emb, offset=offset, device=x.device, dtype=x.dtype)  # (b,t,e)+(t,e)
 
@@ -60,14 +64,15 @@ class LearnedPositions(nn.Module):
         self.max_len = check_positive_int(max_len, "max_len")
         self.embedding = nn.Embedding(max_len, emb)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         _, t, _ = check_embeddings(x, "x", self.emb)
-        if offset + t > self.max_len:
+        # A tensor offset is not checked: reading it would wait for the device (its caller checks on the host).
+        if not isinstance(offset, Tensor) and offset + t > self.max_len:
             raise ValueError(
                 f"x reaches position {offset + t - 1} (offset {offset}, length t={t}), but the learned position "
                 f"table has max_len={self.max_len} positions; crop the input or use a larger max_len"
             )
-        positions = torch.arange(offset, offset + t, device=x.device)
+        positions = torch.arange(t, device=x.device) + offset  # (t,)
         return x + self.embedding(positions).to(x.dtype)  # (b, t, e) + (t, e)
 
     def extra_repr(self) -> str:
@@ -88,5 +93,5 @@ def make_positions(kind: str, emb: int, max_len: int) -> nn.Module:
 class NoPositions(nn.Module):
     """Adds nothing: the model sees its input as a set. Useful to demonstrate permutation equivariance."""
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         return x

@@ -1,0 +1,157 @@
+"""Generation with fixed shapes: preallocated KV caches and a one-token step that ``torch.compile`` can capture.
+
+:func:`torchformer.generation.generate` is written for reading. After the prompt, every new token costs one forward
+pass over one position, which is little arithmetic but many small kernels, each launched from Python. On a GPU
+with a small batch the launches dominate: the device waits for the host. Two tools remove that overhead, and both
+need every step to look the same:
+
+* ``torch.compile`` traces the step once and fuses it into a few kernels; a new shape means a new compilation.
+* A **CUDA graph** records the kernels of one step and replays them with a single launch
+  (``torch.compile(mode="reduce-overhead")``); the replayed kernels read and write the same memory every time.
+
+The growing :class:`~torchformer.attention.KVCache` breaks both: at step ``u`` attention sees ``u + 1`` keys, a new
+shape every token. :class:`StaticCacheGenerator` instead copies the prompt's keys and values into a
+:class:`~torchformer.attention.StaticKVCache` per layer, buffers of the full window ``(n, h, seq_length, s)``
+allocated once, and runs every later step as
+
+    token (n, 1), position () -> log-probabilities (n, v)
+
+where ``token``, ``position`` and the caches are tensors that keep their memory: the step writes the new key and
+value into slot ``position`` and attends over the slots filled so far (a mask, not a slice). The tokens, and the
+log-probabilities they were drawn from, are exactly those of ``generate`` (the tests check this, compiled too).
+
+Shapes: n rows decoded together, t prompt length, h heads, s head size, v vocabulary size.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from torchformer.attention import StaticKVCache
+from torchformer.blocks import BlockCache
+from torchformer.generation import _generate, _LMStepper
+
+__all__ = ["StaticCacheGenerator"]
+
+
+class _StaticState:
+    """The tensors one compiled step reads and writes, for one batch size: they are allocated once and reused."""
+
+    def __init__(self, caches: list[BlockCache], capacity: int) -> None:
+        first = caches[0].self_attention.keys
+        self.position = torch.zeros((), dtype=torch.long, device=first.device)  # slot of the new token
+        self.token = torch.zeros(first.size(0), 1, dtype=torch.long, device=first.device)  # (n, 1)
+        self.caches = [
+            BlockCache(StaticKVCache.from_cache(c.self_attention, capacity, self.position)) for c in caches
+        ]
+
+    def load(self, caches: list[BlockCache]) -> None:
+        """Copy the prompt's keys and values (growing caches) into the static buffers, in place."""
+        for static, cache in zip(self.caches, caches):
+            static.self_attention.load(cache.self_attention)
+
+
+def _layout(caches: list[BlockCache]) -> tuple:
+    """What must match for static buffers to be reused: per layer (n, h, s), dtype and device of the keys."""
+    return tuple(
+        (k.size(0), k.size(1), k.size(3), k.dtype, k.device)
+        for k in (c.self_attention.keys for c in caches)
+    )
+
+
+class _StaticLMStepper(_LMStepper):
+    """:class:`~torchformer.generation._LMStepper` whose steps after the prompt go through static buffers."""
+
+    def __init__(self, owner: StaticCacheGenerator) -> None:
+        super().__init__(owner.model, use_cache=True)
+        self.owner = owner
+
+    def start(self, tokens: Tensor) -> Tensor:
+        logp = super().start(tokens)  # the prompt, (n, t), one eager pass that fills growing caches
+        self.state = self.owner._state_for(self.caches)  # ... whose contents now move into the static buffers
+        self.caches = None
+        return logp
+
+    def advance(self, tokens: Tensor) -> Tensor:
+        if self.cached >= self.window:  # the window slides: recompute, as generate does
+            return self.model(tokens[:, -self.window :])[:, -1]
+        state = self.state
+        state.token.copy_(tokens[:, -1:])  # (n, 1): into the step's own input memory
+        state.position.fill_(self.cached)  # the new token's position = its cache slot
+        mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+        if mark_step is not None:
+            mark_step()  # tell CUDA graphs a new step begins (a no-op without them)
+        # clone(): a CUDA graph reuses its output memory at the next replay, and the loop keeps every step's output.
+        logp = self.owner.step(state.token, state.position, state.caches).clone()
+        self.cached += 1
+        return logp
+
+    def reorder(self, index: Tensor) -> None:  # pragma: no cover - beam search does not use this stepper
+        raise NotImplementedError("StaticCacheGenerator does not do beam search; use generation.beam_search")
+
+
+class StaticCacheGenerator:
+    """``generate`` for a decoder-only model with static KV caches and, optionally, a compiled one-token step.
+
+    Build it once and reuse it: the buffers (per batch size) and the compiled step are kept between calls.
+
+    Args:
+        model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
+            :mod:`torchformer.generation`) that accepts a 0-dim tensor ``offset`` and
+            :class:`~torchformer.attention.StaticKVCache`\\ s in its ``BlockCache``\\ s.
+        compile: ``torch.compile`` the one-token step (whole graph, fixed shapes). The first call for each batch
+            size compiles (seconds to a minute); later calls reuse the compiled step.
+        mode: ``torch.compile``'s mode; ``"reduce-overhead"`` also records the step as a CUDA graph on a GPU.
+        backend: ``torch.compile``'s backend (default ``"inductor"``).
+
+    ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
+    return_logprobs=False)`` works as :func:`torchformer.generation.generate` (with ``use_cache=True``) and returns
+    the same tokens: ``(b, t) -> (b, t + max_new_tokens)``.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, compile: bool = False, mode: str | None = None, backend: str | Callable = "inductor"
+    ) -> None:
+        if mode is not None and not compile:
+            raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
+        self.model = model
+        self.step = self._step
+        if compile:
+            # fullgraph: a graph break would silently fall back to Python launches; dynamic=False: fixed shapes.
+            self.step = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+        self._states: dict[tuple, _StaticState] = {}
+
+    def _step(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
+        """``(n, 1)`` token at ``position`` -> ``(n, v)`` log-probabilities of the next one."""
+        return self.model(token, caches=caches, offset=position)[:, -1]
+
+    def _state_for(self, caches: list[BlockCache]) -> _StaticState:
+        key = _layout(caches)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _StaticState(caches, self.model.seq_length)
+        else:
+            state.load(caches)
+        return state
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: int | None = None,
+        generator: torch.Generator | None = None,
+        return_logprobs: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; see :func:`torchformer.generation.generate`."""
+        return _generate(
+            _StaticLMStepper(self), prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            eos=eos, generator=generator, return_logprobs=return_logprobs,
+        )
