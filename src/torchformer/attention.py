@@ -116,12 +116,7 @@ class StaticKVCache(KVCache):
             )
         self.keys, self.values, self.position = keys, values, position
         self.slots = torch.arange(keys.size(2), device=keys.device)  # (capacity,)
-        mark_static = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
-        if mark_static is not None:
-            # Tell torch.compile that these tensors keep their memory across calls: a CUDA graph may then write
-            # into them directly instead of copying them in and out at every step.
-            for buffer in (self.keys, self.values):
-                mark_static(buffer)
+        mark_static_address(self.keys, self.values, self.slots, self.position)
 
     @classmethod
     def from_cache(cls, cache: KVCache, capacity: int, position: Tensor) -> StaticKVCache:
@@ -187,6 +182,15 @@ class StaticKVCache(KVCache):
             )
         self.keys.copy_(self.keys.index_select(0, index))
         self.values.copy_(self.values.index_select(0, index))
+
+
+def mark_static_address(*tensors: Tensor) -> None:
+    """Tell ``torch.compile`` that these tensors keep their memory across calls: a CUDA graph then reads and writes
+    them where they are, instead of copying them in (and mutated ones out) at every replay."""
+    mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+    if mark is not None:
+        for tensor in tensors:
+            mark(tensor)
 
 
 def build_allowed(

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from torchformer.attention import StaticKVCache
+from torchformer.attention import StaticKVCache, mark_static_address
 from torchformer.blocks import BlockCache
 from torchformer.generation import _generate, _LMStepper
 
@@ -44,6 +44,7 @@ class _StaticState:
         first = caches[0].self_attention.keys
         self.position = torch.zeros((), dtype=torch.long, device=first.device)  # slot of the new token
         self.token = torch.zeros(first.size(0), 1, dtype=torch.long, device=first.device)  # (n, 1)
+        mark_static_address(self.token)
         self.caches = [
             BlockCache(StaticKVCache.from_cache(c.self_attention, capacity, self.position)) for c in caches
         ]
