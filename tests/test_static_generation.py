@@ -97,8 +97,9 @@ def test_bad_arguments_are_clear_errors():
         static.generate(prompt_of(1, 2), 0)
     with pytest.raises(ValueError, match="temperature must be a float >= 0"):
         static.generate(prompt_of(1, 2), 2, temperature=-1)
-    with pytest.raises(ValueError, match="offset must be an int or a 0-dim integer tensor"):
-        model(prompt_of(1, 2), offset=torch.tensor([1]))
+    for caches in (None, model.new_caches()):  # a position tensor belongs to static caches only
+        with pytest.raises(ValueError, match="offset must be the 0-dim position tensor of the static caches"):
+            model(prompt_of(1, 2), caches=caches, offset=torch.tensor(1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -114,3 +115,63 @@ def test_compiled_step_on_cuda_equals_eager(mode):
         tokens, lp = static.generate(prompt, 20, temperature=0, return_logprobs=True)
         assert torch.equal(tokens, expected)
         torch.testing.assert_close(lp, lp_expected, rtol=1e-4, atol=1e-4)
+
+
+def test_many_batch_sizes_share_two_compiled_graphs():
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = small_lm()
+    static = StaticCacheGenerator(model, compile=True, backend=counting_backend)
+    for b in range(1, 11):  # more batch sizes than torch.compile keeps graphs for one function (8)
+        prompt = prompt_of(b, 4, seed=b)
+        assert torch.equal(static.generate(prompt, 3, temperature=0), generate(model, prompt, 3, temperature=0))
+    assert len(graphs) == 2  # batch size 1, then one graph with a symbolic batch size
+    static.clear()
+    assert static._states == {}
+
+
+def test_float32_and_prenorm_wide_kqnorm_models_match_generate():
+    torch.manual_seed(3)
+    model = GTransformer(32, 4, 3, 16, 40, prenorm=True, wide=True, kqnorm=True, positions="sinusoidal").eval()
+    prompt = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(3))
+    expected, lp_expected = generate(model, prompt, 14, temperature=0, return_logprobs=True)
+    tokens, lp = StaticCacheGenerator(model).generate(prompt, 14, temperature=0, return_logprobs=True)
+    assert torch.equal(tokens, expected)  # a random model's near-ties could flip, but do not for this seed
+    torch.testing.assert_close(lp, lp_expected, rtol=0, atol=1e-5)  # float32: masked slots sum in another order
+
+
+def test_keys_and_values_of_different_dtypes():
+    # kqnorm under CUDA autocast: layer norm runs in float32, so the keys are float32 and the values bfloat16.
+    model = small_lm().float()
+    for block in model.blocks.blocks:
+        block.attention.knorm.register_forward_hook(lambda module, inputs, out: out.float())
+    prompt = prompt_of(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = generate(model, prompt, 5, temperature=0)
+        assert torch.equal(StaticCacheGenerator(model).generate(prompt, 5, temperature=0), expected)
+
+
+def test_buffers_made_in_inference_mode_do_not_leak_out_of_it():
+    model = small_lm()
+    static = StaticCacheGenerator(model)
+    prompt = prompt_of(2, 4)
+    with torch.inference_mode():
+        inside = static.generate(prompt, 3, temperature=0)
+    assert torch.equal(static.generate(prompt, 3, temperature=0), inside)  # outside: its own buffers
+
+
+def test_a_custom_cache_class_is_refused_not_reinterpreted():
+    from torchformer.attention import KVCache
+    from torchformer.blocks import BlockCache
+
+    class WindowCache(KVCache):
+        """Stands in for a cache whose tensors mean something else than plain keys and values."""
+
+    model = small_lm()
+    model.new_caches = lambda: [BlockCache(WindowCache()) for _ in model.blocks.blocks]
+    with pytest.raises(TypeError, match="made a WindowCache; use generation.generate"):
+        StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)

@@ -45,7 +45,9 @@ from torchformer._checks import (
 )
 
 IMPLEMENTATIONS = ("sdpa", "reference")
-NO_MASK_WITH_STATIC_CACHE = "mask cannot be used with a StaticKVCache: it decodes one token at a time, without padding"
+NO_MASK_WITH_STATIC_CACHE = (
+    "mask cannot be used with a StaticKVCache: it decodes one token at a time, without padding"
+)
 
 
 class KVCache:
@@ -57,8 +59,9 @@ class KVCache:
 
     A subclass of :class:`MultiHeadAttention` gets caching for free as long as it keeps the
     project -> cache -> attend -> unify order of :meth:`SelfAttention.forward` (override
-    :meth:`~MultiHeadAttention.attend` or the projections, not ``forward``). ``key_mask`` tells attention which of the returned keys are real: here all
-    of them (or those the padding mask marks); :class:`StaticKVCache` returns slots that are not filled yet.
+    :meth:`~MultiHeadAttention.attend` or the projections, not ``forward``). :meth:`key_mask` tells attention which
+    of the returned keys are real: here all of them (or those the padding mask marks); a :class:`StaticKVCache` also
+    returns slots that are not filled yet, so an ``attend`` override must honour its ``key_mask`` argument.
     """
 
     def __init__(self) -> None:
@@ -99,14 +102,15 @@ class StaticKVCache(KVCache):
     may use. With one query per step this is exactly the causal mask: the new token sees itself and everything before.
 
     Only one position per step (``t = 1``): fill the prompt into a growing :class:`KVCache` first and copy it over
-    with :meth:`from_cache`. Padding masks are not supported (generation needs none).
-    :class:`~torchformer.generation.StaticCacheGenerator` drives it.
+    with :meth:`from_cache`. Padding masks are not supported (generation needs none). Every step attends over all
+    ``capacity`` slots (the unfilled ones masked), so it costs as much at position 3 as at the end of the window.
+    :class:`~torchformer.static_generation.StaticCacheGenerator` drives it.
     """
 
     def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
-        if keys.dim() != 4 or keys.shape != values.shape:
+        if keys.dim() != 4 or keys.shape[:3] != values.shape[:3]:
             raise ValueError(
-                f"keys and values must be buffers of the same shape (b, h, capacity, s), "
+                f"keys and values must be buffers of shape (b, h, capacity, s) with the same b, h and capacity, "
                 f"got {tuple(keys.shape)} and {tuple(values.shape)}"
             )
         if position.dim() != 0 or position.dtype != torch.long or position.device != keys.device:
@@ -124,7 +128,10 @@ class StaticKVCache(KVCache):
         if cache.keys is None:
             raise ValueError("cache is empty: run the prompt through the model with it first")
         b, h, _, s = cache.keys.shape
-        static = cls(cache.keys.new_zeros(b, h, capacity, s), cache.keys.new_zeros(b, h, capacity, s), position)
+        # Keys and values may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
+        keys = cache.keys.new_zeros(b, h, capacity, s)
+        values = cache.values.new_zeros(b, h, capacity, s)  # type: ignore[union-attr]
+        static = cls(keys, values, position)
         static.load(cache)
         return static
 
@@ -132,9 +139,8 @@ class StaticKVCache(KVCache):
         """Copy a filled :class:`KVCache` into slots ``0 .. u-1``, in place, and clear the others."""
         if cache.keys is None or cache.values is None:
             raise ValueError("cache is empty: run the prompt through the model with it first")
-        b, h, u, s = cache.keys.shape
-        capacity = self.keys.size(2)
-        if (b, h, s) != (self.keys.size(0), self.keys.size(1), self.keys.size(3)) or u > capacity:
+        u, capacity = cache.keys.size(2), self.keys.size(2)
+        if cache.keys.shape[:2] + cache.keys.shape[3:] != self.keys.shape[:2] + self.keys.shape[3:] or u > capacity:
             raise ValueError(
                 f"cache holds keys of shape {tuple(cache.keys.shape)}, which do not fit buffers of shape "
                 f"{tuple(self.keys.shape)} (b, h, capacity, s)"
@@ -142,6 +148,9 @@ class StaticKVCache(KVCache):
         for buffer, filled in ((self.keys, cache.keys), (self.values, cache.values)):
             buffer[:, :, :u].copy_(filled)
             buffer[:, :, u:].zero_()  # never attended to (masked), but stale numbers should not linger
+
+    def __bool__(self) -> bool:  # without this, `if cache:` would call __len__ and fail
+        return True
 
     def __len__(self) -> int:
         raise TypeError(
@@ -155,11 +164,12 @@ class StaticKVCache(KVCache):
                 f"a StaticKVCache takes one new position per step (keys of shape (b, h, 1, s)), got "
                 f"{tuple(keys.shape)}; run the prompt with a KVCache and convert it with StaticKVCache.from_cache"
             )
-        if keys.dtype != self.keys.dtype:
-            raise TypeError(
-                f"new keys have dtype {keys.dtype} but the cache holds {self.keys.dtype}; run the prompt and the "
-                f"decoding steps under the same autocast setting"
-            )
+        for name, new, held in (("keys", keys, self.keys), ("values", values, self.values)):
+            if new.dtype != held.dtype:
+                raise TypeError(
+                    f"new {name} have dtype {new.dtype} but the cache holds {held.dtype}; run the prompt and the "
+                    f"decoding steps under the same autocast setting"
+                )
         # (b, h, 1, s) into slot `position` of (b, h, capacity, s). The slot is data (a tensor), not a Python int,
         # so the same compiled step serves every position.
         index = self.position.view(1)
@@ -361,6 +371,7 @@ class SelfAttention(MultiHeadAttention):
       reference path).
     * ``cache``: a :class:`KVCache` for incremental decoding. ``x`` then holds only the new positions, which are
       appended to the cache; ``mask``, if given, covers all cached positions, shape ``(b, len(cache) + t)``.
+      A :class:`StaticKVCache` takes one position at a time (``t = 1``) and no ``mask``.
     """
 
     def forward(

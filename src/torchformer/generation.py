@@ -24,9 +24,11 @@ The cache lives in the attention modules' ``forward(..., cache=...)`` argument, 
 of :class:`~torchformer.attention.MultiHeadAttention` gets it for free if it keeps the order
 *project -> cache.update -> attend -> unify*: override :meth:`~torchformer.attention.MultiHeadAttention.attend`
 (or the projections), not ``forward``. ``attend`` then receives the new queries ``(b, h, t, s)`` and *all* keys and
-values ``(b, h, u, s)``; with ``causal=True`` query ``i`` sits at absolute position ``u - t + i``. A variant that
-needs extra per-layer state (say, running sums for linear attention) subclasses ``KVCache`` and keeps the
-``update``/``reorder``/``len`` interface. See ``docs/generation.md`` for a worked example.
+values ``(b, h, u, s)``; with ``causal=True`` query ``i`` sits at absolute position ``u - t + i``, and it must
+ignore the keys that ``key_mask`` rules out (with a :class:`~torchformer.attention.StaticKVCache`, the slots not
+filled yet). A variant that needs extra per-layer state (say, running sums for linear attention) subclasses
+``KVCache`` and keeps the ``update``/``key_mask``/``reorder``/``len`` interface. See ``docs/generation.md`` for a
+worked example.
 
 **The context window.** A model built with ``seq_length = L`` only ever sees the last ``L`` tokens (prompts are
 cropped the same way, as ``former`` does). While the sequence fits, the cache grows. Once it would exceed ``L`` the
@@ -328,23 +330,24 @@ def generate(
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
     """
-    stepper = _LMStepper(model, use_cache=use_cache)
     return _generate(
-        stepper, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
-        generator=generator, return_logprobs=return_logprobs,
+        lambda: _LMStepper(model, use_cache=use_cache), model, prompt, max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, eos=eos, generator=generator, return_logprobs=return_logprobs,
     )
 
 
 def _generate(
-    stepper, prompt: object, max_new_tokens: object, *, eos: int | None, return_logprobs: bool, **sampling
+    make_stepper, model: nn.Module, prompt: object, max_new_tokens: object, *, eos: int | None,
+    return_logprobs: bool, **sampling
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """:func:`generate` with a given stepper: check the arguments, then sample."""
-    num_tokens = getattr(stepper.model, "num_tokens", None)
+    """:func:`generate` with the stepper ``make_stepper()``: check the arguments, then sample."""
+    num_tokens = getattr(model, "num_tokens", None)
     prompt = _check_prompt(prompt, "prompt", num_tokens)
     _check_count(max_new_tokens, "max_new_tokens")
     _check_sampling(sampling["temperature"], sampling["top_k"], sampling["top_p"])
     if eos is not None:
         _check_token(eos, "eos", num_tokens)
+    stepper = make_stepper()
     tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, **sampling)  # type: ignore[arg-type]
     return (tokens, logprobs) if return_logprobs else tokens
 

@@ -75,7 +75,8 @@ class GeneratorHead(nn.Module):
                     f"got {tuple(tie_to.weight.shape)}"
                 )
             # nn.Embedding starts with unit-variance entries; as output weights they would give logits of standard
-            # deviation sqrt(e) (a starting loss far above uniform guessing). Rescale to std e^-1/2: unit-variance logits.
+            # deviation sqrt(e) (a starting loss far above uniform guessing). Rescale to std e^-1/2: unit-variance
+            # logits.
             with torch.no_grad():
                 tie_to.weight.normal_(0.0, emb**-0.5)
             self.toprobs.weight = tie_to.weight

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from torchformer import generation
 from torchformer._checks import check_embeddings, check_mask, check_positive_int, check_probability, check_tokens
+from torchformer.attention import StaticKVCache
 from torchformer.blocks import BlockCache
 from torchformer.heads import ClassifierHead, GeneratorHead
 from torchformer.positions import make_positions
@@ -39,9 +40,17 @@ def check_block_options(model: str, options: dict) -> None:
 def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None) -> int | Tensor:
     """The absolute position of the first new token: with caches, the number of positions already cached.
 
-    A 0-dim tensor ``offset`` is taken as given: it is the position of a step with static caches, which live in
-    device memory and are filled to a length the host does not read (see :class:`~torchformer.attention.StaticKVCache`).
+    With static caches (:class:`~torchformer.attention.StaticKVCache`, filled to a length that lives on the device)
+    ``offset`` must be given, as their 0-dim position tensor, and it is taken as given: checking it would make the
+    host wait for the device at every step.
     """
+    static = bool(caches) and isinstance(caches[0].self_attention, StaticKVCache)  # type: ignore[index]
+    if isinstance(offset, Tensor) != static:
+        raise ValueError(
+            "offset must be the 0-dim position tensor of the static caches (StaticKVCache) when they are given, and "
+            f"an int otherwise; got {type(offset).__name__} with "
+            f"{'static' if static else 'no static'} caches"
+        )
     if isinstance(offset, Tensor):
         if offset.dim() != 0 or offset.dtype.is_floating_point or offset.dtype == torch.bool:
             raise ValueError(
@@ -162,8 +171,8 @@ class GTransformer(nn.Module):
         """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens, which
         start at absolute position ``offset`` = the number of cached positions (the default, checked if given);
         the earlier positions' keys and values come from the caches. Without caches, ``offset`` (default 0) is the
-        absolute position of ``x[:, 0]``. With static caches (:meth:`new_static_caches`) ``offset`` is a 0-dim
-        tensor holding the position of the one new token."""
+        absolute position of ``x[:, 0]``. With static caches (see :mod:`torchformer.static_generation`) ``offset`` is
+        their 0-dim position tensor: the position of the one new token."""
         offset = resolve_offset(caches, offset)
         return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
 

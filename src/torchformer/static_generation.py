@@ -18,7 +18,9 @@ allocated once, and runs every later step as
 
 where ``token``, ``position`` and the caches are tensors that keep their memory: the step writes the new key and
 value into slot ``position`` and attends over the slots filled so far (a mask, not a slice). The tokens, and the
-log-probabilities they were drawn from, are exactly those of ``generate`` (the tests check this, compiled too).
+log-probabilities they were drawn from, are those of ``generate`` up to floating-point rounding (attention over
+masked slots sums in another order): the tests find them equal to 1e-10 in float64, compiled too. In lower
+precision a greedy choice between two near-equal tokens can flip.
 
 Shapes: n rows decoded together, t prompt length, h heads, s head size, v vocabulary size.
 """
@@ -30,7 +32,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from torchformer.attention import StaticKVCache, mark_static_address
+from torchformer.attention import KVCache, StaticKVCache, mark_static_address
 from torchformer.blocks import BlockCache
 from torchformer.generation import _generate, _LMStepper
 
@@ -38,9 +40,15 @@ __all__ = ["StaticCacheGenerator"]
 
 
 class _StaticState:
-    """The tensors one compiled step reads and writes, for one batch size: they are allocated once and reused."""
+    """The tensors the step reads and writes, for one cache layout (batch size, dtypes, device): allocated once."""
 
     def __init__(self, caches: list[BlockCache], capacity: int) -> None:
+        for cache in caches:
+            if type(cache.self_attention) is not KVCache:  # its contents could mean something else: do not guess
+                raise TypeError(
+                    f"StaticCacheGenerator copies plain KVCaches into static buffers, but the model's new_caches() "
+                    f"made a {type(cache.self_attention).__name__}; use generation.generate for this model"
+                )
         first = caches[0].self_attention.keys
         self.position = torch.zeros((), dtype=torch.long, device=first.device)  # slot of the new token
         self.token = torch.zeros(first.size(0), 1, dtype=torch.long, device=first.device)  # (n, 1)
@@ -56,11 +64,13 @@ class _StaticState:
 
 
 def _layout(caches: list[BlockCache]) -> tuple:
-    """What must match for static buffers to be reused: per layer (n, h, s), dtype and device of the keys."""
-    return tuple(
-        (k.size(0), k.size(1), k.size(3), k.dtype, k.device)
-        for k in (c.self_attention.keys for c in caches)
+    """What must match for static buffers to be reused: per layer (n, h, s), dtypes and device of keys and values,
+    and whether inference mode is on (tensors made in it cannot be written outside it)."""
+    layers = tuple(
+        (k.size(0), k.size(1), k.size(3), k.dtype, v.dtype, k.device)
+        for k, v in ((c.self_attention.keys, c.self_attention.values) for c in caches)
     )
+    return layers, torch.is_inference_mode_enabled()
 
 
 class _StaticLMStepper(_LMStepper):
@@ -69,6 +79,9 @@ class _StaticLMStepper(_LMStepper):
     def __init__(self, owner: StaticCacheGenerator) -> None:
         super().__init__(owner.model, use_cache=True)
         self.owner = owner
+        self.state: _StaticState | None = None  # set by start(), once the prompt has filled growing caches
+        # Tells CUDA graphs that a new step begins, so the previous step's outputs may be overwritten.
+        self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
 
     def start(self, tokens: Tensor) -> Tensor:
         logp = super().start(tokens)  # the prompt, (n, t), one eager pass that fills growing caches
@@ -80,11 +93,11 @@ class _StaticLMStepper(_LMStepper):
         if self.cached >= self.window:  # the window slides: recompute, as generate does
             return self.model(tokens[:, -self.window :])[:, -1]
         state = self.state
+        assert state is not None, "start() runs the prompt first"
         state.token.copy_(tokens[:, -1:])  # (n, 1): into the step's own input memory
         state.position.fill_(self.cached)  # the new token's position = its cache slot
-        mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
-        if mark_step is not None:
-            mark_step()  # tell CUDA graphs a new step begins (a no-op without them)
+        if self.mark_step is not None:
+            self.mark_step()  # a no-op without CUDA graphs
         # clone(): a CUDA graph reuses its output memory at the next replay, and the loop keeps every step's output.
         logp = self.owner.step(state.token, state.position, state.caches).clone()
         self.cached += 1
@@ -97,14 +110,17 @@ class _StaticLMStepper(_LMStepper):
 class StaticCacheGenerator:
     """``generate`` for a decoder-only model with static KV caches and, optionally, a compiled one-token step.
 
-    Build it once and reuse it: the buffers (per batch size) and the compiled step are kept between calls.
+    Build it once and reuse it: the buffers (per batch size) and the compiled step are kept between calls;
+    :meth:`clear` frees the buffers.
 
     Args:
         model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
             :mod:`torchformer.generation`) that accepts a 0-dim tensor ``offset`` and
             :class:`~torchformer.attention.StaticKVCache`\\ s in its ``BlockCache``\\ s.
-        compile: ``torch.compile`` the one-token step (whole graph, fixed shapes). The first call for each batch
-            size compiles (seconds to a minute); later calls reuse the compiled step.
+        compile: ``torch.compile`` the one-token step as one whole graph. The first call compiles (seconds to a
+            minute); a second batch size compiles once more, with the batch size left symbolic, and later calls
+            reuse that. (``torch.compile`` keeps a limited number of graphs per function, 8 by default, shared by
+            all generators in a process: many different models in one process fall outside it.)
         mode: ``torch.compile``'s mode; ``"reduce-overhead"`` also records the step as a CUDA graph on a GPU.
         backend: ``torch.compile``'s backend (default ``"inductor"``).
 
@@ -121,13 +137,18 @@ class StaticCacheGenerator:
         self.model = model
         self.step = self._step
         if compile:
-            # fullgraph: a graph break would silently fall back to Python launches; dynamic=False: fixed shapes.
-            self.step = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+            # fullgraph: a graph break would silently fall back to Python launches. The shapes are those of the
+            # buffers; only the batch size varies between calls, and compile makes it symbolic when it does.
+            self.step = torch.compile(self._step, fullgraph=True, mode=mode, backend=backend)
         self._states: dict[tuple, _StaticState] = {}
 
     def _step(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
         """``(n, 1)`` token at ``position`` -> ``(n, v)`` log-probabilities of the next one."""
         return self.model(token, caches=caches, offset=position)[:, -1]
+
+    def clear(self) -> None:
+        """Free the static buffers of every batch size (the compiled step is kept)."""
+        self._states.clear()
 
     def _state_for(self, caches: list[BlockCache]) -> _StaticState:
         key = _layout(caches)
@@ -153,6 +174,6 @@ class StaticCacheGenerator:
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; see :func:`torchformer.generation.generate`."""
         return _generate(
-            _StaticLMStepper(self), prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            eos=eos, generator=generator, return_logprobs=return_logprobs,
+            lambda: _StaticLMStepper(self), self.model, prompt, max_new_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, eos=eos, generator=generator, return_logprobs=return_logprobs,
         )
