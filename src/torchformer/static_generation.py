@@ -43,6 +43,8 @@ class _StaticState:
     """The tensors the step reads and writes, for one cache layout (batch size, dtypes, device): allocated once."""
 
     def __init__(self, caches: list[BlockCache], capacity: int) -> None:
+        if not caches:
+            raise ValueError("the model's new_caches() made no caches: there is nothing to keep in static buffers")
         for cache in caches:
             if type(cache.self_attention) is not KVCache:  # its contents could mean something else: do not guess
                 raise TypeError(
