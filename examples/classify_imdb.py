@@ -128,7 +128,8 @@ def predict(args: argparse.Namespace) -> None:
         is_file = len(item) < 4096 and Path(item).is_file()
         texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()] if is_file else [item]
     if not texts or not all(t.strip() for t in texts):
-        sys.exit("classify_imdb.py: error: --predict needs a non-empty review text (or a file with one review per line)")
+        sys.exit("classify_imdb.py: error: --predict needs a non-empty review text "
+                 "(or a file with one review per line)")
     ids, mask = pad_batch(encode(tokenizer, texts, extra["config"]["max_length"]))
     with torch.no_grad():
         probs = model.eval()(ids, mask).exp()
@@ -188,6 +189,8 @@ def train(args: argparse.Namespace) -> dict:
     log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"])
     bar = progress(total=total, desc="train")
     bar.update(step)
+    # Losses and token counts stay on the device and are read every 50 steps: reading them at every step would make
+    # the host wait for the GPU each time.
     running, tokens, t_log = [], 0, time.perf_counter()
     for epoch in range(step // per_epoch, args.num_epochs):
         epoch_state = g.get_state()  # the epoch's shuffle is drawn from g when iteration starts
@@ -205,12 +208,12 @@ def train(args: argparse.Namespace) -> dict:
             opt.step()
             sched.step()
             step += 1
-            running.append(loss.item())
-            tokens += int(mask.sum())
+            running.append(loss.detach())
+            tokens += mask.sum()
             bar.update(1)
             if step % 50 == 0:
-                recent = sum(running[-50:]) / len(running[-50:])
-                bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{tokens / (time.perf_counter() - t_log):.0f}")
+                recent = torch.stack(running[-50:]).mean().item()
+                bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0], train_loss=recent,
                         seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
@@ -218,7 +221,8 @@ def train(args: argparse.Namespace) -> dict:
                 val = evaluate_classifier(fast, val_batches)
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val.loss, val_accuracy=val.accuracy,
                         seconds=round(time.perf_counter() - t_start, 1))
-                bar.write(f"step {step}: train loss {sum(running) / len(running):.4f} (since last validation), "
+                train_loss = torch.stack(running).mean().item()
+                bar.write(f"step {step}: train loss {train_loss:.4f} (since last validation), "
                           f"val loss {val.loss:.4f}, val accuracy {val.accuracy:.4f}")
                 running, tokens, t_log = [], 0, time.perf_counter()
                 if args.checkpoint:
