@@ -94,7 +94,8 @@ def check_tokens(x: object, name: str, num_tokens: int, max_len: int | None = No
             f"crop the input or build the model with a larger seq_length"
         )
     if x.numel() and not _is_compiling():
-        lo, hi = int(x.min()), int(x.max())
+        # One transfer for both bounds: on a GPU each read from the device makes the host wait for it.
+        lo, hi = torch.stack([x.min(), x.max()]).tolist()
         if lo < 0 or hi >= num_tokens:
             raise ValueError(
                 f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]"
