@@ -175,3 +175,24 @@ def test_a_custom_cache_class_is_refused_not_reinterpreted():
     model.new_caches = lambda: [BlockCache(WindowCache()) for _ in model.blocks.blocks]
     with pytest.raises(TypeError, match="made a WindowCache; use generation.generate"):
         StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)
+
+
+def test_an_attend_override_is_refused_unless_declared_safe():
+    from torchformer.attention import SelfAttention
+
+    class SharpAttention(SelfAttention):
+        """Scales the queries: honours key_mask and never looks at positions, so static buffers are fine."""
+
+        def attend(self, q, k, v, key_mask, *, return_weights=False):
+            return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
+
+    model = small_lm()
+    for block in model.blocks.blocks:
+        sharp = SharpAttention(16, 2, causal=True).double()
+        sharp.load_state_dict(block.attention.state_dict())
+        block.attention = sharp
+    with pytest.raises(TypeError, match="SharpAttention overrides attend.*pass custom_attend=True"):
+        StaticCacheGenerator(model)
+    prompt = prompt_of(2, 3)
+    tokens = StaticCacheGenerator(model, custom_attend=True).generate(prompt, 8, temperature=0)
+    assert torch.equal(tokens, generate(model, prompt, 8, temperature=0))

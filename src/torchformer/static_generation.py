@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from torchformer.attention import KVCache, StaticKVCache, mark_static_address
+from torchformer.attention import KVCache, MultiHeadAttention, StaticKVCache, mark_static_address
 from torchformer.blocks import BlockCache
 from torchformer.generation import _generate, _LMStepper
 
@@ -125,6 +125,13 @@ class StaticCacheGenerator:
             all generators in a process: many different models in one process fall outside it.)
         mode: ``torch.compile``'s mode; ``"reduce-overhead"`` also records the step as a CUDA graph on a GPU.
         backend: ``torch.compile``'s backend (default ``"inductor"``).
+        custom_attend: set True to accept attention modules that override ``attend``, once you have checked that
+            yours works with static buffers (see below); by default such a model is refused.
+
+    With static buffers ``attend`` receives all ``seq_length`` slots, ``u`` is their number, and ``key_mask`` marks
+    the filled ones. An override that only rescales or reweights scores and honours ``key_mask`` works unchanged;
+    one that derives positions from ``u`` (query ``i`` at ``u - t + i``, as the ALiBi example in
+    ``docs/extending.md`` does) would silently compute them wrong, which is why overrides are refused by default.
 
     ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
     return_logprobs=False)`` works as :func:`torchformer.generation.generate` (with ``use_cache=True``) and returns
@@ -132,10 +139,24 @@ class StaticCacheGenerator:
     """
 
     def __init__(
-        self, model: nn.Module, *, compile: bool = False, mode: str | None = None, backend: str | Callable = "inductor"
+        self,
+        model: nn.Module,
+        *,
+        compile: bool = False,
+        mode: str | None = None,
+        backend: str | Callable = "inductor",
+        custom_attend: bool = False,
     ) -> None:
         if mode is not None and not compile:
             raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
+        for module in model.modules():
+            if (isinstance(module, MultiHeadAttention) and type(module).attend is not MultiHeadAttention.attend
+                    and not custom_attend):
+                raise TypeError(
+                    f"{type(module).__name__} overrides attend(); with static caches attend sees all seq_length "
+                    f"slots (u is the buffer size, not the number of positions so far). If yours honours key_mask "
+                    f"and does not derive positions from u, pass custom_attend=True"
+                )
         self.model = model
         self.step = self._step
         if compile:
