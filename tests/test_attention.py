@@ -280,6 +280,7 @@ def test_static_cache_reorder_is_in_place_and_errors_are_clear():
         att(torch.randn(3, 1, 16), torch.ones(3, 3, dtype=torch.bool), cache=static)
     with pytest.raises(TypeError, match="does not know its length on the host"):
         len(static)
+    assert static  # truthy although len() cannot answer, so `if cache:` works
     with pytest.raises(TypeError, match="new keys have dtype torch.float64 but the cache holds torch.float32"):
         att.double()(torch.randn(3, 1, 16, dtype=torch.float64), cache=static)
     with pytest.raises(ValueError, match=r"position must be a 0-dim torch.long tensor.*shape \(1,\)"):

@@ -83,7 +83,7 @@ def test_inductor_compiled_step_equals_eager():
             pytest.skip(f"torch.compile unavailable here: {e}")
         raise
     assert torch.equal(tokens, expected)
-    torch.testing.assert_close(lp, lp_expected, rtol=0, atol=1e-9)
+    torch.testing.assert_close(lp, lp_expected, rtol=0, atol=1e-10)
 
 
 def test_bad_arguments_are_clear_errors():
@@ -117,7 +117,7 @@ def test_compiled_step_on_cuda_equals_eager(mode):
         torch.testing.assert_close(lp, lp_expected, rtol=1e-4, atol=1e-4)
 
 
-def test_many_batch_sizes_share_two_compiled_graphs():
+def test_many_batch_sizes_share_at_most_three_compiled_graphs():
     graphs = []
 
     def counting_backend(gm, example_inputs):
@@ -126,10 +126,12 @@ def test_many_batch_sizes_share_two_compiled_graphs():
 
     model = small_lm()
     static = StaticCacheGenerator(model, compile=True, backend=counting_backend)
-    for b in range(1, 11):  # more batch sizes than torch.compile keeps graphs for one function (8)
+    for b in [3, 2, 1, 4, 5, 6, 7, 8, 9, 10]:  # more batch sizes than torch.compile keeps graphs for one function (8)
         prompt = prompt_of(b, 4, seed=b)
         assert torch.equal(static.generate(prompt, 3, temperature=0), generate(model, prompt, 3, temperature=0))
-    assert len(graphs) == 2  # batch size 1, then one graph with a symbolic batch size
+    # Batch size 3, then one graph with a symbolic batch size, and batch size 1 on its own; fewer if this process
+    # has already seen the step's shapes vary (torch.compile remembers that across generators).
+    assert 1 <= len(graphs) <= 3
     static.clear()
     assert static._states == {}
 
@@ -174,6 +176,16 @@ def test_a_custom_cache_class_is_refused_not_reinterpreted():
     model = small_lm()
     model.new_caches = lambda: [BlockCache(WindowCache()) for _ in model.blocks.blocks]
     with pytest.raises(TypeError, match="made a WindowCache; use generation.generate"):
+        StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)
+
+    class RunningSums(KVCache):
+        """A cache that keeps its own state and never stores keys (as linear attention might)."""
+
+        def update(self, keys, values):
+            return keys, values
+
+    model.new_caches = lambda: [BlockCache(RunningSums()) for _ in model.blocks.blocks]
+    with pytest.raises(TypeError, match="made a RunningSums; use generation.generate"):
         StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)
 
 

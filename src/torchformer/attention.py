@@ -130,7 +130,7 @@ class StaticKVCache(KVCache):
         b, h, _, s = cache.keys.shape
         # Keys and values may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
         keys = cache.keys.new_zeros(b, h, capacity, s)
-        values = cache.values.new_zeros(b, h, capacity, s)  # type: ignore[union-attr]
+        values = cache.values.new_zeros(b, h, capacity, cache.values.size(3))  # type: ignore[union-attr]
         static = cls(keys, values, position)
         static.load(cache)
         return static
@@ -140,11 +140,12 @@ class StaticKVCache(KVCache):
         if cache.keys is None or cache.values is None:
             raise ValueError("cache is empty: run the prompt through the model with it first")
         u, capacity = cache.keys.size(2), self.keys.size(2)
-        if cache.keys.shape[:2] + cache.keys.shape[3:] != self.keys.shape[:2] + self.keys.shape[3:] or u > capacity:
-            raise ValueError(
-                f"cache holds keys of shape {tuple(cache.keys.shape)}, which do not fit buffers of shape "
-                f"{tuple(self.keys.shape)} (b, h, capacity, s)"
-            )
+        for name, filled, buffer in (("keys", cache.keys, self.keys), ("values", cache.values, self.values)):
+            if filled.shape[:2] + filled.shape[3:] != buffer.shape[:2] + buffer.shape[3:] or u > capacity:
+                raise ValueError(
+                    f"cache holds {name} of shape {tuple(filled.shape)}, which do not fit buffers of shape "
+                    f"{tuple(buffer.shape)} (b, h, capacity, s)"
+                )
         for buffer, filled in ((self.keys, cache.keys), (self.values, cache.values)):
             buffer[:, :, :u].copy_(filled)
             buffer[:, :, u:].zero_()  # never attended to (masked), but stale numbers should not linger

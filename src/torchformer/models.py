@@ -54,8 +54,8 @@ def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None)
     if isinstance(offset, Tensor):
         if offset.dim() != 0 or offset.dtype.is_floating_point or offset.dtype == torch.bool:
             raise ValueError(
-                f"offset must be an int or a 0-dim integer tensor, got a {offset.dtype} tensor of shape "
-                f"{tuple(offset.shape)}"
+                f"offset must be the static caches' 0-dim integer position tensor, got a {offset.dtype} tensor of "
+                f"shape {tuple(offset.shape)}"
             )
         return offset
     if caches is None:

@@ -43,14 +43,6 @@ class _StaticState:
     """The tensors the step reads and writes, for one cache layout (batch size, dtypes, device): allocated once."""
 
     def __init__(self, caches: list[BlockCache], capacity: int) -> None:
-        if not caches:
-            raise ValueError("the model's new_caches() made no caches: there is nothing to keep in static buffers")
-        for cache in caches:
-            if type(cache.self_attention) is not KVCache:  # its contents could mean something else: do not guess
-                raise TypeError(
-                    f"StaticCacheGenerator copies plain KVCaches into static buffers, but the model's new_caches() "
-                    f"made a {type(cache.self_attention).__name__}; use generation.generate for this model"
-                )
         first = caches[0].self_attention.keys
         self.position = torch.zeros((), dtype=torch.long, device=first.device)  # slot of the new token
         self.token = torch.zeros(first.size(0), 1, dtype=torch.long, device=first.device)  # (n, 1)
@@ -63,6 +55,21 @@ class _StaticState:
         """Copy the prompt's keys and values (growing caches) into the static buffers, in place."""
         for static, cache in zip(self.caches, caches):
             static.self_attention.load(cache.self_attention)
+
+
+def _check_plain_caches(caches: list) -> None:
+    """Static buffers can stand in only for plain KVCaches that hold the prompt's keys and values."""
+    if not caches:
+        raise ValueError("the model's new_caches() made no caches: there is nothing to keep in static buffers")
+    for cache in caches:
+        inner = getattr(cache, "self_attention", cache)
+        if not isinstance(cache, BlockCache) or type(inner) is not KVCache:  # other contents: do not guess
+            raise TypeError(
+                f"StaticCacheGenerator copies plain KVCaches into static buffers, but the model's new_caches() "
+                f"made a {type(inner).__name__}; use generation.generate for this model"
+            )
+        if inner.keys is None:
+            raise ValueError("the prompt left a KVCache empty: the model did not pass its caches to every block")
 
 
 def _layout(caches: list[BlockCache]) -> tuple:
@@ -120,8 +127,9 @@ class StaticCacheGenerator:
             :mod:`torchformer.generation`) that accepts a 0-dim tensor ``offset`` and
             :class:`~torchformer.attention.StaticKVCache`\\ s in its ``BlockCache``\\ s.
         compile: ``torch.compile`` the one-token step as one whole graph. The first call compiles (seconds to a
-            minute); a second batch size compiles once more, with the batch size left symbolic, and later calls
-            reuse that. (``torch.compile`` keeps a limited number of graphs per function, 8 by default, shared by
+            minute); a new batch size compiles again, at most twice more: batch size 1 always gets its own graph,
+            and the second size other than 1 gets one with the batch size left symbolic, which serves all later
+            ones. (``torch.compile`` keeps a limited number of graphs per function, 8 by default, shared by
             all generators in a process: many different models in one process fall outside it.)
         mode: ``torch.compile``'s mode; ``"reduce-overhead"`` also records the step as a CUDA graph on a GPU.
         backend: ``torch.compile``'s backend (default ``"inductor"``).
@@ -174,6 +182,7 @@ class StaticCacheGenerator:
         self._states.clear()
 
     def _state_for(self, caches: list[BlockCache]) -> _StaticState:
+        _check_plain_caches(caches)
         key = _layout(caches)
         state = self._states.get(key)
         if state is None:
