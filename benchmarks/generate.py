@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time the compiled static-cache step")
     parser.add_argument("--mode", default=None, help="torch.compile mode for --compile (e.g. reduce-overhead)")
     args = parser.parse_args()
+    if args.mode is not None and not args.compile:
+        parser.error("--mode is a torch.compile mode: use it with --compile")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
