@@ -112,18 +112,24 @@ def test_long_prompt_is_cropped_to_the_context():
     assert torch.equal(out[:, 20:], generate(model, prompt[:, -8:], 5, temperature=0)[:, 8:])
 
 
-def test_attention_subclass_reuses_the_cache():
-    class SharpAttention(SelfAttention):
-        """A new attention variant: only ``attend`` is overridden (queries scaled by 3)."""
+class SharpAttention(SelfAttention):
+    """A new attention variant: only ``attend`` is overridden (queries scaled by 3)."""
 
-        def attend(self, q, k, v, key_mask, *, return_weights=False):
-            return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
+    def attend(self, q, k, v, key_mask, *, return_weights=False):
+        return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
 
-    model = small_lm()
+
+def sharpened(model: GTransformer) -> GTransformer:
+    """``model`` with every block's attention swapped for a :class:`SharpAttention` with the same weights."""
     for block in model.blocks.blocks:
         sharp = SharpAttention(16, 2, causal=True).double()
         sharp.load_state_dict(block.attention.state_dict())
         block.attention = sharp
+    return model
+
+
+def test_attention_subclass_reuses_the_cache():
+    model = sharpened(small_lm())
     prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(5))
     cached, lp = generate(model, prompt, 8, temperature=0, return_logprobs=True)
     assert torch.equal(cached, generate(model, prompt, 8, temperature=0, use_cache=False))

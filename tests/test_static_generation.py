@@ -9,10 +9,9 @@ from torchformer.generation import generate
 from torchformer.models import GTransformer
 from torchformer.static_generation import StaticCacheGenerator
 
+from test_generation import sharpened, small_lm  # the same small models as the tests of generate
 
-def small_lm(positions: str = "learned", seq_length: int = 12, seed: int = 0) -> GTransformer:
-    torch.manual_seed(seed)
-    return GTransformer(16, 2, 2, seq_length, 13, positions=positions).double().eval()
+
 
 
 def prompt_of(b: int, t: int, seed: int = 1) -> torch.Tensor:
@@ -190,19 +189,8 @@ def test_a_custom_cache_class_is_refused_not_reinterpreted():
 
 
 def test_an_attend_override_is_refused_unless_declared_safe():
-    from torchformer.attention import SelfAttention
-
-    class SharpAttention(SelfAttention):
-        """Scales the queries: honours key_mask and never looks at positions, so static buffers are fine."""
-
-        def attend(self, q, k, v, key_mask, *, return_weights=False):
-            return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
-
-    model = small_lm()
-    for block in model.blocks.blocks:
-        sharp = SharpAttention(16, 2, causal=True).double()
-        sharp.load_state_dict(block.attention.state_dict())
-        block.attention = sharp
+    # SharpAttention scales the queries: it honours key_mask and never looks at positions, so static buffers are fine.
+    model = sharpened(small_lm())
     with pytest.raises(TypeError, match="SharpAttention overrides attend.*pass custom_attend=True"):
         StaticCacheGenerator(model)
     prompt = prompt_of(2, 3)
