@@ -48,7 +48,7 @@ def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None)
     if isinstance(offset, Tensor) != static:
         raise ValueError(
             "offset must be the 0-dim position tensor of the static caches (StaticKVCache) when they are given, and "
-            f"an int otherwise; got {type(offset).__name__} with "
+            f"an int or None otherwise; got {type(offset).__name__} with "
             f"{'static' if static else 'no static'} caches"
         )
     if isinstance(offset, Tensor):

@@ -31,7 +31,11 @@ def sinusoidal_table(
     length: int, emb: int, *, offset: int | Tensor = 0, device=None, dtype=None
 ) -> Tensor:
     """The sinusoidal position vectors of positions ``offset .. offset + length - 1``, shape ``(length, emb)``."""
-    positions = (torch.arange(length, device=device, dtype=torch.float64) + offset)[:, None]  # (t, 1)
+    if isinstance(offset, Tensor):  # a position held on the device (compiled decoding): add it there
+        positions = torch.arange(length, device=device, dtype=torch.float64) + offset
+    else:
+        positions = torch.arange(offset, offset + length, device=device, dtype=torch.float64)
+    positions = positions[:, None]  # (t, 1)
     pair = torch.arange(emb, device=device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
     inv_freq = torch.exp(-math.log(10000.0) * (2 * pair).to(torch.float64) / emb)  # 1 / 10000^(2i/e), (e,)
     angles = positions * inv_freq  # (t, e)
@@ -72,7 +76,10 @@ class LearnedPositions(nn.Module):
                 f"x reaches position {offset + t - 1} (offset {offset}, length t={t}), but the learned position "
                 f"table has max_len={self.max_len} positions; crop the input or use a larger max_len"
             )
-        positions = torch.arange(t, device=x.device) + offset  # (t,)
+        if isinstance(offset, Tensor):  # a position held on the device (compiled decoding): add it there
+            positions = torch.arange(t, device=x.device) + offset  # (t,)
+        else:
+            positions = torch.arange(offset, offset + t, device=x.device)  # (t,)
         return x + self.embedding(positions).to(x.dtype)  # (b, t, e) + (t, e)
 
     def extra_repr(self) -> str:
