@@ -8,7 +8,7 @@ processing the prompt (one forward pass in both cases), as a user calling ``gene
     python benchmarks/generate.py                     # CPU, contexts 256 and 1024
     python benchmarks/generate.py --device cuda
 
-Two more columns use :class:`~torchformer.static_generation.StaticCacheGenerator`: the same cache in buffers
+Two more columns use :class:`~torchformer.decoding.compiled.StaticCacheGenerator`: the same cache in buffers
 allocated once ("static"), and with ``--compile`` its one-token step compiled by ``torch.compile`` ("compiled";
 ``--mode reduce-overhead`` adds CUDA graphs on a GPU). Compilation happens in the warm-up and is not timed.
 
@@ -30,7 +30,7 @@ import time
 import torch
 
 from torchformer.models import GTransformer
-from torchformer.static_generation import StaticCacheGenerator
+from torchformer.decoding.compiled import StaticCacheGenerator
 
 
 def timed(fn, device: torch.device) -> float:

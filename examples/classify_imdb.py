@@ -21,16 +21,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchformer.checkpoint import (
+from torchformer.train.checkpoint import (
     checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
-from torchformer.inspect import attention_weights, plot_attention
-from torchformer.metrics import evaluate_classifier, format_confusion_matrix
+from torchformer.train.inspection import attention_weights, plot_attention
+from torchformer.train.metrics import evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer
-from torchformer.training import (
+from torchformer.train.training import (
     CSVLogger, autocast, count_parameters, plot_curves, progress, resolve_device, set_seed, warmup_cosine,
 )
 

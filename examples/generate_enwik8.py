@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 from torchformer import GTransformer
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
-from torchformer.evaluation import bits_per_byte
-from torchformer.flops import mfu, model_flops_per_token
-from torchformer.training import (
+from torchformer.train.evaluation import bits_per_byte
+from torchformer.train.flops import mfu, model_flops_per_token
+from torchformer.train.training import (
     CSVLogger, autocast, checkpoint_path, count_parameters, latest_checkpoint, load_checkpoint, plot_curves,
     progress, prune_checkpoints, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
 )

@@ -1,4 +1,4 @@
-"""Properties of torchformer.attention: equivalence of the two paths, masking, causality, equivariance, cache."""
+"""Properties of torchformer.nn.attention: equivalence of the two paths, masking, causality, equivariance, cache."""
 
 import math
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchformer import CrossAttention, KVCache, SelfAttention
-from torchformer.attention import StaticKVCache
-from torchformer.attention import attention_fast, attention_reference, build_allowed
+from torchformer.nn.attention import StaticKVCache
+from torchformer.nn.attention import attention_fast, attention_reference, build_allowed
 
 torch.set_num_threads(2)
 

@@ -1,4 +1,4 @@
-"""Properties of torchformer.blocks: causality, padding invariance, orderings, gradients, errors."""
+"""Properties of torchformer.nn.blocks: causality, padding invariance, orderings, gradients, errors."""
 
 import pytest
 import torch

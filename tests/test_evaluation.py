@@ -1,4 +1,4 @@
-"""Tests for torchformer.evaluation.bits_per_byte, with small models whose exact answer is known."""
+"""Tests for torchformer.train.evaluation.bits_per_byte, with small models whose exact answer is known."""
 
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchformer.evaluation import bits_per_byte
+from torchformer.train.evaluation import bits_per_byte
 
 
 class Uniform(nn.Module):
@@ -127,7 +127,7 @@ class PositionOracle(nn.Module):
 def test_every_byte_gets_the_promised_context(context, stride):
     n = 203
     data = torch.arange(n)
-    promised = context - stride + 1  # see the module docstring of torchformer.evaluation
+    promised = context - stride + 1  # see the module docstring of torchformer.train.evaluation
     bpb = bits_per_byte(PositionOracle(n + 1, promised), data, context=context, stride=stride)
     assert bpb == 0.0
     if stride > 1:

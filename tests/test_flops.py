@@ -1,4 +1,4 @@
-"""Tests for torchformer.flops: the 6N + 12 L H Q T estimate, checked against counts done by hand."""
+"""Tests for torchformer.train.flops: the 6N + 12 L H Q T estimate, checked against counts done by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchformer import GTransformer
-from torchformer.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token
+from torchformer.train.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token
 
 # GTransformer(emb=8, heads=2, depth=2, seq_length=16, num_tokens=32), post-norm, counted on paper:
 #   attention: q, k, v 3 * 8 * 8 (no bias) + unifyheads 8 * 8 + 8          =  264

@@ -1,4 +1,4 @@
-"""Tests for torchformer.generation: cached vs uncached decoding, sampling supports, beam search, seq2seq."""
+"""Tests for torchformer.decoding.generation: cached vs uncached decoding, sampling supports, beam search, seq2seq."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchformer.attention import SelfAttention
-from torchformer.generation import beam_search, generate, sample_next, seq2seq_generate
+from torchformer.nn.attention import SelfAttention
+from torchformer.decoding.generation import beam_search, generate, sample_next, seq2seq_generate
 from torchformer.models import GTransformer, Seq2SeqTransformer
 
 

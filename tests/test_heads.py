@@ -1,4 +1,4 @@
-"""Properties of torchformer.heads: pooling over real tokens, weight tying, normalisation."""
+"""Properties of torchformer.nn.heads: pooling over real tokens, weight tying, normalisation."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for torchformer.inspect: captured attention weights are the ones the model really used."""
+"""Tests for torchformer.train.inspection: captured attention weights are the ones the model really used."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from torchformer.inspect import attention_weights, capture_attention, plot_attention
+from torchformer.train.inspection import attention_weights, capture_attention, plot_attention
 from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer
 
 

@@ -1,4 +1,4 @@
-"""Tests for torchformer.metrics: accuracy, confusion matrix, and the evaluation loop."""
+"""Tests for torchformer.train.metrics: accuracy, confusion matrix, and the evaluation loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchformer.metrics import accuracy, confusion_matrix, evaluate_classifier, format_confusion_matrix
+from torchformer.train.metrics import accuracy, confusion_matrix, evaluate_classifier, format_confusion_matrix
 
 pairs = st.integers(1, 4).flatmap(
     lambda c: st.lists(st.tuples(st.integers(0, c - 1), st.integers(0, c - 1)), min_size=1, max_size=60).map(

@@ -1,4 +1,4 @@
-"""Properties of torchformer.positions: the sinusoidal formula, lengths, offsets, errors."""
+"""Properties of torchformer.nn.positions: the sinusoidal formula, lengths, offsets, errors."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchformer import LearnedPositions, SinusoidalPositions
-from torchformer.positions import sinusoidal_table
+from torchformer.nn.positions import sinusoidal_table
 
 
 @pytest.mark.parametrize("emb", [8, 7, 1])
@@ -37,7 +37,7 @@ def test_offset_gives_the_later_positions():
 
 
 def test_a_tensor_offset_gives_the_same_positions_as_an_int():
-    # A compiled decoding step passes its position as a 0-dim tensor (see torchformer.static_generation).
+    # A compiled decoding step passes its position as a 0-dim tensor (see torchformer.decoding.compiled).
     x = torch.randn(2, 3, 16, dtype=torch.float64)
     for pos in (SinusoidalPositions(16), LearnedPositions(16, 10).double()):
         torch.testing.assert_close(pos(x, offset=torch.tensor(6)), pos(x, offset=6), atol=0, rtol=0)

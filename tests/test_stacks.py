@@ -1,4 +1,4 @@
-"""Properties of torchformer.stacks: encoder and decoder."""
+"""Properties of torchformer.nn.stacks: encoder and decoder."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for torchformer.static_generation: static caches and the compiled step give generate's tokens exactly."""
+"""Tests for torchformer.decoding.compiled: static caches and the compiled step give generate's tokens exactly."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
-from torchformer.generation import generate
+from torchformer.decoding.generation import generate
 from torchformer.models import GTransformer
-from torchformer.static_generation import StaticCacheGenerator
+from torchformer.decoding.compiled import StaticCacheGenerator
 
 from test_generation import sharpened, small_lm  # the same small models as the tests of generate
 
@@ -164,8 +164,8 @@ def test_buffers_made_in_inference_mode_do_not_leak_out_of_it():
 
 
 def test_a_custom_cache_class_is_refused_not_reinterpreted():
-    from torchformer.attention import KVCache
-    from torchformer.blocks import BlockCache
+    from torchformer.nn.attention import KVCache
+    from torchformer.nn.blocks import BlockCache
 
     class WindowCache(KVCache):
         """Stands in for a cache whose tensors mean something else than plain keys and values."""

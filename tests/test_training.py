@@ -1,4 +1,4 @@
-"""Tests for torchformer.training and torchformer.checkpoint."""
+"""Tests for torchformer.train.training and torchformer.train.checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchformer.training import (
+from torchformer.train.training import (
     CSVLogger,
     autocast,
     checkpoint_path,

@@ -2,7 +2,7 @@
 
 The first positional arguments follow Peter Bloem's ``former``, so ``former`` experiments port by changing the
 import. Everything beyond them is keyword-only; options not named here (``prenorm``, ``ff_mult``, ``activation``,
-``kqnorm``, ``impl``) are passed to every :class:`~torchformer.blocks.TransformerBlock`.
+``kqnorm``, ``impl``) are passed to every :class:`~torchformer.nn.blocks.TransformerBlock`.
 
 * :class:`CTransformer`: token ids ``(b, t)`` -> class log-probabilities ``(b, c)``.
 * :class:`GTransformer`: token ids ``(b, t)`` -> log-probabilities of the next token ``(b, t, v)``, causally.
@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from torchformer import generation
+from torchformer.decoding import generation
 from torchformer._checks import check_embeddings, check_mask, check_positive_int, check_probability, check_tokens
-from torchformer.attention import StaticKVCache
-from torchformer.blocks import BlockCache
-from torchformer.heads import ClassifierHead, GeneratorHead
-from torchformer.positions import make_positions
-from torchformer.stacks import Decoder, Encoder
+from torchformer.nn.attention import StaticKVCache
+from torchformer.nn.blocks import BlockCache
+from torchformer.nn.heads import ClassifierHead, GeneratorHead
+from torchformer.nn.positions import make_positions
+from torchformer.nn.stacks import Decoder, Encoder
 
 
 BLOCK_OPTIONS = ("prenorm", "ff_mult", "activation", "kqnorm", "impl")
@@ -40,7 +40,7 @@ def check_block_options(model: str, options: dict) -> None:
 def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None) -> int | Tensor:
     """The absolute position of the first new token: with caches, the number of positions already cached.
 
-    With static caches (:class:`~torchformer.attention.StaticKVCache`, filled to a length that lives on the device)
+    With static caches (:class:`~torchformer.nn.attention.StaticKVCache`, filled to a length that lives on the device)
     ``offset`` must be given, as their 0-dim position tensor, and it is taken as given: checking it would make the
     host wait for the device at every step.
     """
@@ -95,7 +95,7 @@ class TokenEmbedding(nn.Module):
 
 
 class CTransformer(nn.Module):
-    """Sequence classifier: embedding -> :class:`~torchformer.stacks.Encoder` -> pooled :class:`ClassifierHead`.
+    """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
 
     ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` and an optional padding mask ``(b, t)`` (True = real
     token) -> ``(b, num_classes)`` log-probabilities. With a mask, padding never changes the result.
@@ -137,7 +137,7 @@ class GTransformer(nn.Module):
 
     ``forward(x)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at position ``i`` depends only on
     tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the embedding with the output layer.
-    See :mod:`torchformer.generation` for sampling and beam search.
+    See :mod:`torchformer.decoding.generation` for sampling and beam search.
     """
 
     def __init__(
@@ -171,7 +171,7 @@ class GTransformer(nn.Module):
         """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens, which
         start at absolute position ``offset`` = the number of cached positions (the default, checked if given);
         the earlier positions' keys and values come from the caches. Without caches, ``offset`` (default 0) is the
-        absolute position of ``x[:, 0]``. With static caches (see :mod:`torchformer.static_generation`) ``offset`` is
+        absolute position of ``x[:, 0]``. With static caches (see :mod:`torchformer.decoding.compiled`) ``offset`` is
         their 0-dim position tensor: the position of the one new token."""
         offset = resolve_offset(caches, offset)
         return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
@@ -193,7 +193,7 @@ class GTransformer(nn.Module):
         return_logprobs: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
-        See :func:`torchformer.generation.generate`."""
+        See :func:`torchformer.decoding.generation.generate`."""
         return generation.generate(
             self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
             use_cache=use_cache, generator=generator, return_logprobs=return_logprobs,
@@ -210,7 +210,7 @@ class GTransformer(nn.Module):
         use_cache: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
-        See :func:`torchformer.generation.beam_search`."""
+        See :func:`torchformer.decoding.generation.beam_search`."""
         return generation.beam_search(
             self, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos,
             use_cache=use_cache,
@@ -302,7 +302,7 @@ class Seq2SeqTransformer(nn.Module):
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """Target ids ``(b, max_len)`` for source ids ``src`` ``(b, u)``, starting after ``bos``, padded with ``eos``.
-        Greedy by default; ``beam_size > 1`` for beam search. See :func:`torchformer.generation.seq2seq_generate`."""
+        Greedy by default; ``beam_size > 1`` for beam search. See :func:`torchformer.decoding.generation.seq2seq_generate`."""
         return generation.seq2seq_generate(
             self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
             top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,

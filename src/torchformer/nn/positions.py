@@ -11,7 +11,7 @@ is. We do that by adding a position vector to each token embedding before the fi
 
 Both take ``x`` ``(b, t, e)`` and return ``x`` plus the position vectors of positions ``offset .. offset + t - 1``
 (``offset`` > 0 when generating with a cache, where ``x`` holds only the newest positions). ``offset`` may also be
-a 0-dim integer tensor: a compiled decoding step (:class:`~torchformer.static_generation.StaticCacheGenerator`)
+a 0-dim integer tensor: a compiled decoding step (:class:`~torchformer.decoding.compiled.StaticCacheGenerator`)
 reads the position from device memory, so that one compiled graph serves every position.
 
 Shapes: b batch size, t sequence length, e embedding size.

@@ -1,6 +1,6 @@
 """Generation with fixed shapes: preallocated KV caches and a one-token step that ``torch.compile`` can capture.
 
-:func:`torchformer.generation.generate` is written for reading. After the prompt, every new token costs one forward
+:func:`torchformer.decoding.generation.generate` is written for reading. After the prompt, every new token costs one forward
 pass over one position, which is little arithmetic but many small kernels, each launched from Python. On a GPU
 with a small batch the launches dominate: the device waits for the host. Two tools remove that overhead, and both
 need every step to look the same:
@@ -9,9 +9,9 @@ need every step to look the same:
 * A **CUDA graph** records the kernels of one step and replays them with a single launch
   (``torch.compile(mode="reduce-overhead")``); the replayed kernels read and write the same memory every time.
 
-The growing :class:`~torchformer.attention.KVCache` breaks both: at step ``u`` attention sees ``u + 1`` keys, a new
+The growing :class:`~torchformer.nn.attention.KVCache` breaks both: at step ``u`` attention sees ``u + 1`` keys, a new
 shape every token. :class:`StaticCacheGenerator` instead copies the prompt's keys and values into a
-:class:`~torchformer.attention.StaticKVCache` per layer, buffers of the full window ``(n, h, seq_length, s)``
+:class:`~torchformer.nn.attention.StaticKVCache` per layer, buffers of the full window ``(n, h, seq_length, s)``
 allocated once, and runs every later step as
 
     token (n, 1), position () -> log-probabilities (n, v)
@@ -32,9 +32,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from torchformer.attention import KVCache, MultiHeadAttention, StaticKVCache, mark_static_address
-from torchformer.blocks import BlockCache
-from torchformer.generation import _generate, _LMStepper
+from torchformer.nn.attention import KVCache, MultiHeadAttention, StaticKVCache, mark_static_address
+from torchformer.nn.blocks import BlockCache
+from torchformer.decoding.generation import _generate, _LMStepper
 
 __all__ = ["StaticCacheGenerator"]
 
@@ -83,7 +83,7 @@ def _layout(caches: list[BlockCache]) -> tuple:
 
 
 class _StaticLMStepper(_LMStepper):
-    """:class:`~torchformer.generation._LMStepper` whose steps after the prompt go through static buffers."""
+    """:class:`~torchformer.decoding.generation._LMStepper` whose steps after the prompt go through static buffers."""
 
     def __init__(self, owner: StaticCacheGenerator) -> None:
         super().__init__(owner.model, use_cache=True)
@@ -124,8 +124,8 @@ class StaticCacheGenerator:
 
     Args:
         model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
-            :mod:`torchformer.generation`) that accepts a 0-dim tensor ``offset`` and
-            :class:`~torchformer.attention.StaticKVCache`\\ s in its ``BlockCache``\\ s.
+            :mod:`torchformer.decoding.generation`) that accepts a 0-dim tensor ``offset`` and
+            :class:`~torchformer.nn.attention.StaticKVCache`\\ s in its ``BlockCache``\\ s.
         compile: ``torch.compile`` the one-token step as one whole graph. The first call compiles (seconds to a
             minute); a new batch size compiles again, at most twice more: batch size 1 always gets its own graph,
             and the second size other than 1 gets one with the batch size left symbolic, which serves all later
@@ -142,7 +142,7 @@ class StaticCacheGenerator:
     ``docs/extending.md`` does) would silently compute them wrong, which is why overrides are refused by default.
 
     ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
-    return_logprobs=False)`` works as :func:`torchformer.generation.generate` (with ``use_cache=True``) and returns
+    return_logprobs=False)`` works as :func:`torchformer.decoding.generation.generate` (with ``use_cache=True``) and returns
     the same tokens: ``(b, t) -> (b, t + max_new_tokens)``.
     """
 
@@ -204,7 +204,7 @@ class StaticCacheGenerator:
         generator: torch.Generator | None = None,
         return_logprobs: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; see :func:`torchformer.generation.generate`."""
+        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; see :func:`torchformer.decoding.generation.generate`."""
         return _generate(
             lambda: _StaticLMStepper(self), self.model, prompt, max_new_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, eos=eos, generator=generator, return_logprobs=return_logprobs,

@@ -9,7 +9,7 @@ Two orderings are in use:
 
 * **post-norm** (default; Vaswani et al. and ``former``): ``x = norm(x + f(x))``.
 * **pre-norm** (``prenorm=True``; GPT-2 and most large models): ``x = x + f(norm(x))``. It trains more stably at
-  depth, and the stack then needs one final normalisation after its last block (see :mod:`torchformer.stacks`).
+  depth, and the stack then needs one final normalisation after its last block (see :mod:`torchformer.nn.stacks`).
 
 With ``cross=True`` a block has three sublayers: causal self-attention, cross-attention to a ``context`` (the
 encoder's output), and the feed-forward network. That is the decoder block of an encoder-decoder model.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from torchformer._checks import check_choice, check_embeddings, check_positive_int, check_probability
-from torchformer.attention import CrossAttention, KVCache, SelfAttention
+from torchformer.nn.attention import CrossAttention, KVCache, SelfAttention
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -48,7 +48,7 @@ class FeedForward(nn.Module):
 class BlockCache:
     """The per-block state kept during incremental decoding: one :class:`KVCache` per attention layer.
 
-    Fresh, growing caches by default; pass others (e.g. a :class:`~torchformer.attention.StaticKVCache`) to use them.
+    Fresh, growing caches by default; pass others (e.g. a :class:`~torchformer.nn.attention.StaticKVCache`) to use them.
     """
 
     def __init__(self, self_attention: KVCache | None = None, cross_attention: KVCache | None = None) -> None:
@@ -66,7 +66,7 @@ class TransformerBlock(nn.Module):
     Args:
         emb, heads: embedding size and number of attention heads.
         causal: self-attention only looks backwards (for generators and decoders).
-        wide: wide attention heads (see :mod:`torchformer.attention`).
+        wide: wide attention heads (see :mod:`torchformer.nn.attention`).
         cross: add cross-attention to a ``context`` ``(b, u, e)`` between self-attention and feed-forward.
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
         dropout: dropout on attention weights and after each sublayer.

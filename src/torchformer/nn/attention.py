@@ -104,7 +104,7 @@ class StaticKVCache(KVCache):
     Only one position per step (``t = 1``): fill the prompt into a growing :class:`KVCache` first and copy it over
     with :meth:`from_cache`. Padding masks are not supported (generation needs none). Every step attends over all
     ``capacity`` slots (the unfilled ones masked), so it costs as much at position 3 as at the end of the window.
-    :class:`~torchformer.static_generation.StaticCacheGenerator` drives it.
+    :class:`~torchformer.decoding.compiled.StaticCacheGenerator` drives it.
     """
 
     def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:

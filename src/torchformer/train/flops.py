@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from torchformer.attention import MultiHeadAttention
+from torchformer.nn.attention import MultiHeadAttention
 
 __all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token"]
 
@@ -67,7 +67,7 @@ def matmul_parameters(model: nn.Module) -> int:
 def model_flops_per_token(model: nn.Module, *, context: int) -> int:
     """:func:`flops_per_token` for a torchformer model (e.g. a ``GTransformer``) trained on ``context`` tokens.
 
-    Every :class:`~torchformer.attention.MultiHeadAttention` inside counts as one attention layer of width
+    Every :class:`~torchformer.nn.attention.MultiHeadAttention` inside counts as one attention layer of width
     ``heads * head_size``. Works on the module behind ``torch.compile`` too (the parameters are the same).
     """
     _check_count(context, "context", minimum=1)

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from torchformer.attention import MultiHeadAttention
-from torchformer.checkpoint import unwrap_model
+from torchformer.nn.attention import MultiHeadAttention
+from torchformer.train.checkpoint import unwrap_model
 
 __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 
@@ -35,8 +35,8 @@ __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwargs: Any) -> Tensor:
     """Run ``model(*args, **kwargs)`` once and return the weights ``(b, h, t, u)`` of the module ``attention``.
 
-    ``attention`` must be a :class:`~torchformer.attention.SelfAttention` or
-    :class:`~torchformer.attention.CrossAttention` inside ``model`` that the forward pass calls exactly once.
+    ``attention`` must be a :class:`~torchformer.nn.attention.SelfAttention` or
+    :class:`~torchformer.nn.attention.CrossAttention` inside ``model`` that the forward pass calls exactly once.
     Run a full forward pass, not incremental decoding with caches: the replay sees only the new positions.
     Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0.
     """

@@ -7,7 +7,7 @@ The example scripts (character-level generation on enwik8, classification on IMD
 * :func:`set_seed` and :func:`count_parameters`.
 * :class:`CSVLogger`, :func:`plot_curves` and :func:`progress`: record, draw and watch the training curves.
 * Checkpointing (:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
-  :func:`unwrap_model`) lives in :mod:`torchformer.checkpoint` and is re-exported here.
+  :func:`unwrap_model`) lives in :mod:`torchformer.train.checkpoint` and is re-exported here.
 
 Only torch and numpy are required. tqdm and matplotlib are used when installed; without them :func:`progress`
 falls back to a plain iterator and :func:`plot_curves` returns ``False``.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchformer.checkpoint import (
+from torchformer.train.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,

@@ -14,18 +14,18 @@ log-probabilities ``(b, v)`` for ``x_t``; we pick a token, append it, and ask ag
 
 **The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
 attention is causal: the keys and values of earlier positions never change when a token is appended. So every
-attention layer keeps a :class:`~torchformer.attention.KVCache` with the keys and values computed so far,
+attention layer keeps a :class:`~torchformer.nn.attention.KVCache` with the keys and values computed so far,
 ``(b, h, u, s)`` (batch, heads, positions, head size). Each step then feeds only the newest token, ``(b, 1)``, at
 absolute position ``offset = u``: it is projected to a query, key and value ``(b, h, 1, s)``, the key and value are
 appended to the cache (``u -> u + 1``), and the query attends over all ``u + 1`` cached positions. The cost per
 token drops from a forward pass over the whole window to a forward pass over one position (plus reading the cache).
 
 The cache lives in the attention modules' ``forward(..., cache=...)`` argument, not in this file, so any subclass
-of :class:`~torchformer.attention.MultiHeadAttention` gets it for free if it keeps the order
-*project -> cache.update -> attend -> unify*: override :meth:`~torchformer.attention.MultiHeadAttention.attend`
+of :class:`~torchformer.nn.attention.MultiHeadAttention` gets it for free if it keeps the order
+*project -> cache.update -> attend -> unify*: override :meth:`~torchformer.nn.attention.MultiHeadAttention.attend`
 (or the projections), not ``forward``. ``attend`` then receives the new queries ``(b, h, t, s)`` and *all* keys and
 values ``(b, h, u, s)``; with ``causal=True`` query ``i`` sits at absolute position ``u - t + i``, and it must
-ignore the keys that ``key_mask`` rules out (with a :class:`~torchformer.attention.StaticKVCache`, the slots not
+ignore the keys that ``key_mask`` rules out (with a :class:`~torchformer.nn.attention.StaticKVCache`, the slots not
 filled yet). A variant that needs extra per-layer state (say, running sums for linear attention) subclasses
 ``KVCache`` and keeps the ``update``/``key_mask``/``reorder``/``len`` interface. See ``docs/generation.md`` for a
 worked example.

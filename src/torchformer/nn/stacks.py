@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from torchformer._checks import check_positive_int
-from torchformer.blocks import BlockCache, TransformerBlock
+from torchformer.nn.blocks import BlockCache, TransformerBlock
 
 
 def check_caches(caches: list[BlockCache] | None, depth: int) -> None:
@@ -30,7 +30,7 @@ def check_caches(caches: list[BlockCache] | None, depth: int) -> None:
 class Encoder(nn.Module):
     """``depth`` transformer blocks. ``forward(x, mask=None)``: ``(b, t, e) -> (b, t, e)``.
 
-    ``block_options`` are passed to every :class:`~torchformer.blocks.TransformerBlock` (``wide``, ``dropout``,
+    ``block_options`` are passed to every :class:`~torchformer.nn.blocks.TransformerBlock` (``wide``, ``dropout``,
     ``prenorm``, ``ff_mult``, ``activation``, ``kqnorm``, ``impl``, and ``causal``, which is False by default).
     """
 

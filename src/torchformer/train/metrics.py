@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer.training import autocast
+from torchformer.train.training import autocast
 
 __all__ = ["ClassifierResult", "accuracy", "confusion_matrix", "evaluate_classifier", "format_confusion_matrix"]
 
@@ -111,7 +111,7 @@ def evaluate_classifier(
 
     ``model(ids, mask)`` must return ``(b, c)`` log-probabilities. The loss is the mean negative log-likelihood
     per example (not per batch, so a smaller last batch weighs no more than its examples). With
-    ``mixed_precision`` the forward pass runs under :func:`torchformer.training.autocast` (bf16 on CUDA only).
+    ``mixed_precision`` the forward pass runs under :func:`torchformer.train.training.autocast` (bf16 on CUDA only).
     """
     was_training = model.training
     model.eval()

@@ -1,0 +1,1 @@
+"""Decoding: the KV cache, sampling, beam search and the compiled one-token step."""

@@ -1,0 +1,1 @@
+"""The transformer itself: attention, positions, blocks, stacks, output heads."""

@@ -1,0 +1,1 @@
+"""Experiment support: checkpoints, schedules, logging, metrics, FLOPs, evaluation and attention maps."""
