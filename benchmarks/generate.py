@@ -8,9 +8,10 @@ processing the prompt (one forward pass in both cases), as a user calling ``gene
     python benchmarks/generate.py                     # CPU, contexts 256 and 1024
     python benchmarks/generate.py --device cuda
 
-Two more columns use :class:`~torchformer.decoding.compiled.StaticCacheGenerator`: the same cache in buffers
-allocated once ("static"), and with ``--compile`` its one-token step compiled by ``torch.compile`` ("compiled";
-``--mode reduce-overhead`` adds CUDA graphs on a GPU). Compilation happens in the warm-up and is not timed.
+Two more columns use :class:`~torchformer.decoding.compiled.StaticCacheGenerator`: the same cache, kept between
+calls instead of allocated per call ("static"), and with ``--compile`` its one-token step compiled by
+``torch.compile`` ("compiled"; ``--mode reduce-overhead`` adds CUDA graphs on a GPU). Compilation happens in the
+warm-up and is not timed.
 
     python benchmarks/generate.py --compile
     python benchmarks/generate.py --device cuda --compile --mode reduce-overhead

@@ -22,9 +22,11 @@ import tempfile
 
 BLOCK = re.compile(r"```python\n(.*?)```\n(\s*```text\n.*?```\n)?", re.S)
 SEPARATOR = "\n@@@SNIPPET-END@@@\n"
+# The snippets run in the interpreter's real __main__ module (not a dict of their own), as a script would: tools that
+# look names up in the module of the running code, such as torch.compile's guards, then find them.
 DRIVER = r"""
-import contextlib, io, json, sys
-namespace = {"__name__": "__main__"}
+import __main__, contextlib, io, json, sys
+namespace = __main__.__dict__
 for code in json.load(sys.stdin):
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.train.checkpoint import (
-    checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
+    checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint, save_checkpoint,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_model(config: dict, num_tokens: int) -> CTransformer:
     try:
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
-                            len(CLASSES), max_pool=config["max_pool"], dropout=config["dropout"])
+                            len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"])
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
 
@@ -119,10 +119,11 @@ def predict(args: argparse.Namespace) -> None:
     path = latest_checkpoint(source) if source.is_dir() else source
     if path is None or not path.is_file():
         sys.exit(f"classify_imdb.py: error: no trained model at {source}; train first or pass --checkpoint")
-    extra = torch.load(path, map_location="cpu", weights_only=True)["extra"]
-    tokenizer = tokenizer_from_state_dict(extra["tokenizer"])
-    model = build_model(extra["config"], len(tokenizer))
-    load_checkpoint(path, model=model, restore_rng=False)
+    try:  # the checkpoint holds the model's config, so the model is rebuilt from the file alone
+        model = CTransformer.from_checkpoint(path)
+    except ValueError as e:  # not a checkpoint, or one of another model
+        sys.exit(f"classify_imdb.py: error: {e}")
+    tokenizer = tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
         is_file = len(item) < 4096 and Path(item).is_file()
@@ -130,7 +131,7 @@ def predict(args: argparse.Namespace) -> None:
     if not texts or not all(t.strip() for t in texts):
         sys.exit("classify_imdb.py: error: --predict needs a non-empty review text "
                  "(or a file with one review per line)")
-    ids, mask = pad_batch(encode(tokenizer, texts, extra["config"]["max_length"]))
+    ids, mask = pad_batch(encode(tokenizer, texts, model.config.seq_length))
     with torch.no_grad():
         probs = model.eval()(ids, mask).exp()
     for text, p in zip(texts, probs.tolist()):
@@ -155,7 +156,7 @@ def train(args: argparse.Namespace) -> dict:
 
     resume = latest_checkpoint(args.checkpoint) if args.checkpoint else None
     if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
-        tokenizer = tokenizer_from_state_dict(torch.load(resume, weights_only=True)["extra"]["tokenizer"])
+        tokenizer = tokenizer_from_state_dict(read_checkpoint(resume)["extra"]["tokenizer"])
     elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
         tokenizer = WordTokenizer.build([text for text, _ in train_set], args.vocab_size)
     else:

@@ -30,6 +30,7 @@ from torchformer.train.training import (
     CSVLogger, autocast, checkpoint_path, count_parameters, latest_checkpoint, load_checkpoint, plot_curves,
     progress, prune_checkpoints, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
 )
+from torchformer.train.checkpoint import read_checkpoint
 
 PRESETS = {
     # Measured: 8 min 18 s on 2 CPU cores, 2.34 validation bits per byte on enwik8_prefix (see examples/README.md).
@@ -166,13 +167,13 @@ def check_resumable(ckpt: Path, args) -> None:
     """Refuse to resume ``ckpt`` with other architecture flags, and continue the schedule it was trained with
     (its ``-N``, unless ``-N`` is given on the command line).
 
-    Only the checkpoint's small ``extra`` part is read here (``mmap``: the weights stay on disk), so that a changed
-    flag gets a message naming it rather than a weight-shape mismatch later.
+    Only the checkpoint's small ``extra`` part is read here (``read_checkpoint``: the weights stay on disk), so that
+    a changed flag gets a message naming it rather than a config or weight-shape mismatch later.
     """
     try:
-        extra = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)["extra"]
+        extra = read_checkpoint(ckpt)["extra"]
         config = extra["config"]
-    except Exception as e:  # noqa: BLE001 -- a foreign or damaged file: say which one, not a traceback
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
     changed = [f"--{k} {config.get(k, False)} (now {getattr(args, k)})" for k in ARCHITECTURE

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchformer import CrossAttention, KVCache, SelfAttention
-from torchformer.nn.attention import StaticKVCache
-from torchformer.nn.attention import attention_fast, attention_reference, build_allowed
+from torchformer import AttentionMask, CrossAttention, KVCache, SelfAttention
+from torchformer.nn.attention import attention_fast, attention_reference
+from torchformer.nn.masks import causal_mask
 
 torch.set_num_threads(2)
 
@@ -204,91 +204,115 @@ def test_cross_attention_paths_agree_and_ignore_context_padding(wide):
     assert weights.shape == (2, 4, 3, 7) and (weights[..., 5:] == 0).all()
 
 
-def test_cross_attention_errors():
-    att = make_cross()
-    with pytest.raises(ValueError, match="same batch size"):
-        att(torch.randn(2, 3, 16).double(), torch.randn(3, 5, 16).double())
-    with pytest.raises(ValueError, match=r"context_mask must have shape"):
-        att(torch.randn(2, 3, 16).double(), torch.randn(2, 5, 16).double(), torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="cannot be causal"):
+def test_cross_attention_has_no_causal_option():
+    with pytest.raises(TypeError, match="causal"):
         CrossAttention(16, 4, causal=True)
 
 
 # ---- KV cache ----------------------------------------------------------------------------------------------
 
 
+def run_in_chunks(att, x, chunks, cache, mask=None):
+    """Feed ``x`` through ``att`` chunk by chunk with a cache, each chunk at its absolute positions."""
+    outs, start = [], 0
+    for n in chunks:
+        positions = torch.arange(start, start + n)
+        part_mask = None if mask is None else mask[:, start : start + n]
+        outs.append(att(x[:, start : start + n], part_mask, positions=positions, cache=cache))
+        start += n
+    return torch.cat(outs, dim=1)
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "reference"])
 @pytest.mark.parametrize("chunks", [[1] * 7, [3, 1, 2, 1], [7]])
-def test_incremental_decoding_with_cache_equals_full_causal_pass(impl, chunks):
+@pytest.mark.parametrize("capacity", [7, 12])
+def test_incremental_decoding_with_cache_equals_full_causal_pass(impl, chunks, capacity):
     att = make(16, 4, causal=True, impl=impl, dtype=torch.float64)
     x = torch.randn(2, 7, 16, dtype=torch.float64)
-    cache, outs, start = KVCache(), [], 0
-    for n in chunks:
-        outs.append(att(x[:, start : start + n], cache=cache))
-        start += n
-    assert len(cache) == 7
-    torch.testing.assert_close(torch.cat(outs, dim=1), att(x), atol=1e-12, rtol=1e-12)
+    cache = KVCache(capacity)
+    out = run_in_chunks(att, x, chunks, cache)
+    assert cache.keys.shape == (2, 4, capacity, 4)  # allocated once, at its capacity
+    torch.testing.assert_close(out, att(x), atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "reference"])
-@pytest.mark.parametrize("wide", [False, True])
-def test_static_cache_steps_equal_the_growing_cache(impl, wide):
-    # Prompt of 3 into a growing cache, copied into buffers of 8 slots, then 4 one-token steps at a position tensor.
-    att = make(16, 4, causal=True, wide=wide, impl=impl, dtype=torch.float64)
+@pytest.mark.parametrize("chunks", [[1] * 7, [4, 3], [2, 1, 4]])
+def test_cached_decoding_with_padding_equals_the_full_masked_pass(impl, chunks):
+    # Fewer queries than keys and padding among the cached keys: the cache must remember which slots were padding,
+    # and a query that sees no real key (row 1 starts with padding) must be exactly zero.
+    att = make(16, 4, causal=True, impl=impl, dtype=torch.float64)
     x = torch.randn(2, 7, 16, dtype=torch.float64)
-    grown = KVCache()
-    att(x[:, :3], cache=grown)
-    position = torch.zeros((), dtype=torch.long)
-    static = StaticKVCache.from_cache(grown, 8, position)
-    keys = static.keys
-    for i in range(3, 7):
-        expected = att(x[:, i : i + 1], cache=grown)
-        position.fill_(i)
-        torch.testing.assert_close(att(x[:, i : i + 1], cache=static), expected, atol=1e-12, rtol=1e-12)
-    assert static.keys is keys and keys.shape == (2, 4, 8, 16 if wide else 4)  # written in place, never resized
-    torch.testing.assert_close(static.keys[:, :, :7], grown.keys, atol=0, rtol=0)
-    assert static.key_mask(None).tolist() == [[True] * 7 + [False]] * 2  # slots 0..position are the keys
+    mask = torch.tensor([[True, True, False, True, False, True, True], [False, False, True, True, True, False, True]])
+    out = run_in_chunks(att, x, chunks, KVCache(8), mask)
+    full = att(x, mask)
+    torch.testing.assert_close(out[mask], full[mask], atol=1e-12, rtol=1e-12)
+    assert (out[1, :2] == 0).all() and (full[1, :2] == 0).all()
 
 
-def test_static_cache_ignores_what_its_unfilled_slots_hold():
+def test_cache_ignores_what_its_unwritten_slots_hold():
     att = make(16, 4, causal=True, dtype=torch.float64)
     x = torch.randn(1, 3, 16, dtype=torch.float64)
-    grown = KVCache()
-    att(x[:, :2], cache=grown)
-    position = torch.tensor(2)
-    clean = StaticKVCache.from_cache(grown, 6, position)
-    dirty = StaticKVCache.from_cache(grown, 6, position)
+    clean, dirty = KVCache(6), KVCache(6)
+    for cache in (clean, dirty):
+        att(x[:, :2], positions=torch.arange(2), cache=cache)
     dirty.keys[:, :, 3:], dirty.values[:, :, 3:] = 1e4, -1e4  # slots after the new token's
-    torch.testing.assert_close(att(x[:, 2:], cache=dirty), att(x[:, 2:], cache=clean), atol=0, rtol=0)
-    dirty.load(grown)  # loading again clears the slots beyond the prompt
-    assert dirty.keys[:, :, 2:].abs().sum() == 0
+    step = dict(positions=torch.tensor([2]))
+    torch.testing.assert_close(att(x[:, 2:], cache=dirty, **step), att(x[:, 2:], cache=clean, **step), atol=0, rtol=0)
 
 
-def test_static_cache_reorder_is_in_place_and_errors_are_clear():
+def test_only_written_slots_are_keys_whatever_the_positions():
+    # A cache written at positions 5, 6, 7 and then 9: slots 0-4 and 8 were never written and hold zeros, which the
+    # query at position 9 must not see, causal or not. Positions are only labels here (no position encoding).
+    x, y = torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 1, 16, dtype=torch.float64)
+    for causal in (True, False):
+        att = make(16, 4, causal=causal, dtype=torch.float64)
+        cache = KVCache(10)
+        torch.testing.assert_close(att(x, positions=torch.arange(5, 8), cache=cache), att(x), atol=1e-12, rtol=0)
+        out = att(y, positions=torch.tensor([9]), cache=cache)
+        torch.testing.assert_close(out, att(torch.cat([x, y], dim=1))[:, -1:], atol=1e-12, rtol=0)
+        keys = cache.keys
+        cache.reset()  # forget, keep the memory: nothing of the first sequence is visible afterwards
+        torch.testing.assert_close(att(y, positions=torch.tensor([2]), cache=cache), att(y), atol=1e-12, rtol=0)
+        assert cache.keys is keys
+
+
+def test_a_reset_cross_attention_cache_reads_the_new_context():
+    att = make_cross()
+    x, ctx = torch.randn(2, 1, 16).double(), torch.randn(2, 5, 16).double()
+    cache = KVCache()
+    att(x, ctx, cache=cache)
+    cache.reset()
+    torch.testing.assert_close(att(x, 2 * ctx, cache=cache), att(x, 2 * ctx))
+
+
+def test_cache_is_written_in_place_and_reorder_keeps_or_reallocates():
     att = make(16, 4, causal=True)
-    grown = KVCache()
-    att(torch.randn(3, 2, 16), cache=grown)
-    static = StaticKVCache.from_cache(grown, 4, torch.tensor(2))
-    keys, before = static.keys, static.keys.clone()
-    static.reorder(torch.tensor([2, 0, 1]))
-    assert static.keys is keys and torch.equal(keys, before[[2, 0, 1]])
-    with pytest.raises(ValueError, match=r"keeps its batch size \(3\).*got 2"):
-        static.reorder(torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=r"one new position per step.*got \(3, 4, 2, 4\)"):
-        att(torch.randn(3, 2, 16), cache=static)
-    with pytest.raises(ValueError, match="mask cannot be used with a StaticKVCache"):
-        att(torch.randn(3, 1, 16), torch.ones(3, 3, dtype=torch.bool), cache=static)
-    with pytest.raises(TypeError, match="does not know its length on the host"):
-        len(static)
-    assert static  # truthy although len() cannot answer, so `if cache:` works
-    with pytest.raises(TypeError, match="new keys have dtype torch.float64 but the cache holds torch.float32"):
-        att.double()(torch.randn(3, 1, 16, dtype=torch.float64), cache=static)
-    with pytest.raises(ValueError, match=r"position must be a 0-dim torch.long tensor.*shape \(1,\)"):
-        StaticKVCache(keys, keys.clone(), torch.tensor([2]))
-    with pytest.raises(ValueError, match="do not fit buffers of shape"):
-        StaticKVCache.from_cache(grown, 1, torch.tensor(0))  # 2 cached positions, 1 slot
-    with pytest.raises(ValueError, match="cache is empty"):
-        StaticKVCache.from_cache(KVCache(), 4, torch.tensor(0))
+    cache = KVCache(4)
+    att(torch.randn(3, 2, 16), positions=torch.arange(2), cache=cache)
+    keys = cache.keys
+    att(torch.randn(3, 1, 16), positions=torch.tensor([2]), cache=cache)
+    assert cache.keys is keys  # the same memory: what a compiled step or CUDA graph needs
+    before = keys.clone()
+    cache.reorder(torch.tensor([2, 0, 1]))
+    assert cache.keys is keys and torch.equal(keys, before[[2, 0, 1]])
+    cache.reorder(torch.tensor([0, 0, 1, 1]))  # another number of rows (beams): new buffers
+    assert cache.keys.shape[0] == 4 and torch.equal(cache.keys, before[[2, 2, 0, 0]])
+
+
+def test_cache_misuse_is_a_clear_error():
+    att = make(16, 4, causal=True)
+    cache = KVCache(4)
+    att(torch.randn(3, 2, 16), positions=torch.arange(2), cache=cache)
+    with pytest.raises(ValueError, match=r"holds keys of shape \(b, h, c, s\) = \(3, 4, 4, 4\).*\(2, 4, 1, 4\)"):
+        att(torch.randn(2, 1, 16), positions=torch.tensor([2]), cache=cache)  # another batch size
+    with pytest.raises(ValueError, match="holds keys of shape"):
+        make(16, 2, causal=True)(torch.randn(3, 1, 16), positions=torch.tensor([2]), cache=cache)  # another model
+    with pytest.raises(TypeError, match="holds keys of dtype torch.float32.*torch.float64"):
+        att.double()(torch.randn(3, 1, 16, dtype=torch.float64), positions=torch.tensor([2]), cache=cache)
+    with pytest.raises(ValueError, match="capacity must be a positive int"):
+        KVCache(0)
+    with pytest.raises(ValueError, match="4 slots"):
+        att.float()(torch.randn(1, 5, 16), positions=torch.arange(5), cache=KVCache(4))
 
 
 def test_cross_attention_cache_reuses_context_keys():
@@ -298,14 +322,17 @@ def test_cross_attention_cache_reuses_context_keys():
     first = att(x, ctx, cache=cache)
     keys = cache.keys
     second = att(x, ctx * 0, cache=cache)  # the cached context wins: it does not change during decoding
-    assert cache.keys is keys
+    assert cache.keys is keys and keys.shape == (2, 4, 5, 4)
     torch.testing.assert_close(first, second)
 
 
-def test_build_allowed_with_offset_is_causal_in_absolute_positions():
-    allowed = build_allowed(None, causal=True, t=2, u=5, device=torch.device("cpu"))
-    # the two queries are positions 3 and 4 of 5
-    assert allowed.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+def test_mask_from_positions_is_the_causal_mask_in_absolute_positions():
+    # two queries at positions 3 and 4, keys in slots 0..5: the explicit mask for "the last t of u", then slot 5
+    # (not written yet) hidden from both
+    mask = AttentionMask(torch.tensor([3, 4]), torch.arange(6), causal=True)
+    assert mask.allowed().tolist() == [row + [False] for row in causal_mask(2, 5).tolist()]
+    assert mask.distance()[0].tolist() == [3, 2, 1, 0, -1, -2]
+    assert AttentionMask(torch.arange(4), torch.arange(4), causal=True, aligned=True).needs_tensor is False
 
 
 def test_attention_functions_agree_directly():
@@ -315,21 +342,10 @@ def test_attention_functions_agree_directly():
     torch.testing.assert_close(attention_fast(q, k, v, allowed), ref)
 
 
-# ---- bad input ---------------------------------------------------------------------------------------------
+# ---- bad input (the models check their inputs; the modules check their arguments) ---------------------------
 
 
-def test_bad_inputs_raise_clear_errors():
-    att = make(16, 4)
-    with pytest.raises(ValueError, match=r"x must have shape \(b, t, 16\).*got shape \(5, 16\)"):
-        att(torch.randn(5, 16))
-    with pytest.raises(ValueError, match=r"embedding size 16.*got shape \(2, 5, 12\)"):
-        att(torch.randn(2, 5, 12))
-    with pytest.raises(TypeError, match="floating point.*torch.int64"):
-        att(torch.ones(2, 5, 16, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"mask must have shape \(b, t\) = \(2, 5\), got \(2, 4\)"):
-        att(torch.randn(2, 5, 16), torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask must have dtype torch.bool.*torch.int64"):
-        att(torch.randn(2, 5, 16), torch.ones(2, 5, dtype=torch.long))
+def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="impl must be one of"):
         SelfAttention(16, 4, impl="fast")
     with pytest.raises(ValueError, match="dropout must be a float in"):
@@ -338,24 +354,9 @@ def test_bad_inputs_raise_clear_errors():
         SelfAttention(16, 0)
 
 
-def test_a_failed_cached_call_leaves_the_cache_unchanged():
-    att = make(16, 4, causal=True)
-    x, cache = torch.randn(2, 5, 16), KVCache()
-    att(x[:, :2], cache=cache)
-    bad_mask = torch.ones(2, 2, dtype=torch.bool)  # must cover the 2 cached + 1 new positions
-    with pytest.raises(ValueError, match=r"mask must have shape \(b, len\(cache\) \+ t\) = \(2, 3\), got \(2, 2\)"):
-        att(x[:, 2:3], bad_mask, cache=cache)
-    assert len(cache) == 2
-
-
-def test_dtype_mismatch_is_a_clear_error_except_under_autocast():
-    att = make(16, 4)
-    with pytest.raises(TypeError, match=r"x has dtype torch.float64 but the module's parameters are torch.float32"):
-        att(torch.randn(2, 5, 16, dtype=torch.float64))
+def test_autocast_runs_in_low_precision():
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert att(torch.randn(2, 5, 16)).dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="context has dtype torch.float64"):
-        make_cross().float()(torch.randn(1, 2, 16), torch.randn(1, 3, 16, dtype=torch.float64))
+        assert make(16, 4)(torch.randn(2, 5, 16)).dtype == torch.bfloat16
 
 
 # --- CUDA only: the fast path really reaches the fused kernels, and stays equal to the reference in bf16 ---------

@@ -3,12 +3,22 @@
 import pytest
 import torch
 
-from torchformer import TransformerBlock
+from torchformer import DecoderBlock, TransformerBlock, TransformerConfig
 
 
-def block(**kwargs):
+def config(**kwargs):
+    return TransformerConfig(16, 4, **kwargs)
+
+
+def block(*, causal=False, cross=False, **kwargs):
     torch.manual_seed(0)
-    return TransformerBlock(16, 4, **kwargs).double()
+    if cross:
+        return DecoderBlock(config(**kwargs)).double()
+    return TransformerBlock(config(**kwargs), causal=causal).double()
+
+
+def run(blk, x, ctx, mask=None):
+    return blk(x, ctx, mask) if isinstance(blk, DecoderBlock) else blk(x, mask)
 
 
 @pytest.mark.parametrize("prenorm", [False, True])
@@ -16,10 +26,11 @@ def block(**kwargs):
 def test_causal_block_never_looks_ahead(prenorm, cross):
     blk = block(causal=True, prenorm=prenorm, cross=cross)
     x, ctx = torch.randn(2, 6, 16).double(), torch.randn(2, 4, 16).double()
-    out = blk(x, context=ctx if cross else None)
+    out = run(blk, x, ctx)
     changed = x.clone()
     changed[:, 3:] += 1.0
-    torch.testing.assert_close(blk(changed, context=ctx if cross else None)[:, :3], out[:, :3])
+    torch.testing.assert_close(run(blk, changed, ctx)[:, :3], out[:, :3])
+    assert not torch.allclose(run(blk, changed, ctx)[:, 3:], out[:, 3:])  # ... while later positions do change
 
 
 @pytest.mark.parametrize("prenorm", [False, True])
@@ -45,23 +56,36 @@ def test_postnorm_output_is_normalised_prenorm_is_residual():
 @pytest.mark.parametrize("kwargs", [{}, {"prenorm": True}, {"cross": True}, {"wide": True, "activation": "gelu"}])
 def test_every_parameter_gets_a_gradient(kwargs):
     blk = block(**kwargs)
-    ctx = torch.randn(2, 4, 16).double() if kwargs.get("cross") else None
-    blk(torch.randn(2, 5, 16).double(), context=ctx).pow(2).sum().backward()
+    run(blk, torch.randn(2, 5, 16).double(), torch.randn(2, 4, 16).double()).pow(2).sum().backward()
     for name, p in blk.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_a_subclass_swaps_a_part_by_naming_its_class():
+    class Doubled(torch.nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.linear = torch.nn.Linear(emb, emb)
+
+        @classmethod
+        def from_config(cls, config):
+            return cls(config.emb)
+
+        def forward(self, x):
+            return 2 * self.linear(x)
+
+    class MyBlock(TransformerBlock):
+        feedforward_class = Doubled
+
+    blk = MyBlock(config(), causal=True)
+    assert isinstance(blk.ff, Doubled) and blk.attention.causal
+    assert blk(torch.randn(1, 3, 16)).shape == (1, 3, 16)
+
+
 def test_errors():
-    with pytest.raises(ValueError, match="context must be given"):
-        block(cross=True)(torch.randn(1, 2, 16).double())
-    with pytest.raises(ValueError, match="no cross-attention"):
-        block()(torch.randn(1, 2, 16).double(), context=torch.randn(1, 2, 16).double())
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu'; got 'tanh'"):
-        TransformerBlock(16, 4, activation="tanh")
+        config(activation="tanh")
     with pytest.raises(ValueError, match="ff_mult must be a positive int"):
-        TransformerBlock(16, 4, ff_mult=0)
-
-
-def test_block_reports_dtype_mismatch_before_its_first_layer_norm():
-    with pytest.raises(TypeError, match=r"x has dtype torch.float32 but the module's parameters are torch.float64"):
-        block(prenorm=True)(torch.randn(1, 2, 16))
+        config(ff_mult=0)
+    with pytest.raises(TypeError, match="cross"):
+        TransformerBlock(config(), cross=True)  # a block with cross-attention is a DecoderBlock

@@ -18,6 +18,8 @@ import torch
 
 from torchformer.data.batching import pad_batch
 from torchformer.data.tokenizers import tokenizer_from_state_dict
+from torchformer.train.checkpoint import read_checkpoint
+from torchformer.train.export import load_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "classify_imdb.py"
 FILLER = "the a film movie plot actor scene story was is and it of to this that with but very quite".split()
@@ -80,12 +82,10 @@ def test_learns_the_rule_and_writes_its_outputs(trained):
         assert (trained / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_padding_never_changes_a_prediction(script, trained):
-    ckpt = torch.load(trained / "model.pt", weights_only=True)
-    tokenizer = tokenizer_from_state_dict(ckpt["extra"]["tokenizer"])
-    model = script.build_model(ckpt["extra"]["config"], len(tokenizer))
-    model.load_state_dict(ckpt["model"])
-    model.eval()
+def test_padding_never_changes_a_prediction(trained):
+    # The final model.pt rebuilds without the script: its config is in the file, the tokenizer in its extra.
+    model = load_model(trained / "model.pt")
+    tokenizer = tokenizer_from_state_dict(read_checkpoint(trained / "model.pt")["extra"]["tokenizer"])
     texts = ["great film", "the plot was awful and the actor was very quite bad", "awful", "a great great story"]
     encoded = [tokenizer.encode(t) for t in texts]
     with torch.no_grad():

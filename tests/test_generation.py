@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from torchformer import TransformerBlock, TransformerConfig
 from torchformer.nn.attention import SelfAttention
 from torchformer.decoding.generation import beam_search, generate, sample_next, seq2seq_generate
 from torchformer.models import GTransformer, Seq2SeqTransformer
@@ -19,17 +20,18 @@ from torchformer.models import GTransformer, Seq2SeqTransformer
 class TableModel(nn.Module):
     """A model whose next-token distribution is a lookup table ``logp[position, last token]``, shape ``(L, v, v)``.
 
-    It follows the generation protocol (``forward(x, *, caches, offset)``, ``new_caches()``, ``seq_length``), so
-    the probability of any continuation is known exactly: the sum of table entries along it.
+    It follows the generation protocol (``forward(x, *, caches, positions)``, ``new_caches()``, ``config`` with
+    ``seq_length`` and ``num_tokens``), so the probability of any continuation is known exactly: the sum of table
+    entries along it.
     """
 
     def __init__(self, table: torch.Tensor) -> None:
         super().__init__()
         self.table = table.log_softmax(dim=-1)
-        self.seq_length, self.num_tokens = table.size(0), table.size(-1)
+        self.config = TransformerConfig(1, 1, seq_length=table.size(0), num_tokens=table.size(-1))
 
-    def forward(self, x, *, caches=None, offset=0):
-        positions = torch.arange(offset, offset + x.size(1))
+    def forward(self, x, *, caches=None, positions=None):
+        positions = torch.arange(x.size(1)) if positions is None else positions
         return self.table[positions[None, :], x]  # (n, t, v)
 
     def new_caches(self):
@@ -115,17 +117,26 @@ def test_long_prompt_is_cropped_to_the_context():
 class SharpAttention(SelfAttention):
     """A new attention variant: only ``attend`` is overridden (queries scaled by 3)."""
 
-    def attend(self, q, k, v, key_mask, *, return_weights=False):
-        return super().attend(3 * q, k, v, key_mask, return_weights=return_weights)
+    def attend(self, q, k, v, mask, *, return_weights=False):
+        return super().attend(3 * q, k, v, mask, return_weights=return_weights)
+
+
+class SharpBlock(TransformerBlock):
+    attention_class = SharpAttention
+
+
+class SharpGPT(GTransformer):
+    """A model variant is a subclass naming its block class: no flag, no special case in the library."""
+
+    block_class = SharpBlock
 
 
 def sharpened(model: GTransformer) -> GTransformer:
-    """``model`` with every block's attention swapped for a :class:`SharpAttention` with the same weights."""
-    for block in model.blocks.blocks:
-        sharp = SharpAttention(16, 2, causal=True).double()
-        sharp.load_state_dict(block.attention.state_dict())
-        block.attention = sharp
-    return model
+    """A :class:`SharpGPT` with ``model``'s architecture and weights."""
+    sharp = SharpGPT.from_config(model.config).to(next(model.parameters()).dtype).eval()
+    sharp.load_state_dict(model.state_dict())
+    assert all(type(layer) is SharpAttention for layer in sharp.self_attention_layers())
+    return sharp
 
 
 def test_attention_subclass_reuses_the_cache():
@@ -341,8 +352,8 @@ def test_bad_inputs_name_the_argument():
         generate(model, torch.zeros(3, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, torch.zeros(1, 2, dtype=torch.long), 0)
-    with pytest.raises(ValueError, match=rf"prompt must hold token ids in \[0, {model.num_tokens}\)"):
-        generate(model, torch.full((1, 2), model.num_tokens), 3)
+    with pytest.raises(ValueError, match=rf"prompt must hold token ids in \[0, {model.config.num_tokens}\)"):
+        generate(model, torch.full((1, 2), model.config.num_tokens), 3)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10

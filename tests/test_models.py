@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer import CTransformer, GTransformer, Seq2SeqTransformer
+from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerConfig
 
 
 def seeded(cls, *args, **kwargs):
@@ -64,7 +64,7 @@ def test_seq2seq_ignores_source_padding_and_is_causal_in_target():
     "build",
     [
         lambda: CTransformer(16, 2, 2, 8, 10, 2, wide=True),
-        lambda: CTransformer(16, 2, 2, 8, 10, 2, max_pool=False, prenorm=True, kqnorm=True),
+        lambda: CTransformer(16, 2, 2, 8, 10, 2, pool="mean", prenorm=True, kqnorm=True),
         lambda: GTransformer(16, 2, 2, 8, 10, tie_weights=True),
         lambda: GTransformer(16, 2, 2, 8, 10, positions="sinusoidal", activation="gelu"),
         lambda: Seq2SeqTransformer(16, 2, 2, 8, 10, 12, decoder_depth=1),
@@ -91,7 +91,8 @@ def test_cached_forward_equals_full_forward():
     model = seeded(GTransformer, 32, 4, 2, 12, 20).double().eval()
     x = torch.randint(0, 20, (2, 9))
     caches = model.new_caches()
-    steps = [model(x[:, :4], caches=caches)] + [model(x[:, i : i + 1], caches=caches, offset=i) for i in range(4, 9)]
+    steps = [model(x[:, :4], caches=caches, positions=torch.arange(4))]
+    steps += [model(x[:, i : i + 1], caches=caches, positions=torch.tensor([i])) for i in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), model(x))
 
 
@@ -148,13 +149,19 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.tensor([1, 2, 3, 4]))
     with pytest.raises(ValueError, match=r"mask must have shape \(b, t\) = \(1, 4\), got \(1, 3\)"):
         model(torch.tensor([[1, 2, 3, 4]]), torch.ones(1, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"x reaches position 8.*seq_length=8"):
+    with pytest.raises(ValueError, match=r"reaches position 8.*seq_length=8.*crop"):
         model(torch.zeros(1, 9, dtype=torch.long))
-    with pytest.raises(TypeError, match="CTransformer got unexpected keyword argument.*attention_type"):
+    with pytest.raises(TypeError, match="CTransformer got unexpected keyword argument.*attention_type.*emb, heads"):
         CTransformer(16, 2, 1, 8, 10, 2, attention_type="default")
+    with pytest.raises(ValueError, match="GTransformer does not use num_classes=3"):  # it would be ignored
+        GTransformer(16, 2, 1, 8, 10, num_classes=3)
+    with pytest.raises(ValueError, match="CTransformer does not use tie_weights=True"):
+        CTransformer(16, 2, 1, 8, 10, 2, tie_weights=True)
     gen = seeded(GTransformer, 16, 2, 1, 8, 10)
-    with pytest.raises(ValueError, match="GTransformer is always causal"):
+    with pytest.raises(TypeError, match="causal"):  # a generator is causal by construction: not an option
         GTransformer(16, 2, 1, 8, 10, causal=False)
+    with pytest.raises(ValueError, match="GTransformer needs num_tokens"):
+        GTransformer(16, 2, 1, 8)
     with pytest.raises(ValueError, match="positions must be one of"):
         GTransformer(16, 2, 1, 8, 10, positions="rotary")
     s2s = seeded(Seq2SeqTransformer, 16, 2, 1, 8, 10, 12)
@@ -180,16 +187,55 @@ def test_initial_loss_is_close_to_uniform_guessing(tie_weights):
     assert 5.0 < loss < 7.0
 
 
-def test_offset_follows_the_caches_and_a_wrong_one_is_refused():
+def test_positions_with_caches_are_required_and_checked():
     model = seeded(GTransformer, 32, 4, 2, 12, 20).double().eval()
     x = torch.randint(0, 20, (1, 6))
     caches = model.new_caches()
-    model(x[:, :5], caches=caches)
-    torch.testing.assert_close(model(x[:, 5:], caches=caches)[:, -1], model(x)[:, -1])  # offset 5 implied
-    with pytest.raises(ValueError, match=r"offset must equal the number of cached positions \(6\).*got 3"):
-        model(x[:, :1], caches=caches, offset=3)
-    with pytest.raises(ValueError, match=r"caches must hold one BlockCache per block \(2\), got 1"):
-        model(x, caches=caches[:1])
+    model(x[:, :5], caches=caches, positions=torch.arange(5))
+    torch.testing.assert_close(model(x[:, 5:], caches=caches, positions=torch.tensor([5]))[:, -1], model(x)[:, -1])
+    with pytest.raises(ValueError, match=r"positions must be given with caches.*torch.arange"):
+        model(x[:, :1], caches=caches)
+    with pytest.raises(ValueError, match=r"caches must be a list of one BlockCache per block \(2\), got 1"):
+        model(x, caches=caches[:1], positions=torch.arange(6))
+    with pytest.raises(ValueError, match=r"positions must have shape \(t,\) = \(1,\).*got \(2,\)"):
+        model(x[:, :1], caches=caches, positions=torch.tensor([5, 6]))
+    with pytest.raises(TypeError, match="positions must hold integer positions.*float32"):
+        model(x[:, :1], caches=caches, positions=torch.tensor([5.0]))
+    with pytest.raises(ValueError, match=r"positions must be >= 0, got values in \[-1, -1\]"):
+        model(x[:, :1], positions=torch.tensor([-1]))
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor"):
+        model(x[:, :1], positions=5)
+    with pytest.raises(ValueError, match=r"reaches position 12.*seq_length=12"):
+        model(x[:, :1], caches=caches, positions=torch.tensor([12]))
+    sinusoidal = seeded(GTransformer, 32, 4, 2, 12, 20, positions="sinusoidal").eval()
+    with pytest.raises(ValueError, match=r"caches hold 12 positions"):  # no position limit, but the caches have one
+        sinusoidal(x[:, :1], caches=sinusoidal.new_caches(), positions=torch.tensor([12]))
+
+
+def test_token_ids_of_any_integer_dtype_work():
+    model = seeded(GTransformer, 16, 2, 1, 8, 256).eval()
+    ids = torch.randint(0, 256, (2, 8))
+    expected = model(ids)
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        torch.testing.assert_close(model(ids.to(dtype)), expected, atol=0, rtol=0)
+
+
+def test_config_is_the_model_s_architecture():
+    torch.manual_seed(0)
+    positional = GTransformer(32, 4, 2, 12, 20, prenorm=True, tie_weights=True)
+    config = positional.config
+    assert config == TransformerConfig(32, 4, 2, 12, 20, prenorm=True, tie_weights=True)
+    torch.manual_seed(0)
+    rebuilt = GTransformer.from_config(TransformerConfig.from_dict(config.to_dict()))
+    x = torch.randint(0, 20, (2, 12))
+    torch.testing.assert_close(rebuilt(x), positional(x), atol=0, rtol=0)
+    assert config.differences(config.replace(heads=2)) == ["heads: 4 vs 2"]
+    with pytest.raises(TypeError, match="either config= or the model's arguments"):
+        GTransformer(32, config=config)
+    with pytest.raises(ValueError, match="unknown config field.*colour"):
+        TransformerConfig.from_dict({**config.to_dict(), "colour": "red"})
+    with pytest.raises(ValueError, match=r"emb \(30\) must be divisible by heads \(4\)"):
+        config.replace(emb=30)
 
 
 def test_zero_decoder_depth_is_refused():

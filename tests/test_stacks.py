@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from torchformer import Decoder, Encoder
+from torchformer import Decoder, Encoder, TransformerConfig
 
 
 def test_encoder_padding_invariance_and_depth():
     torch.manual_seed(0)
-    enc = Encoder(16, 4, 3, prenorm=True).double()
+    enc = Encoder(TransformerConfig(16, 4, 3, prenorm=True)).double()
     assert len(enc.blocks) == 3 and isinstance(enc.norm, torch.nn.LayerNorm)
     x = torch.randn(2, 5, 16).double()
     padded = torch.cat([x, torch.randn(2, 2, 16).double()], dim=1)
@@ -18,7 +18,7 @@ def test_encoder_padding_invariance_and_depth():
 
 def test_decoder_is_causal_in_target_and_ignores_context_padding():
     torch.manual_seed(0)
-    dec = Decoder(16, 4, 2).double()
+    dec = Decoder(TransformerConfig(16, 4, 2)).double()
     x, ctx = torch.randn(2, 6, 16).double(), torch.randn(2, 4, 16).double()
     out = dec(x, ctx)
     changed = x.clone()
@@ -31,10 +31,8 @@ def test_decoder_is_causal_in_target_and_ignores_context_padding():
     assert not torch.allclose(dec(x, ctx + 1), out)
 
 
-def test_stack_options_are_checked():
-    with pytest.raises(ValueError, match="Decoder blocks are always built with causal=True"):
-        Decoder(16, 4, 2, causal=False)
-    with pytest.raises(ValueError, match="Encoder blocks have no cross-attention"):
-        Encoder(16, 4, 2, cross=True)
+def test_decoder_depth_and_stack_options():
+    assert len(Decoder(TransformerConfig(16, 4, 2, decoder_depth=3)).blocks) == 3
+    assert all(block.attention.causal for block in Encoder(TransformerConfig(16, 4, 2), causal=True).blocks)
     with pytest.raises(ValueError, match="depth must be a positive int, got 0"):
-        Encoder(16, 4, 0)
+        TransformerConfig(16, 4, 0)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
 import torch
 
+from torchformer import SelfAttention, TransformerBlock
 from torchformer.decoding.generation import generate
 from torchformer.models import GTransformer
 from torchformer.decoding.compiled import StaticCacheGenerator
 
-from test_generation import sharpened, small_lm  # the same small models as the tests of generate
-
-
-
+from test_generation import SharpAttention, sharpened, small_lm  # the same small models as generate's tests
 
 def prompt_of(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 13, (b, t), generator=torch.Generator().manual_seed(seed))
@@ -49,7 +48,7 @@ def test_buffers_are_reused_across_calls_and_kept_per_batch_size():
     for b, t, seed in [(2, 7, 3), (2, 3, 4), (5, 4, 5), (2, 9, 6)]:  # a long prompt, then a short one into the
         prompt = prompt_of(b, t, seed)  # same buffers: slots left over from the long one must not leak in
         assert torch.equal(static.generate(prompt, 3, temperature=0), generate(model, prompt, 3, temperature=0))
-    assert len(static._states) == 2  # batch sizes 2 and 5
+    assert len(static._kept) == 2  # batch sizes 2 and 5
 
 
 def test_one_compiled_graph_serves_every_position_and_prompt_length():
@@ -94,9 +93,6 @@ def test_bad_arguments_are_clear_errors():
         static.generate(prompt_of(1, 2), 0)
     with pytest.raises(ValueError, match="temperature must be a float >= 0"):
         static.generate(prompt_of(1, 2), 2, temperature=-1)
-    for caches in (None, model.new_caches()):  # a position tensor belongs to static caches only
-        with pytest.raises(ValueError, match="offset must be the 0-dim position tensor of the static caches"):
-            model(prompt_of(1, 2), caches=caches, offset=torch.tensor(1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -130,7 +126,7 @@ def test_many_batch_sizes_share_at_most_three_compiled_graphs():
     # has already seen the step's shapes vary (torch.compile remembers that across generators).
     assert 1 <= len(graphs) <= 3
     static.clear()
-    assert static._states == {}
+    assert static._kept == {}
 
 
 def test_float32_and_prenorm_wide_kqnorm_models_match_generate():
@@ -163,34 +159,40 @@ def test_buffers_made_in_inference_mode_do_not_leak_out_of_it():
     assert torch.equal(static.generate(prompt, 3, temperature=0), inside)  # outside: its own buffers
 
 
-def test_a_custom_cache_class_is_refused_not_reinterpreted():
-    from torchformer.nn.attention import KVCache
-    from torchformer.nn.blocks import BlockCache
+class DistanceAttention(SelfAttention):
+    """An attention variant that uses positions: a linear distance penalty on the scores (ALiBi-like)."""
 
-    class WindowCache(KVCache):
-        """Stands in for a cache whose tensors mean something else than plain keys and values."""
-
-    model = small_lm()
-    model.new_caches = lambda: [BlockCache(WindowCache()) for _ in model.blocks.blocks]
-    with pytest.raises(TypeError, match="made a WindowCache; use generation.generate"):
-        StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)
-
-    class RunningSums(KVCache):
-        """A cache that keeps its own state and never stores keys (as linear attention might)."""
-
-        def update(self, keys, values):
-            return keys, values
-
-    model.new_caches = lambda: [BlockCache(RunningSums()) for _ in model.blocks.blocks]
-    with pytest.raises(TypeError, match="made a RunningSums; use generation.generate"):
-        StaticCacheGenerator(model).generate(prompt_of(1, 3), 2)
+    def attend(self, q, k, v, mask, *, return_weights=False):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (b, h, t, u)
+        scores = scores - 0.7 * mask.distance().abs().to(scores.dtype)  # (t, u): |i - j| in absolute positions
+        allowed = mask.allowed()
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1)
+        return weights @ v, (weights if return_weights else None)
 
 
-def test_an_attend_override_is_refused_unless_declared_safe():
-    # SharpAttention scales the queries: it honours key_mask and never looks at positions, so static buffers are fine.
-    model = sharpened(small_lm())
-    with pytest.raises(TypeError, match="SharpAttention overrides attend.*pass custom_attend=True"):
-        StaticCacheGenerator(model)
+def with_attention(model: GTransformer, attention: type) -> GTransformer:
+    """A subclass of ``model``'s class whose blocks use ``attention``, with ``model``'s weights."""
+    block = type("Block", (TransformerBlock,), {"attention_class": attention})
+    variant = type("Variant", (GTransformer,), {"block_class": block}).from_config(model.config).double().eval()
+    variant.load_state_dict(model.state_dict())
+    return variant
+
+
+@pytest.mark.parametrize("attention", [SharpAttention, DistanceAttention])
+@pytest.mark.parametrize("backend", [None, "eager", "inductor"])
+def test_attend_overrides_decode_identically_with_the_compiled_step_without_a_flag(attention, backend):
+    if backend == "inductor" and not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
+        pytest.skip("inductor needs a C++ compiler on a CPU")
+    model = with_attention(small_lm("none"), attention)  # no position vectors: DistanceAttention alone orders tokens
     prompt = prompt_of(2, 3)
-    tokens = StaticCacheGenerator(model, custom_attend=True).generate(prompt, 8, temperature=0)
-    assert torch.equal(tokens, generate(model, prompt, 8, temperature=0))
+    # The reference recomputes every window without a cache; the penalty depends on positions, so a wrong position
+    # in the cache or the compiled step would change the tokens.
+    expected, lp_expected = generate(model, prompt, 8, temperature=0, use_cache=False, return_logprobs=True)
+    static = StaticCacheGenerator(model, compile=backend is not None, backend=backend or "inductor")
+    tokens, lp = static.generate(prompt, 8, temperature=0, return_logprobs=True)
+    assert torch.equal(tokens, expected)
+    torch.testing.assert_close(lp, lp_expected, rtol=0, atol=1e-10)
+    if attention is DistanceAttention:  # the variant matters: without it the model decodes other log-probabilities
+        assert not torch.allclose(generate(small_lm("none"), prompt, 8, temperature=0, return_logprobs=True)[1], lp)

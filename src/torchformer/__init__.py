@@ -1,36 +1,48 @@
 """torchformer: small, composable transformer modules for PyTorch, written to be read.
 
-The package is organised one concept per module:
+Where each concept lives:
 
-* :mod:`torchformer.nn.attention`: multi-head self- and cross-attention (narrow or wide heads, masks, KV cache)
-* :mod:`torchformer.nn.positions`: sinusoidal and learned position encodings
-* :mod:`torchformer.nn.blocks`: the transformer block (attention + feed-forward, residuals, layer norm)
-* :mod:`torchformer.nn.stacks`: encoder and decoder stacks
-* :mod:`torchformer.nn.heads`: classifier and generator heads
-* :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``
-* :mod:`torchformer.decoding.generation`: sampling, beam search, the KV cache in use; :mod:`torchformer.decoding.compiled`:
-  the same with preallocated caches and a compiled one-token step
-* :mod:`torchformer.train.evaluation`: bits per byte
+* :mod:`torchformer.config`: :class:`TransformerConfig`, every architectural choice as plain data
+* :mod:`torchformer.nn`: the transformer itself, one concept per module:
+  :mod:`~torchformer.nn.attention` (self- and cross-attention, narrow or wide heads, fast and reference paths),
+  :mod:`~torchformer.nn.masks` (which keys a query may see: causal rule, padding, positions),
+  :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding`, :mod:`~torchformer.nn.blocks`,
+  :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads` (classifier and generator output heads)
+* :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, built from a config
+* :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
+  :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
+  encoder-decoder decoding), :mod:`~torchformer.decoding.compiled` (the compiled one-token step)
+* :mod:`torchformer.train`: experiment support: checkpoints, schedules, logging, metrics, FLOPs, bits per byte,
+  attention maps
 * :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
 """
 
-from torchformer.nn.attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention, StaticKVCache
-from torchformer.nn.blocks import BlockCache, FeedForward, TransformerBlock
 from torchformer import data
-from torchformer.train.evaluation import bits_per_byte
+from torchformer.config import TransformerConfig
+from torchformer.decoding.cache import BlockCache, KVCache
+from torchformer.decoding.compiled import StaticCacheGenerator
+from torchformer.decoding.generation import beam_search, generate, seq2seq_generate
+from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
+from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from torchformer.nn.blocks import DecoderBlock, FeedForward, TransformerBlock
+from torchformer.nn.embedding import TokenEmbedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead
-from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer, TokenEmbedding
+from torchformer.nn.masks import AttentionMask
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
+from torchformer.train.export import export_model, load_model
+from torchformer.train.evaluation import bits_per_byte
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "AttentionMask",
     "BlockCache",
     "ClassifierHead",
     "CrossAttention",
     "CTransformer",
     "Decoder",
+    "DecoderBlock",
     "Encoder",
     "FeedForward",
     "GeneratorHead",
@@ -41,8 +53,15 @@ __all__ = [
     "SelfAttention",
     "Seq2SeqTransformer",
     "SinusoidalPositions",
-    "StaticKVCache",
+    "StaticCacheGenerator",
     "TokenEmbedding",
     "TransformerBlock",
+    "TransformerConfig",
+    "TransformerModel",
+    "beam_search",
     "bits_per_byte",
+    "export_model",
+    "generate",
+    "load_model",
+    "seq2seq_generate",
 ]

@@ -1,7 +1,12 @@
-"""Input checks shared by the modules.
+"""Input checks, shared by the public entry points.
 
-Every public ``forward`` validates its inputs here, so that a wrong shape or dtype fails with a message that
-names the argument, what was expected and what was received, instead of an opaque error deep inside a matmul.
+The models' ``forward``, ``generate`` and the loaders validate their inputs here, once, so that a wrong shape or
+dtype fails with a message that names the argument, what was expected and what was received, instead of an opaque
+error deep inside a matmul. The modules inside a model trust the shapes documented in their docstrings.
+
+Checks never make the host wait for an accelerator: shapes and dtypes are metadata, free to read; *values* (token
+ids in range, positions in range) are read only from tensors on the CPU. On a GPU an out-of-range id or position
+ends in the device's own assertion instead; run the same input on the CPU to get the named error.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ def _is_compiling() -> bool:
 def check_positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_int_at_least(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
 
@@ -78,26 +89,72 @@ def check_mask(mask: object, name: str, shape: tuple[int, int], dims: str = "(b,
     return mask
 
 
-def check_tokens(x: object, name: str, num_tokens: int, max_len: int | None = None) -> tuple[int, int]:
-    """Check a batch of token ids: integer ``(b, t)`` with every id in ``[0, num_tokens)``."""
+def _values_readable(x: Tensor) -> bool:
+    """Whether reading ``x``'s values is free: on the CPU, and not while ``torch.compile`` traces."""
+    return x.device.type == "cpu" and x.numel() > 0 and not _is_compiling()
+
+
+def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
+    """Check a batch of token ids: integer ``(b, t)`` with ``b, t >= 1`` and every id in ``[0, num_tokens)``.
+
+    Returns ``x`` as ``torch.long`` (ids of any integer dtype are accepted: ``uint8`` bytes, ``int16``, ...).
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, shape (b, t), got {type(x).__name__}")
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (b, t) (2 dimensions), got shape {tuple(x.shape)}")
-    if x.size(1) == 0:
-        raise ValueError(f"{name} must contain at least one token per sequence, got shape {tuple(x.shape)}")
-    if max_len is not None and x.size(1) > max_len:
-        raise ValueError(
-            f"{name} has length {x.size(1)}, longer than the learned position table (max_len={max_len}); "
-            f"crop the input or build the model with a larger seq_length"
-        )
-    if x.numel() and not _is_compiling():
-        # One transfer for both bounds: on a GPU each read from the device makes the host wait for it.
-        lo, hi = torch.stack([x.min(), x.max()]).tolist()
+    if x.size(0) == 0 or x.size(1) == 0:
+        raise ValueError(f"{name} must contain at least one sequence of at least one token, got shape {tuple(x.shape)}")
+    if _values_readable(x):
+        lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= num_tokens:
+            raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
+    return x if x.dtype == torch.long else x.long()
+
+
+def check_positions(
+    positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None
+) -> Tensor:
+    """Check the absolute positions ``(t,)`` of ``t`` tokens and return them as ``torch.long``; ``None`` gives
+    ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
+
+    ``limit``: the number of positions the model can encode (learned positions), or None. ``capacity``: the slots
+    of the KV caches in use, or None without caches.
+    """
+    if positions is None:
+        if capacity is not None:
             raise ValueError(
-                f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]"
+                "positions must be given with caches: the absolute positions of the new tokens, shape (t,), "
+                "e.g. torch.arange(cached, cached + t)"
             )
-    return x.size(0), x.size(1)
+        _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
+        return torch.arange(t, device=device)
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor of shape (t,) = ({t},), got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"positions must hold integer positions (torch.long), got dtype {positions.dtype}")
+    if tuple(positions.shape) != (t,):
+        raise ValueError(f"positions must have shape (t,) = ({t},), one per token, got {tuple(positions.shape)}")
+    if positions.device != device:
+        raise ValueError(f"positions must be on the tokens' device ({device}), got {positions.device}")
+    if _values_readable(positions):
+        _check_bounds(int(positions.min()), int(positions.max()), limit, capacity)
+    return positions if positions.dtype == torch.long else positions.long()
+
+
+def _check_bounds(lo: int, hi: int, limit: int | None, capacity: int | None) -> None:
+    if lo < 0:
+        raise ValueError(f"positions must be >= 0, got values in [{lo}, {hi}]")
+    if limit is not None and hi >= limit:
+        raise ValueError(
+            f"the input reaches position {hi}, but the model has learned positions for seq_length={limit} only "
+            f"(0 .. {limit - 1}); crop the input to its last {limit} tokens or build the model with a larger "
+            f"seq_length"
+        )
+    if capacity is not None and hi >= capacity:
+        raise ValueError(
+            f"the input reaches position {hi}, but the caches hold {capacity} positions (0 .. {capacity - 1}); "
+            f"decode within seq_length, or start again with fresh caches"
+        )

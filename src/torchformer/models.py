@@ -1,183 +1,197 @@
 """Complete models assembled from the modules: a classifier, a generator and an encoder-decoder.
 
+Every model is built from one :class:`~torchformer.config.TransformerConfig` and keeps it as ``model.config``.
 The first positional arguments follow Peter Bloem's ``former``, so ``former`` experiments port by changing the
-import. Everything beyond them is keyword-only; options not named here (``prenorm``, ``ff_mult``, ``activation``,
-``kqnorm``, ``impl``) are passed to every :class:`~torchformer.nn.blocks.TransformerBlock`.
+import; every other field of the config is a keyword argument (``GTransformer(256, 8, 4, 128, 256, prenorm=True)``),
+or pass a whole config (``GTransformer(config=config)``, :meth:`TransformerModel.from_config`).
 
 * :class:`CTransformer`: token ids ``(b, t)`` -> class log-probabilities ``(b, c)``.
 * :class:`GTransformer`: token ids ``(b, t)`` -> log-probabilities of the next token ``(b, t, v)``, causally.
 * :class:`Seq2SeqTransformer`: source ids ``(b, u)`` and target ids ``(b, t)`` -> ``(b, t, v_tgt)``.
+
+The models are the boundary: their ``forward`` checks its inputs once (shapes, dtypes, and on the CPU the values
+of ids and positions) and the modules inside trust the documented shapes. A variant of a model swaps the class of
+its blocks (``block_class``; see ``docs/extending.md``).
 
 Shapes: b batch size, t (target) sequence length, u source length, e embedding size, c classes, v vocabulary size.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from typing import Any, Optional, Sequence, Union
+
 import torch
 from torch import Tensor, nn
 
+from torchformer._checks import check_embeddings, check_mask, check_positions, check_tokens
+from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
-from torchformer._checks import check_embeddings, check_mask, check_positive_int, check_probability, check_tokens
-from torchformer.nn.attention import StaticKVCache
-from torchformer.nn.blocks import BlockCache
+from torchformer.decoding.cache import BlockCache
+from torchformer.nn.attention import MultiHeadAttention
+from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.embedding import TokenEmbedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead
-from torchformer.nn.positions import make_positions
 from torchformer.nn.stacks import Decoder, Encoder
 
 
-BLOCK_OPTIONS = ("prenorm", "ff_mult", "activation", "kqnorm", "impl")
-
-
-def check_block_options(model: str, options: dict) -> None:
-    unknown = sorted(set(options) - set(BLOCK_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; "
-            f"the options passed on to every block are {', '.join(BLOCK_OPTIONS)}"
-        )
-
-
-def resolve_offset(caches: list[BlockCache] | None, offset: int | Tensor | None) -> int | Tensor:
-    """The absolute position of the first new token: with caches, the number of positions already cached.
-
-    With static caches (:class:`~torchformer.nn.attention.StaticKVCache`, filled to a length that lives on the device)
-    ``offset`` must be given, as their 0-dim position tensor, and it is taken as given: checking it would make the
-    host wait for the device at every step.
-    """
-    static = bool(caches) and isinstance(caches[0].self_attention, StaticKVCache)  # type: ignore[index]
-    if isinstance(offset, Tensor) != static:
-        raise ValueError(
-            "offset must be the 0-dim position tensor of the static caches (StaticKVCache) when they are given, and "
-            f"an int or None otherwise; got {type(offset).__name__} with "
-            f"{'static' if static else 'no static'} caches"
-        )
-    if isinstance(offset, Tensor):
-        if offset.dim() != 0 or offset.dtype.is_floating_point or offset.dtype == torch.bool:
-            raise ValueError(
-                f"offset must be the static caches' 0-dim integer position tensor, got a {offset.dtype} tensor of "
-                f"shape {tuple(offset.shape)}"
+def build_config(model: str, config: Optional[TransformerConfig], given: dict, options: dict) -> TransformerConfig:
+    """The config of a model: ``config`` itself, or one made from former's positional arguments and keywords."""
+    named = {name: value for name, value in given.items() if value is not None}
+    if config is None:
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TransformerConfig)})
+        if unknown:
+            raise TypeError(
+                f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; its options are the fields of "
+                f"TransformerConfig: {', '.join(f.name for f in dataclasses.fields(TransformerConfig))}"
             )
-        return offset
+        return TransformerConfig(**named, **options)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    if named or options:
+        raise TypeError(f"{model}: pass either config= or the model's arguments ({', '.join([*named, *options])}), "
+                        f"not both; use config.replace(...) to change a field")
+    return config
+
+
+def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
+    """Check that ``caches`` has one entry per block; return their capacity (None without caches)."""
     if caches is None:
-        return 0 if offset is None else offset
-    cached = len(caches[0].self_attention) if caches else 0
-    if offset is not None and offset != cached:
-        raise ValueError(
-            f"offset must equal the number of cached positions ({cached}) when caches are given, got {offset}; "
-            f"leave offset out and it follows the caches"
-        )
-    return cached
+        return None
+    if not isinstance(caches, (list, tuple)) or len(caches) != depth:
+        got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
+        raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
+    return caches[0].self_attention.capacity
 
 
-class TokenEmbedding(nn.Module):
-    """Token ids ``(b, t)`` -> vectors ``(b, t, e)``: a lookup table plus a position encoding, then dropout."""
+class TransformerModel(nn.Module):
+    """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
-    def __init__(
-        self, num_tokens: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0
-    ) -> None:
+    ``model.config`` is plain data; checkpoints store it, so :meth:`from_checkpoint` rebuilds the model from its
+    file alone and loading a checkpoint of another architecture is an error naming the differing fields.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.num_tokens = check_positive_int(num_tokens, "num_tokens")
-        check_positive_int(max_len, "seq_length")
-        self.tokens = nn.Embedding(num_tokens, emb)
-        self.positions = make_positions(positions, emb, max_len)
-        self.drop = nn.Dropout(check_probability(dropout, "dropout"))
+        self.config = config
 
-    def forward(self, x: Tensor, *, offset: int | Tensor = 0, name: str = "x") -> Tensor:
-        check_tokens(x, name, self.num_tokens)
-        max_len = getattr(self.positions, "max_len", None)  # only learned positions have a limit
-        if max_len is not None and not isinstance(offset, Tensor) and offset + x.size(1) > max_len:
-            raise ValueError(
-                f"{name} reaches position {offset + x.size(1) - 1} (length {x.size(1)}, offset {offset}), but the "
-                f"model has learned positions for seq_length={max_len} only; crop {name} to its last {max_len} "
-                f"tokens or build the model with a larger seq_length"
-            )
-        return self.drop(self.positions(self.tokens(x), offset))
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> TransformerModel:
+        """A freshly initialised model of this class with the architecture ``config``."""
+        return cls(config=config)
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: Union[str, os.PathLike], *, map_location: Any = "cpu"
+    ) -> TransformerModel:
+        """The model saved at ``path`` (a checkpoint file, or a folder exported with ``export_model``), weights
+        loaded. See :func:`torchformer.train.export.load_model`."""
+        from torchformer.train.export import load_model  # experiment support, imported only when used
+
+        return load_model(path, model_class=cls, map_location=map_location)
 
 
-class CTransformer(nn.Module):
+class CTransformer(TransformerModel):
     """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
 
     ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` and an optional padding mask ``(b, t)`` (True = real
     token) -> ``(b, num_classes)`` log-probabilities. With a mask, padding never changes the result.
-    ``max_pool=True`` pools with max, else mean; ``pool=`` may name ``"max"``, ``"mean"`` or ``"first"`` directly.
+    ``pool`` (a config field) is ``"max"`` (default, as former's ``max_pool=True``), ``"mean"`` or ``"first"``.
     """
+
+    block_class: type[TransformerBlock] = TransformerBlock
 
     def __init__(
         self,
-        emb: int,
-        heads: int,
-        depth: int,
-        seq_length: int,
-        num_tokens: int,
-        num_classes: int,
+        emb: Optional[int] = None,
+        heads: Optional[int] = None,
+        depth: Optional[int] = None,
+        seq_length: Optional[int] = None,
+        num_tokens: Optional[int] = None,
+        num_classes: Optional[int] = None,
         *,
-        max_pool: bool = True,
-        pool: str | None = None,
-        dropout: float = 0.0,
-        wide: bool = False,
-        positions: str = "learned",
-        **block_options,
+        config: Optional[TransformerConfig] = None,
+        **options: Any,
     ) -> None:
-        super().__init__()
-        check_block_options("CTransformer", block_options)
-        self.seq_length = seq_length
-        self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
-        self.encoder = Encoder(emb, heads, depth, wide=wide, dropout=dropout, **block_options)
-        self.head = ClassifierHead(emb, num_classes, pool or ("max" if max_pool else "mean"))
+        given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens,
+                     num_classes=num_classes)
+        config = build_config("CTransformer", config, given, options)
+        config.require("CTransformer", "seq_length", "num_tokens", "num_classes")
+        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights")
+        super().__init__(config)
+        self.embedding = TokenEmbedding(config.num_tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
+                                        positions=config.positions, dropout=config.dropout)
+        self.encoder = Encoder(config, block_class=self.block_class)
+        self.head = ClassifierHead(config.emb, config.num_classes, config.pool)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        h = self.embedding(x)  # (b, t) -> (b, t, e)
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        x = check_tokens(x, "x", self.config.num_tokens)  # type: ignore[arg-type]
         if mask is not None:
             check_mask(mask, "mask", tuple(x.shape))
-        return self.head(self.encoder(h, mask), mask)  # (b, t, e) -> (b, c)
+        positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
+        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
+        return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
+
+    def self_attention_layers(self) -> list[MultiHeadAttention]:
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        return [block.attention for block in self.encoder.blocks]
 
 
-class GTransformer(nn.Module):
+class GTransformer(TransformerModel):
     """Autoregressive generator (a GPT-style language model): causal blocks, next-token log-probabilities.
 
-    ``forward(x)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at position ``i`` depends only on
-    tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the embedding with the output layer.
-    See :mod:`torchformer.decoding.generation` for sampling and beam search.
+    ``forward(x, *, caches=None, positions=None)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at
+    position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the
+    embedding with the output layer. See :mod:`torchformer.decoding.generation` for sampling and beam search.
     """
+
+    block_class: type[TransformerBlock] = TransformerBlock
 
     def __init__(
         self,
-        emb: int,
-        heads: int,
-        depth: int,
-        seq_length: int,
-        num_tokens: int,
+        emb: Optional[int] = None,
+        heads: Optional[int] = None,
+        depth: Optional[int] = None,
+        seq_length: Optional[int] = None,
+        num_tokens: Optional[int] = None,
         *,
-        wide: bool = False,
-        positions: str = "learned",
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        **block_options,
+        config: Optional[TransformerConfig] = None,
+        **options: Any,
     ) -> None:
-        super().__init__()
-        if block_options.pop("causal", True) is not True:
-            raise ValueError("GTransformer is always causal; got causal=False")
-        check_block_options("GTransformer", block_options)
-        self.seq_length, self.num_tokens = seq_length, num_tokens
-        self.positions_kind = positions
-        self.embedding = TokenEmbedding(num_tokens, emb, seq_length, positions=positions, dropout=dropout)
-        self.blocks = Encoder(emb, heads, depth, causal=True, wide=wide, dropout=dropout, **block_options)
-        tie = self.embedding.tokens if tie_weights else None
-        self.head = GeneratorHead(emb, num_tokens, tie_to=tie)
+        given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
+        config = build_config("GTransformer", config, given, options)
+        config.require("GTransformer", "seq_length", "num_tokens")
+        config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool")
+        super().__init__(config)
+        self.embedding = TokenEmbedding(config.num_tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
+                                        positions=config.positions, dropout=config.dropout)
+        self.blocks = Encoder(config, causal=True, block_class=self.block_class)
+        tie = self.embedding.tokens if config.tie_weights else None
+        self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
 
     def forward(
-        self, x: Tensor, *, caches: list[BlockCache] | None = None, offset: int | Tensor | None = None
+        self, x: Tensor, *, caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None
     ) -> Tensor:
-        """``(b, t) -> (b, t, v)``. With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens, which
-        start at absolute position ``offset`` = the number of cached positions (the default, checked if given);
-        the earlier positions' keys and values come from the caches. Without caches, ``offset`` (default 0) is the
-        absolute position of ``x[:, 0]``. With static caches (see :mod:`torchformer.decoding.compiled`) ``offset`` is
-        their 0-dim position tensor: the position of the one new token."""
-        offset = resolve_offset(caches, offset)
-        return self.head(self.blocks(self.embedding(x, offset=offset), caches=caches))
+        """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
+        ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
+        must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
+        come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
+        """
+        x = check_tokens(x, "x", self.config.num_tokens)  # type: ignore[arg-type]
+        capacity = check_caches(caches, len(self.blocks.blocks))
+        positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
+                                    capacity=capacity)
+        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
+        return self.head(self.blocks(h, positions=positions, caches=caches))  # -> (b, t, v)
 
     def new_caches(self) -> list[BlockCache]:
-        return self.blocks.new_caches()
+        """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots."""
+        return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
+
+    def self_attention_layers(self) -> list[MultiHeadAttention]:
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        return [block.attention for block in self.blocks.blocks]
 
     def generate(
         self,
@@ -185,13 +199,13 @@ class GTransformer(nn.Module):
         max_new_tokens: int,
         *,
         temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos: int | None = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        eos: Optional[int] = None,
         use_cache: bool = True,
-        generator: torch.Generator | None = None,
+        generator: Optional[torch.Generator] = None,
         return_logprobs: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Union[Tensor, tuple[Tensor, Tensor]]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
         See :func:`torchformer.decoding.generation.generate`."""
         return generation.generate(
@@ -206,7 +220,7 @@ class GTransformer(nn.Module):
         *,
         beam_size: int,
         length_penalty: float = 1.0,
-        eos: int | None = None,
+        eos: Optional[int] = None,
         use_cache: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
@@ -217,73 +231,86 @@ class GTransformer(nn.Module):
         )
 
 
-class Seq2SeqTransformer(nn.Module):
+class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
 
     ``forward(src, tgt, src_mask=None)``: source ids ``(b, u)``, target ids ``(b, t)`` (teacher forcing: the
     target shifted right, starting with a BOS token) -> ``(b, t, tgt_tokens)`` log-probabilities of the next target
     token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
-    ``decoder_depth`` defaults to ``depth``.
+    ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``.
     """
+
+    encoder_block_class: type[TransformerBlock] = TransformerBlock
+    decoder_block_class: type[DecoderBlock] = DecoderBlock
 
     def __init__(
         self,
-        emb: int,
-        heads: int,
-        depth: int,
-        seq_length: int,
-        src_tokens: int,
-        tgt_tokens: int,
+        emb: Optional[int] = None,
+        heads: Optional[int] = None,
+        depth: Optional[int] = None,
+        seq_length: Optional[int] = None,
+        src_tokens: Optional[int] = None,
+        tgt_tokens: Optional[int] = None,
         *,
-        decoder_depth: int | None = None,
-        wide: bool = False,
-        positions: str = "learned",
-        dropout: float = 0.0,
-        tie_weights: bool = False,
-        **block_options,
+        config: Optional[TransformerConfig] = None,
+        **options: Any,
     ) -> None:
-        super().__init__()
-        self.seq_length, self.tgt_tokens = seq_length, tgt_tokens
-        check_block_options("Seq2SeqTransformer", block_options)
-        self.positions_kind = positions
-        options = dict(wide=wide, dropout=dropout, **block_options)
-        self.src_embedding = TokenEmbedding(src_tokens, emb, seq_length, positions=positions, dropout=dropout)
-        self.tgt_embedding = TokenEmbedding(tgt_tokens, emb, seq_length, positions=positions, dropout=dropout)
-        self.encoder = Encoder(emb, heads, depth, **options)
-        self.decoder = Decoder(emb, heads, depth if decoder_depth is None else decoder_depth, **options)
-        tie = self.tgt_embedding.tokens if tie_weights else None
-        self.head = GeneratorHead(emb, tgt_tokens, tie_to=tie)
+        given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=src_tokens,
+                     tgt_tokens=tgt_tokens)
+        config = build_config("Seq2SeqTransformer", config, given, options)
+        config.require("Seq2SeqTransformer", "seq_length", "num_tokens", "tgt_tokens")
+        config.unused("Seq2SeqTransformer", "num_classes", "pool")
+        super().__init__(config)
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        def embedding(tokens: int) -> TokenEmbedding:
+            return TokenEmbedding(tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
+                                  positions=config.positions, dropout=config.dropout)
+
+        self.src_embedding = embedding(config.num_tokens)  # type: ignore[arg-type]
+        self.tgt_embedding = embedding(config.tgt_tokens)  # type: ignore[arg-type]
+        self.encoder = Encoder(config, block_class=self.encoder_block_class)
+        self.decoder = Decoder(config, block_class=self.decoder_block_class)
+        tie = self.tgt_embedding.tokens if config.tie_weights else None
+        self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie)  # type: ignore[arg-type]
+
+    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Source ids ``(b, u)`` -> the encoder's output ``(b, u, e)``, the context of every decoder block."""
-        h = self.src_embedding(src, name="src")
+        src = check_tokens(src, "src", self.config.num_tokens)  # type: ignore[arg-type]
         if src_mask is not None:
             check_mask(src_mask, "src_mask", tuple(src.shape))
-        return self.encoder(h, src_mask)
+        positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
+        return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
     def decode(
         self,
         tgt: Tensor,
         memory: Tensor,
-        src_mask: Tensor | None = None,
+        src_mask: Optional[Tensor] = None,
         *,
-        caches: list[BlockCache] | None = None,
-        offset: int | None = None,
+        caches: Optional[list[BlockCache]] = None,
+        positions: Optional[Tensor] = None,
     ) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
-        ``caches`` and ``offset`` work as in :meth:`GTransformer.forward`."""
-        offset = resolve_offset(caches, offset)
-        h = self.tgt_embedding(tgt, offset=offset, name="tgt")
-        check_embeddings(memory, "memory", h.size(-1))
-        if h.size(0) != memory.size(0):
-            raise ValueError(f"tgt must have the same batch size as src ({memory.size(0)}), got {h.size(0)}")
-        return self.head(self.decoder(h, memory, None, src_mask, caches=caches))
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`."""
+        tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens)  # type: ignore[arg-type]
+        b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
+        if tgt.size(0) != b:
+            raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
+        if src_mask is not None:
+            check_mask(src_mask, "src_mask", (b, u), "(b, u)")
+        capacity = check_caches(caches, len(self.decoder.blocks))
+        positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
+                                    capacity=capacity)
+        h = self.tgt_embedding(tgt, positions)
+        return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
 
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask)
 
-    def new_caches(self) -> list[BlockCache]:
-        return self.decoder.new_caches()
+    def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
+        """Empty caches for the decoder's blocks: self-attention with ``capacity`` slots (default ``seq_length``),
+        cross-attention sized by the encoder's output on the first step."""
+        return [BlockCache(capacity or self.config.seq_length) for _ in self.decoder.blocks]
 
     def generate(
         self,
@@ -292,18 +319,25 @@ class Seq2SeqTransformer(nn.Module):
         *,
         bos: int,
         eos: int,
-        src_mask: Tensor | None = None,
+        src_mask: Optional[Tensor] = None,
         beam_size: int = 1,
         temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
         length_penalty: float = 1.0,
         use_cache: bool = True,
-        generator: torch.Generator | None = None,
+        generator: Optional[torch.Generator] = None,
     ) -> Tensor:
         """Target ids ``(b, max_len)`` for source ids ``src`` ``(b, u)``, starting after ``bos``, padded with ``eos``.
-        Greedy by default; ``beam_size > 1`` for beam search. See :func:`torchformer.decoding.generation.seq2seq_generate`."""
+        Greedy by default; ``beam_size > 1`` for beam search. See
+        :func:`torchformer.decoding.generation.seq2seq_generate`."""
         return generation.seq2seq_generate(
             self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
             top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,
         )
+
+
+# The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
+MODEL_CLASSES: dict[str, type[TransformerModel]] = {
+    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer)
+}

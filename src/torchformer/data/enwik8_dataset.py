@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchformer._checks import check_positive_int
+
 from torchformer.data.download import ChecksumError, default_root
 from torchformer.data.download import download as _download
 
@@ -240,9 +242,8 @@ def random_batches(
                          f"{tuple(data.shape) if isinstance(data, Tensor) else None}")
     if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
         raise TypeError(f"data must hold integer token ids, got dtype {data.dtype}")
-    for name, value in (("context", context), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_positive_int(context, "context")
+    check_positive_int(batch_size, "batch_size")
     if context >= len(data):
         raise ValueError(
             f"context must be smaller than len(data) (a window needs context + 1 bytes), "

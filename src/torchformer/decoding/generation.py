@@ -1,37 +1,27 @@
-"""Generating sequences from a trained model: sampling, greedy decoding, beam search, and the KV cache.
+"""Generating sequences from a trained model: sampling, greedy decoding and beam search, with the KV cache.
 
 A generator predicts one token at a time. Given tokens ``x_0 .. x_{t-1}`` the model returns, at its last position,
-log-probabilities ``(b, v)`` for ``x_t``; we pick a token, append it, and ask again.
-
-**Picking the token.** :func:`sample_next` turns the log-probabilities into a choice:
-
-* ``temperature`` divides the logits before the softmax. ``1`` samples from the model's own distribution, values
-  below 1 sharpen it, above 1 flatten it, and ``0`` is *greedy* decoding: always the most likely token
-  (``argmax``, ties to the lowest token id).
-* ``top_k`` keeps only the ``k`` most likely tokens, ``top_p`` (nucleus sampling) the smallest set of most likely
-  tokens whose probabilities add up to at least ``p``. Both renormalise and sample within that support; they cut
-  off the long tail of unlikely tokens that, sampled often enough, derails a text.
+log-probabilities ``(b, v)`` for ``x_t``; we pick a token (:func:`~torchformer.decoding.sampling.sample_next`),
+append it, and ask again.
 
 **The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
-attention is causal: the keys and values of earlier positions never change when a token is appended. So every
-attention layer keeps a :class:`~torchformer.nn.attention.KVCache` with the keys and values computed so far,
-``(b, h, u, s)`` (batch, heads, positions, head size). Each step then feeds only the newest token, ``(b, 1)``, at
-absolute position ``offset = u``: it is projected to a query, key and value ``(b, h, 1, s)``, the key and value are
-appended to the cache (``u -> u + 1``), and the query attends over all ``u + 1`` cached positions. The cost per
-token drops from a forward pass over the whole window to a forward pass over one position (plus reading the cache).
+attention is causal: the keys and values of earlier positions never change when a token is appended. So the prompt
+runs once, writing every layer's keys and values into a :class:`~torchformer.decoding.cache.KVCache` (buffers of
+``seq_length`` slots, slot ``p`` for position ``p``), and each later step feeds only the newest token ``(n, 1)``
+with its position ``(1,)``: its key and value go into the slot of that position, and its query attends over the
+cache. The cost per token drops from a forward pass over the whole window to a forward pass over one position.
 
-The cache lives in the attention modules' ``forward(..., cache=...)`` argument, not in this file, so any subclass
-of :class:`~torchformer.nn.attention.MultiHeadAttention` gets it for free if it keeps the order
-*project -> cache.update -> attend -> unify*: override :meth:`~torchformer.nn.attention.MultiHeadAttention.attend`
-(or the projections), not ``forward``. ``attend`` then receives the new queries ``(b, h, t, s)`` and *all* keys and
-values ``(b, h, u, s)``; with ``causal=True`` query ``i`` sits at absolute position ``u - t + i``, and it must
-ignore the keys that ``key_mask`` rules out (with a :class:`~torchformer.nn.attention.StaticKVCache`, the slots not
-filled yet). A variant that needs extra per-layer state (say, running sums for linear attention) subclasses
-``KVCache`` and keeps the ``update``/``key_mask``/``reorder``/``len`` interface. See ``docs/generation.md`` for a
-worked example.
+Each step is done by a *step* object (:class:`EagerStep` by default): ``step.new_caches(prompt)`` gives the caches
+and ``step(token, position, caches)`` returns the next log-probabilities ``(n, v)``. Every step has the same shapes
+and only the *values* of ``token`` and ``position`` change, so a step can be compiled once and replayed:
+:class:`~torchformer.decoding.compiled.StaticCacheGenerator` passes a compiled step, and nothing else differs.
+
+Any attention variant gets all of this without code of its own: the cache lives in the attention modules'
+``forward(..., cache=...)``, and ``attend`` receives absolute positions (``mask.query_positions``,
+``mask.key_positions``), which mean the same with and without a cache.
 
 **The context window.** A model built with ``seq_length = L`` only ever sees the last ``L`` tokens (prompts are
-cropped the same way, as ``former`` does). While the sequence fits, the cache grows. Once it would exceed ``L`` the
+cropped the same way, as ``former`` does). While the sequence fits, the cache fills. Once it would exceed ``L`` the
 window *slides*: the oldest token drops out, every remaining position shifts, and with it every cached key and
 value (their positions change, and deeper layers' keys depend on the dropped token). So from then on each step is
 a full forward pass over the last ``L`` tokens, as without a cache: generation past the context keeps working, at
@@ -40,17 +30,11 @@ the uncached cost of one ``L``-token forward pass per token, and cached and unca
 **Beam search** (:func:`beam_search`) keeps the ``beam_size`` best partial sequences instead of one, which can find
 a sequence whose *total* probability is higher although its first token was not the most likely one.
 
-**The model protocol.** The functions here need only this from a decoder-only ``model`` (:class:`GTransformer`
-provides it; a hand-written test model can too):
-
-* ``model(x, *, caches=None, offset=None)`` -> log-probabilities ``(n, t, v)``. Without caches ``x`` ``(n, t)`` is a
-  whole window starting at position 0; with caches it holds only the new tokens, starting at position ``offset``
-  (the number of cached positions).
-* ``model.new_caches()`` -> a list of objects with ``reorder(index)`` (batch rows to keep, for beam search).
-* ``model.seq_length``: the longest window the model can see.
-
-:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, *, caches, offset)``,
-``new_caches()`` and ``seq_length``/``positions_kind`` of a :class:`Seq2SeqTransformer`.
+**The model protocol.** The functions here need from a decoder-only ``model`` (:class:`GTransformer` has it):
+``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
+``model.new_caches()`` and ``model(x, *, caches=None, positions=None)`` -> log-probabilities ``(n, t, v)``.
+:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, *, caches, positions)``,
+``new_caches(capacity)`` and ``config`` of a :class:`Seq2SeqTransformer`.
 
 Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * beam_size``), v vocabulary size.
 """
@@ -58,96 +42,67 @@ Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * b
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["beam_search", "generate", "sample_next", "seq2seq_generate"]
+from torchformer._checks import check_positive_int, check_tokens
+from torchformer.decoding.cache import BlockCache
+from torchformer.decoding.sampling import check_sampling, sample_next
+
+__all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
 
-# --------------------------------------------------------------------------------------------------- checks
-
-
-def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _check_prompt(prompt: object, name: str, num_tokens: int | None = None) -> Tensor:
-    if not isinstance(prompt, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, shape (b, t), got {type(prompt).__name__}")
-    if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {prompt.dtype}")
-    if prompt.dim() != 2 or prompt.size(1) == 0 or prompt.size(0) == 0:
-        raise ValueError(f"{name} must have shape (b, t) with b, t >= 1, got shape {tuple(prompt.shape)}")
-    if num_tokens is not None:
-        lo, hi = int(prompt.min()), int(prompt.max())
-        if lo < 0 or hi >= num_tokens:
-            raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
-    return prompt.long()
-
-
-def _check_token(value: object, name: str, num_tokens: int | None) -> int:
+def _check_token(value: object, name: str, num_tokens: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}")
-    if num_tokens is not None and value >= num_tokens:
+    if value >= num_tokens:
         raise ValueError(f"{name} must be a token id in [0, {num_tokens}), got {value}")
     return value
 
 
-def _check_sampling(temperature: object, top_k: object, top_p: object) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        _check_count(top_k, "top_k")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
-    ):
-        raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
+def _check_length_penalty(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"length_penalty must be a finite float, got {value!r}")
+    return float(value)
 
 
-# ------------------------------------------------------------------------------------------------- sampling
+def _check_prompt(prompt: object, name: str, num_tokens: int) -> Tensor:
+    """The boundary check of a prompt: the model's own check, plus its values on any device (once per call)."""
+    prompt = check_tokens(prompt, name, num_tokens)
+    if prompt.device.type != "cpu":  # the model checks values only on the CPU; one read per generate call is fine
+        lo, hi = torch.stack([prompt.min(), prompt.max()]).tolist()
+        if lo < 0 or hi >= num_tokens:
+            raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
+    return prompt
 
 
-def sample_next(
-    logp: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Choose one token per row from log-probabilities (or logits) ``(n, v)``; returns token ids ``(n,)``.
+# ----------------------------------------------------------------------------------------------- the step
 
-    ``temperature=0`` (or ``top_k=1``) is greedy: ``argmax``, ties resolved to the lowest id. Otherwise the logits
-    are divided by ``temperature``, restricted to the ``top_k`` most likely tokens and then to the nucleus of
-    probability ``top_p`` (the smallest set of most likely tokens whose probability reaches ``top_p``; the most
-    likely token always stays), renormalised, and sampled with ``generator`` (on the same device as ``logp``).
+
+class EagerStep:
+    """One decoding step, run eagerly: ``(token (n, 1), position (1,), caches) -> log-probabilities (n, v)``.
+
+    The default of :func:`generate`: fresh caches for every call, the model called as it is.
+    :class:`~torchformer.decoding.compiled.StaticCacheGenerator` is the same with a compiled call and buffers
+    kept between calls.
     """
-    if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
-        shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
-        raise ValueError(f"logp must be a float tensor of shape (n, v), got {shape}")
-    _check_sampling(temperature, top_k, top_p)
-    if temperature == 0 or top_k == 1:
-        return logp.argmax(dim=-1)
-    # Half precision loses too much in the softmax and cumulative sums below.
-    logits = logp.float() if logp.element_size() < 4 else logp
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        # Keep exactly k tokens (by index, so ties at the k-th value cannot widen the support).
-        keep = torch.zeros_like(logits, dtype=torch.bool)
-        keep.scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
-        logits = logits.masked_fill(~keep, -math.inf)
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # probability of the strictly more likely tokens
-        drop_sorted = before >= top_p  # the nucleus is complete before this token; column 0 always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, -math.inf)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+        """Empty caches for decoding ``prompt`` ``(n, t)``."""
+        return self.model.new_caches()
+
+    def inputs(self, prompt: Tensor) -> tuple[Tensor, Tensor]:
+        """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into."""
+        token = torch.zeros(prompt.size(0), 1, dtype=torch.long, device=prompt.device)
+        return token, torch.zeros(1, dtype=torch.long, device=prompt.device)
+
+    def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
+        return self.model(token, caches=caches, positions=position)[:, -1]
 
 
 # -------------------------------------------------------------------------------------------- the steppers
@@ -159,23 +114,28 @@ def sample_next(
 class _LMStepper:
     """Next-token log-probabilities from a decoder-only model, with a KV cache while the window fits."""
 
-    def __init__(self, model: nn.Module, *, use_cache: bool) -> None:
-        self.model = model
-        self.window = _check_count(getattr(model, "seq_length", None), "model.seq_length")
-        self.caches = model.new_caches() if use_cache else None
+    def __init__(self, model: nn.Module, step: Optional[EagerStep], tokens: Tensor) -> None:
+        self.model, self.step = model, step
+        self.window = model.config.seq_length
+        self.caches = None if step is None else step.new_caches(tokens)
+        if step is not None:
+            self.token, self.position = step.inputs(tokens)
         self.cached = 0  # positions held by the caches
 
     def start(self, tokens: Tensor) -> Tensor:
         """``(n, t) -> (n, v)``: run the (cropped) prompt, filling the caches."""
         window = tokens[:, -self.window :]
-        logp = self.model(window, caches=self.caches, offset=0)[:, -1]
+        positions = torch.arange(window.size(1), device=tokens.device)
+        logp = self.model(window, caches=self.caches, positions=positions if self.caches is not None else None)
         self.cached = window.size(1)
-        return logp
+        return logp[:, -1]
 
     def advance(self, tokens: Tensor) -> Tensor:
         """``tokens`` ``(n, t)``, the sequences so far with the newest token last -> ``(n, v)``."""
         if self.caches is not None and self.cached < self.window:
-            logp = self.model(tokens[:, -1:], caches=self.caches, offset=self.cached)[:, -1]
+            self.token.copy_(tokens[:, -1:])  # (n, 1) into the step's input memory
+            self.position.fill_(self.cached)  # its position = its cache slot; a fill, so no wait for the device
+            logp = self.step(self.token, self.position, self.caches)  # type: ignore[misc]
             self.cached += 1
             return logp
         # The window slides: every position shifts, so the cached keys and values are stale. Recompute.
@@ -185,25 +145,32 @@ class _LMStepper:
     def reorder(self, index: Tensor) -> None:
         for cache in self.caches or ():
             cache.reorder(index)
+        if self.caches is not None and index.numel() != self.token.size(0):
+            self.token = self.token.new_zeros(index.numel(), 1)
 
 
 class _Seq2SeqStepper:
     """Next-token log-probabilities from an encoder-decoder model; the encoder runs once."""
 
-    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, *, use_cache: bool) -> None:
+    def __init__(self, model: nn.Module, src: Tensor, src_mask: Optional[Tensor], *, use_cache: bool,
+                 capacity: int) -> None:
         self.model, self.src_mask = model, src_mask
         self.memory = model.encode(src, src_mask)  # (b, u, e), the context of every cross-attention
-        self.caches = model.new_caches() if use_cache else None
+        self.caches = model.new_caches(capacity) if use_cache else None
+        self.position = torch.zeros(1, dtype=torch.long, device=src.device)
 
     def start(self, tokens: Tensor) -> Tensor:
-        return self.model.decode(tokens, self.memory, self.src_mask, caches=self.caches, offset=0)[:, -1]
+        positions = torch.arange(tokens.size(1), device=tokens.device) if self.caches is not None else None
+        return self.model.decode(tokens, self.memory, self.src_mask, caches=self.caches, positions=positions)[:, -1]
 
     def advance(self, tokens: Tensor) -> Tensor:
         if self.caches is None:
             return self.model.decode(tokens, self.memory, self.src_mask)[:, -1]
-        # Self-attention appends the new position; cross-attention reuses the keys/values of the first step.
-        offset = tokens.size(1) - 1
-        return self.model.decode(tokens[:, -1:], self.memory, self.src_mask, caches=self.caches, offset=offset)[:, -1]
+        # Self-attention writes the new position; cross-attention reuses the keys/values of the first step.
+        self.position.fill_(tokens.size(1) - 1)
+        logp = self.model.decode(tokens[:, -1:], self.memory, self.src_mask, caches=self.caches,
+                                 positions=self.position)
+        return logp[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.memory = self.memory.index_select(0, index)
@@ -311,12 +278,13 @@ def generate(
     max_new_tokens: int,
     *,
     temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos: int | None = None,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    eos: Optional[int] = None,
     use_cache: bool = True,
-    generator: torch.Generator | None = None,
+    generator: Optional[torch.Generator] = None,
     return_logprobs: bool = False,
+    step: Optional[EagerStep] = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Extend ``prompt`` ``(b, t)`` by ``max_new_tokens`` tokens; returns ``(b, t + max_new_tokens)`` token ids.
 
@@ -326,29 +294,23 @@ def generate(
     emits ``eos`` the rest of it is ``eos``, and decoding stops when every row has finished. ``use_cache=False``
     recomputes the whole window for every token (slow; the same tokens). ``generator`` makes sampling
     reproducible. With ``return_logprobs=True`` also returns ``(b, max_new_tokens, v)``: the model's
-    log-probabilities (before temperature, top-k and top-p) from which each new token was chosen.
+    log-probabilities (before temperature, top-k and top-p) from which each new token was chosen. ``step``: how
+    one cached step runs (default :class:`EagerStep`; a compiled one is
+    :class:`~torchformer.decoding.compiled.StaticCacheGenerator`).
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
     """
-    return _generate(
-        lambda: _LMStepper(model, use_cache=use_cache), model, prompt, max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos=eos, generator=generator, return_logprobs=return_logprobs,
-    )
-
-
-def _generate(
-    make_stepper, model: nn.Module, prompt: object, max_new_tokens: object, *, eos: int | None,
-    return_logprobs: bool, **sampling
-) -> Tensor | tuple[Tensor, Tensor]:
-    """:func:`generate` with the stepper ``make_stepper()``: check the arguments, then sample."""
-    num_tokens = getattr(model, "num_tokens", None)
-    prompt = _check_prompt(prompt, "prompt", num_tokens)
-    _check_count(max_new_tokens, "max_new_tokens")
-    _check_sampling(sampling["temperature"], sampling["top_k"], sampling["top_p"])
+    config = model.config
+    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    check_positive_int(max_new_tokens, "max_new_tokens")
+    check_sampling(temperature, top_k, top_p)
     if eos is not None:
-        _check_token(eos, "eos", num_tokens)
-    stepper = make_stepper()
-    tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, **sampling)  # type: ignore[arg-type]
+        _check_token(eos, "eos", config.num_tokens)
+    if step is None and use_cache:
+        step = EagerStep(model)
+    stepper = _LMStepper(model, step if use_cache else None, prompt)
+    tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, generator=generator)
     return (tokens, logprobs) if return_logprobs else tokens
 
 
@@ -360,7 +322,7 @@ def beam_search(
     *,
     beam_size: int,
     length_penalty: float = 1.0,
-    eos: int | None = None,
+    eos: Optional[int] = None,
     use_cache: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Beam search from ``prompt`` ``(b, t)``: the best sequences ``(b, t + max_new_tokens)`` and their scores ``(b,)``.
@@ -374,20 +336,15 @@ def beam_search(
     ``length_penalty=0`` it is the total log-probability, which favours short sequences when ``eos`` can end them;
     1 (the default) is the mean log-probability per token. ``beam_size=1`` is greedy decoding.
     """
-    prompt = _check_prompt(prompt, "prompt", getattr(model, "num_tokens", None))
-    _check_count(max_new_tokens, "max_new_tokens")
-    _check_count(beam_size, "beam_size")
+    config = model.config
+    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    check_positive_int(max_new_tokens, "max_new_tokens")
+    check_positive_int(beam_size, "beam_size")
     _check_length_penalty(length_penalty)
     if eos is not None:
-        _check_token(eos, "eos", getattr(model, "num_tokens", None))
-    stepper = _LMStepper(model, use_cache=use_cache)
+        _check_token(eos, "eos", config.num_tokens)
+    stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt)
     return _beam_loop(stepper, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos)
-
-
-def _check_length_penalty(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"length_penalty must be a finite float, got {value!r}")
-    return float(value)
 
 
 @torch.no_grad()
@@ -398,40 +355,41 @@ def seq2seq_generate(
     *,
     bos: int,
     eos: int,
-    src_mask: Tensor | None = None,
+    src_mask: Optional[Tensor] = None,
     beam_size: int = 1,
     temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
     length_penalty: float = 1.0,
     use_cache: bool = True,
-    generator: torch.Generator | None = None,
+    generator: Optional[torch.Generator] = None,
 ) -> Tensor:
     """Translate ``src`` ``(b, u)`` with an encoder-decoder model; returns target ids ``(b, max_len)``.
 
     The encoder runs once. The decoder starts from ``bos`` and produces up to ``max_len`` tokens (``bos`` is not
     part of the result); after ``eos`` a row is padded with ``eos``. With the cache, the decoder's self-attention
-    appends one position per step and its cross-attention computes the encoder's keys and values once.
+    writes one position per step and its cross-attention computes the encoder's keys and values once.
     ``beam_size=1`` samples (``temperature=0``, the default, is greedy; ``top_k``/``top_p``/``generator`` as in
     :func:`sample_next`); ``beam_size > 1`` runs :func:`beam_search`'s algorithm and returns the best hypothesis.
 
-    With learned positions the decoder sees at most ``model.seq_length`` target positions, so ``max_len`` may be
-    at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
+    With learned positions the decoder sees at most ``model.config.seq_length`` target positions, so ``max_len``
+    may be at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
     """
-    src = _check_prompt(src, "src", getattr(getattr(model, "src_embedding", None), "num_tokens", None))
-    _check_count(max_len, "max_len")
-    _check_count(beam_size, "beam_size")
-    _check_sampling(temperature, top_k, top_p)
+    config = model.config
+    src = _check_prompt(src, "src", config.num_tokens)
+    check_positive_int(max_len, "max_len")
+    check_positive_int(beam_size, "beam_size")
+    check_sampling(temperature, top_k, top_p)
     _check_length_penalty(length_penalty)
-    num_tokens = getattr(model, "tgt_tokens", None)
-    _check_token(bos, "bos", num_tokens)
-    _check_token(eos, "eos", num_tokens)
-    if getattr(model, "positions_kind", "learned") == "learned" and max_len > model.seq_length:
+    _check_token(bos, "bos", config.tgt_tokens)
+    _check_token(eos, "eos", config.tgt_tokens)
+    if config.position_limit is not None and max_len > config.position_limit:
         raise ValueError(
-            f"max_len must be at most the model's seq_length ({model.seq_length}) with learned positions "
+            f"max_len must be at most the model's seq_length ({config.position_limit}) with learned positions "
             f"(the decoder has no position vectors beyond it), got {max_len}"
         )
-    stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache)
+    # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
+    stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache, capacity=max(max_len, config.seq_length))
     start = src.new_full((src.size(0), 1), bos)
     if beam_size > 1:
         tokens, _ = _beam_loop(stepper, start, max_len, beam_size=beam_size, length_penalty=length_penalty, eos=eos)

@@ -11,20 +11,34 @@ Two orderings are in use:
 * **pre-norm** (``prenorm=True``; GPT-2 and most large models): ``x = x + f(norm(x))``. It trains more stably at
   depth, and the stack then needs one final normalisation after its last block (see :mod:`torchformer.nn.stacks`).
 
-With ``cross=True`` a block has three sublayers: causal self-attention, cross-attention to a ``context`` (the
-encoder's output), and the feed-forward network. That is the decoder block of an encoder-decoder model.
+Two kinds of block:
+
+* :class:`TransformerBlock`: self-attention and feed-forward. Bidirectional in a classifier's encoder, causal
+  (``causal=True``) in a generator: a GPT-style "decoder-only" model is a stack of causal ``TransformerBlock``\\ s.
+* :class:`DecoderBlock`: causal self-attention, cross-attention to a ``context`` (the encoder's output), and the
+  feed-forward network: the decoder block of an encoder-decoder model.
+
+Both are built from a :class:`~torchformer.config.TransformerConfig`. The classes of their parts are class
+attributes (``attention_class``, ``cross_attention_class``, ``feedforward_class``), so a variant is a subclass
+that names another class; see ``docs/extending.md``.
 
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_embeddings, check_positive_int, check_probability
-from torchformer.nn.attention import CrossAttention, KVCache, SelfAttention
+from torchformer._checks import check_choice, check_positive_int, check_probability
+from torchformer.config import ACTIVATIONS, TransformerConfig
+from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+if TYPE_CHECKING:
+    from torchformer.decoding.cache import BlockCache
+
+NONLINEARITIES = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
 class FeedForward(nn.Module):
@@ -32,78 +46,55 @@ class FeedForward(nn.Module):
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
+        check_positive_int(emb, "emb")
         check_positive_int(ff_mult, "ff_mult")
-        check_choice(activation, "activation", tuple(ACTIVATIONS))
+        check_choice(activation, "activation", ACTIVATIONS)
         self.net = nn.Sequential(
             nn.Linear(emb, ff_mult * emb),
-            ACTIVATIONS[activation](),
-            nn.Dropout(dropout),
+            NONLINEARITIES[activation](),
+            nn.Dropout(check_probability(dropout, "dropout")),
             nn.Linear(ff_mult * emb, emb),
         )
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> FeedForward:
+        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
 
-class BlockCache:
-    """The per-block state kept during incremental decoding: one :class:`KVCache` per attention layer.
-
-    Fresh, growing caches by default; pass others (e.g. a :class:`~torchformer.nn.attention.StaticKVCache`) to use them.
-    """
-
-    def __init__(self, self_attention: KVCache | None = None, cross_attention: KVCache | None = None) -> None:
-        self.self_attention = KVCache() if self_attention is None else self_attention
-        self.cross_attention = KVCache() if cross_attention is None else cross_attention
-
-    def reorder(self, index) -> None:
-        self.self_attention.reorder(index)
-        self.cross_attention.reorder(index)
-
-
 class TransformerBlock(nn.Module):
-    """One transformer block. ``forward(x, mask=None, context=None, context_mask=None)``: ``(b, t, e) -> (b, t, e)``.
+    """Self-attention and feed-forward. ``forward(x, mask=None, *, positions=None, cache=None)``:
+    ``(b, t, e) -> (b, t, e)``.
 
     Args:
-        emb, heads: embedding size and number of attention heads.
-        causal: self-attention only looks backwards (for generators and decoders).
-        wide: wide attention heads (see :mod:`torchformer.nn.attention`).
-        cross: add cross-attention to a ``context`` ``(b, u, e)`` between self-attention and feed-forward.
-        ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
-        dropout: dropout on attention weights and after each sublayer.
-        prenorm: pre-norm ordering instead of post-norm.
-        activation: ``"relu"`` or ``"gelu"``.
-        kqnorm, impl: passed to the attention layers.
+        config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``ff_mult``,
+            ``activation``, ``kqnorm``, ``impl``).
+        causal: self-attention only looks backwards (generators).
+
+    ``mask`` ``(b, t)`` marks real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
+    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
     """
 
-    def __init__(
-        self,
-        emb: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        wide: bool = False,
-        cross: bool = False,
-        ff_mult: int = 4,
-        dropout: float = 0.0,
-        prenorm: bool = False,
-        activation: str = "relu",
-        kqnorm: bool = False,
-        impl: str = "sdpa",
-    ) -> None:
-        super().__init__()
-        check_probability(dropout, "dropout")
-        attention = dict(wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl)
-        self.prenorm, self.cross = bool(prenorm), bool(cross)
-        self.attention = SelfAttention(emb, heads, causal=causal, **attention)
-        self.norm1 = nn.LayerNorm(emb)
-        if cross:
-            self.cross_attention = CrossAttention(emb, heads, **attention)
-            self.norm_cross = nn.LayerNorm(emb)
-        self.ff = FeedForward(emb, ff_mult=ff_mult, activation=activation, dropout=dropout)
-        self.norm2 = nn.LayerNorm(emb)
-        self.drop = nn.Dropout(dropout)
+    attention_class: type[MultiHeadAttention] = SelfAttention
+    feedforward_class: type[nn.Module] = FeedForward
 
-    def sublayer(self, x: Tensor, norm: nn.Module, f) -> Tensor:
+    def __init__(self, config: TransformerConfig, *, causal: bool = False) -> None:
+        super().__init__()
+        self.prenorm = config.prenorm
+        self.attention = self.attention_class.from_config(config, causal=causal)
+        self.norm1 = nn.LayerNorm(config.emb)
+        self.build_middle(config)
+        self.ff = self.feedforward_class.from_config(config)  # type: ignore[attr-defined]
+        self.norm2 = nn.LayerNorm(config.emb)
+        self.drop = nn.Dropout(config.dropout)
+
+    def build_middle(self, config: TransformerConfig) -> None:
+        """Sublayers between self-attention and feed-forward, built in that order: none here (a
+        :class:`DecoderBlock` adds its cross-attention)."""
+
+    def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """Residual connection around ``f``, with the normalisation before (pre-norm) or after (post-norm)."""
         if self.prenorm:
             return x + self.drop(f(norm(x)))
@@ -113,21 +104,45 @@ class TransformerBlock(nn.Module):
         self,
         x: Tensor,
         mask: Tensor | None = None,
-        context: Tensor | None = None,
-        context_mask: Tensor | None = None,
         *,
+        positions: Tensor | None = None,
         cache: BlockCache | None = None,
     ) -> Tensor:
-        check_embeddings(x, "x", self.attention.emb, like=self.norm1.weight)
-        if self.cross and context is None:
-            raise ValueError("context must be given to a block built with cross=True (it has cross-attention)")
-        if not self.cross and context is not None:
-            raise ValueError("context was given, but this block has no cross-attention; build it with cross=True")
-        self_cache = cache.self_attention if cache is not None else None
-        x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, cache=self_cache))
-        if self.cross:
-            cross_cache = cache.cross_attention if cache is not None else None
-            x = self.sublayer(
-                x, self.norm_cross, lambda y: self.cross_attention(y, context, context_mask, cache=cross_cache)
-            )
+        kv = None if cache is None else cache.self_attention
+        x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
+        return self.sublayer(x, self.norm2, self.ff)
+
+
+class DecoderBlock(TransformerBlock):
+    """Causal self-attention, cross-attention to ``context``, feed-forward: the block of a decoder.
+
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``x`` ``(b, t, e)`` and
+    ``context`` ``(b, u, e)`` -> ``(b, t, e)``. ``context_mask`` ``(b, u)`` marks real context tokens.
+    """
+
+    cross_attention_class: type[MultiHeadAttention] = CrossAttention
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config, causal=True)
+
+    def build_middle(self, config: TransformerConfig) -> None:
+        self.cross_attention = self.cross_attention_class.from_config(config)
+        self.norm_cross = nn.LayerNorm(config.emb)
+
+    def forward(  # type: ignore[override]
+        self,
+        x: Tensor,
+        context: Tensor,
+        mask: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
+        cache: BlockCache | None = None,
+    ) -> Tensor:
+        kv, cross_kv = (None, None) if cache is None else (cache.self_attention, cache.cross_attention)
+        x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
+        x = self.sublayer(
+            x, self.norm_cross,
+            lambda y: self.cross_attention(y, context, context_mask, positions=positions, cache=cross_kv),
+        )
         return self.sublayer(x, self.norm2, self.ff)

@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_embeddings, check_mask, check_positive_int
-
-POOLING = ("max", "mean", "first")
+from torchformer._checks import check_choice, check_positive_int
+from torchformer.config import POOLING
 
 
 class ClassifierHead(nn.Module):
@@ -38,9 +37,6 @@ class ClassifierHead(nn.Module):
 
     def pooled(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """The pooled sequence vector, ``(b, t, e) -> (b, e)``."""
-        b, t, _ = check_embeddings(x, "x", self.emb)
-        if mask is not None:
-            check_mask(mask, "mask", (b, t))
         if self.pool == "first":
             return x[:, 0]
         if mask is None:
@@ -82,5 +78,4 @@ class GeneratorHead(nn.Module):
             self.toprobs.weight = tie_to.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        check_embeddings(x, "x", self.emb)
         return F.log_softmax(self.toprobs(x), dim=-1)

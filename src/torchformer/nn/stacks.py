@@ -1,77 +1,85 @@
 """Stacks of transformer blocks: the encoder and the decoder.
 
-* :class:`Encoder`: ``depth`` non-causal blocks. Every position sees every (real) position. Used for
-  classification and as the first half of an encoder-decoder model.
-* :class:`Decoder`: ``depth`` causal blocks with cross-attention. Position ``i`` sees positions ``<= i`` of its own
-  sequence and the whole ``context`` (the encoder's output).
-
-A generator (GPT-style language model) is an encoder with causal blocks and no cross-attention; it is built in
-:mod:`torchformer.models` from :class:`Encoder` with ``causal=True``.
+* :class:`Encoder`: ``depth`` :class:`~torchformer.nn.blocks.TransformerBlock`\\ s. Bidirectional by default (every
+  position sees every real position): a classifier, or the first half of an encoder-decoder model. With
+  ``causal=True`` it is the stack of a GPT-style generator, which the literature calls "decoder-only"; torchformer
+  keeps the name :class:`Decoder` for the stack that also reads an encoder's output.
+* :class:`Decoder`: ``depth`` :class:`~torchformer.nn.blocks.DecoderBlock`\\ s: causal self-attention and
+  cross-attention to the ``context`` (the encoder's output).
 
 With pre-norm blocks, the residual stream leaving the last block was never normalised, so the stack ends with a
 final :class:`~torch.nn.LayerNorm` (as GPT-2 does). With post-norm blocks the last block already normalised it.
+
+Both are built from a :class:`~torchformer.config.TransformerConfig`; ``block_class`` picks the block (a subclass
+for a variant, see ``docs/extending.md``).
 
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int
-from torchformer.nn.blocks import BlockCache, TransformerBlock
+from torchformer.config import TransformerConfig
+from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 
-
-def check_caches(caches: list[BlockCache] | None, depth: int) -> None:
-    if caches is not None and len(caches) != depth:
-        raise ValueError(f"caches must hold one BlockCache per block ({depth}), got {len(caches)}; use new_caches()")
+if TYPE_CHECKING:
+    from torchformer.decoding.cache import BlockCache
 
 
 class Encoder(nn.Module):
-    """``depth`` transformer blocks. ``forward(x, mask=None)``: ``(b, t, e) -> (b, t, e)``.
+    """``depth`` transformer blocks. ``forward(x, mask=None, *, positions=None, caches=None)``:
+    ``(b, t, e) -> (b, t, e)``.
 
-    ``block_options`` are passed to every :class:`~torchformer.nn.blocks.TransformerBlock` (``wide``, ``dropout``,
-    ``prenorm``, ``ff_mult``, ``activation``, ``kqnorm``, ``impl``, and ``causal``, which is False by default).
+    Args:
+        config: the architecture; ``config.depth`` blocks.
+        causal: causal self-attention (a generator's stack).
+        block_class: the block to stack (default :class:`~torchformer.nn.blocks.TransformerBlock`).
     """
 
-    def __init__(self, emb: int, heads: int, depth: int, **block_options) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        *,
+        causal: bool = False,
+        block_class: type[TransformerBlock] = TransformerBlock,
+    ) -> None:
         super().__init__()
-        check_positive_int(depth, "depth")
-        if block_options.get("cross"):
-            raise ValueError("Encoder blocks have no cross-attention; use Decoder for cross=True")
-        block_options.pop("cross", None)
-        self.blocks = nn.ModuleList(TransformerBlock(emb, heads, **block_options) for _ in range(depth))
-        self.norm = nn.LayerNorm(emb) if block_options.get("prenorm") else nn.Identity()
+        self.blocks = nn.ModuleList(block_class(config, causal=causal) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.emb) if config.prenorm else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, caches: list[BlockCache] | None = None) -> Tensor:
-        check_caches(caches, len(self.blocks))
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
+        caches: list[BlockCache] | None = None,
+    ) -> Tensor:
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache=None if caches is None else caches[i])
+            x = block(x, mask, positions=positions, cache=None if caches is None else caches[i])
         return self.norm(x)
-
-    def new_caches(self) -> list[BlockCache]:
-        """Fresh per-block caches for incremental decoding (only meaningful with ``causal=True``)."""
-        return [BlockCache() for _ in self.blocks]
 
 
 class Decoder(nn.Module):
-    """``depth`` causal blocks with cross-attention.
+    """``depth`` decoder blocks (causal self-attention and cross-attention).
 
-    ``forward(x, context, mask=None, context_mask=None)``: ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``
-    -> ``(b, t, e)``. ``mask`` ``(b, t)`` marks real target tokens, ``context_mask`` ``(b, u)`` real context tokens.
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None)``: ``x`` ``(b, t, e)``,
+    ``context`` ``(b, u, e)`` -> ``(b, t, e)``. ``mask`` ``(b, t)`` marks real target tokens, ``context_mask``
+    ``(b, u)`` real context tokens.
+
+    Args:
+        config: the architecture; ``config.decoder_depth`` blocks (``config.depth`` if that is None).
+        block_class: the block to stack (default :class:`~torchformer.nn.blocks.DecoderBlock`).
     """
 
-    def __init__(self, emb: int, heads: int, depth: int, **block_options) -> None:
+    def __init__(self, config: TransformerConfig, *, block_class: type[DecoderBlock] = DecoderBlock) -> None:
         super().__init__()
-        check_positive_int(depth, "depth")
-        for fixed in ("causal", "cross"):
-            if fixed in block_options and not block_options[fixed]:
-                raise ValueError(f"Decoder blocks are always built with {fixed}=True; got {fixed}=False")
-            block_options.pop(fixed, None)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(emb, heads, causal=True, cross=True, **block_options) for _ in range(depth)
-        )
-        self.norm = nn.LayerNorm(emb) if block_options.get("prenorm") else nn.Identity()
+        depth = config.depth if config.decoder_depth is None else config.decoder_depth
+        self.blocks = nn.ModuleList(block_class(config) for _ in range(depth))
+        self.norm = nn.LayerNorm(config.emb) if config.prenorm else nn.Identity()
 
     def forward(
         self,
@@ -80,12 +88,9 @@ class Decoder(nn.Module):
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
         *,
+        positions: Tensor | None = None,
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
-        check_caches(caches, len(self.blocks))
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, context, context_mask, cache=None if caches is None else caches[i])
+            x = block(x, context, mask, context_mask, positions=positions, cache=None if caches is None else caches[i])
         return self.norm(x)
-
-    def new_caches(self) -> list[BlockCache]:
-        return [BlockCache() for _ in self.blocks]

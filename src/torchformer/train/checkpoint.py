@@ -10,6 +10,11 @@ A checkpoint is one file holding everything needed to continue training as if it
   CUDA generators, and the named ``torch.Generator`` objects the script samples batches from. Without these a
   resumed run would draw different dropout masks and batches, and would not reproduce the uninterrupted run.
 
+For a torchformer model (a :class:`~torchformer.models.TransformerModel`) the checkpoint also stores the model's
+class name and its :class:`~torchformer.config.TransformerConfig`. Loading it into a model of another architecture
+is then an error naming the fields that differ, and :func:`~torchformer.train.export.load_model` rebuilds the model
+from the file alone (:mod:`torchformer.train.export`).
+
 Two properties matter in production:
 
 * **Atomic writes.** The file is written to a temporary name in the same folder, flushed and fsync'ed, then
@@ -35,18 +40,24 @@ Typical use::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import random
 import re
 import secrets
+import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from torchformer._checks import check_positive_int
+from torchformer.config import TransformerConfig
+# No cycle: torchformer/__init__.py imports the models before this module, and models.py imports train.export only
+# inside TransformerModel.from_checkpoint.
+from torchformer.models import TransformerModel
 
 PathLike = Union[str, os.PathLike]
 
@@ -57,6 +68,9 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 # What torch.load(weights_only=True) accepts (on every torch version we support), besides tensors.
 _SAFE_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
+# Config fields that change how a model trains or computes, not what its weights mean: a checkpoint loads into a
+# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path).
+TRAINING_ONLY_FIELDS = ("dropout", "impl")
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -126,37 +140,33 @@ def save_checkpoint(
 
     ``step`` is the number of optimizer steps taken so far, i.e. the step to resume from. ``extra`` must hold
     only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
-    ``dataclasses.asdict`` and NumPy scalars with ``.item()``.
+    ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
+    the checkpoint also holds ``"model_class"`` (its class name) and ``"config"`` (``model.config.to_dict()``).
     """
     path = Path(path)
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
+    target = unwrap_model(model)
     payload = {
         "format_version": FORMAT_VERSION,
         "step": _check_step(step),
-        "model": unwrap_model(model).state_dict(),
+        "model": target.state_dict(),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "scheduler": None if scheduler is None else scheduler.state_dict(),
         "extra": {} if extra is None else dict(extra),
         "rng": _capture_rng_state(),
         "generators": {name: g.get_state() for name, g in _check_generators(generators).items()},
     }
+    if isinstance(target, TransformerModel):  # plain data, so weights_only loading reads it back
+        payload["model_class"] = type(target).__name__
+        payload["config"] = target.config.to_dict()
     _check_loadable(payload, "checkpoint")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same folder as the target, so os.replace is a rename within one file system (and therefore atomic).
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
+    def write(tmp: Path) -> None:
         with open(tmp, "xb") as f:
             torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
+
+    return write_atomically(path, write)
 
 
 def load_checkpoint(
@@ -177,22 +187,22 @@ def load_checkpoint(
     NumPy, torch CPU and CUDA); the named ``generators`` are always restored when given. A plain
     ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` when the checkpoint does not fit the
-    model (listing the missing, unexpected and mis-shaped keys) or lacks a requested state.
+    When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
+    configs must agree in every field except the training-time ones, ``dropout`` and ``impl``
+    (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is routinely evaluated
+    with dropout 0 or on the reference attention path. Other modules are checked by their weights' keys and shapes.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not a checkpoint, when
+    the checkpoint's architecture differs from the model's (naming every differing field with both values), when
+    its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), or when it lacks a
+    requested state. Nothing is changed unless everything fits.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {path}")
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(ckpt, dict):
-        raise ValueError(f"{path} does not hold a checkpoint (a dict), it holds a {type(ckpt).__name__}")
-    if "model" not in ckpt:
-        if not ckpt or not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-            raise ValueError(f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
-        ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+    ckpt = _read_payload(path, map_location=map_location, mmap=False)
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
+    _check_architecture(_saved_config(ckpt, path), target, path)
     state = _match_state_dict(ckpt["model"], target, path)
     states = {"optimizer": optimizer, "scheduler": scheduler}
     for name, obj in states.items():
@@ -212,6 +222,29 @@ def load_checkpoint(
     if restore_rng and "rng" in ckpt:
         _restore_rng_state(ckpt["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
+
+
+def read_checkpoint(path: PathLike) -> dict:
+    """What a checkpoint file holds besides its weights, without loading the weights into memory.
+
+    Returns ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None}``:
+    ``config`` and ``model_class`` are ``None`` for a checkpoint of a plain ``nn.Module`` (or a bare
+    ``state_dict``). The file is read with ``torch.load(..., weights_only=True, mmap=True)``: the tensors are
+    mapped, not read, so this is cheap even for a checkpoint of many gigabytes.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for one that is empty,
+    damaged, or not a checkpoint.
+    """
+    path = Path(path)
+    ckpt = _read_payload(path, map_location="cpu", mmap=True)
+    return {
+        "step": int(ckpt.get("step", 0)),
+        "extra": ckpt.get("extra", {}),
+        "config": _saved_config(ckpt, path),
+        "model_class": ckpt.get("model_class"),
+    }
+
+
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -336,6 +369,99 @@ def _restore_rng_state(state: Mapping[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
 
 
+def _read_payload(path: Path, *, map_location: Any, mmap: bool) -> dict:
+    """The dict in the checkpoint file ``path`` (a bare ``state_dict`` becomes ``{"step": 0, "model": ...}``).
+
+    Every way a file can fail to be a checkpoint (empty, truncated, random bytes, pickled objects) becomes one
+    ``ValueError`` naming the file, instead of whichever pickle or zip error torch.load happens to raise.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(f"expected a checkpoint file, got the folder {path} (latest_checkpoint(folder) finds "
+                                f"the newest checkpoint in a folder)")
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"checkpoint {path} is an empty file (an interrupted copy?), not a checkpoint")
+    # mmap needs torch's zip format; files in the legacy format (torch.save before 1.6) are read whole.
+    mmap = mmap and zipfile.is_zipfile(path)
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - bad content raises pickle, zip, EOF, key and even OS errors
+        raise ValueError(f"checkpoint {path} is damaged or not a checkpoint: torch.load(weights_only=True) "
+                         f"failed with {_load_error(e)}") from e
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} does not hold a checkpoint (a dict), it holds a {type(ckpt).__name__}")
+    if "model" not in ckpt:
+        if not ckpt or not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            raise ValueError(f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
+        ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+    return ckpt
+
+
+def _load_error(error: Exception) -> str:
+    """The useful line of a torch.load error: weights_only errors bury it under advice on loading unsafely."""
+    message = str(error)
+    if "WeightsUnpickler error:" in message:
+        message = message.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
+    message = " ".join(message.split())
+    return f"{type(error).__name__}: {message[:200] + '...' if len(message) > 200 else message}"
+
+
+def _saved_config(ckpt: Mapping[str, Any], path: Path) -> Optional[TransformerConfig]:
+    """The config stored in a checkpoint, or None for a checkpoint of a plain module."""
+    # save_checkpoint stores "config" together with "model_class". Other programs' checkpoints may hold a "config"
+    # of their own (nanoGPT's do): that is not ours to read.
+    data = ckpt.get("config")
+    if data is None or "model_class" not in ckpt:
+        return None
+    try:
+        return TransformerConfig.from_dict(data)
+    except (TypeError, ValueError) as e:  # e.g. a field added by a newer torchformer
+        raise ValueError(f"checkpoint {path} holds a config this version of torchformer cannot read: {e}") from e
+
+
+def _check_architecture(saved: Optional[TransformerConfig], target: nn.Module, path: Path) -> None:
+    """Refuse a checkpoint whose config differs from ``target``'s outside :data:`TRAINING_ONLY_FIELDS`."""
+    if saved is None or not isinstance(target, TransformerModel):
+        return  # nothing to compare: the state_dict's keys and shapes are checked instead
+    differing = [
+        f"{field.name}: {getattr(saved, field.name)!r} (checkpoint) vs {getattr(target.config, field.name)!r} (model)"
+        for field in dataclasses.fields(saved)
+        if field.name not in TRAINING_ONLY_FIELDS and getattr(saved, field.name) != getattr(target.config, field.name)
+    ]
+    if differing:
+        raise ValueError(
+            f"checkpoint {path} was saved from a model with another architecture: {'; '.join(differing)}; "
+            f"build the model with load_model(path) (it reads the checkpoint's config), or change these fields"
+        )
+
+
+
+
+
+
+
+
+def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
+    """Create or replace ``path`` with what ``write(temporary_path)`` writes: all of it, or nothing.
+
+    The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system,
+    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
 def _fsync_directory(directory: Path) -> None:
     # Make the rename itself durable (POSIX). Windows cannot open folders; there the rename is already durable.
     try:
@@ -348,3 +474,5 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+

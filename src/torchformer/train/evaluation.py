@@ -23,6 +23,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from torchformer._checks import check_positive_int
+
 
 def _window_plan(n: int, length: int, stride: int) -> tuple[Tensor, Tensor]:
     """Start positions of the windows and, per window, the index of its first scored prediction.
@@ -75,12 +77,8 @@ def bits_per_byte(
         raise TypeError(f"data must hold integer token ids, got dtype {data.dtype}")
     if len(data) < 2:
         raise ValueError(f"data must hold at least 2 tokens (the first is never predicted), got {len(data)}")
-    for name, value in (("context", context), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    seq_length = getattr(model, "seq_length", None)
-    if seq_length is not None and context > seq_length:
-        raise ValueError(f"context ({context}) must not exceed the model's seq_length ({seq_length})")
+    check_positive_int(context, "context")
+    check_positive_int(batch_size, "batch_size")
     if stride is None:
         stride = max(1, context // 2)
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:

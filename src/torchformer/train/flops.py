@@ -21,15 +21,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from torchformer._checks import check_int_at_least
 from torchformer.nn.attention import MultiHeadAttention
 
 __all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token"]
-
-
-def _check_count(value: object, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def flops_per_token(*, params: int, layers: int, attention_width: int, context: int) -> int:
@@ -39,10 +34,10 @@ def flops_per_token(*, params: int, layers: int, attention_width: int, context: 
     attention layers, ``attention_width = heads * head_size`` (``emb`` for narrow heads, ``heads * emb`` for wide
     ones) and ``context`` the sequence length trained on.
     """
-    _check_count(params, "params", minimum=0)
-    _check_count(layers, "layers", minimum=0)
-    _check_count(attention_width, "attention_width", minimum=1)
-    _check_count(context, "context", minimum=1)
+    check_int_at_least(params, "params", 0)
+    check_int_at_least(layers, "layers", 0)
+    check_int_at_least(attention_width, "attention_width", 1)
+    check_int_at_least(context, "context", 1)
     return 6 * params + 12 * layers * attention_width * context
 
 
@@ -70,7 +65,7 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
     Every :class:`~torchformer.nn.attention.MultiHeadAttention` inside counts as one attention layer of width
     ``heads * head_size``. Works on the module behind ``torch.compile`` too (the parameters are the same).
     """
-    _check_count(context, "context", minimum=1)
+    check_int_at_least(context, "context", 1)
     attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     attention_flops = sum(12 * m.heads * m.head_size * context for m in attention)
     return 6 * matmul_parameters(model) + attention_flops

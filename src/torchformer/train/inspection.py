@@ -65,23 +65,22 @@ def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwar
 def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None, *, layer: int = -1) -> Tensor:
     """Self-attention weights ``(b, h, t, t)`` of block ``layer`` for token ids ``(b, t)`` (and a padding mask).
 
-    Works for :class:`~torchformer.models.CTransformer` (``model.encoder.blocks``) and
-    :class:`~torchformer.models.GTransformer` (``model.blocks.blocks``), also behind ``torch.compile``.
+    Works for any model with a ``self_attention_layers()`` method (:class:`~torchformer.models.CTransformer` and
+    :class:`~torchformer.models.GTransformer` have one), also behind ``torch.compile``.
     ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
     dropout should not change the captured input.
     """
     inner = unwrap_model(model)
-    stack = getattr(inner, "encoder", None) or getattr(inner, "blocks", None)
-    blocks = getattr(stack, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
+    layers = inner.self_attention_layers() if callable(getattr(inner, "self_attention_layers", None)) else None
+    if layers is None:
         raise TypeError(
-            f"model must be a CTransformer or GTransformer (with .encoder.blocks or .blocks.blocks), "
-            f"got {type(inner).__name__}; use capture_attention() for other models"
+            f"model must have a self_attention_layers() method (CTransformer and GTransformer do), got "
+            f"{type(inner).__name__}; use capture_attention() for other models"
         )
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -len(blocks) <= layer < len(blocks):
-        raise ValueError(f"layer must be an int in [{-len(blocks)}, {len(blocks)}), got {layer!r}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -len(layers) <= layer < len(layers):
+        raise ValueError(f"layer must be an int in [{-len(layers)}, {len(layers)}), got {layer!r}")
     call = (ids,) if mask is None else (ids, mask)
-    return capture_attention(inner, blocks[layer].attention, *call)
+    return capture_attention(inner, layers[layer], *call)
 
 
 def plot_attention(

@@ -100,7 +100,7 @@ def test_bad_arguments():
     ids, mask = batch()
     with pytest.raises(ValueError, match="layer"):
         attention_weights(model, ids, mask, layer=2)
-    with pytest.raises(TypeError, match="CTransformer or GTransformer"):
+    with pytest.raises(TypeError, match="self_attention_layers.*CTransformer and GTransformer"):
         attention_weights(torch.nn.Linear(2, 2), ids)
     with pytest.raises(TypeError, match="SelfAttention or CrossAttention"):
         capture_attention(model, model.encoder.blocks[0], ids, mask)

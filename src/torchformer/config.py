@@ -1,0 +1,142 @@
+"""The configuration of a transformer: every architectural choice, as plain data.
+
+Every model is built from one :class:`TransformerConfig` and keeps it as ``model.config``. The config is what a
+checkpoint stores next to the weights, so a model can be rebuilt from its file alone, and a checkpoint loaded into
+a model of another shape fails with a message naming the fields that differ. Blocks and stacks are built from the
+same object, so an option is defined once, here, instead of being passed through every layer.
+
+The first five fields are ``former``'s positional arguments (``emb, heads, depth, seq_length, num_tokens``). The
+fields a model does not use keep their defaults (a generator has no ``num_classes``).
+
+Every field is checked when the config is made, so a wrong value fails with its name, what was expected and what
+was received, before any module is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from torchformer._checks import check_choice, check_positive_int, check_probability
+
+POSITIONS = ("learned", "sinusoidal", "none")
+ACTIVATIONS = ("relu", "gelu")
+POOLING = ("max", "mean", "first")
+IMPLEMENTATIONS = ("sdpa", "reference")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The architecture of a transformer (frozen: change a copy with :meth:`replace`).
+
+    Args:
+        emb: embedding size ``e``.
+        heads: attention heads ``h``.
+        depth: transformer blocks (of the encoder, for an encoder-decoder model).
+        seq_length: the longest sequence the model is built for (the learned position table has this many rows).
+        num_tokens: vocabulary size of the input (the source, for an encoder-decoder model).
+        num_classes: classes of a classifier (:class:`~torchformer.models.CTransformer` only).
+        tgt_tokens: target vocabulary size (:class:`~torchformer.models.Seq2SeqTransformer` only).
+        decoder_depth: blocks of the decoder of an encoder-decoder model; ``None`` means ``depth``.
+        wide: wide attention heads (every head sees all ``e`` dimensions) instead of narrow ones (``e // h`` each).
+        positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
+        dropout: dropout after the embedding, on the attention weights and after each sublayer.
+        prenorm: layer norm before each sublayer (GPT-2) instead of after the residual (Vaswani et al., former).
+        ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
+        activation: the feed-forward nonlinearity, ``"relu"`` or ``"gelu"``.
+        kqnorm: layer-normalise keys and queries per head (bounds the attention logits).
+        impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``) or ``"reference"`` (matmul-softmax-matmul).
+        pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
+        tie_weights: share the token embedding with the output layer of a generator.
+    """
+
+    emb: int
+    heads: int
+    depth: int = 1
+    seq_length: Optional[int] = None
+    num_tokens: Optional[int] = None
+    num_classes: Optional[int] = None
+    tgt_tokens: Optional[int] = None
+    decoder_depth: Optional[int] = None
+    wide: bool = False
+    positions: str = "learned"
+    dropout: float = 0.0
+    prenorm: bool = False
+    ff_mult: int = 4
+    activation: str = "relu"
+    kqnorm: bool = False
+    impl: str = "sdpa"
+    pool: str = "max"
+    tie_weights: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("emb", "heads", "depth", "ff_mult"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+        for name in ("wide", "prenorm", "kqnorm", "tie_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_probability(self.dropout, "dropout")
+        check_choice(self.positions, "positions", POSITIONS)
+        check_choice(self.activation, "activation", ACTIVATIONS)
+        check_choice(self.impl, "impl", IMPLEMENTATIONS)
+        check_choice(self.pool, "pool", POOLING)
+        if not self.wide and self.emb % self.heads != 0:
+            raise ValueError(
+                f"emb ({self.emb}) must be divisible by heads ({self.heads}) for narrow heads (each head gets "
+                f"emb // heads dimensions); choose another heads or use wide=True"
+            )
+
+    @property
+    def head_size(self) -> int:
+        """``s``: ``emb`` for wide heads, ``emb // heads`` for narrow ones."""
+        return self.emb if self.wide else self.emb // self.heads
+
+    @property
+    def position_limit(self) -> Optional[int]:
+        """The number of positions the model can encode: ``seq_length`` with learned positions, else no limit."""
+        return self.seq_length if self.positions == "learned" else None
+
+    def require(self, model: str, *names: str) -> None:
+        """Raise a clear error if a field that ``model`` needs (e.g. ``num_classes``) was left out."""
+        missing = [name for name in names if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"{model} needs {', '.join(missing)} in its configuration, got None")
+
+    def unused(self, model: str, *names: str) -> None:
+        """Raise a clear error if a field that ``model`` does not use (e.g. ``num_classes`` for a generator) was set
+        to anything but its default: it would be silently ignored otherwise."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [f"{name}={getattr(self, name)!r}" for name in names if getattr(self, name) != defaults[name]]
+        if changed:
+            raise ValueError(f"{model} does not use {', '.join(changed)}; leave it out (it would have no effect)")
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        """A copy with some fields changed (and checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain data (str, int, float, bool, None): what checkpoints and ``config.json`` store."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:
+        """The inverse of :meth:`to_dict`; unknown fields are an error naming them."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def differences(self, other: TransformerConfig) -> list[str]:
+        """``["heads: 2 vs 4", ...]``: the fields where ``self`` and ``other`` differ."""
+        return [
+            f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]

@@ -1,0 +1,176 @@
+"""The KV cache: the keys and values an attention layer has computed, kept for incremental decoding.
+
+A generator predicts one token at a time. Attention is causal, so when a token is appended the keys and values of
+the earlier positions do not change; we keep them instead of recomputing them, and each step feeds only the new
+token. One :class:`KVCache` per attention layer holds them in buffers allocated once, ``(b, h, capacity, s)``:
+**slot ``p`` holds the key and value of absolute position ``p``**. A step writes its new keys and values into the
+slots of its positions, given as a tensor, and attention reads the whole buffer, with a mask: the causal rule (a
+query at position ``i`` sees keys at positions ``<= i``), and the cache's record of which slots were written and
+which held padding.
+
+Because the buffers never change shape and the positions are data rather than Python ints, every decoding step
+runs the same operations on the same memory. That is what ``torch.compile`` needs to compile the one-token step
+once for every position, and what a CUDA graph needs to replay it (see :mod:`torchformer.decoding.compiled`). The
+same cache serves eager decoding, beam search (:meth:`KVCache.reorder`) and an encoder-decoder's cross-attention
+(written once, from the encoder's output).
+
+Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def mark_static_address(*tensors: Tensor) -> None:
+    """Tell ``torch.compile`` that these tensors keep their memory across calls: a CUDA graph then reads and writes
+    them where they are, instead of copying them in (and mutated ones out) at every replay. No effect in eager mode."""
+    mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+    if mark is not None:
+        for tensor in tensors:
+            mark(tensor)
+
+
+class KVCache:
+    """Keys and values of one attention layer in preallocated buffers, slot ``p`` for position ``p``.
+
+    Args:
+        capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
+            ``seq_length``). ``None`` sizes the buffers to the first :meth:`update` (cross-attention: the keys of
+            the whole context, written once).
+
+    The buffers are allocated by the first :meth:`update`, with its batch size, head layout, dtypes and device.
+    Later updates must match them (another batch size or model is a clear error); :meth:`reorder` selects or
+    repeats batch rows (beam search); :meth:`reset` forgets the contents but keeps the memory. A cache with
+    nothing written is *empty* (:attr:`empty`).
+    """
+
+    def __init__(self, capacity: Optional[int] = None) -> None:
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0):
+            raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
+        self.capacity = capacity
+        self.keys: Optional[Tensor] = None  # (b, h, c, s)
+        self.values: Optional[Tensor] = None  # (b, h, c, s_v)
+        self.real: Optional[Tensor] = None  # (b, c) bool: False at padding; None while no mask was ever given
+        self.slots: Optional[Tensor] = None  # (c,): 0 .. c-1, the position each slot holds
+        self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
+        self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
+
+    @property
+    def empty(self) -> bool:
+        """True until the first :meth:`update` and after :meth:`reset` (a host-side flag: reading it never waits
+        for the device)."""
+        return not self._any_written
+
+    def update(
+        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Write ``keys``/``values`` ``(b, h, t, s)`` into the slots ``positions`` ``(t,)``; return the whole
+        buffers ``(b, h, c, s)`` and which slots attention may use: ``(b, c)`` bool, or ``(1, c)`` without padding.
+
+        A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
+        ``(b, t)`` marks the new positions' real tokens (False = padding), and the cache remembers it for later
+        steps. Positions are not checked against the capacity here (reading them would wait for the device):
+        the model checks them at its boundary.
+        """
+        if self.keys is None:
+            self._allocate(keys, values)
+        self._check_fits(keys, values)
+        # The slot of a position is its index: index_copy_ writes in place, so the buffers keep their memory and
+        # one compiled step (or CUDA graph) serves every position.
+        self.keys.index_copy_(2, positions, keys)  # type: ignore[union-attr]
+        self.values.index_copy_(2, positions, values)  # type: ignore[union-attr]
+        self.written.index_fill_(0, positions, True)  # type: ignore[union-attr]
+        if not self._any_written:  # only the first write changes it (a compiled step then has nothing to record)
+            self._any_written = True
+        if mask is not None and self.real is None:  # the first padding: until now every slot was real
+            self.real = torch.ones(keys.size(0), self.keys.size(2), dtype=torch.bool, device=keys.device)  # type: ignore[union-attr]
+        if self.real is None:
+            return self.keys, self.values, self.written[None, :]  # type: ignore[return-value,index]
+        new = mask if mask is not None else torch.ones_like(self.real[:, : keys.size(2)])
+        self.real.index_copy_(1, positions, new)
+        return self.keys, self.values, self.real & self.written  # type: ignore[return-value,operator]
+
+    @property
+    def padded(self) -> bool:
+        """Whether any token written so far was padding (a host-side flag, free to read)."""
+        return self.real is not None
+
+    def reset(self) -> None:
+        """Forget what was written, keeping the buffers (and their memory) for the next sequence of this shape."""
+        if self.written is not None:
+            self.written.fill_(False)
+        self.real, self._any_written = None, False
+
+    def _allocate(self, keys: Tensor, values: Tensor) -> None:
+        b, h, t, s = keys.shape
+        c = t if self.capacity is None else self.capacity
+        if t > c:
+            raise ValueError(f"the cache has {c} slots (capacity), but {t} positions were written at once")
+        # Keys and values may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
+        self.keys = keys.new_zeros(b, h, c, s)
+        self.values = values.new_zeros(b, values.size(1), c, values.size(3))
+        self.slots = torch.arange(c, device=keys.device)
+        self.written = torch.zeros(c, dtype=torch.bool, device=keys.device)
+        mark_static_address(self.keys, self.values, self.slots, self.written)
+
+    def _check_fits(self, keys: Tensor, values: Tensor) -> None:
+        held_k, held_v = self.keys, self.values
+        assert held_k is not None and held_v is not None
+        for name, new, held in (("keys", keys, held_k), ("values", values, held_v)):
+            if new.shape[:2] != held.shape[:2] or new.shape[3:] != held.shape[3:]:
+                raise ValueError(
+                    f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(held.shape)}, but the new {name} have "
+                    f"shape {tuple(new.shape)}: another batch size or another model. Use fresh caches "
+                    f"(model.new_caches()) for each batch"
+                )
+            if new.dtype != held.dtype or new.device != held.device:
+                raise TypeError(
+                    f"this KVCache holds {name} of dtype {held.dtype} on {held.device}, but the new {name} are "
+                    f"{new.dtype} on {new.device}; run the prompt and the decoding steps under the same autocast "
+                    f"setting and device"
+                )
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ``(n,)`` (in that order), e.g. the surviving hypotheses of a beam search.
+
+        With as many rows as before the buffers are rewritten in place (their memory stays, for compiled steps);
+        with another number (e.g. each prompt repeated for its beams) new buffers are allocated.
+        """
+        if self.keys is None or self.values is None:
+            return
+        if index.numel() == self.keys.size(0):
+            self.keys.copy_(self.keys.index_select(0, index))
+            self.values.copy_(self.values.index_select(0, index))
+            if self.real is not None:
+                self.real.copy_(self.real.index_select(0, index))
+            return
+        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+        mark_static_address(self.keys, self.values)
+        if self.real is not None:
+            self.real = self.real.index_select(0, index)
+
+
+class BlockCache:
+    """The caches of one transformer block: its self-attention's and, in a decoder block, its cross-attention's.
+
+    Args:
+        capacity: slots of the self-attention cache (the model's ``seq_length``). The cross-attention cache is
+            sized by the context it stores.
+    """
+
+    def __init__(self, capacity: Optional[int] = None) -> None:
+        self.self_attention = KVCache(capacity)
+        self.cross_attention = KVCache()
+
+    def reorder(self, index: Tensor) -> None:
+        self.self_attention.reorder(index)
+        self.cross_attention.reorder(index)
+
+    def reset(self) -> None:
+        """Forget both caches' contents, keeping their memory."""
+        self.self_attention.reset()
+        self.cross_attention.reset()

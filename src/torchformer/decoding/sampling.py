@@ -1,0 +1,72 @@
+"""Picking the next token from the model's log-probabilities: greedy, temperature, top-k and nucleus sampling.
+
+* ``temperature`` divides the logits before the softmax. ``1`` samples from the model's own distribution, values
+  below 1 sharpen it, above 1 flatten it, and ``0`` is *greedy* decoding: always the most likely token
+  (``argmax``, ties to the lowest token id).
+* ``top_k`` keeps only the ``k`` most likely tokens, ``top_p`` (nucleus sampling) the smallest set of most likely
+  tokens whose probabilities add up to at least ``p``. Both renormalise and sample within that support; they cut
+  off the long tail of unlikely tokens that, sampled often enough, derails a text.
+
+Shapes: n rows, v vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from torchformer._checks import check_positive_int
+
+__all__ = ["check_sampling", "sample_next"]
+
+
+def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        check_positive_int(top_k, "top_k")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
+    ):
+        raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
+
+
+def sample_next(
+    logp: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Choose one token per row from log-probabilities (or logits) ``(n, v)``; returns token ids ``(n,)``.
+
+    ``temperature=0`` (or ``top_k=1``) is greedy: ``argmax``, ties resolved to the lowest id. Otherwise the logits
+    are divided by ``temperature``, restricted to the ``top_k`` most likely tokens and then to the nucleus of
+    probability ``top_p`` (the smallest set of most likely tokens whose probability reaches ``top_p``; the most
+    likely token always stays), renormalised, and sampled with ``generator`` (on the same device as ``logp``).
+    """
+    if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
+        shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
+        raise ValueError(f"logp must be a float tensor of shape (n, v), got {shape}")
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0 or top_k == 1:
+        return logp.argmax(dim=-1)
+    # Half precision loses too much in the softmax and cumulative sums below.
+    logits = logp.float() if logp.element_size() < 4 else logp
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        # Keep exactly k tokens (by index, so ties at the k-th value cannot widen the support).
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep.scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, -math.inf)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability of the strictly more likely tokens
+        drop_sorted = before >= top_p  # the nucleus is complete before this token; column 0 always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)

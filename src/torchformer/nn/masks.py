@@ -1,0 +1,112 @@
+"""Which keys each query may attend to: positions, the causal rule and padding, in one object.
+
+Every attention call gets an :class:`AttentionMask`. It records
+
+* ``query_positions`` ``(t,)``: the absolute position of each query (``0 .. t-1`` for a whole sequence; the new
+  positions when decoding with a cache);
+* ``key_positions`` ``(u,)``: the absolute position of each key (the same tensor as the queries' without a cache;
+  the cache's slots ``0 .. c-1`` with one; ``None`` for cross-attention, whose keys come from another sequence);
+* ``key_mask`` ``(b, u)``: True for keys that may be used, False for padding (and, with a cache, for slots not
+  written yet); ``None``: all may be used;
+* ``causal``: a query at position ``i`` may only see keys at positions ``<= i``.
+
+From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs. Because positions are
+absolute, the same rule is right with and without a cache. An attention variant that needs distances
+(ALiBi, relative position biases) reads them from the same positions: see ``docs/extending.md``.
+
+Shapes: b batch size, t queries, u keys.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+class AttentionMask:
+    """Positions of queries and keys, the causal rule and the padding of the keys (see the module docstring).
+
+    Args:
+        query_positions: ``(t,)`` long, absolute positions of the queries.
+        key_positions: ``(u,)`` long, absolute positions of the keys, or ``None`` when keys and queries belong to
+            different sequences (cross-attention).
+        key_mask: ``(b, u)`` bool, True for real keys; ``None`` when every key is real.
+        causal: queries see only keys at or before their own position.
+        padded: whether ``key_mask`` can leave a query without any key (it marks padding); default: whenever a
+            ``key_mask`` is given. A cache's mask of written slots cannot: each query's own slot was just written.
+        aligned: the keys are exactly the queries, in the same order (self-attention over one call's tokens,
+            whose positions increase one by one). Then plain causal attention needs no mask tensor, which keeps the
+            fused flash-attention kernels available.
+    """
+
+    def __init__(
+        self,
+        query_positions: Tensor,
+        key_positions: Optional[Tensor],
+        key_mask: Optional[Tensor] = None,
+        *,
+        causal: bool = False,
+        padded: Optional[bool] = None,
+        aligned: bool = False,
+    ) -> None:
+        self.query_positions, self.key_positions, self.key_mask = query_positions, key_positions, key_mask
+        self.causal, self.aligned = causal, aligned
+        self.padded = key_mask is not None if padded is None else padded
+        self._allowed: Optional[Tensor] = None
+        self._built = False
+
+    @property
+    def needs_tensor(self) -> bool:
+        """False when the mask is "everything" or "plain causal, keys = queries": SDPA then needs no mask tensor."""
+        return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
+
+    def distance(self) -> Tensor:
+        """``(t, u)``: query position minus key position (positive = the key lies in the query's past)."""
+        if self.key_positions is None:
+            raise ValueError("cross-attention keys have no positions in the queries' sequence: no distance")
+        return self.query_positions[:, None] - self.key_positions[None, :]
+
+    def allowed(self) -> Optional[Tensor]:
+        """Bool, broadcastable to ``(b, 1, t, u)``: may query ``i`` see key ``j``? ``None`` when all may.
+
+        Built once per call and kept: attention asks for it on the fast path, for the zeroing of queries that see
+        no real key, and a variant may ask again.
+        """
+        if not self._built:
+            self._allowed, self._built = self._build(), True
+        return self._allowed
+
+    def _build(self) -> Optional[Tensor]:
+        allowed = None
+        if self.causal and self.aligned:
+            t = self.query_positions.size(0)  # keys = queries: the lower triangle, as SDPA's is_causal
+            allowed = torch.ones(t, t, dtype=torch.bool, device=self.query_positions.device).tril()  # (t, t)
+        elif self.causal and self.key_positions is not None:
+            # Position i sees positions <= i: with a cache, the query's position against every slot's.
+            allowed = self.key_positions[None, :] <= self.query_positions[:, None]  # (t, u)
+        if self.key_mask is not None:
+            keys = self.key_mask[:, None, None, :]  # (b, u) -> (b, 1, 1, u)
+            allowed = keys if allowed is None else allowed & keys  # (b, 1, t, u)
+        return allowed
+
+    def query_has_key(self) -> Optional[Tensor]:
+        """``(b, 1, t, 1)`` bool: False for a query that may see no real key at all (it gets a zero output).
+
+        ``None`` without padding: then every query sees at least its own position (causal) or every key.
+        """
+        if not self.padded:
+            return None
+        allowed = self.allowed()
+        assert allowed is not None
+        return allowed.any(dim=-1, keepdim=True)
+
+
+def causal_mask(t: int, u: Optional[int] = None, *, device: Optional[torch.device] = None) -> Tensor:
+    """``(t, u)`` bool, the explicit causal mask when the ``t`` queries are the last ``t`` of ``u`` positions.
+
+    Written out for reading and for tests; attention builds the same matrix from positions.
+    """
+    u = t if u is None else u
+    return torch.ones(t, u, dtype=torch.bool, device=device).tril(diagonal=u - t)

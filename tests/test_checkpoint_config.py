@@ -1,0 +1,267 @@
+"""Checkpoints carry the model's config: mismatches are refused by name, and a model is rebuilt from its file alone.
+
+Covers ``save_checkpoint``/``load_checkpoint`` with a :class:`TransformerModel`, ``read_checkpoint``, ``load_model``
+(``Model.from_checkpoint``) and ``export_model`` (safetensors + config.json).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import torchformer
+from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
+from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from torchformer.train.export import export_model, load_model
+
+KINDS = ("CTransformer", "GTransformer", "Seq2SeqTransformer")
+
+
+class MyGPT(GTransformer):
+    """A user's subclass: torchformer does not know its name."""
+
+
+class Wrapper(nn.Module):
+    """Stands in for what torch.compile returns: the real model as ``_orig_mod``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = model
+
+
+def make(kind: str, cls: type[TransformerModel] | None = None, **options) -> TransformerModel:
+    """A tiny model of ``kind`` whose weights are not those of a fresh initialisation."""
+    vocabulary = {
+        "CTransformer": dict(num_tokens=11, num_classes=3),
+        "GTransformer": dict(num_tokens=11),
+        "Seq2SeqTransformer": dict(src_tokens=11, tgt_tokens=13),
+    }[kind]
+    arguments = dict(emb=16, heads=2, depth=1, seq_length=8, **vocabulary)
+    model = (cls or torchformer.models.MODEL_CLASSES[kind])(**{**arguments, **options})
+    with torch.no_grad():  # as if trained: a freshly built model cannot match these weights by chance
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    return model.eval()
+
+
+def outputs(model: nn.Module) -> torch.Tensor:
+    """The model's output on a fixed batch (source and target ids for the encoder-decoder)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 11, (2, 8), generator=g)
+    with torch.no_grad():
+        if isinstance(model, Seq2SeqTransformer):
+            return model(x, torch.randint(0, 13, (2, 6), generator=g))
+        return model(x)
+
+
+def parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The config in a checkpoint
+
+
+def test_checkpoint_stores_class_and_config_as_plain_data(tmp_path):
+    model = make("GTransformer", dropout=0.1)
+    path = save_checkpoint(tmp_path / "c.pt", model=Wrapper(model), step=4, extra={"note": "x"})
+    raw = torch.load(path, weights_only=True)  # plain data: weights_only loading reads it
+    assert raw["model_class"] == "GTransformer" and raw["config"] == model.config.to_dict()
+    info = read_checkpoint(path)
+    assert info == {"step": 4, "extra": {"note": "x"}, "config": model.config, "model_class": "GTransformer"}
+
+
+def test_other_heads_are_refused_naming_both_values_and_nothing_changes(tmp_path):
+    path = save_checkpoint(tmp_path / "step_00000010.pt", model=make("GTransformer"), step=10)
+    target = make("GTransformer", heads=4)
+    # Narrow heads split emb=16 either way: every weight has the same shape, so only the config can tell.
+    saved_shapes = {k: v.shape for k, v in torch.load(path, weights_only=True)["model"].items()}
+    assert saved_shapes == {k: v.shape for k, v in target.state_dict().items()}
+    before = parameters(target)
+    with pytest.raises(ValueError) as error:
+        load_checkpoint(path, model=target)
+    message = str(error.value)
+    assert str(path) in message and "another architecture" in message
+    assert "heads: 2 (checkpoint) vs 4 (model)" in message
+    after = parameters(target)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_every_differing_field_is_named(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer", activation="gelu"), step=0)
+    with pytest.raises(ValueError) as error:
+        load_checkpoint(path, model=make("GTransformer", heads=4, activation="relu"))
+    message = str(error.value)
+    assert "activation: 'gelu' (checkpoint) vs 'relu' (model)" in message
+    assert "heads: 2 (checkpoint) vs 4 (model)" in message
+    assert "emb:" not in message  # fields that agree are not listed
+
+
+def test_dropout_and_attention_path_do_not_block_loading(tmp_path):
+    source = make("GTransformer", dropout=0.3)
+    path = save_checkpoint(tmp_path / "c.pt", model=source, step=0)
+    same_path = make("GTransformer", dropout=0.0)
+    load_checkpoint(path, model=same_path)
+    assert torch.equal(outputs(same_path), outputs(source))
+    reference = make("GTransformer", dropout=0.0, impl="reference")  # another kernel: equal up to rounding
+    load_checkpoint(path, model=reference)
+    torch.testing.assert_close(outputs(reference), outputs(source), atol=1e-5, rtol=1e-5)
+
+
+def test_a_plain_module_saves_and_loads_as_before(tmp_path):
+    source = nn.Linear(3, 2)
+    path = save_checkpoint(tmp_path / "c.pt", model=source, step=2)
+    assert not {"config", "model_class"} & set(torch.load(path, weights_only=True))
+    assert read_checkpoint(path) == {"step": 2, "extra": {}, "config": None, "model_class": None}
+    target = nn.Linear(3, 2)
+    assert load_checkpoint(path, model=target) == {"step": 2, "extra": {}}
+    assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
+    with pytest.raises(ValueError, match="holds no model config.*load_checkpoint"):
+        load_model(path)
+    # Other programs' checkpoints may have a "config" of their own (nanoGPT's do): it is not taken for ours.
+    torch.save({"model": source.state_dict(), "config": {"n_layer": 12}}, tmp_path / "theirs.pt")
+    assert read_checkpoint(tmp_path / "theirs.pt")["config"] is None
+    load_checkpoint(tmp_path / "theirs.pt", model=target)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rebuilding a model from its checkpoint
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_model_rebuilds_the_model_exactly(kind, tmp_path):
+    source = make(kind, dropout=0.2, prenorm=True)  # dropout: the rebuilt model must be in eval mode
+    path = save_checkpoint(tmp_path / "c.pt", model=source, step=7)
+    expected = outputs(source)
+    cls = torchformer.models.MODEL_CLASSES[kind]
+    for model in (torchformer.load_model(path), cls.from_checkpoint(path)):
+        assert type(model) is cls and model.config == source.config and not model.training
+        assert torch.equal(outputs(model), expected)
+
+
+def test_tied_weights_stay_tied_after_loading_a_checkpoint(tmp_path):
+    source = make("GTransformer", tie_weights=True)
+    path = save_checkpoint(tmp_path / "c.pt", model=source, step=0)
+    model = load_model(path)
+    assert model.head.toprobs.weight is model.embedding.tokens.weight
+    assert torch.equal(outputs(model), outputs(source))
+
+
+def test_load_model_leaves_the_global_random_numbers_alone(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer"), step=0)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    load_model(path)  # building the model draws initial weights; they must not come from the caller's stream
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_user_subclasses_load_when_named(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer", cls=MyGPT), step=0)
+    assert read_checkpoint(path)["model_class"] == "MyGPT"
+    with pytest.raises(ValueError, match=r"holds a MyGPT, which is not one of torchformer's model classes.*classes="):
+        load_model(path)
+    for model in (load_model(path, classes={"MyGPT": MyGPT}), load_model(path, model_class=MyGPT),
+                  MyGPT.from_checkpoint(path)):
+        assert type(model) is MyGPT
+    # A subclass of the saved class is fine; an unrelated class is not.
+    gpt_path = save_checkpoint(tmp_path / "g.pt", model=make("GTransformer"), step=0)
+    assert type(MyGPT.from_checkpoint(gpt_path)) is MyGPT
+    assert type(TransformerModel.from_checkpoint(gpt_path)) is GTransformer  # the base class: whatever was saved
+    with pytest.raises(ValueError, match="holds a GTransformer; model_class CTransformer is not GTransformer"):
+        CTransformer.from_checkpoint(gpt_path)
+    with pytest.raises(TypeError, match="model_class must be a TransformerModel subclass"):
+        load_model(gpt_path, model_class=nn.Linear)
+    with pytest.raises(TypeError, match=r"classes\['x'\] must be a TransformerModel subclass"):
+        load_model(gpt_path, classes={"x": 3})
+
+
+@pytest.mark.parametrize("content", ["missing", "empty", "random bytes", "truncated", "foreign pickle"])
+def test_a_file_that_is_no_checkpoint_is_one_clear_error(content, tmp_path):
+    path = tmp_path / "model.pt"
+    if content == "empty":
+        path.write_bytes(b"")
+    elif content == "random bytes":
+        path.write_bytes(random.Random(0).randbytes(2000))
+    elif content == "truncated":
+        whole = save_checkpoint(tmp_path / "whole.pt", model=make("GTransformer"), step=0).read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    elif content == "foreign pickle":
+        torch.save({"model": Wrapper(nn.Linear(2, 2))}, path)  # a pickled module: weights_only refuses it
+    expected = FileNotFoundError if content == "missing" else ValueError
+    for read in (read_checkpoint, load_model, lambda p: load_checkpoint(p, model=make("GTransformer"))):
+        with pytest.raises(expected) as error:
+            read(path)
+        assert type(error.value) is expected and str(path) in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Export as safetensors + config.json
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_and_load_round_trip(kind, tmp_path):
+    pytest.importorskip("safetensors")
+    source = make(kind)
+    folder = export_model(Wrapper(source), tmp_path / "export")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]  # no temporary files
+    description = json.loads((folder / "config.json").read_text())
+    assert description["model_class"] == kind and description["config"] == source.config.to_dict()
+    assert description["torchformer_version"] == torchformer.__version__
+    model = load_model(folder)
+    assert type(model) is type(source) and not model.training
+    assert torch.equal(outputs(model), outputs(source))
+
+
+def test_tied_weights_survive_export(tmp_path):
+    pytest.importorskip("safetensors")
+    source = make("GTransformer", tie_weights=True)
+    model = GTransformer.from_checkpoint(export_model(source, tmp_path / "export"))
+    tied, embedding = model.head.toprobs.weight, model.embedding.tokens.weight
+    assert tied is embedding and tied.data_ptr() == embedding.data_ptr()
+    assert torch.equal(outputs(model), outputs(source))
+
+
+def test_exported_folders_fail_clearly(tmp_path):
+    pytest.importorskip("safetensors")
+    with pytest.raises(TypeError, match="model must be a torchformer TransformerModel .*got Linear"):
+        export_model(nn.Linear(2, 2), tmp_path / "linear")
+    with pytest.raises(FileNotFoundError, match="holds no config.json"):
+        load_model(tmp_path)
+    folder = export_model(make("GTransformer"), tmp_path / "export")
+    description = json.loads((folder / "config.json").read_text())
+    description["config"]["emb"] = 32  # weights of emb 16 under a config of emb 32
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="model.safetensors do not fit the GTransformer"):
+        load_model(folder)
+    description["model_class"] = "Unknown"
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="holds a Unknown, which is not one of torchformer's model classes"):
+        load_model(folder)
+
+
+def test_without_safetensors_folders_say_how_to_install_it_and_checkpoints_still_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # makes `import safetensors` fail
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    model = make("GTransformer")
+    with pytest.raises(ImportError, match=r'pip install "torchformer\[safetensors\]"'):
+        export_model(model, tmp_path / "export")
+    (tmp_path / "export").mkdir(exist_ok=True)
+    with pytest.raises(ImportError, match=r'pip install "torchformer\[safetensors\]"'):
+        load_model(tmp_path / "export")
+    path = save_checkpoint(tmp_path / "c.pt", model=model, step=0)
+    assert torch.equal(outputs(load_model(path)), outputs(model))
+
+
+def test_map_location_places_the_model(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer"), step=0)
+    with pytest.raises(TypeError, match="map_location must be a device"):
+        load_model(path, map_location={"cuda:0": "cpu"})
+    if torch.cuda.is_available():
+        model = load_model(path, map_location="cuda")
+        assert next(model.parameters()).device.type == "cuda"
