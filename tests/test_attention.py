@@ -396,3 +396,36 @@ def test_padding_mask_fast_path_matches_float64_reference_on_cuda():
     expected = ref(x.double(), mask)
     assert ((out.double() - expected).norm() / expected.norm()) < 1e-5  # float32 (tf32 is off by default)
     assert torch.isfinite(out).all()
+
+
+# ---- padding that holds garbage -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_in_padding_never_reaches_real_positions(impl, garbage):
+    att = make(16, 4, causal=False, impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False, False], [True, False, True, True, False]])
+    dirty = x.masked_fill(~mask[:, :, None], garbage)
+    torch.testing.assert_close(att(dirty, mask)[mask], att(x, mask)[mask], atol=0, rtol=0)
+    cross = make_cross(impl=impl)
+    q = torch.randn(2, 3, 16, dtype=torch.float64)
+    torch.testing.assert_close(cross(q, dirty, mask), cross(q, x, mask), atol=0, rtol=0)
+
+
+def test_a_cache_needs_positions_and_a_cross_cache_its_own_context():
+    att = make(16, 4, causal=True)
+    cache = KVCache(8)
+    att(torch.randn(1, 3, 16), positions=torch.arange(3), cache=cache)
+    with pytest.raises(ValueError, match="positions must be given with a cache"):
+        att(torch.randn(1, 1, 16), cache=cache)  # the default 0 .. t-1 would overwrite slot 0
+    cross, cross_cache = make_cross(), KVCache()
+    x = torch.randn(1, 1, 16).double()
+    cross(x, torch.randn(1, 7, 16).double(), cache=cross_cache)
+    with pytest.raises(ValueError, match="context of 7 positions, but context has 4"):
+        cross(x, torch.randn(1, 4, 16).double(), cache=cross_cache)
+    cross_cache.reset()  # a new source: its keys are computed again, at its own length
+    shorter = torch.randn(1, 4, 16).double()
+    cross(x, shorter, cache=cross_cache)
+    torch.testing.assert_close(cross(x, shorter, cache=cross_cache), cross(x, shorter))

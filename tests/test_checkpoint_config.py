@@ -181,6 +181,23 @@ def test_user_subclasses_load_when_named(tmp_path):
         load_model(gpt_path, classes={"x": 3})
 
 
+def test_a_variant_s_checkpoint_is_not_loaded_as_its_base_class(tmp_path):
+    # MyGPT's weights fit a plain GTransformer exactly, but a variant computes something else (e.g. an attend
+    # override with no parameters of its own): the class must match, not only the shapes.
+    path = save_checkpoint(tmp_path / "v.pt", model=make("GTransformer", cls=MyGPT), step=0)
+    for load in (lambda: GTransformer.from_checkpoint(path), lambda: load_model(path, model_class=GTransformer),
+                 lambda: load_checkpoint(path, model=make("GTransformer"))):
+        with pytest.raises(ValueError, match="holds a MyGPT.*GTransformer"):
+            load()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_unavailable_device_is_a_clear_error(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer"), step=0)
+    with pytest.raises(ValueError, match="map_location.*CUDA is not available"):
+        load_model(path, map_location="cuda")
+
+
 @pytest.mark.parametrize("content", ["missing", "empty", "random bytes", "truncated", "foreign pickle"])
 def test_a_file_that_is_no_checkpoint_is_one_clear_error(content, tmp_path):
     path = tmp_path / "model.pt"

@@ -41,3 +41,14 @@ def test_generator_head_tying_shares_the_embedding():
 def test_bad_pool():
     with pytest.raises(ValueError, match="pool must be one of 'max', 'mean', 'first'; got 'sum'"):
         ClassifierHead(8, 2, "sum")
+
+
+@pytest.mark.parametrize("pool", ["max", "mean"])
+def test_pooling_ignores_nan_and_inf_in_padding(pool):
+    torch.manual_seed(0)
+    head = ClassifierHead(8, 3, pool)
+    x = torch.randn(2, 5, 8)
+    mask = torch.tensor([[True, True, True, False, False], [True, False, True, True, False]])
+    for garbage in (float("nan"), float("inf")):
+        dirty = x.masked_fill(~mask[:, :, None], garbage)
+        torch.testing.assert_close(head(dirty, mask), head(x, mask), atol=0, rtol=0)

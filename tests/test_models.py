@@ -207,6 +207,12 @@ def test_positions_with_caches_are_required_and_checked():
         model(x[:, :1], positions=5)
     with pytest.raises(ValueError, match=r"reaches position 12.*seq_length=12"):
         model(x[:, :1], caches=caches, positions=torch.tensor([12]))
+    with pytest.raises(ValueError, match=r"positions must be consecutive.*\[6, 6\]"):
+        model(x[:, :2], caches=caches, positions=torch.tensor([6, 6]))
+    with pytest.raises(ValueError, match="positions must be consecutive"):
+        model(x[:, :3], positions=torch.tensor([2, 1, 0]))
+    with pytest.raises(ValueError, match="BlockCaches with a capacity"):
+        model(x[:, :1], caches=[object(), object()], positions=torch.tensor([0]))
     sinusoidal = seeded(GTransformer, 32, 4, 2, 12, 20, positions="sinusoidal").eval()
     with pytest.raises(ValueError, match=r"caches hold 12 positions"):  # no position limit, but the caches have one
         sinusoidal(x[:, :1], caches=sinusoidal.new_caches(), positions=torch.tensor([12]))
@@ -216,7 +222,7 @@ def test_token_ids_of_any_integer_dtype_work():
     model = seeded(GTransformer, 16, 2, 1, 8, 256).eval()
     ids = torch.randint(0, 256, (2, 8))
     expected = model(ids)
-    for dtype in (torch.uint8, torch.int16, torch.int32):
+    for dtype in (torch.uint8, torch.int16, torch.int32, torch.uint16, torch.uint32):
         torch.testing.assert_close(model(ids.to(dtype)), expected, atol=0, rtol=0)
 
 
@@ -232,6 +238,8 @@ def test_config_is_the_model_s_architecture():
     assert config.differences(config.replace(heads=2)) == ["heads: 4 vs 2"]
     with pytest.raises(TypeError, match="either config= or the model's arguments"):
         GTransformer(32, config=config)
+    with pytest.raises(TypeError, match=r"num_tokens twice.*src_tokens is the config's num_tokens"):
+        Seq2SeqTransformer(32, 4, 2, 16, 50, 40, num_tokens=50)
     with pytest.raises(ValueError, match="unknown config field.*colour"):
         TransformerConfig.from_dict({**config.to_dict(), "colour": "red"})
     with pytest.raises(ValueError, match=r"emb \(30\) must be divisible by heads \(4\)"):

@@ -107,18 +107,19 @@ def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
         raise ValueError(f"{name} must have shape (b, t) (2 dimensions), got shape {tuple(x.shape)}")
     if x.size(0) == 0 or x.size(1) == 0:
         raise ValueError(f"{name} must contain at least one sequence of at least one token, got shape {tuple(x.shape)}")
+    x = x if x.dtype == torch.long else x.long()  # embeddings index with long ids (uint16..64 lack min/max, too)
     if _values_readable(x):
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= num_tokens:
             raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
-    return x if x.dtype == torch.long else x.long()
+    return x
 
 
 def check_positions(
     positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None
 ) -> Tensor:
-    """Check the absolute positions ``(t,)`` of ``t`` tokens and return them as ``torch.long``; ``None`` gives
-    ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
+    """Check the absolute positions ``(t,)`` of ``t`` consecutive tokens and return them as ``torch.long``; ``None``
+    gives ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
 
     ``limit``: the number of positions the model can encode (learned positions), or None. ``capacity``: the slots
     of the KV caches in use, or None without caches.
@@ -139,9 +140,15 @@ def check_positions(
         raise ValueError(f"positions must have shape (t,) = ({t},), one per token, got {tuple(positions.shape)}")
     if positions.device != device:
         raise ValueError(f"positions must be on the tokens' device ({device}), got {positions.device}")
+    positions = positions if positions.dtype == torch.long else positions.long()
     if _values_readable(positions):
         _check_bounds(int(positions.min()), int(positions.max()), limit, capacity)
-    return positions if positions.dtype == torch.long else positions.long()
+        if t > 1 and not bool((positions[1:] - positions[:-1] == 1).all()):
+            raise ValueError(
+                f"positions must be consecutive, each one more than the one before (the tokens of x follow each "
+                f"other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}"
+            )
+    return positions
 
 
 def _check_bounds(lo: int, hi: int, limit: int | None, capacity: int | None) -> None:

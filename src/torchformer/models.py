@@ -39,6 +39,10 @@ from torchformer.nn.stacks import Decoder, Encoder
 def build_config(model: str, config: Optional[TransformerConfig], given: dict, options: dict) -> TransformerConfig:
     """The config of a model: ``config`` itself, or one made from former's positional arguments and keywords."""
     named = {name: value for name, value in given.items() if value is not None}
+    twice = sorted(set(named) & set(options))
+    if twice:
+        raise TypeError(f"{model} got {', '.join(twice)} twice, as a positional argument and as a keyword"
+                        + (" (src_tokens is the config's num_tokens)" if "num_tokens" in twice else ""))
     if config is None:
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TransformerConfig)})
         if unknown:
@@ -62,7 +66,13 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
     if not isinstance(caches, (list, tuple)) or len(caches) != depth:
         got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
         raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
-    return caches[0].self_attention.capacity
+    capacity = getattr(getattr(caches[0], "self_attention", None), "capacity", None)
+    if capacity is None:
+        raise ValueError(
+            f"caches must be BlockCaches with a capacity, as model.new_caches() makes them; got "
+            f"{type(caches[0]).__name__}"
+        )
+    return capacity
 
 
 class TransformerModel(nn.Module):

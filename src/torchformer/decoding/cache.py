@@ -100,8 +100,12 @@ class KVCache:
         return self.real is not None
 
     def reset(self) -> None:
-        """Forget what was written, keeping the buffers (and their memory) for the next sequence of this shape."""
-        if self.written is not None:
+        """Forget what was written. A cache with a capacity keeps its buffers (and their memory) for the next
+        sequence; one sized by its first write (cross-attention: the next context may have another length) frees
+        them."""
+        if self.capacity is None:
+            self.keys = self.values = self.slots = self.written = None
+        elif self.written is not None:
             self.written.fill_(False)
         self.real, self._any_written = None, False
 
@@ -162,7 +166,9 @@ class BlockCache:
             sized by the context it stores.
     """
 
-    def __init__(self, capacity: Optional[int] = None) -> None:
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int (the positions a block's cache holds), got {capacity!r}")
         self.self_attention = KVCache(capacity)
         self.cross_attention = KVCache()
 

@@ -235,7 +235,11 @@ class SelfAttention(MultiHeadAttention):
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         if positions is None:
+            if cache is not None:  # the default 0 .. t-1 would overwrite the first slots of a filled cache
+                raise ValueError("positions must be given with a cache: the absolute positions of x's tokens, (t,)")
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
+        if mask is not None:  # padding never reaches real positions, even when it holds NaN or inf (0 * NaN = NaN)
+            x = x.masked_fill(~mask[:, :, None], 0.0)
         q = self.project_queries(x)  # (b, h, t, s)
         k, v = self.project_keys_values(x)  # (b, h, t, s) each
         if cache is None or cache.empty:
@@ -288,7 +292,14 @@ class CrossAttention(MultiHeadAttention):
         q = self.project_queries(x)  # (b, h, t, s)
         if cache is not None and not cache.empty:
             k, v = cache.keys, cache.values  # computed from the same context on the first step
+            if k.size(2) != context.size(1):  # type: ignore[union-attr]
+                raise ValueError(
+                    f"this cross-attention cache holds the keys of a context of {k.size(2)} positions, but context "  # type: ignore[union-attr]
+                    f"has {context.size(1)}: another source. Use fresh caches (model.new_caches()) or reset() them"
+                )
         else:
+            if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
+                context = context.masked_fill(~context_mask[:, :, None], 0.0)
             k, v = self.project_keys_values(context)  # (b, h, u, s) each
             if cache is not None:
                 cache.update(k, v, torch.arange(k.size(2), device=k.device))

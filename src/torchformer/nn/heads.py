@@ -46,7 +46,7 @@ class ClassifierHead(nn.Module):
             pooled = x.masked_fill(~real, torch.finfo(x.dtype).min).max(dim=1).values  # (b, e)
             return pooled.masked_fill(~real.any(dim=1), 0.0)
         count = real.sum(dim=1).clamp(min=1)  # (b, 1); an all-padding row divides 0 by 1
-        return (x * real).sum(dim=1) / count
+        return x.masked_fill(~real, 0.0).sum(dim=1) / count  # masked_fill, not x * real: padding may hold NaN
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         return F.log_softmax(self.toprobs(self.pooled(x, mask)), dim=-1)  # (b, e) -> (b, c)

@@ -202,7 +202,7 @@ def load_checkpoint(
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
-    _check_architecture(_saved_config(ckpt, path), target, path)
+    _check_architecture(_saved_config(ckpt, path), ckpt.get("model_class"), target, path)
     state = _match_state_dict(ckpt["model"], target, path)
     states = {"optimizer": optimizer, "scheduler": scheduler}
     for name, obj in states.items():
@@ -420,10 +420,24 @@ def _saved_config(ckpt: Mapping[str, Any], path: Path) -> Optional[TransformerCo
         raise ValueError(f"checkpoint {path} holds a config this version of torchformer cannot read: {e}") from e
 
 
-def _check_architecture(saved: Optional[TransformerConfig], target: nn.Module, path: Path) -> None:
-    """Refuse a checkpoint whose config differs from ``target``'s outside :data:`TRAINING_ONLY_FIELDS`."""
+def is_or_extends(cls: type, name: str) -> bool:
+    """Whether ``cls`` is the class called ``name`` or a subclass of one (compared by name: the saved class may be a
+    user's class that this process has not imported)."""
+    return any(base.__name__ == name for base in cls.__mro__)
+
+
+def _check_architecture(
+    saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module, path: Path
+) -> None:
+    """Refuse a checkpoint of another model class (a variant's weights can fit a plain model exactly), or whose
+    config differs from ``target``'s outside :data:`TRAINING_ONLY_FIELDS`."""
     if saved is None or not isinstance(target, TransformerModel):
         return  # nothing to compare: the state_dict's keys and shapes are checked instead
+    if saved_class is not None and not is_or_extends(type(target), saved_class):
+        raise ValueError(
+            f"checkpoint {path} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
+            f"that class nor a subclass of it; build a {saved_class} (load_model(path, model_class={saved_class}))"
+        )
     differing = [
         f"{field.name}: {getattr(saved, field.name)!r} (checkpoint) vs {getattr(target.config, field.name)!r} (model)"
         for field in dataclasses.fields(saved)

@@ -25,7 +25,10 @@ from torch import nn
 
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
-from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, unwrap_model, write_atomically
+from torchformer.train.checkpoint import (
+    is_or_extends, load_checkpoint, read_checkpoint, unwrap_model, write_atomically,
+)
+from torchformer.train.training import resolve_device
 
 PathLike = Union[str, os.PathLike]
 
@@ -137,8 +140,7 @@ def _resolve_model_class(
     # TransformerModel itself cannot be built (it has no layers): TransformerModel.from_checkpoint means "any model".
     if model_class is not None and model_class is not TransformerModel:
         _check_model_class(model_class, "model_class")
-        expected = known.get(saved) if saved is not None else None
-        if expected is not None and not issubclass(model_class, expected):
+        if saved is not None and not is_or_extends(model_class, saved):
             raise ValueError(f"{path} holds a {saved}; model_class {model_class.__name__} is not {saved} or a "
                              f"subclass of it")
         return model_class
@@ -162,9 +164,9 @@ def _check_device(map_location: Any) -> torch.device:
     if not isinstance(map_location, (str, torch.device)):
         raise TypeError(f"map_location must be a device such as 'cpu' or 'cuda:0', got {map_location!r}")
     try:
-        return torch.device(map_location)
-    except RuntimeError as e:
-        raise ValueError(f"map_location must be a device such as 'cpu' or 'cuda:0', got {map_location!r}") from e
+        return resolve_device(map_location)  # also says so when the device does not exist on this machine
+    except ValueError as e:
+        raise ValueError(f"map_location: {e}") from None
 
 
 def _import_safetensors() -> Any:
