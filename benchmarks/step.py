@@ -10,6 +10,7 @@ CPU: peak resident set size of the process, which includes the ~0.3 GB of the Py
 
     python benchmarks/step.py                       # CPU defaults: emb 256, 8 heads, depth 4, context 256 and 1024
     python benchmarks/step.py --device cuda --bf16  # on a GPU, with bf16 autocast
+    python benchmarks/step.py --kinds fast rotary alibi relative rms swiglu relu2 gqa window   # the parts' cost
 """
 
 from __future__ import annotations
@@ -48,9 +49,26 @@ class TorchEncoderLM(nn.Module):
         return F.log_softmax(self.toprobs(h), dim=-1)
 
 
+# The parts of current models (docs/relative-positions.md, docs/modern-blocks.md), each on the fast path: compare
+# with "fast" in the same run to get the cost of the part.
+PARTS = {
+    "rotary": dict(positions="rotary"),
+    "alibi": dict(positions="alibi"),
+    "relative": dict(positions="relative"),
+    "rms": dict(norm="rms"),
+    "relu2": dict(activation="relu2"),
+    "swiglu": dict(activation="swiglu"),
+    "geglu": dict(activation="geglu"),
+    "gqa": dict(kv_heads=2),
+    "window": dict(window=128),
+}
+
+
 def build(kind: str, args, context: int) -> nn.Module:
     if kind == "torch":
         return TorchEncoderLM(args.emb, args.heads, args.depth, context, 256)
+    if kind in PARTS:
+        return GTransformer(args.emb, args.heads, args.depth, context, 256, **PARTS[kind])
     impl = "sdpa" if kind == "fast" else "reference"
     return GTransformer(args.emb, args.heads, args.depth, context, 256, impl=impl)
 
@@ -106,7 +124,8 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--tokens", type=int, default=4096, help="tokens per batch (batch size = tokens // context)")
-    p.add_argument("--kinds", nargs="+", default=["fast", "reference", "torch"])
+    p.add_argument("--kinds", nargs="+", default=["fast", "reference", "torch"],
+                   help=f"fast, reference, torch, or a part on the fast path: {', '.join(PARTS)}")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -122,8 +141,8 @@ def main() -> None:
     print(f"# GTransformer training step: emb {args.emb}, heads {args.heads}, depth {args.depth}, "
           f"{args.tokens} tokens/step, device {args.device}{', bf16 autocast' if args.bf16 else ''}, "
           f"torch {torch.__version__}, median of {args.steps} steps after {args.warmup} warm-up")
-    print("| context | batch | implementation | ms/step | tokens/s | peak memory (MB) | vs torch.nn |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    print("| context | batch | implementation | ms/step | tokens/s | peak memory (MB) | vs torch.nn | time vs fast |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     forwarded = [a for a in sys.argv[1:]]
     for context in args.contexts:
         rows = []
@@ -132,10 +151,12 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
         base = next((r["ms"] for r in rows if r["kind"] == "torch"), None)
+        fast = next((r["ms"] for r in rows if r["kind"] == "fast"), None)
         for r in rows:
             ratio = f"{base / r['ms']:.2f}x" if base else "-"
+            cost = f"{r['ms'] / fast:.2f}x" if fast else "-"  # > 1: the part makes the step slower
             print(f"| {r['context']} | {r['batch']} | {r['kind']} | {r['ms']:.1f} | {r['tok_s']:,.0f} | "
-                  f"{r['peak_mb']:,.0f} | {ratio} |", flush=True)
+                  f"{r['peak_mb']:,.0f} | {ratio} | {cost} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,20 @@ from torchformer.train.checkpoint import read_checkpoint
 PRESETS = {
     # Measured: 8 min 18 s on 2 CPU cores, 2.34 validation bits per byte on enwik8_prefix (see examples/README.md).
     "cpu": dict(num_batches=2000, batch_size=32, learn_rate=5e-3, lr_warmup=50, embedding=128, heads=4, depth=4,
-                context=128, dropout=0.0, kqnorm=False, test_every=500, test_subset=20_000),
+                context=128, dropout=0.0, kqnorm=False, positions="learned", norm="layer", activation="relu",
+                test_every=500, test_subset=20_000),
     # For one H100/H200 (bf16), trained for a fixed time. Measured on one H100 with --minutes 5: 1.262 test bits
     # per byte on the Wikipedia stand-in corpus, 1.0M tokens/s, 30.5% MFU (docs/enwik8.md). Without kqnorm, learning
     # rate 1.5e-3 gave loss spikes from step 6,900 on; 6e-4 learned more slowly.
     "gpu": dict(minutes=10.0, batch_size=32, learn_rate=1e-3, lr_warmup=1000, embedding=512, heads=8, depth=12,
-                context=1024, dropout=0.0, kqnorm=True, test_every=2000, test_subset=100_000),
+                context=1024, dropout=0.0, kqnorm=True, positions="learned", norm="layer", activation="relu",
+                test_every=2000, test_subset=100_000),
 }
-ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm")  # must match to resume a checkpoint
+# Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
+ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
+                "window")
+ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
+                         "kv_heads": None, "window": None}
 COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "final_val_bpb", "test_bpb", "elapsed_s"]
 
 
@@ -60,6 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("-d", "--depth", type=int, help="transformer blocks")
     add("-C", "--context", type=int, help="context length in bytes")
     add("--dropout", type=float, help="dropout rate")
+    add("--positions", choices=("learned", "sinusoidal", "rotary", "alibi", "relative"),
+        help="position scheme (docs/positions.md, docs/relative-positions.md)")
+    add("--norm", choices=("layer", "rms"), help="LayerNorm or RMSNorm in the blocks (docs/modern-blocks.md)")
+    add("--activation", choices=("relu", "gelu", "relu2", "swiglu", "geglu"), help="feed-forward nonlinearity")
+    add("--kv-heads", type=int, help="key/value heads (grouped-query attention; default: --heads)")
+    add("--window", type=int, help="sliding-window attention: each byte sees the last N bytes (default: all)")
     add("--kqnorm", action=argparse.BooleanOptionalAction, help="layer-normalise keys and queries (fixes the "
         "scale of the attention logits, which can stabilise training at high learning rates)")
     add("--gradient-clipping", type=float, default=1.0, help="max gradient norm (0: off)")
@@ -98,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.minutes is not None and not 0 < args.minutes < math.inf:
         p.error(f"--minutes must be a positive number, got {args.minutes}")
     for name in ("num_batches", "batch_size", "embedding", "heads", "depth", "context", "test_every",
-                 "test_subset", "test_batch_size", "accumulate", "log_every"):
+                 "test_subset", "test_batch_size", "accumulate", "log_every", "kv_heads", "window"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
     if args.data is not None and not args.data.is_file():
@@ -176,8 +188,8 @@ def check_resumable(ckpt: Path, args) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
-    changed = [f"--{k} {config.get(k, False)} (now {getattr(args, k)})" for k in ARCHITECTURE
-               if config.get(k, False) != getattr(args, k)]
+    changed = [f"--{k.replace('_', '-')} {config.get(k, ARCHITECTURE_DEFAULTS.get(k))} (now {getattr(args, k)})"
+               for k in ARCHITECTURE if config.get(k, ARCHITECTURE_DEFAULTS.get(k)) != getattr(args, k)]
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
     saved = extra.get("num_batches")  # older checkpoints do not record it
@@ -233,7 +245,8 @@ def main(argv=None) -> dict:
 
     try:
         model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
-                             prenorm=True, kqnorm=args.kqnorm).to(args.device)
+                             prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
+                             activation=args.activation, kv_heads=args.kv_heads, window=args.window).to(args.device)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
     flops = model_flops_per_token(model, context=args.context)

@@ -163,7 +163,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="GTransformer needs num_tokens"):
         GTransformer(16, 2, 1, 8)
     with pytest.raises(ValueError, match="positions must be one of"):
-        GTransformer(16, 2, 1, 8, 10, positions="rotary")
+        GTransformer(16, 2, 1, 8, 10, positions="xpos")
     s2s = seeded(Seq2SeqTransformer, 16, 2, 1, 8, 10, 12)
     with pytest.raises(ValueError, match=r"tgt must hold token ids in \[0, 12\)"):
         s2s(torch.zeros(1, 3, dtype=torch.long), torch.full((1, 3), 12))

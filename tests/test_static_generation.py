@@ -13,7 +13,7 @@ from torchformer.decoding.generation import generate
 from torchformer.models import GTransformer
 from torchformer.decoding.compiled import StaticCacheGenerator
 
-from test_generation import SharpAttention, sharpened, small_lm  # the same small models as generate's tests
+from test_generation import SharpAttention, small_lm  # the same small models as generate's tests
 
 def prompt_of(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 13, (b, t), generator=torch.Generator().manual_seed(seed))

@@ -6,8 +6,10 @@ Where each concept lives:
 * :mod:`torchformer.nn`: the transformer itself, one concept per module:
   :mod:`~torchformer.nn.attention` (self- and cross-attention, narrow or wide heads, fast and reference paths),
   :mod:`~torchformer.nn.masks` (which keys a query may see: causal rule, padding, positions),
-  :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding`, :mod:`~torchformer.nn.blocks`,
-  :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads` (classifier and generator output heads)
+  :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding` (token ids or feature vectors),
+  :mod:`~torchformer.nn.norms` (LayerNorm, RMSNorm), :mod:`~torchformer.nn.feedforward` (plain and gated
+  feed-forward networks), :mod:`~torchformer.nn.blocks`, :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads`
+  (classifier and generator output heads)
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, built from a config
 * :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
   :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
@@ -24,10 +26,12 @@ from torchformer.decoding.compiled import StaticCacheGenerator
 from torchformer.decoding.generation import beam_search, generate, seq2seq_generate
 from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
-from torchformer.nn.blocks import DecoderBlock, FeedForward, TransformerBlock
-from torchformer.nn.embedding import TokenEmbedding
+from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
+from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.heads import ClassifierHead, GeneratorHead
 from torchformer.nn.masks import AttentionMask
+from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.train.export import export_model, load_model
@@ -45,11 +49,13 @@ __all__ = [
     "DecoderBlock",
     "Encoder",
     "FeedForward",
+    "GatedFeedForward",
     "GeneratorHead",
     "GTransformer",
     "KVCache",
     "LearnedPositions",
     "MultiHeadAttention",
+    "RMSNorm",
     "SelfAttention",
     "Seq2SeqTransformer",
     "SinusoidalPositions",
@@ -58,6 +64,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerModel",
+    "VectorEmbedding",
     "beam_search",
     "bits_per_byte",
     "export_model",

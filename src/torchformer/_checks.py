@@ -115,6 +115,38 @@ def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
     return x
 
 
+def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None) -> Tensor:
+    """Check a batch of feature vectors: floating point ``(b, t, dim)`` with ``b, t >= 1``; returns ``x``.
+
+    The input of a model built with ``input_dim=dim``. With ``like`` (a parameter of the model), also check that
+    ``x`` has the parameters' dtype, unless autocast is on (as :func:`check_embeddings` does).
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of feature vectors, shape (b, t, {dim}), got {type(x).__name__}"
+        )
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating point tensor of feature vectors, shape (b, t, {dim}), got dtype {x.dtype} "
+            f"(the model was built with input_dim={dim}: it takes vectors, not token ids)"
+        )
+    if x.dim() != 3 or x.size(-1) != dim:
+        raise ValueError(
+            f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
+            f"{tuple(x.shape)}"
+        )
+    if x.size(0) == 0 or x.size(1) == 0:
+        raise ValueError(
+            f"{name} must contain at least one sequence of at least one vector, got shape {tuple(x.shape)}"
+        )
+    if like is not None and x.dtype != like.dtype and not _autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
+            f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast"
+        )
+    return x
+
+
 def check_positions(
     positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None
 ) -> Tensor:

@@ -20,8 +20,12 @@ from typing import Any, Mapping, Optional
 
 from torchformer._checks import check_choice, check_positive_int, check_probability
 
-POSITIONS = ("learned", "sinusoidal", "none")
-ACTIVATIONS = ("relu", "gelu")
+# Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
+ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
+RELATIVE_POSITIONS = ("rotary", "alibi", "relative")
+POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
+ACTIVATIONS = ("relu", "gelu", "relu2", "swiglu", "geglu")
+NORMS = ("layer", "rms")
 POOLING = ("max", "mean", "first")
 IMPLEMENTATIONS = ("sdpa", "reference")
 
@@ -40,11 +44,21 @@ class TransformerConfig:
         tgt_tokens: target vocabulary size (:class:`~torchformer.models.Seq2SeqTransformer` only).
         decoder_depth: blocks of the decoder of an encoder-decoder model; ``None`` means ``depth``.
         wide: wide attention heads (every head sees all ``e`` dimensions) instead of narrow ones (``e // h`` each).
-        positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
+        positions: added to the embeddings: ``"learned"``, ``"sinusoidal"`` or ``"none"``; or acting inside
+            attention: ``"rotary"`` (RoPE), ``"alibi"`` or ``"relative"`` (T5-style learned bias).
         dropout: dropout after the embedding, on the attention weights and after each sublayer.
         prenorm: layer norm before each sublayer (GPT-2) instead of after the residual (Vaswani et al., former).
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
-        activation: the feed-forward nonlinearity, ``"relu"`` or ``"gelu"``.
+        activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"relu2"`` (ReLU squared), or a gated
+            linear unit, ``"swiglu"`` or ``"geglu"`` (hidden size 2/3 of ``ff_mult * emb``, so the parameter count
+            stays about the same).
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
+        kv_heads: heads of keys and values (grouped-query attention): ``None`` means ``heads``; 1 is multi-query
+            attention. Must divide ``heads``.
+        window: sliding-window (local) attention: each query sees only the last ``window`` positions (itself
+            included). ``None``: no window.
+        input_dim: feed dense ``(b, t, input_dim)`` vectors through a linear projection instead of token ids
+            (audio frames, say); ``None``: token ids.
         kqnorm: layer-normalise keys and queries per head (bounds the attention logits).
         impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``) or ``"reference"`` (matmul-softmax-matmul).
         pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
@@ -69,11 +83,16 @@ class TransformerConfig:
     impl: str = "sdpa"
     pool: str = "max"
     tie_weights: bool = False
+    norm: str = "layer"
+    kv_heads: Optional[int] = None
+    window: Optional[int] = None
+    input_dim: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
-        for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth"):
+        for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
+                     "input_dim"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights"):
@@ -84,6 +103,12 @@ class TransformerConfig:
         check_choice(self.activation, "activation", ACTIVATIONS)
         check_choice(self.impl, "impl", IMPLEMENTATIONS)
         check_choice(self.pool, "pool", POOLING)
+        check_choice(self.norm, "norm", NORMS)
+        if self.kv_heads is not None and self.heads % self.kv_heads != 0:
+            raise ValueError(
+                f"kv_heads ({self.kv_heads}) must divide heads ({self.heads}): each group of heads // kv_heads query "
+                f"heads shares one key/value head"
+            )
         if not self.wide and self.emb % self.heads != 0:
             raise ValueError(
                 f"emb ({self.emb}) must be divisible by heads ({self.heads}) for narrow heads (each head gets "

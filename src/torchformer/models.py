@@ -9,11 +9,17 @@ or pass a whole config (``GTransformer(config=config)``, :meth:`TransformerModel
 * :class:`GTransformer`: token ids ``(b, t)`` -> log-probabilities of the next token ``(b, t, v)``, causally.
 * :class:`Seq2SeqTransformer`: source ids ``(b, u)`` and target ids ``(b, t)`` -> ``(b, t, v_tgt)``.
 
+With ``input_dim=d`` in the config, the classifier's input and the encoder-decoder's source are feature vectors
+``(b, t, d)`` (audio frames, say) instead of token ids, projected by a linear layer
+(:class:`~torchformer.nn.embedding.VectorEmbedding`). A generator feeds its own output tokens back in, so its input
+is always token ids.
+
 The models are the boundary: their ``forward`` checks its inputs once (shapes, dtypes, and on the CPU the values
 of ids and positions) and the modules inside trust the documented shapes. A variant of a model swaps the class of
 its blocks (``block_class``; see ``docs/extending.md``).
 
-Shapes: b batch size, t (target) sequence length, u source length, e embedding size, c classes, v vocabulary size.
+Shapes: b batch size, t (target) sequence length, u source length, d input features, e embedding size, c classes,
+v vocabulary size.
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_embeddings, check_mask, check_positions, check_tokens
+from torchformer._checks import check_embeddings, check_features, check_mask, check_positions, check_tokens
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
 from torchformer.decoding.cache import BlockCache
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
-from torchformer.nn.embedding import TokenEmbedding
+from torchformer.nn.embedding import TokenEmbedding, input_embedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead
 from torchformer.nn.stacks import Decoder, Encoder
 
@@ -75,6 +81,33 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
     return capacity
 
 
+def require_input(model: str, config: TransformerConfig) -> None:
+    """Token ids need a vocabulary, ``num_tokens``; feature vectors (``input_dim``) have none: there it is refused."""
+    if config.input_dim is None:
+        config.require(model, "num_tokens")
+    else:
+        config.unused(model, "num_tokens")
+
+
+def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[Tensor], mask_name: str, *,
+                like: Tensor) -> Tensor:
+    """Check a model's input and its optional padding mask ``(b, t)``; return the input for the embedding.
+
+    The input is token ids ``(b, t)``, or with ``config.input_dim`` feature vectors ``(b, t, input_dim)`` of
+    ``like``'s dtype. Padding vectors are zeroed: they may hold anything, NaN included, and although attention never
+    reads them, ``0 * NaN`` in the gradient of the input projection would still poison its weights.
+    """
+    if config.input_dim is None:
+        x = check_tokens(x, name, config.num_tokens)  # type: ignore[arg-type]
+    else:
+        x = check_features(x, name, config.input_dim, like=like)
+    if mask is not None:
+        check_mask(mask, mask_name, tuple(x.shape[:2]))
+        if config.input_dim is not None:
+            x = x.masked_fill(~mask[:, :, None], 0.0)
+    return x
+
+
 class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
@@ -105,9 +138,10 @@ class TransformerModel(nn.Module):
 class CTransformer(TransformerModel):
     """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
 
-    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` and an optional padding mask ``(b, t)`` (True = real
-    token) -> ``(b, num_classes)`` log-probabilities. With a mask, padding never changes the result.
-    ``pool`` (a config field) is ``"max"`` (default, as former's ``max_pool=True``), ``"mean"`` or ``"first"``.
+    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` (or, with ``input_dim=d``, feature vectors ``(b, t, d)``)
+    and an optional padding mask ``(b, t)`` (True = real token) -> ``(b, num_classes)`` log-probabilities. With a
+    mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
+    ``max_pool=True``), ``"mean"`` or ``"first"``.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -127,20 +161,18 @@ class CTransformer(TransformerModel):
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens,
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
-        config.require("CTransformer", "seq_length", "num_tokens", "num_classes")
+        config.require("CTransformer", "seq_length", "num_classes")
         config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights")
+        require_input("CTransformer", config)
         super().__init__(config)
-        self.embedding = TokenEmbedding(config.num_tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
-                                        positions=config.positions, dropout=config.dropout)
+        self.embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
         self.encoder = Encoder(config, block_class=self.block_class)
         self.head = ClassifierHead(config.emb, config.num_classes, config.pool)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        x = check_tokens(x, "x", self.config.num_tokens)  # type: ignore[arg-type]
-        if mask is not None:
-            check_mask(mask, "mask", tuple(x.shape))
+        x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight)
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
-        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
+        h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
         return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
@@ -172,10 +204,10 @@ class GTransformer(TransformerModel):
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
         config = build_config("GTransformer", config, given, options)
         config.require("GTransformer", "seq_length", "num_tokens")
-        config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool")
+        # input_dim is refused: generation feeds the model's own output tokens back in, so its input is token ids.
+        config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim")
         super().__init__(config)
-        self.embedding = TokenEmbedding(config.num_tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
-                                        positions=config.positions, dropout=config.dropout)
+        self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
@@ -247,7 +279,9 @@ class Seq2SeqTransformer(TransformerModel):
     ``forward(src, tgt, src_mask=None)``: source ids ``(b, u)``, target ids ``(b, t)`` (teacher forcing: the
     target shifted right, starting with a BOS token) -> ``(b, t, tgt_tokens)`` log-probabilities of the next target
     token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
-    ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``.
+    ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
+    ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
+    left out.
     """
 
     encoder_block_class: type[TransformerBlock] = TransformerBlock
@@ -268,26 +302,21 @@ class Seq2SeqTransformer(TransformerModel):
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=src_tokens,
                      tgt_tokens=tgt_tokens)
         config = build_config("Seq2SeqTransformer", config, given, options)
-        config.require("Seq2SeqTransformer", "seq_length", "num_tokens", "tgt_tokens")
+        config.require("Seq2SeqTransformer", "seq_length", "tgt_tokens")
         config.unused("Seq2SeqTransformer", "num_classes", "pool")
+        require_input("Seq2SeqTransformer", config)
         super().__init__(config)
-
-        def embedding(tokens: int) -> TokenEmbedding:
-            return TokenEmbedding(tokens, config.emb, config.seq_length,  # type: ignore[arg-type]
-                                  positions=config.positions, dropout=config.dropout)
-
-        self.src_embedding = embedding(config.num_tokens)  # type: ignore[arg-type]
-        self.tgt_embedding = embedding(config.tgt_tokens)  # type: ignore[arg-type]
+        self.src_embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
+        self.tgt_embedding = TokenEmbedding.from_config(config, num_tokens=config.tgt_tokens)
         self.encoder = Encoder(config, block_class=self.encoder_block_class)
         self.decoder = Decoder(config, block_class=self.decoder_block_class)
         tie = self.tgt_embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie)  # type: ignore[arg-type]
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
-        """Source ids ``(b, u)`` -> the encoder's output ``(b, u, e)``, the context of every decoder block."""
-        src = check_tokens(src, "src", self.config.num_tokens)  # type: ignore[arg-type]
-        if src_mask is not None:
-            check_mask(src_mask, "src_mask", tuple(src.shape))
+        """Source ids ``(b, u)`` (or feature vectors ``(b, u, d)`` with ``input_dim=d``) -> the encoder's output
+        ``(b, u, e)``, the context of every decoder block."""
+        src = check_input(src, "src", self.config, src_mask, "src_mask", like=self.head.toprobs.weight)
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
@@ -338,7 +367,8 @@ class Seq2SeqTransformer(TransformerModel):
         use_cache: bool = True,
         generator: Optional[torch.Generator] = None,
     ) -> Tensor:
-        """Target ids ``(b, max_len)`` for source ids ``src`` ``(b, u)``, starting after ``bos``, padded with ``eos``.
+        """Target ids ``(b, max_len)`` for the source ``src`` (ids ``(b, u)``, or vectors ``(b, u, d)`` with
+        ``input_dim=d``), starting after ``bos``, padded with ``eos``.
         Greedy by default; ``beam_size > 1`` for beam search. See
         :func:`torchformer.decoding.generation.seq2seq_generate`."""
         return generation.seq2seq_generate(

@@ -34,7 +34,8 @@ a sequence whose *total* probability is higher although its first token was not 
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
 ``model.new_caches()`` and ``model(x, *, caches=None, positions=None)`` -> log-probabilities ``(n, t, v)``.
 :func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, *, caches, positions)``,
-``new_caches(capacity)`` and ``config`` of a :class:`Seq2SeqTransformer`.
+``new_caches(capacity)`` and ``config`` of a :class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or
+feature vectors ``(b, u, d)`` when ``config.input_dim`` is set).
 
 Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * beam_size``), v vocabulary size.
 """
@@ -47,7 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int, check_tokens
+from torchformer._checks import check_features, check_positive_int, check_tokens
 from torchformer.decoding.cache import BlockCache
 from torchformer.decoding.sampling import check_sampling, sample_next
 
@@ -364,7 +365,8 @@ def seq2seq_generate(
     use_cache: bool = True,
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
-    """Translate ``src`` ``(b, u)`` with an encoder-decoder model; returns target ids ``(b, max_len)``.
+    """Translate ``src`` ``(b, u)`` with an encoder-decoder model; returns target ids ``(b, max_len)``. A model
+    built with ``input_dim=d`` takes a source of feature vectors ``(b, u, d)`` instead of ids.
 
     The encoder runs once. The decoder starts from ``bos`` and produces up to ``max_len`` tokens (``bos`` is not
     part of the result); after ``eos`` a row is padded with ``eos``. With the cache, the decoder's self-attention
@@ -376,7 +378,10 @@ def seq2seq_generate(
     may be at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
     """
     config = model.config
-    src = _check_prompt(src, "src", config.num_tokens)
+    if config.input_dim is None:
+        src = _check_prompt(src, "src", config.num_tokens)
+    else:  # feature vectors: shape and dtype only, there are no ids to range-check
+        src = check_features(src, "src", config.input_dim)
     check_positive_int(max_len, "max_len")
     check_positive_int(beam_size, "beam_size")
     check_sampling(temperature, top_k, top_p)
@@ -390,7 +395,7 @@ def seq2seq_generate(
         )
     # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
     stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache, capacity=max(max_len, config.seq_length))
-    start = src.new_full((src.size(0), 1), bos)
+    start = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)  # ids, whatever src holds
     if beam_size > 1:
         tokens, _ = _beam_loop(stepper, start, max_len, beam_size=beam_size, length_penalty=length_penalty, eos=eos)
     else:

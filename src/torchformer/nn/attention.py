@@ -43,19 +43,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import check_choice, check_positive_int, check_probability
-from torchformer.config import IMPLEMENTATIONS, TransformerConfig
-from torchformer.nn.masks import AttentionMask
+from torchformer.config import IMPLEMENTATIONS, RELATIVE_POSITIONS, TransformerConfig
+from torchformer.nn.masks import AttentionMask, causal_mask
+from torchformer.nn.relative import attention_positions
 
 if TYPE_CHECKING:  # only for type hints: the cache lives with decoding, attention merely writes into it
     from torchformer.decoding.cache import KVCache
 
 
 def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, dropout: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None = None,
+    *,
+    dropout: float = 0.0,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Plain scaled dot-product attention; returns ``(output, weights)``.
 
-    ``q`` ``(b, h, t, s)``, ``k`` and ``v`` ``(b, h, u, s)``, ``allowed`` broadcastable to ``(b, h, t, u)``.
+    ``q`` ``(b, h, t, s)``, ``k`` and ``v`` ``(b, h, u, s)``, ``allowed`` broadcastable to ``(b, h, t, u)``,
+    ``bias`` (a float added to the scores, e.g. ALiBi's) broadcastable to ``(b, h, t, u)``.
     Output ``(b, h, t, s)``; weights ``(b, h, t, u)`` with rows summing to 1 over the allowed keys and exactly 0
     elsewhere. A query with no allowed key gets all-zero weights and hence a zero output.
     ``dropout`` is applied to the weights used for the output; the returned weights are the ones before dropout.
@@ -63,6 +71,8 @@ def attention_reference(
     s = q.size(-1)
     # Dividing by sqrt(s) keeps the dot products at unit variance, so the softmax does not saturate.
     scores = q @ k.transpose(-2, -1) / math.sqrt(s)  # (b, h, t, s) @ (b, h, s, u) -> (b, h, t, u)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if allowed is not None:
         # The most negative finite value rather than -inf: a row with no allowed key then gives a uniform
         # softmax (not 0/0 = NaN), which the masked_fill below turns into exact zeros.
@@ -83,23 +93,27 @@ def attention_fast(
     causal: bool = False,
     dropout: float = 0.0,
     every_row_has_key: bool = False,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """The same function as :func:`attention_reference`, computed by ``scaled_dot_product_attention``.
 
     ``allowed=None`` means every key (or, with ``causal``, plain causal attention with as many queries as keys):
     then no mask tensor is passed and PyTorch may pick the flash-attention kernel. Pass ``every_row_has_key=True``
-    when no query can be left without an allowed key (no padding), to skip the guard below.
+    when no query can be left without an allowed key (no padding), to skip the guard below. A ``bias`` goes to SDPA
+    as a float mask: the bias where allowed, ``-inf`` elsewhere.
     """
     t, u = q.size(-2), k.size(-2)
-    if allowed is None:
+    if allowed is None and bias is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and t == u and t > 1)
-    if every_row_has_key:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
     # SDPA returns NaN for a query that may see no key at all. Let such rows see everything, then zero them:
     # that matches the reference path (zero weights, zero output, zero gradient).
-    any_key = allowed.any(dim=-1, keepdim=True)  # (b, 1, t, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~any_key, dropout_p=dropout)
-    return out.masked_fill(~any_key, 0.0)
+    any_key = None if allowed is None or every_row_has_key else allowed.any(dim=-1, keepdim=True)  # (b, 1, t, 1)
+    attn_mask = allowed if any_key is None else allowed | ~any_key  # type: ignore[operator]
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    return out if any_key is None else out.masked_fill(~any_key, 0.0)
 
 
 class MultiHeadAttention(nn.Module):
@@ -113,6 +127,12 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights (training only).
         kqnorm: apply layer normalisation to keys and queries per head, which keeps the logits bounded.
         impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
+        positions: a position scheme acting inside attention, ``"rotary"``, ``"alibi"`` or ``"relative"``
+            (:mod:`torchformer.nn.relative`); ``"none"`` (default) when positions are added to the embeddings.
+        kv_heads: ``g``, heads of keys and values (grouped-query attention): each group of ``h / g`` query heads
+            shares one key/value head, and a KV cache stores only ``g`` heads. ``None``: ``h`` (every head its own).
+        window: sliding-window attention: a query sees only keys less than ``window`` positions away (with
+            ``causal``: itself and the ``window - 1`` positions before it). ``None``: no window.
 
     :meth:`from_config` builds one from a :class:`~torchformer.config.TransformerConfig`; that is how blocks
     build theirs, so a subclass with the same keyword arguments plugs into every model.
@@ -128,10 +148,17 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         kqnorm: bool = False,
         impl: str = "sdpa",
+        positions: str = "none",
+        kv_heads: int | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         self.heads = check_positive_int(heads, "heads")
+        self.kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
+        if heads % self.kv_heads != 0:
+            raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
+        self.window = None if window is None else check_positive_int(window, "window")
         if not wide and emb % heads != 0:
             raise ValueError(
                 f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads "
@@ -144,22 +171,30 @@ class MultiHeadAttention(nn.Module):
         inner = heads * self.head_size  # e (narrow) or h * e (wide)
 
         self.toqueries = nn.Linear(emb, inner, bias=False)
-        self.tokeys = nn.Linear(emb, inner, bias=False)
-        self.tovalues = nn.Linear(emb, inner, bias=False)
+        self.tokeys = nn.Linear(emb, self.kv_heads * self.head_size, bias=False)  # g * s: fewer heads, fewer weights
+        self.tovalues = nn.Linear(emb, self.kv_heads * self.head_size, bias=False)
         self.unifyheads = nn.Linear(inner, emb)
         self.qnorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
         self.knorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
+        self.relative = attention_positions(positions, heads=heads, head_size=self.head_size, causal=self.causal)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
-        """The attention layer a block of ``config`` uses."""
+        """The self-attention layer a block of ``config`` uses."""
+        inside = config.positions if config.positions in RELATIVE_POSITIONS else "none"
         return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
-                   kqnorm=config.kqnorm, impl=config.impl)
+                   kqnorm=config.kqnorm, impl=config.impl, positions=inside, kv_heads=config.kv_heads,
+                   window=config.window)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(b, t, h * s) -> (b, h, t, s)``: each head becomes its own batch of sequences."""
+        """``(b, t, n * s) -> (b, n, t, s)``: each head becomes its own batch of sequences (``n`` = ``h``, or ``g``
+        for keys and values)."""
         b, t, _ = x.shape
-        return x.view(b, t, self.heads, self.head_size).transpose(1, 2)
+        return x.view(b, t, -1, self.head_size).transpose(1, 2)
+
+    def share_kv_heads(self, x: Tensor) -> Tensor:
+        """``(b, g, u, s) -> (b, h, u, s)``: key/value head ``i`` serves query heads ``i * h/g .. (i + 1) * h/g - 1``."""
+        return x if self.kv_heads == self.heads else x.repeat_interleave(self.heads // self.kv_heads, dim=1)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         """``(b, h, t, s) -> (b, t, h * s)``: concatenate the heads again."""
@@ -170,8 +205,8 @@ class MultiHeadAttention(nn.Module):
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, h, u, s)
-        v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, h, u, s)
+        k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, g, u, s)
+        v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
         return k, v
 
     def attend(
@@ -184,13 +219,16 @@ class MultiHeadAttention(nn.Module):
         this in a subclass to try a new attention variant: masking, caching and compiled decoding keep working.
         """
         p = self.dropout if self.training else 0.0
+        bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
         if return_weights or self.impl == "reference":
-            out, weights = attention_reference(q, k, v, mask.allowed(), dropout=p)
+            out, weights = attention_reference(q, k, v, mask.allowed(), dropout=p, bias=bias)
             return out, (weights if return_weights else None)
-        if not mask.needs_tensor:  # everything, or plain causal: SDPA masks by itself (flash kernels stay usable)
+        if not mask.needs_tensor and bias is None:  # everything, or plain causal: SDPA masks by itself (flash)
             return attention_fast(q, k, v, None, causal=mask.causal, dropout=p), None
         allowed = mask.allowed()
-        return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded), None
+        if allowed is None and mask.causal and mask.aligned:  # plain causal, with a bias: the mask must be explicit
+            allowed = causal_mask(q.size(-2), device=q.device)
+        return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias), None
 
     def finish(self, out: Tensor, mask: AttentionMask) -> Tensor:
         """``(b, h, t, s) -> (b, t, e)``: merge the heads, mix them, and zero the queries that saw no real key."""
@@ -204,6 +242,8 @@ class MultiHeadAttention(nn.Module):
         return (
             f"emb={self.emb}, heads={self.heads}, wide={self.wide}, causal={self.causal}, "
             f"dropout={self.dropout}, kqnorm={self.kqnorm}, impl={self.impl!r}"
+            + (f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else "")
+            + (f", window={self.window}" if self.window is not None else "")
         )
 
 
@@ -240,16 +280,20 @@ class SelfAttention(MultiHeadAttention):
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         if mask is not None:  # padding never reaches real positions, even when it holds NaN or inf (0 * NaN = NaN)
             x = x.masked_fill(~mask[:, :, None], 0.0)
-        q = self.project_queries(x)  # (b, h, t, s)
-        k, v = self.project_keys_values(x)  # (b, h, t, s) each
+        q = self.relative.rotate(self.project_queries(x), positions)  # (b, h, t, s); rotary rotates, others pass
+        k, v = self.project_keys_values(x)  # (b, g, t, s) each
+        k = self.relative.rotate(k, positions)  # rotated before caching: a cached key keeps its position's angle
         if cache is None or cache.empty:
             if cache is not None:  # the first call (the prompt): store, then attend to these keys alone, since
                 cache.update(k, v, positions, mask)  # nothing else is cached (and plain causal stays fused)
-            attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, aligned=True)
+            attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, window=self.window,
+                                           aligned=True)
         else:
-            k, v, usable = cache.update(k, v, positions, mask)  # (b, h, c, s) each; usable: (b or 1, c)
+            k, v, usable = cache.update(k, v, positions, mask)  # (b, g, c, s) each; usable: (b or 1, c)
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
-            attention_mask = AttentionMask(positions, cache.slots, usable, causal=self.causal, padded=cache.padded)
+            attention_mask = AttentionMask(positions, cache.slots, usable, causal=self.causal, window=self.window,
+                                           padded=cache.padded)
+        k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask)
         return (out, weights) if return_weights else out  # type: ignore[return-value]
@@ -268,14 +312,15 @@ class CrossAttention(MultiHeadAttention):
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
-                 impl: str = "sdpa") -> None:
-        super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl)
+                 impl: str = "sdpa", kv_heads: int | None = None) -> None:
+        super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
-        """The cross-attention layer of a decoder block of ``config`` (``causal`` is ignored: never causal)."""
+        """The cross-attention layer of a decoder block of ``config``: never causal, no window, no relative
+        positions (the context is another sequence); ``causal`` is accepted for a uniform signature and ignored."""
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                   impl=config.impl)
+                   impl=config.impl, kv_heads=config.kv_heads)
 
     def forward(
         self,
@@ -304,6 +349,7 @@ class CrossAttention(MultiHeadAttention):
             if cache is not None:
                 cache.update(k, v, torch.arange(k.size(2), device=k.device))
         attention_mask = AttentionMask(positions, None, context_mask)
-        out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)  # type: ignore[arg-type]
+        k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
+        out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask)
         return (out, weights) if return_weights else out  # type: ignore[return-value]

@@ -1,9 +1,11 @@
 """The transformer block: attention, then a position-wise feed-forward network, each wrapped in a residual
-connection and layer normalisation.
+connection and a normalisation.
 
 Attention is the only place where positions exchange information; the feed-forward network then transforms each
 position on its own. The residual connections (``x + f(x)``) let gradients flow straight through deep stacks, and
-layer normalisation keeps the activations at a stable scale.
+normalisation keeps the activations at a stable scale. ``config.norm`` picks LayerNorm or RMSNorm
+(:mod:`torchformer.nn.norms`) and ``config.activation`` the feed-forward network
+(:mod:`torchformer.nn.feedforward`).
 
 Two orderings are in use:
 
@@ -31,37 +33,13 @@ from typing import TYPE_CHECKING, Callable
 
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
-from torchformer.config import ACTIVATIONS, TransformerConfig
+from torchformer.config import TransformerConfig
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from torchformer.nn.feedforward import FeedForward
+from torchformer.nn.norms import make_norm
 
 if TYPE_CHECKING:
     from torchformer.decoding.cache import BlockCache
-
-NONLINEARITIES = {"relu": nn.ReLU, "gelu": nn.GELU}
-
-
-class FeedForward(nn.Module):
-    """Two linear layers with a nonlinearity between: ``(b, t, e) -> (b, t, ff_mult * e) -> (b, t, e)``."""
-
-    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0) -> None:
-        super().__init__()
-        check_positive_int(emb, "emb")
-        check_positive_int(ff_mult, "ff_mult")
-        check_choice(activation, "activation", ACTIVATIONS)
-        self.net = nn.Sequential(
-            nn.Linear(emb, ff_mult * emb),
-            NONLINEARITIES[activation](),
-            nn.Dropout(check_probability(dropout, "dropout")),
-            nn.Linear(ff_mult * emb, emb),
-        )
-
-    @classmethod
-    def from_config(cls, config: TransformerConfig) -> FeedForward:
-        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
 
 
 class TransformerBlock(nn.Module):
@@ -69,8 +47,9 @@ class TransformerBlock(nn.Module):
     ``(b, t, e) -> (b, t, e)``.
 
     Args:
-        config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``ff_mult``,
-            ``activation``, ``kqnorm``, ``impl``).
+        config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
+            ``activation``, and what the attention reads: ``kqnorm``, ``impl``, ``positions``, ``kv_heads``,
+            ``window``).
         causal: self-attention only looks backwards (generators).
 
     ``mask`` ``(b, t)`` marks real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
@@ -78,16 +57,17 @@ class TransformerBlock(nn.Module):
     """
 
     attention_class: type[MultiHeadAttention] = SelfAttention
+    # FeedForward.from_config builds the network config.activation names (a GatedFeedForward for the gated units).
     feedforward_class: type[nn.Module] = FeedForward
 
     def __init__(self, config: TransformerConfig, *, causal: bool = False) -> None:
         super().__init__()
         self.prenorm = config.prenorm
         self.attention = self.attention_class.from_config(config, causal=causal)
-        self.norm1 = nn.LayerNorm(config.emb)
+        self.norm1 = make_norm(config.norm, config.emb)
         self.build_middle(config)
         self.ff = self.feedforward_class.from_config(config)  # type: ignore[attr-defined]
-        self.norm2 = nn.LayerNorm(config.emb)
+        self.norm2 = make_norm(config.norm, config.emb)
         self.drop = nn.Dropout(config.dropout)
 
     def build_middle(self, config: TransformerConfig) -> None:
@@ -127,7 +107,7 @@ class DecoderBlock(TransformerBlock):
 
     def build_middle(self, config: TransformerConfig) -> None:
         self.cross_attention = self.cross_attention_class.from_config(config)
-        self.norm_cross = nn.LayerNorm(config.emb)
+        self.norm_cross = make_norm(config.norm, config.emb)
 
     def forward(  # type: ignore[override]
         self,

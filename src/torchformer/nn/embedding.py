@@ -1,16 +1,25 @@
-"""From token ids to vectors: a lookup table, plus the position encoding, then dropout.
+"""From the input to vectors: token ids through a lookup table, or feature vectors through a linear projection;
+then the position encoding, then dropout.
 
-The embedding of token ``i`` is row ``i`` of a ``(v, e)`` matrix, which is the same as multiplying a one-hot
-vector by that matrix, done without building the one-hot vector.
+* :class:`TokenEmbedding`: the embedding of token ``i`` is row ``i`` of a ``(v, e)`` matrix, which is the same as
+  multiplying a one-hot vector by that matrix, done without building the one-hot vector.
+* :class:`VectorEmbedding`: inputs that already are vectors (audio frames, sensor readings, image patches) of
+  ``d`` features each. A linear layer ``W x + b`` maps each to ``e`` dimensions: the dense counterpart of the
+  lookup, which multiplies by a one-hot vector. Chosen by ``config.input_dim = d``.
 
-Shapes: b batch size, t sequence length, e embedding size, v vocabulary size.
+Both take the absolute positions of their inputs ``(t,)`` and add the same position encoding.
+
+Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size.
 """
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 from torch import Tensor, nn
 
 from torchformer._checks import check_positive_int, check_probability
+from torchformer.config import TransformerConfig
 from torchformer.nn.positions import make_positions
 
 
@@ -34,5 +43,52 @@ class TokenEmbedding(nn.Module):
         self.positions = make_positions(positions, emb, check_positive_int(max_len, "max_len"))
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
+    @classmethod
+    def from_config(cls, config: TransformerConfig, *, num_tokens: Optional[int] = None) -> TokenEmbedding:
+        """An embedding of ``num_tokens`` tokens (default ``config.num_tokens``; a decoder's is ``tgt_tokens``)."""
+        return cls(config.num_tokens if num_tokens is None else num_tokens, config.emb,  # type: ignore[arg-type]
+                   config.seq_length, positions=config.positions, dropout=config.dropout)  # type: ignore[arg-type]
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         return self.drop(self.positions(self.tokens(x), positions))  # (b, t) -> (b, t, e)
+
+
+class VectorEmbedding(nn.Module):
+    """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``: ``W x + b``, plus the
+    position encoding, then dropout.
+
+    Args:
+        input_dim: features per input vector ``d``.
+        emb: embedding size ``e``.
+        max_len: positions a learned position table holds (``seq_length``).
+        positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``, as for :class:`TokenEmbedding`.
+        dropout: dropout on the sum of projected and position vectors.
+
+    The features are used as they come: normalise them beforehand (per feature, over the training set) as for
+    any linear model, or the largest feature dominates the first steps of training.
+    """
+
+    def __init__(
+        self, input_dim: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.input_dim = check_positive_int(input_dim, "input_dim")
+        self.project = nn.Linear(input_dim, check_positive_int(emb, "emb"))
+        self.positions = make_positions(positions, emb, check_positive_int(max_len, "max_len"))
+        self.drop = nn.Dropout(check_probability(dropout, "dropout"))
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> VectorEmbedding:
+        return cls(config.input_dim, config.emb, config.seq_length,  # type: ignore[arg-type]
+                   positions=config.positions, dropout=config.dropout)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        return self.drop(self.positions(self.project(x), positions))  # (b, t, d) -> (b, t, e)
+
+
+def input_embedding(config: TransformerConfig) -> Union[TokenEmbedding, VectorEmbedding]:
+    """The embedding of a model's input: :class:`VectorEmbedding` when ``config.input_dim`` is set, else
+    :class:`TokenEmbedding` of ``config.num_tokens`` tokens."""
+    if config.input_dim is not None:
+        return VectorEmbedding.from_config(config)
+    return TokenEmbedding.from_config(config)

@@ -8,7 +8,8 @@ Every attention call gets an :class:`AttentionMask`. It records
   the cache's slots ``0 .. c-1`` with one; ``None`` for cross-attention, whose keys come from another sequence);
 * ``key_mask`` ``(b, u)``: True for keys that may be used, False for padding (and, with a cache, for slots not
   written yet); ``None``: all may be used;
-* ``causal``: a query at position ``i`` may only see keys at positions ``<= i``.
+* ``causal``: a query at position ``i`` may only see keys at positions ``<= i``;
+* ``window``: a query sees only keys less than ``window`` positions away (sliding-window, local attention).
 
 From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs. Because positions are
 absolute, the same rule is right with and without a cache. An attention variant that needs distances
@@ -34,6 +35,8 @@ class AttentionMask:
             different sequences (cross-attention).
         key_mask: ``(b, u)`` bool, True for real keys; ``None`` when every key is real.
         causal: queries see only keys at or before their own position.
+        window: queries see only keys less than ``window`` positions away (``|i - j| < window``; with ``causal``,
+            the last ``window`` positions up to the query's own). ``None``: no window.
         padded: whether ``key_mask`` can leave a query without any key (it marks padding); default: whenever a
             ``key_mask`` is given. A cache's mask of written slots cannot: each query's own slot was just written.
         aligned: the keys are exactly the queries, in the same order (self-attention over one call's tokens,
@@ -48,11 +51,12 @@ class AttentionMask:
         key_mask: Optional[Tensor] = None,
         *,
         causal: bool = False,
+        window: Optional[int] = None,
         padded: Optional[bool] = None,
         aligned: bool = False,
     ) -> None:
         self.query_positions, self.key_positions, self.key_mask = query_positions, key_positions, key_mask
-        self.causal, self.aligned = causal, aligned
+        self.causal, self.window, self.aligned = causal, window, aligned
         self.padded = key_mask is not None if padded is None else padded
         self._allowed: Optional[Tensor] = None
         self._built = False
@@ -60,6 +64,8 @@ class AttentionMask:
     @property
     def needs_tensor(self) -> bool:
         """False when the mask is "everything" or "plain causal, keys = queries": SDPA then needs no mask tensor."""
+        if self.window is not None and self.key_positions is not None:
+            return True
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
     def distance(self) -> Tensor:
@@ -86,6 +92,9 @@ class AttentionMask:
         elif self.causal and self.key_positions is not None:
             # Position i sees positions <= i: with a cache, the query's position against every slot's.
             allowed = self.key_positions[None, :] <= self.query_positions[:, None]  # (t, u)
+        if self.window is not None and self.key_positions is not None:
+            near = self.distance().abs() < self.window  # (t, u): a band around the diagonal
+            allowed = near if allowed is None else allowed & near
         if self.key_mask is not None:
             keys = self.key_mask[:, None, None, :]  # (b, u) -> (b, 1, 1, u)
             allowed = keys if allowed is None else allowed & keys  # (b, 1, t, u)

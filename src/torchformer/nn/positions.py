@@ -87,11 +87,15 @@ class NoPositions(nn.Module):
 
 
 def make_positions(kind: str, emb: int, max_len: int) -> nn.Module:
-    """``"learned"``, ``"sinusoidal"`` or ``"none"`` (no position information: a bag of tokens)."""
+    """What the embedding adds for the config's ``positions``: ``"learned"``, ``"sinusoidal"``, or nothing for
+    ``"none"`` (a bag of tokens) and for the schemes that act inside attention (``"rotary"``, ``"alibi"``,
+    ``"relative"``; see :mod:`torchformer.nn.relative`)."""
     if kind == "learned":
         return LearnedPositions(emb, max_len)
     if kind == "sinusoidal":
         return SinusoidalPositions(emb)
-    if kind == "none":
+    if kind in ("none", "rotary", "alibi", "relative"):
         return NoPositions()
-    raise ValueError(f"positions must be one of 'learned', 'sinusoidal', 'none'; got {kind!r}")
+    raise ValueError(
+        f"positions must be one of 'learned', 'sinusoidal', 'none', 'rotary', 'alibi', 'relative'; got {kind!r}"
+    )

@@ -8,7 +8,8 @@
   cross-attention to the ``context`` (the encoder's output).
 
 With pre-norm blocks, the residual stream leaving the last block was never normalised, so the stack ends with a
-final :class:`~torch.nn.LayerNorm` (as GPT-2 does). With post-norm blocks the last block already normalised it.
+final normalisation (as GPT-2 does), of the blocks' kind (``config.norm``: LayerNorm or RMSNorm). With post-norm
+blocks the last block already normalised it.
 
 Both are built from a :class:`~torchformer.config.TransformerConfig`; ``block_class`` picks the block (a subclass
 for a variant, see ``docs/extending.md``).
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from torchformer.config import TransformerConfig
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.norms import make_norm
 
 if TYPE_CHECKING:
     from torchformer.decoding.cache import BlockCache
@@ -48,7 +50,7 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(block_class(config, causal=causal) for _ in range(config.depth))
-        self.norm = nn.LayerNorm(config.emb) if config.prenorm else nn.Identity()
+        self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
 
     def forward(
         self,
@@ -79,7 +81,7 @@ class Decoder(nn.Module):
         super().__init__()
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.blocks = nn.ModuleList(block_class(config) for _ in range(depth))
-        self.norm = nn.LayerNorm(config.emb) if config.prenorm else nn.Identity()
+        self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
 
     def forward(
         self,

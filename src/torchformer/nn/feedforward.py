@@ -1,0 +1,129 @@
+"""The position-wise feed-forward networks of a block, chosen by ``config.activation``.
+
+Attention moves information between positions; the feed-forward network then transforms each position on its own,
+with the same weights at every position. Two shapes of network:
+
+* :class:`FeedForward`: two linear layers with a nonlinearity between, ``W2 act(W1 x + b1) + b2``, hidden size
+  ``h = ff_mult * e``. ``act`` is ``"relu"`` (Vaswani et al.), ``"gelu"`` (BERT, GPT-2) or ``"relu2"``, ReLU
+  squared (So et al. 2021, "Primer"), which an architecture search found to train faster at no cost.
+* :class:`GatedFeedForward`: a gated linear unit (Shazeer 2020), ``W2 (act(W1 x) * (V x))``, with
+  ``act = SiLU`` (``"swiglu"``) or ``GELU`` (``"geglu"``). One path through the nonlinearity decides, component by
+  component, how much of a second, linear path passes. It has three matrices instead of two, so its hidden size is
+  ``2/3`` of ``ff_mult * e`` to keep the parameter count about the same.
+
+:meth:`FeedForward.from_config` is the one place that maps ``config.activation`` to a network; blocks call it
+through their ``feedforward_class`` attribute, which a variant can point at a class of its own.
+
+Shapes: b batch size, t sequence length, e embedding size, h hidden size.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchformer._checks import check_choice, check_positive_int, check_probability
+from torchformer.config import TransformerConfig
+
+
+class ReLUSquared(nn.Module):
+    """``relu(x)^2`` (So et al. 2021): zero for negative inputs like ReLU, but growing quadratically."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x).square()
+
+
+# Nonlinearities of the plain network, and the gates of the gated one (the activation on the W1 path).
+NONLINEARITIES: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "relu2": ReLUSquared}
+GATES: dict[str, type[nn.Module]] = {"swiglu": nn.SiLU, "geglu": nn.GELU}
+
+
+def gated_hidden_size(emb: int, ff_mult: int) -> int:
+    """``h = round(2/3 * ff_mult * emb)`` (at least 1): the hidden size of a gated unit with about the parameters
+    of a plain network of hidden size ``ff_mult * emb``.
+
+    A plain network has two ``e x 4e`` matrices (``ff_mult=4``), ``8 e^2`` weights; a gated one has three
+    ``e x h`` matrices, ``3 e h``, equal for ``h = 8/3 e = 2/3 * 4e``. We round to the nearest integer rather than
+    up to a multiple of 8 or 256 (as LLaMA does, for faster kernels), so the count stays as close as it can.
+    """
+    return max(1, round(2 * ff_mult * emb / 3))
+
+
+class FeedForward(nn.Module):
+    """``W2 act(W1 x + b1) + b2``: ``(b, t, e) -> (b, t, h) -> (b, t, e)``, ``h = ff_mult * e``.
+
+    Args:
+        emb: embedding size ``e``.
+        ff_mult: hidden size as a multiple of ``e``.
+        activation: ``"relu"``, ``"gelu"`` or ``"relu2"`` (ReLU squared). The gated ``"swiglu"`` and ``"geglu"``
+            are :class:`GatedFeedForward`, which :meth:`from_config` picks for them.
+        dropout: dropout on the hidden activations.
+
+    The layers are ``net.0`` (``W1``), ``net.1`` (the nonlinearity), ``net.2`` (dropout) and ``net.3`` (``W2``);
+    checkpoints name the weights that way.
+    """
+
+    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0) -> None:
+        super().__init__()
+        check_positive_int(emb, "emb")
+        check_positive_int(ff_mult, "ff_mult")
+        if activation in GATES:
+            raise ValueError(
+                f"activation {activation!r} is a gated linear unit, which has three matrices: build a "
+                f"GatedFeedForward (FeedForward.from_config picks it from the config)"
+            )
+        check_choice(activation, "activation", tuple(NONLINEARITIES))
+        self.net = nn.Sequential(
+            nn.Linear(emb, ff_mult * emb),
+            NONLINEARITIES[activation](),
+            nn.Dropout(check_probability(dropout, "dropout")),
+            nn.Linear(ff_mult * emb, emb),
+        )
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> Union[FeedForward, GatedFeedForward]:
+        """The network ``config.activation`` names: a :class:`GatedFeedForward` for ``"swiglu"`` and ``"geglu"``,
+        this class for the others. (A subclass that should replace the gated network too overrides this.)"""
+        if config.activation in GATES:
+            return GatedFeedForward.from_config(config)
+        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class GatedFeedForward(nn.Module):
+    """A gated linear unit (Shazeer 2020): ``W2 (act(W1 x) * (V x))``, ``(b, t, e) -> (b, t, h) -> (b, t, e)``.
+
+    ``act(W1 x)`` ``(b, t, h)`` is the gate, ``V x`` ``(b, t, h)`` the gated value; their element-wise product is
+    the hidden layer. ``act`` is SiLU, ``x * sigmoid(x)`` (``"swiglu"``), or GELU (``"geglu"``). The hidden size is
+    ``h = round(2/3 * ff_mult * e)`` (:func:`gated_hidden_size`), so the three matrices hold about as many weights
+    as :class:`FeedForward`'s two. As in the paper (and PaLM, LLaMA), the layers have no biases.
+
+    Args:
+        emb: embedding size ``e``.
+        ff_mult: the plain network's hidden size as a multiple of ``e``; this one's is 2/3 of it.
+        activation: ``"swiglu"`` or ``"geglu"``.
+        dropout: dropout on the hidden layer (the product).
+    """
+
+    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "swiglu", dropout: float = 0.0) -> None:
+        super().__init__()
+        check_positive_int(emb, "emb")
+        check_positive_int(ff_mult, "ff_mult")
+        check_choice(activation, "activation", tuple(GATES))
+        hidden = gated_hidden_size(emb, ff_mult)
+        self.w1 = nn.Linear(emb, hidden, bias=False)  # the gate's input
+        self.v = nn.Linear(emb, hidden, bias=False)  # the value it gates
+        self.w2 = nn.Linear(hidden, emb, bias=False)
+        self.act = GATES[activation]()
+        self.drop = nn.Dropout(check_probability(dropout, "dropout"))
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> GatedFeedForward:
+        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.drop(self.act(self.w1(x)) * self.v(x)))  # (b, t, e) -> (b, t, h) -> (b, t, e)

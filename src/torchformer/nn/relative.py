@@ -1,0 +1,168 @@
+"""Position schemes that act inside attention: rotary embeddings, ALiBi, and a learned relative bias.
+
+Absolute schemes (:mod:`torchformer.nn.positions`) add a vector for position ``p`` to the token's embedding once,
+before the first block. The schemes here instead act in every attention layer, on the relation between a query at
+position ``i`` and a key at position ``j``, and all three make the attention score depend on ``i - j`` rather than
+on ``i`` and ``j`` themselves:
+
+* :class:`Rotary` (RoPE, Su et al. 2021) rotates each pair of coordinates ``(x_2m, x_2m+1)`` of queries and keys by
+  the angle ``p * theta_m`` with ``theta_m = 10000^(-2m/s)``. A rotation by ``i`` on the query and by ``j`` on the
+  key leaves their dot product a function of ``i - j`` only: ``R(i)q · R(j)k = q · R(j - i)k``.
+* :class:`ALiBi` (Press et al. 2021) adds ``-m_h |i - j|`` to the scores of head ``h``, a linear penalty with a
+  fixed slope per head (steep heads look locally, flat ones far).
+* :class:`RelativeBias` (Raffel et al. 2020, T5) adds a learned scalar per head and *bucket* of ``i - j``: one
+  bucket per distance up close, logarithmically wider buckets further away, all distances beyond ``max_distance``
+  sharing the last bucket.
+
+Each is an :class:`AttentionPositions`: attention calls ``rotate(x, positions)`` on its queries and keys (before a
+key is cached, so a cached key is stored rotated) and adds ``bias(mask)`` to its scores. Positions are absolute
+(see :class:`~torchformer.nn.masks.AttentionMask`), so all three work with the KV cache and in a compiled decoding
+step, and none has a largest position: they accept inputs longer than those trained on.
+
+Shapes: b batch size, h heads, t queries, u keys, s head size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from torchformer.nn.masks import AttentionMask
+
+
+class AttentionPositions(nn.Module):
+    """No position information inside attention: the base class, and the choice for absolute schemes."""
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here."""
+        return x
+
+    def bias(self, mask: AttentionMask) -> Optional[Tensor]:
+        """A float bias ``(h, t, u)`` added to the scores, or ``None``: none here."""
+        return None
+
+
+class Rotary(AttentionPositions):
+    """Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
+
+    Pair ``m`` of a vector at position ``p`` is rotated by ``p * theta_m``, ``theta_m = base^(-2m/s)``:
+
+        (x_2m, x_2m+1) -> (x_2m cos(p theta_m) - x_2m+1 sin(p theta_m), x_2m sin(p theta_m) + x_2m+1 cos(p theta_m))
+
+    Args:
+        head_size: ``s``, even (the coordinates are rotated in pairs).
+        base: the base of the frequencies (10000, as the paper and the sinusoidal encoding).
+    """
+
+    def __init__(self, head_size: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_size % 2 != 0:
+            raise ValueError(f"rotary positions rotate coordinate pairs: the head size must be even, got {head_size}")
+        self.head_size, self.base = head_size, base
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        pair = torch.arange(self.head_size // 2, device=x.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
+        theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
+        # float64 for the angles: p * theta loses digits in float32 once p is in the thousands.
+        angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]  # (b, h, t, s/2) each
+        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (b, h, t, s/2, 2)
+        return rotated.flatten(-2)  # interleave the pairs again: (b, h, t, s)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, base={self.base:g}"
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """The paper's slopes ``(h,)``: for ``h`` a power of two, ``2^(-8/h), 2^(-16/h), ..., 2^(-8)``; otherwise those of
+    the next lower power of two ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix)."""
+    def powers_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    n = 2 ** int(math.floor(math.log2(heads)))
+    slopes = powers_of_two(n) + powers_of_two(2 * n)[0::2][: heads - n]
+    return torch.tensor(slopes)
+
+
+class ALiBi(AttentionPositions):
+    """Attention with linear biases: ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
+
+    Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
+    causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
+    queries' sequence: no bias there.
+    """
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (h,)
+
+    def bias(self, mask: AttentionMask) -> Optional[Tensor]:
+        if mask.key_positions is None:
+            return None
+        distance = mask.distance().abs().to(self.slopes.dtype)  # (t, u)
+        return -self.slopes[:, None, None] * distance  # (h, 1, 1) * (t, u) -> (h, t, u)
+
+
+def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bucket of each query-minus-key distance ``i - j`` (any shape, integer) -> same shape, in ``[0, buckets)``.
+
+    Bidirectional: half the buckets for keys before the query, half for keys after it. Within a half, the first
+    ``n / 2`` buckets hold one distance each (0, 1, 2, ...); the rest cover distances up to ``max_distance``
+    logarithmically; larger distances share the last bucket. Causal: all buckets for keys at or before the query.
+    """
+    buckets = num_buckets
+    offset = torch.zeros_like(distance)
+    if bidirectional:
+        buckets //= 2
+        offset = (distance < 0).long() * buckets  # keys after the query get the upper half
+        distance = distance.abs()
+    else:
+        distance = distance.clamp(min=0)  # the future is masked anyway: bucket 0
+    exact = buckets // 2
+    # log(d / exact) / log(max_distance / exact) runs from 0 at d = exact to 1 at d = max_distance.
+    scaled = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    far = (exact + (scaled * (buckets - exact)).long()).clamp(max=buckets - 1)
+    return offset + torch.where(distance < exact, distance, far)
+
+
+class RelativeBias(AttentionPositions):
+    """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
+
+    Args:
+        heads: ``h``.
+        bidirectional: separate buckets for keys before and after the query (encoders); False for causal layers.
+        num_buckets, max_distance: T5's defaults, 32 and 128.
+
+    Unlike T5, which shares one table across layers, every attention layer learns its own.
+    """
+
+    def __init__(self, heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__()
+        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, heads)  # bucket -> one scalar per head
+        nn.init.zeros_(self.table.weight)  # start as plain attention; training finds which distances matter
+
+    def bias(self, mask: AttentionMask) -> Optional[Tensor]:
+        if mask.key_positions is None:
+            return None
+        bucket = relative_bucket(mask.distance(), bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+                                 max_distance=self.max_distance)  # (t, u)
+        return self.table(bucket).permute(2, 0, 1)  # (t, u, h) -> (h, t, u)
+
+    def extra_repr(self) -> str:
+        return f"bidirectional={self.bidirectional}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+
+
+def attention_positions(kind: str, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
+    """The scheme a config's ``positions`` names, as attention applies it (absolute schemes: nothing)."""
+    if kind == "rotary":
+        return Rotary(head_size)
+    if kind == "alibi":
+        return ALiBi(heads)
+    if kind == "relative":
+        return RelativeBias(heads, bidirectional=not causal)
+    return AttentionPositions()

@@ -1,0 +1,246 @@
+"""Position schemes inside attention (rotary, ALiBi, relative bias), grouped-query attention and sliding windows:
+each against an independent reference (the formula written out, an explicit mask or bias), plus the properties
+that make them worth having (shift invariance, longer inputs) and cached = recomputed decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchformer import GTransformer, KVCache, SelfAttention, StaticCacheGenerator, generate
+from torchformer.nn.masks import AttentionMask
+from torchformer.nn.relative import RelativeBias, Rotary, alibi_slopes, relative_bucket
+
+torch.set_num_threads(2)
+SCHEMES = ["rotary", "alibi", "relative"]
+
+
+def attention(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    att = SelfAttention(16, 4, **kwargs).double()
+    for p in att.parameters():  # the relative bias starts at zero: give it values, or its tests test nothing
+        if p.dim() == 2 and p.shape[-1] == 4 and p.abs().sum() == 0:
+            torch.nn.init.normal_(p)
+    return att
+
+
+# ---- rotary ----------------------------------------------------------------------------------------------------
+
+
+def test_rotary_rotates_each_pair_by_its_angle():
+    rotary, s = Rotary(8), 8
+    x = torch.randn(1, 1, 3, s, dtype=torch.float64)
+    positions = torch.tensor([0, 5, 1000])
+    out = rotary.rotate(x, positions)
+    for t, p in enumerate(positions.tolist()):
+        for m in range(s // 2):
+            angle = p * 10000 ** (-2 * m / s)
+            a, b = x[0, 0, t, 2 * m].item(), x[0, 0, t, 2 * m + 1].item()
+            expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
+            assert out[0, 0, t, 2 * m].item() == pytest.approx(expected[0], abs=1e-12)
+            assert out[0, 0, t, 2 * m + 1].item() == pytest.approx(expected[1], abs=1e-12)
+
+
+def test_rotary_scores_depend_only_on_the_distance():
+    rotary = Rotary(16)
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    def score(i, j):
+        return (rotary.rotate(q, torch.tensor([i])) * rotary.rotate(k, torch.tensor([j]))).sum(-1)
+    for i, j in [(3, 1), (10, 10), (7, 0)]:
+        for shift in (1, 50, 900):
+            torch.testing.assert_close(score(i + shift, j + shift), score(i, j), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(score(3, 1), score(3, 2))  # ... and does depend on it
+
+
+def test_rotary_needs_an_even_head_size():
+    with pytest.raises(ValueError, match="head size must be even, got 3"):
+        SelfAttention(12, 4, positions="rotary")
+
+
+# ---- ALiBi -------------------------------------------------------------------------------------------------------
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert alibi_slopes(8).tolist() == [2.0 ** -i for i in range(1, 9)]
+    # 6 heads: the 4 slopes of 4 heads, then every other slope of 8 heads
+    assert alibi_slopes(6).tolist() == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_alibi_equals_an_explicit_bias_through_the_reference_formula(causal):
+    att = attention(causal=causal, positions="alibi", impl="reference")
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    q, k = att.project_queries(x), att.project_keys_values(x)[0]
+    slopes = torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8], dtype=torch.float64)
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    bias = -slopes[:, None, None] * (i - j).abs()  # (h, t, t), written out
+    scores = q @ k.transpose(-2, -1) / math.sqrt(4) + bias
+    if causal:
+        scores = scores.masked_fill(j > i, -math.inf)
+    _, weights = att(x, return_weights=True)
+    torch.testing.assert_close(weights, scores.softmax(-1), atol=1e-12, rtol=0)
+
+
+# ---- relative bias -----------------------------------------------------------------------------------------------
+
+
+def t5_bucket(n: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """T5's bucket of n = query position - key position, as its definition reads, one integer at a time."""
+    ret = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            ret += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return ret + min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_buckets_follow_their_definition(bidirectional):
+    distances = torch.arange(-300, 301)
+    buckets = relative_bucket(distances, bidirectional=bidirectional)
+    assert buckets.tolist() == [t5_bucket(n, bidirectional) for n in distances.tolist()]
+
+
+def test_relative_bias_is_shared_across_absolute_positions():
+    bias = RelativeBias(4, bidirectional=True)
+    torch.nn.init.normal_(bias.table.weight)
+    near = bias.bias(AttentionMask(torch.arange(5), torch.arange(5)))
+    far = bias.bias(AttentionMask(torch.arange(1000, 1005), torch.arange(1000, 1005)))
+    torch.testing.assert_close(near, far, atol=0, rtol=0)  # (h, t, u): only i - j matters
+    assert near.shape == (4, 5, 5) and not torch.allclose(near[:, 0, 1], near[:, 1, 0])  # before != after
+
+
+# ---- every scheme: fast = reference, shift invariance, longer inputs, cached decoding -----------------------------
+
+
+def forward_and_grads(att, x, mask):
+    x = x.clone().requires_grad_(True)
+    att.zero_grad()
+    out = att(x, mask)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return out.detach(), [x.grad] + [p.grad for p in att.parameters()]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"kv_heads": 2}, {"window": 3}])
+def test_fast_path_equals_reference_forward_and_backward(scheme, causal, masked, extra):
+    fast = attention(causal=causal, positions=scheme, **extra)
+    ref = attention(causal=causal, positions=scheme, impl="reference", **extra)
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    mask = None
+    if masked:
+        mask = torch.rand(3, 7, generator=torch.Generator().manual_seed(1)) > 0.4
+        mask[:, 0] = True
+    out_f, grads_f = forward_and_grads(fast, x, mask)
+    out_r, grads_r = forward_and_grads(ref, x, mask)
+    torch.testing.assert_close(out_f, out_r, atol=1e-10, rtol=1e-10)
+    for gf, gr in zip(grads_f, grads_r):
+        if gr is not None:
+            torch.testing.assert_close(gf, gr, atol=1e-10, rtol=1e-10)
+    _, weights = fast(x, mask, return_weights=True)
+    assert weights.shape == (3, 4, 7, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 7, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_outputs_are_invariant_to_shifting_every_position(scheme):
+    att = attention(causal=True, positions=scheme)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    torch.testing.assert_close(att(x, positions=torch.arange(500, 506)), att(x), atol=1e-8, rtol=1e-8)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_relative_schemes_accept_inputs_longer_than_seq_length(scheme):
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 8, 20, positions=scheme).eval()
+    out = model(torch.randint(0, 20, (1, 30)))  # trained length 8, run at 30
+    assert out.shape == (1, 30, 20) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="seq_length=8"):  # learned positions still refuse
+        GTransformer(16, 2, 2, 8, 20)(torch.randint(0, 20, (1, 9)))
+
+
+def small_lm(**options):
+    torch.manual_seed(0)
+    return GTransformer(16, 4, 2, 12, 13, **options).double().eval()
+
+
+@pytest.mark.parametrize("options", [{"positions": "rotary"}, {"positions": "alibi"}, {"positions": "relative"},
+                                     {"kv_heads": 1}, {"kv_heads": 2, "positions": "rotary"}, {"window": 4},
+                                     {"window": 3, "positions": "alibi", "kv_heads": 2}])
+@pytest.mark.parametrize("new", [5, 15])  # 15 runs past the context of 12: the window slides
+def test_cached_and_compiled_decoding_equal_recomputation(options, new):
+    model = small_lm(**options)
+    for p in model.parameters():  # relative biases start at zero; make them matter
+        if p.shape[-1] == 4 and p.abs().sum() == 0:
+            torch.nn.init.normal_(p)
+    prompt = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(1))
+    sampling = dict(temperature=1.0, generator=None, return_logprobs=True)
+    expected, lp_expected = generate(model, prompt, new, use_cache=False, **sampling | {"temperature": 0})
+    tokens, lp = generate(model, prompt, new, **sampling | {"temperature": 0})
+    assert torch.equal(tokens, expected)
+    torch.testing.assert_close(lp, lp_expected, atol=1e-10, rtol=0)
+    compiled = StaticCacheGenerator(model, compile=True, backend="eager")
+    tokens, lp = compiled.generate(prompt, new, temperature=0, return_logprobs=True)
+    assert torch.equal(tokens, expected)
+    torch.testing.assert_close(lp, lp_expected, atol=1e-10, rtol=0)
+
+
+# ---- grouped-query attention -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_attention_equals_multi_head_attention_with_repeated_weights(kv_heads):
+    gqa = attention(kv_heads=kv_heads, causal=True)
+    mha = attention(causal=True)
+    group, s = 4 // kv_heads, 4
+    with torch.no_grad():
+        mha.toqueries.weight.copy_(gqa.toqueries.weight)
+        mha.unifyheads.load_state_dict(gqa.unifyheads.state_dict())
+        for name in ("tokeys", "tovalues"):  # (g * s, e) -> (h * s, e): each group's rows once per query head
+            weight = getattr(gqa, name).weight.view(kv_heads, s, 16)
+            getattr(mha, name).weight.copy_(weight.repeat_interleave(group, dim=0).reshape(4 * s, 16))
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(gqa(x), mha(x), atol=1e-12, rtol=0)
+    assert gqa.tokeys.weight.shape == (kv_heads * s, 16)
+
+
+def test_the_cache_of_grouped_query_attention_stores_only_the_kv_heads():
+    cache = KVCache(10)
+    attention(kv_heads=1, causal=True)(torch.randn(3, 4, 16, dtype=torch.float64), positions=torch.arange(4),
+                                       cache=cache)
+    assert cache.keys.shape == (3, 1, 10, 4) and cache.values.shape == (3, 1, 10, 4)  # 1 head, not 4: 4x less memory
+
+
+def test_kv_heads_must_divide_heads():
+    with pytest.raises(ValueError, match=r"kv_heads \(3\) must divide heads \(4\)"):
+        SelfAttention(16, 4, kv_heads=3)
+
+
+# ---- sliding windows ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_equals_an_explicit_banded_mask(causal):
+    att = attention(causal=causal, window=3, impl="reference")
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    i, j = torch.arange(8)[:, None], torch.arange(8)[None, :]
+    band = (i - j).abs() < 3
+    if causal:
+        band &= j <= i  # each query: itself and the 2 positions before it
+    _, weights = att(x, return_weights=True)
+    assert (weights[..., ~band] == 0).all() and (weights[..., band] > 0).all()
+    q, k = att.project_queries(x), att.project_keys_values(x)[0]
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~band, -math.inf)
+    torch.testing.assert_close(weights, scores.softmax(-1), atol=1e-12, rtol=0)
