@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.train.checkpoint import (
-    checkpoint_path, latest_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint, save_checkpoint,
+    checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
+    remove_stale_temporaries, save_checkpoint,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -31,7 +32,8 @@ from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer
 from torchformer.train.training import (
-    CSVLogger, autocast, count_parameters, plot_curves, progress, resolve_device, set_seed, warmup_cosine,
+    CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
+    resolve_device, set_seed, warmup_cosine,
 )
 
 CLASSES = ("negative", "positive")
@@ -116,7 +118,7 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 
 def predict(args: argparse.Namespace) -> None:
     source = Path(args.checkpoint) if args.checkpoint else Path(args.out) / "model.pt"
-    path = latest_checkpoint(source) if source.is_dir() else source
+    path = latest_intact_checkpoint(source) if source.is_dir() else source
     if path is None or not path.is_file():
         sys.exit(f"classify_imdb.py: error: no trained model at {source}; train first or pass --checkpoint")
     try:  # the checkpoint holds the model's config, so the model is rebuilt from the file alone
@@ -151,10 +153,16 @@ def train(args: argparse.Namespace) -> dict:
         train_all, test = imdb(args.data, download=args.download) if args.data is None else imdb(args.data)
     except FileNotFoundError as e:
         sys.exit(f"classify_imdb.py: error: {e}\n(pass --data FOLDER, or --download to fetch the official archive)")
+    except ValueError as e:  # a damaged or unofficial file (the message names it); --download replaces a cached one
+        sys.exit(f"classify_imdb.py: error: {e}\n(with the cached archive: --download fetches it again)")
     train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
     config = {k: getattr(args, k) for k in MODEL_KEYS}
 
-    resume = latest_checkpoint(args.checkpoint) if args.checkpoint else None
+    resume = None
+    if args.checkpoint:
+        for path in remove_stale_temporaries(args.checkpoint):
+            print(f"removed {path.name}, left by a save that was interrupted")
+        resume = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
     if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
         tokenizer = tokenizer_from_state_dict(read_checkpoint(resume)["extra"]["tokenizer"])
     elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
@@ -187,7 +195,19 @@ def train(args: argparse.Namespace) -> dict:
     print(f"{count_parameters(model):,} parameters, {total} steps on {device}")
 
     eval_every = args.eval_every or per_epoch
-    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"])
+    # A resumed run logs again the steps after its checkpoint: drop the rows a killed run wrote for them.
+    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
+                    resume_step=step)
+
+    def check_diverged(losses: list) -> None:  # losses of the steps up to `step`, read from the device anyway
+        values = torch.stack(losses).tolist()
+        try:
+            check_finite_losses(values, range(step - len(values) + 1, step + 1))
+        except TrainingDiverged as e:
+            bar.close()
+            kept = f" The checkpoints in {args.checkpoint} predate it and are kept." if args.checkpoint else ""
+            sys.exit(f"error: {e} (flags -l, --lr-warmup, --gradient-clipping).{kept}")
+
     bar = progress(total=total, desc="train")
     bar.update(step)
     # Losses and token counts stay on the device and are read every 50 steps: reading them at every step would make
@@ -213,12 +233,14 @@ def train(args: argparse.Namespace) -> dict:
             tokens += mask.sum()
             bar.update(1)
             if step % 50 == 0:
+                check_diverged(running[-50:])
                 recent = torch.stack(running[-50:]).mean().item()
                 bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0], train_loss=recent,
                         seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
             if step % eval_every == 0 or step == total or step == args.stop_at:
+                check_diverged(running)
                 val = evaluate_classifier(fast, val_batches)
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val.loss, val_accuracy=val.accuracy,
                         seconds=round(time.perf_counter() - t_start, 1))

@@ -11,9 +11,8 @@ examples/README.md for measured results.
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -27,10 +26,11 @@ from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.training import (
-    CSVLogger, autocast, checkpoint_path, count_parameters, latest_checkpoint, load_checkpoint, plot_curves,
-    progress, prune_checkpoints, resolve_device, save_checkpoint, set_seed, unwrap_model, warmup_cosine,
+    CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
+    latest_intact_checkpoint, load_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device,
+    save_checkpoint, set_seed, warmup_cosine,
 )
-from torchformer.train.checkpoint import read_checkpoint
+from torchformer.train.checkpoint import read_checkpoint, remove_stale_temporaries
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-23): 2.21 validation bits per byte on enwik8_prefix after 6.0 min
@@ -52,7 +52,7 @@ ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions",
                 "window")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None}
-COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "final_val_bpb", "test_bpb", "elapsed_s"]
+COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "scale of the attention logits, which can stabilise training at high learning rates)")
     add("--gradient-clipping", type=float, default=1.0, help="max gradient norm (0: off)")
     add("--test-every", type=int, help="evaluate, sample and checkpoint every N steps")
-    add("--test-subset", type=int, help="bytes of the validation split used while training")
+    add("--test-subset", type=int, help="bytes of the validation split scored while training: windows spread "
+        "over the whole split, the same at every evaluation (an estimate of the whole split's figure)")
     add("--test-batch-size", type=int, default=64, help="windows per batch when evaluating")
     add("--final", action="store_true", help="at the end, report bits per byte on the TEST split (else validation)")
     add("-D", "--data", type=Path, help="enwik8 (raw, .gz or .zip) or any byte file; default: cache, else sample")
@@ -87,9 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model for training")
     add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
-    add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest one in it")
+    add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest intact one in it")
     add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
-    add("--out", type=Path, default=Path("runs/generate_enwik8"), help="folder for the CSV log and the plot")
+    add("--out", type=Path, default=Path("runs/generate_enwik8"),
+        help="folder for the CSV log, the plot and results.json")
     add("--sample-length", type=int, default=600, help="bytes to sample at each evaluation (0: none)")
     add("--temperature", type=float, default=0.5, help="sampling temperature")
     add("--peak-tflops", type=float, default=989.0, help="accelerator peak for MFU (989: H100 bf16 dense)")
@@ -124,11 +126,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_data(path: Path | None):
-    if path is not None:
-        return enwik8(path), str(path)
     try:
+        if path is not None:
+            return enwik8(path), str(path)
         return enwik8(), str(default_root() / "enwik8")
-    except FileNotFoundError:
+    except ValueError as e:  # a damaged file, or a cached copy that is not the official one: the message names it
+        sys.exit(f"error: {e}")
+    except FileNotFoundError as e:
+        if path is not None:
+            sys.exit(f"error: {e}")
         banner = "!" * 100
         print(f"{banner}\n!! No --data and no enwik8 in {default_root()}: training on the 300 KB SAMPLE bundled with "
               f"torchformer.\n!! Fine for a demo; the figures are NOT enwik8 results. Pass -D path/to/enwik8.zip.\n"
@@ -215,23 +221,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def evaluate(model, data, args) -> float:
+def evaluate(model, data, args, windows=None) -> float:
     with autocast(args.device):
-        return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size)
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Drop rows logged after ``step``: a killed run may have logged past its last checkpoint."""
-    if not path.exists():
-        return
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+        return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size, windows=windows)
 
 
 def main(argv=None) -> dict:
@@ -241,7 +233,9 @@ def main(argv=None) -> dict:
     set_seed(args.seed)
     (train, val, test), source = load_data(args.data)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
-    val_subset = val[:args.test_subset]
+    # The periodic validation scores --test-subset bytes in windows spread over the whole split (bits_per_byte
+    # scores `stride` = context // 2 new bytes per window): the first bytes alone are not a fair sample of it.
+    val_windows = max(1, math.ceil(args.test_subset / max(1, args.context // 2)))
     if args.context >= min(len(train), len(val)):
         sys.exit(f"--context {args.context} is too long for this data ({len(val):,} validation bytes)")
     train = train.to(args.device)  # 90 MB at most; sampling windows then never leaves the device
@@ -255,7 +249,11 @@ def main(argv=None) -> dict:
     flops = model_flops_per_token(model, context=args.context)
     print(f"model: {count_parameters(model):,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
     net = torch.compile(model) if args.compile else model
-    ckpt = latest_checkpoint(args.checkpoint) if args.checkpoint else None
+    ckpt = None
+    if args.checkpoint:
+        for path in remove_stale_temporaries(args.checkpoint):
+            print(f"removed {path.name}, left by a save that was interrupted")
+        ckpt = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
     if ckpt is not None:
         check_resumable(ckpt, args)
     elif args.minutes:
@@ -280,8 +278,10 @@ def main(argv=None) -> dict:
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
         print(f"resumed from {ckpt} at step {start}")
     args.out.mkdir(parents=True, exist_ok=True)
-    truncate_log(args.out / "log.csv", start)
-    log = CSVLogger(args.out / "log.csv", COLUMNS)
+    try:  # rows a killed run logged after its last checkpoint are dropped: this run logs those steps again
+        log = CSVLogger(args.out / "log.csv", COLUMNS, resume_step=start)
+    except ValueError as e:  # a log.csv of an older version of this script, with other columns
+        sys.exit(f"error: {e}")
     tb = tensorboard(args.out)
 
     def save(step: int) -> None:
@@ -324,6 +324,12 @@ def main(argv=None) -> dict:
         if not (checkpoint_now or step % args.log_every == 0):
             continue
         losses = torch.stack([loss for _, loss, _ in pending]).tolist()  # waits for the GPU to finish
+        try:  # before anything is evaluated or saved: the checkpoints on disk predate the divergence
+            check_finite_losses(losses, [s for s, _, _ in pending])
+        except TrainingDiverged as e:
+            bar.close()
+            kept = f" The checkpoints in {args.checkpoint} predate it and are kept." if args.checkpoint else ""
+            sys.exit(f"error: {e} (flags -l, --lr-warmup, --gradient-clipping, --kqnorm).{kept}")
         seconds = time.perf_counter() - tic
         elapsed += seconds
         speed = tokens_per_step * len(pending) / seconds
@@ -337,9 +343,11 @@ def main(argv=None) -> dict:
         pending.clear()
 
         if evaluate_now:
-            rows[-1]["val_bpb"] = evaluate(model, val_subset, args)  # the uncompiled module: eval shapes vary
+            # the uncompiled module: evaluation shapes vary
+            rows[-1]["val_bpb"] = evaluate(model, val, args, windows=val_windows)
             say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
-                f"validation {rows[-1]['val_bpb']:.3f} bits/byte on {len(val_subset):,} bytes")
+                f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread over "
+                f"the split)")
             if args.sample_length > 0:
                 say(f"sample (seed in brackets, temperature {args.temperature}):\n"
                     f"{sample(model, val, args, sampler)}\n")
@@ -375,8 +383,8 @@ def main(argv=None) -> dict:
               "tokens_per_s": typical}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
-    log.log(step=args.num_batches, **{"test_bpb" if args.final else "final_val_bpb": result["bpb"]})
     log.close()
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     if tb:
         tb.close()
     if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["loss", "val_bpb"],

@@ -16,7 +16,7 @@ from torch import nn
 
 import torchformer
 from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
-from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from torchformer.train.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from torchformer.train.export import export_model, load_model
 
 KINDS = ("CTransformer", "GTransformer", "Seq2SeqTransformer")
@@ -210,7 +210,7 @@ def test_a_file_that_is_no_checkpoint_is_one_clear_error(content, tmp_path):
         path.write_bytes(whole[: len(whole) // 2])
     elif content == "foreign pickle":
         torch.save({"model": Wrapper(nn.Linear(2, 2))}, path)  # a pickled module: weights_only refuses it
-    expected = FileNotFoundError if content == "missing" else ValueError
+    expected = FileNotFoundError if content == "missing" else CheckpointError  # a ValueError
     for read in (read_checkpoint, load_model, lambda p: load_checkpoint(p, model=make("GTransformer"))):
         with pytest.raises(expected) as error:
             read(path)

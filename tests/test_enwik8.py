@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchformer.data.download import ChecksumError
+from torchformer.data.download import ChecksumError, DataFileError
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 
 N = 2000  # size of the synthetic "official" file
@@ -99,9 +99,10 @@ def test_too_small_file_and_bad_splits(tmp_path):
     path.write_bytes(b"abcdefghij")
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="val split would be empty"):
         enwik8(path)
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="splits must be three numbers"):
+    # Bad splits are refused before the file is read (so before the "not enwik8" warning).
+    with pytest.raises(ValueError, match="splits must be three numbers"):
         enwik8(path, splits=(1, 2))
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="non-negative"):
         enwik8(path, splits=(8, -1, 3))
 
 
@@ -156,9 +157,232 @@ def test_download_that_is_not_a_zip_leaves_cache_empty(tmp_path, raw):
     root = tmp_path / "cache"
     html = b"<html>502 Bad Gateway</html>"
     opener = lambda url: io.BytesIO(html)  # noqa: E731
-    with pytest.raises(zipfile.BadZipFile, match="not a valid zip"):
+    with pytest.raises(DataFileError, match="not a valid zip"):
         enwik8(download=True, root=root, opener=opener, progress=False, **_official(raw))
     assert list(root.iterdir()) == []
+
+
+def _zip_bytes(raw, compression=zipfile.ZIP_DEFLATED):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=compression) as archive:
+        archive.writestr("enwik8", raw)
+    return buffer.getvalue()
+
+
+def _flip(data, index):
+    data = bytearray(data)
+    data[index] ^= 0xFF
+    return bytes(data)
+
+
+# Damaged files of every kind load_text_bytes reads: each must name the file and say what is wrong.
+DAMAGED = {
+    "truncated.gz": lambda raw: gzip.compress(raw)[:-100],
+    "bad_crc.gz": lambda raw: _flip(gzip.compress(raw), -6),
+    "trailing_junk.gz": lambda raw: gzip.compress(raw) + b"junk",
+    "only_magic.gz": lambda raw: b"\x1f\x8b",
+    "truncated.zip": lambda raw: _zip_bytes(raw)[:100],
+    "bad_member.zip": lambda raw: _flip(_zip_bytes(raw), 200),
+    "only_magic.zip": lambda raw: b"PK\x03\x04",
+    "bad_bzip2_member.zip": lambda raw: _flip(_zip_bytes(raw, zipfile.ZIP_BZIP2), 100),
+    "bad_lzma_member.zip": lambda raw: _flip(_zip_bytes(raw, zipfile.ZIP_LZMA), 100),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_damaged_files_are_named(tmp_path, raw, name):
+    path = tmp_path / name
+    path.write_bytes(DAMAGED[name](raw))
+    for load in (load_text_bytes, lambda p: enwik8(p, **_official(raw))):
+        with pytest.raises(DataFileError) as info:
+            load(path)
+        message = str(info.value)
+        assert str(path) in message and ("damaged" in message or "truncated" in message), message
+        assert info.value.path == str(path)
+
+
+def test_empty_zip_archive_is_named(tmp_path):
+    path = tmp_path / "empty.zip"
+    zipfile.ZipFile(path, "w").close()
+    with pytest.raises(DataFileError, match=r"empty\.zip: is a zip archive, but not the expected one.*holds \[\]"):
+        load_text_bytes(path)
+
+
+def test_empty_file_is_named(tmp_path):
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    assert len(load_text_bytes(path)) == 0  # reading is fine: splitting nothing is not
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=f"{path} holds 0 bytes: too few"):
+        enwik8(path)
+
+
+def test_folder_and_missing_paths(tmp_path):
+    with pytest.raises(IsADirectoryError, match=f"path {tmp_path} is a folder"):
+        load_text_bytes(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_text_bytes(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("name", ["enwik8.zip", "enwik8.gz", "ENWIK8.ZIP"])
+def test_a_name_that_promises_compression_the_bytes_lack(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"<html>502 Bad Gateway</html>")  # e.g. an error page saved under the archive's name
+    with pytest.raises(DataFileError, match=r"named like a (zip|gzip) file but .*starts with b'<html>502") as info:
+        load_text_bytes(path)
+    assert info.value.path == str(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_path_that_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is not a regular file"):  # instead of blocking forever on read
+        load_text_bytes(fifo)
+
+
+def test_loading_from_the_cache_removes_dead_temporaries(tmp_path, raw):
+    from torchformer.data.download import _temporary_file
+
+    root = _cache(tmp_path, "enwik8", raw)
+    fd, leftover = _temporary_file(root / "enwik8")
+    os.close(fd)
+    leftover.rename(leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-")))
+    enwik8(root=root, **_official(raw))
+    assert [p.name for p in root.iterdir()] == ["enwik8"]
+
+
+def _cache(tmp_path, name, payload):
+    root = tmp_path / "cache"
+    root.mkdir(exist_ok=True)
+    (root / name).write_bytes(payload)
+    return root
+
+
+def _never(url):
+    raise AssertionError("must not download")
+
+
+def test_truncated_cached_zip_is_a_clear_error_without_download(tmp_path, raw):
+    root = _cache(tmp_path, "enwik8.zip", _zip_bytes(raw)[:100])
+    with pytest.raises(DataFileError) as info:
+        enwik8(root=root, **_official(raw))
+    message = str(info.value)
+    assert str(root / "enwik8.zip") in message and "download=True" in message
+
+
+def test_truncated_cached_zip_is_replaced_with_download(tmp_path, raw):
+    root = _cache(tmp_path, "enwik8.zip", _zip_bytes(raw)[:100])
+    opener = lambda url: io.BytesIO(_zip_bytes(raw))  # noqa: E731
+    with pytest.warns(UserWarning, match="enwik8.zip.*Downloading it again"):
+        data = enwik8(root=root, download=True, opener=opener, progress=False, **_official(raw))
+    assert torch.cat(data).numpy().tobytes() == raw
+    assert [p.name for p in root.iterdir()] == ["enwik8"]
+
+
+@pytest.mark.parametrize("damage", ["short", "flipped"])
+def test_cached_raw_file_is_verified(tmp_path, raw, damage):
+    bad = raw[:-1] if damage == "short" else _flip(raw, 5)
+    root = _cache(tmp_path, "enwik8", bad)
+    with pytest.raises(ChecksumError) as info:
+        enwik8(root=root, opener=_never, **_official(raw))
+    message = str(info.value)
+    assert str(root / "enwik8") in message and "download=True" in message
+    if damage == "short":
+        assert f"expected {len(raw):,} bytes, got {len(raw) - 1:,} bytes" in message
+    else:
+        assert hashlib.md5(raw).hexdigest() in message and hashlib.md5(bad).hexdigest() in message
+
+    opener = lambda url: io.BytesIO(_zip_bytes(raw))  # noqa: E731
+    with pytest.warns(UserWarning, match="Downloading it again"):
+        data = enwik8(root=root, download=True, opener=opener, progress=False, **_official(raw))
+    assert torch.cat(data).numpy().tobytes() == raw and (root / "enwik8").read_bytes() == raw
+
+
+def test_good_cached_zip_is_used_without_download(tmp_path, raw):
+    root = _cache(tmp_path, "enwik8.zip", _zip_bytes(raw))
+    data = enwik8(root=root, download=True, opener=_never, **_official(raw))
+    assert torch.cat(data).numpy().tobytes() == raw
+
+
+def test_a_folder_where_the_cached_file_should_be(tmp_path, raw):
+    root = tmp_path / "cache"
+    (root / "enwik8").mkdir(parents=True)
+    for download in (False, True):
+        with pytest.raises(IsADirectoryError, match=r"cache/enwik8 is a folder"):
+            enwik8(root=root, download=download, opener=_never, **_official(raw))
+    assert (root / "enwik8").is_dir()  # a user's folder is never deleted
+
+
+def test_root_that_is_a_file(tmp_path, raw):
+    root = tmp_path / "cache"
+    root.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError, match=r"root .*cache is a file"):
+        enwik8(root=root, download=True, opener=_never, **_official(raw))
+
+
+def test_downloaded_zip_of_the_wrong_size_is_not_cached(tmp_path, raw):
+    root = tmp_path / "cache"
+    opener = lambda url: io.BytesIO(_zip_bytes(raw[:-10]))  # noqa: E731
+    with pytest.raises(ChecksumError, match=f"expected {len(raw):,} bytes, got {len(raw) - 10:,} bytes"):
+        enwik8(root=root, download=True, opener=opener, progress=False, expected_size=len(raw), md5=None)
+    assert list(root.iterdir()) == []
+
+
+def test_leftover_extraction_temporary_is_removed(tmp_path, raw):
+    from torchformer.data.download import _temporary_file
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    fd, leftover = _temporary_file(root / "enwik8")
+    os.close(fd)
+    dead = leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-"))  # no such process
+    leftover.rename(dead)
+    opener = lambda url: io.BytesIO(_zip_bytes(raw))  # noqa: E731
+    enwik8(root=root, download=True, opener=opener, progress=False, **_official(raw))
+    assert [p.name for p in root.iterdir()] == ["enwik8"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"path": 5}, TypeError, "path must be a str or os.PathLike, got int"),
+        ({"path": ""}, ValueError, "path must not be empty"),
+        ({"root": 5, "path": None}, TypeError, "root must be a str or os.PathLike, got int"),
+        ({"expected_size": "2000"}, ValueError, "expected_size must be a positive int, got '2000'"),
+        ({"expected_size": 2000.0}, ValueError, "expected_size must be a positive int, got 2000.0"),
+        ({"md5": 123}, TypeError, "md5 must be a hex string or None, got int"),
+        ({"md5": "xyz"}, ValueError, "md5 must be 32 hex digits, got 'xyz'"),
+        ({"splits": None}, ValueError, "splits must be three numbers"),
+        ({"splits": "abc"}, ValueError, "splits must be three numbers"),
+        ({"splits": (float("nan"), 1, 1)}, ValueError, "splits must be finite"),
+        ({"splits": (float("inf"), 1, 1)}, ValueError, "splits must be finite"),
+        ({"download": "no"}, TypeError, "download must be a bool, got str"),
+        ({"progress": 1}, TypeError, "progress must be a bool, got int"),
+    ],
+)
+def test_bad_arguments_are_named(tmp_path, raw, kwargs, error, match):
+    path = tmp_path / "enwik8"
+    path.write_bytes(raw)
+    args = {"path": path, **kwargs}
+    with pytest.raises(error, match=match):
+        enwik8(**args)
+
+
+def test_download_needs_path_none(tmp_path, raw):
+    path = tmp_path / "enwik8"
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match="download=True only applies with path=None"):
+        enwik8(path, download=True, opener=_never)
+
+
+def test_splits_may_be_numpy_numbers_and_fractional_byte_counts(tmp_path, raw):
+    path = tmp_path / "enwik8"
+    path.write_bytes(raw)
+    sizes = [len(p) for p in enwik8(path, splits=tuple(np.array([90, 5, 5])), **_official(raw))]
+    assert sizes == [1800, 100, 100]
+    # Sums to the file's length but is not a whole number of bytes each: read as relative sizes.
+    sizes = [len(p) for p in enwik8(path, splits=(1799.5, 100.5, 100), **_official(raw))]
+    assert sum(sizes) == len(raw) and sizes[1:] == [100, 100]
 
 
 def test_bundled_sample():
@@ -233,6 +457,7 @@ def test_random_batches_device_argument():
         ({"batch_size": 2.0}, ValueError, "batch_size must be a positive int, got 2.0"),
         ({"data": torch.zeros(2, 5, dtype=torch.uint8)}, ValueError, r"1-D tensor.*\(2, 5\)"),
         ({"data": torch.zeros(10)}, TypeError, "integer token ids, got dtype torch.float32"),
+        ({"data": [1, 2, 3, 4, 5, 6]}, TypeError, "data must be a 1-D torch.Tensor, got list"),
     ],
 )
 def test_random_batches_bad_arguments(kwargs, error, match):

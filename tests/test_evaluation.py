@@ -192,3 +192,54 @@ def test_context_longer_than_the_model_is_refused_by_name():
     model = GTransformer(16, 2, 1, 32, 256)  # the model's own boundary check names the limit
     with pytest.raises(ValueError, match=r"reaches position 63.*seq_length=32"):
         bits_per_byte(model, random_bytes(200), context=64)
+
+
+def test_windows_spread_over_the_data_estimate_the_whole_figure():
+    # A file whose difficulty rises along it: a growing share of random bytes among text the model predicts well.
+    # Its first bytes are far easier than the whole, so scoring them (what the periodic validation of the enwik8
+    # example did) is badly biased; windows spread over the whole file are not.
+    model = Bigram()
+    n = 20_000
+    noisy = torch.rand(n, generator=torch.Generator().manual_seed(3)) < torch.arange(n) / n
+    data = torch.where(noisy, random_bytes(n, seed=2), sample_bigram(model, n, seed=1))
+    full = bits_per_byte(model, data, context=32)
+    first = bits_per_byte(model, data[:2_000], context=32)
+    assert full - first > 4.0  # the file is far from uniform
+    for seed in range(4):  # 125 windows of the 1,249: about 2,000 scored bytes, as many as data[:2_000]
+        estimate = bits_per_byte(model, data, context=32, windows=125, seed=seed)
+        assert abs(estimate - full) < 0.05 * full, (seed, estimate, full)
+    assert bits_per_byte(model, data, context=32, windows=125, seed=7) == \
+        bits_per_byte(model, data, context=32, windows=125, seed=7)  # the same bytes at every evaluation
+
+
+def test_windows_score_the_bytes_of_the_full_plan():
+    # With as many windows as the plan has (or more), the estimate is the full figure; with fewer, every scored
+    # byte is one the full evaluation scores too, with the same context (checked against the bigram by hand).
+    model = Bigram()
+    data = sample_bigram(model, 500, seed=4)
+    full = bits_per_byte(model, data, context=16)
+    assert bits_per_byte(model, data, context=16, windows=10_000) == pytest.approx(full, rel=1e-12)
+    # stride = context: window k scores its own 16 predictions, of data[16k + 1 : 16k + 17] (the last window is
+    # moved left to end at the last byte and scores only what the one before it did not).
+    per_window = [bigram_by_hand(model, data[s:s + 17]) for s in range(0, 500 - 17, 16)]
+    per_window.append(bigram_by_hand(model, data[16 * len(per_window):]))
+    for seed in range(5):
+        one = bits_per_byte(model, data, context=16, windows=1, stride=16, seed=seed)
+        assert min(abs(one - w) for w in per_window) < 1e-9
+
+
+@pytest.mark.parametrize("kwargs, match", [({"windows": 0}, "windows must be a positive int"),
+                                           ({"windows": 2.5}, "windows must be a positive int"),
+                                           ({"seed": "1"}, "seed must be an int")])
+def test_bad_window_arguments(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        bits_per_byte(Bigram(), random_bytes(100), context=8, **kwargs)
+
+
+def test_nan_output_is_named_as_divergence():
+    class Diverged(Bigram):
+        def forward(self, x):
+            return super().forward(x) * float("nan")
+
+    with pytest.raises(ValueError, match="NaN or \\+inf.*did training diverge"):
+        bits_per_byte(Diverged(), random_bytes(50), context=8)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import functools
 import importlib.util
+import json
+import os
 import random
 from pathlib import Path
 
@@ -87,9 +89,53 @@ def test_final_reports_test_split_and_learns(script, corpus, tmp_path):
     result = script.main(args)
     assert result["split"] == "test"
     assert 0 < result["bpb"] < 6.0  # a uniform guess over the 256 byte values costs 8 bits per byte
-    rows = read_log(tmp_path / "log.csv")
-    assert rows[-1]["test_bpb"] and float(rows[-1]["test_bpb"]) == result["bpb"]
+    assert json.loads((tmp_path / "results.json").read_text())["bpb"] == result["bpb"]
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_resume_skips_a_damaged_newest_checkpoint_and_logs_each_step_once(script, corpus, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    whole = script.main(tiny(corpus, tmp_path / "a"))
+    script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt), "--stop-after", "12"))
+    newest = ckpt / "step_00000012.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # the newest checkpoint was cut short by the crash
+    stale = ckpt / ".step_00000015.pt.tmp-otherhost-1-00"  # and a killed save of another machine, long ago
+    stale.write_bytes(b"x")
+    os.utime(stale, (0, 0))
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="step_00000012.pt is damaged"):
+        resumed = script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt)))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 10" in out and "removed .step_00000015" in out
+    assert not stale.exists()
+    assert resumed["bpb"] == whole["bpb"]  # resumed from step 10, the run still ends exactly where it would
+    rows = training_rows(read_log(tmp_path / "b" / "log.csv"))
+    assert sorted(rows) == list(range(1, 21))
+    # Running a finished run again trains nothing and adds no row.
+    before = (tmp_path / "b" / "log.csv").read_text()
+    assert script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt)))["bpb"] == whole["bpb"]
+    assert (tmp_path / "b" / "log.csv").read_text() == before
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_divergence_stops_with_the_step_and_keeps_the_checkpoints(script, corpus, tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path, "--checkpoint", str(ckpt), "--stop-after", "5"))
+    saved = sorted(p.name for p in ckpt.glob("*.pt"))
+    nll = torch.nn.functional.nll_loss
+    calls = []
+
+    def poisoned(*args, **kwargs):  # the loss turns NaN from the 4th micro-batch of the resumed run on (step 7)
+        calls.append(1)
+        loss = nll(*args, **kwargs)
+        return loss * float("nan") if len(calls) > 3 else loss
+
+    monkeypatch.setattr(script.F, "nll_loss", poisoned)
+    with pytest.raises(SystemExit, match="diverged at step 7: the loss is nan.*lower learning rate") as info:
+        script.main(tiny(corpus, tmp_path, "--checkpoint", str(ckpt)))
+    assert "predate it and are kept" in str(info.value)
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == saved
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")

@@ -7,6 +7,7 @@ few seconds; a broken one stays near 50 %.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import importlib.util
 import json
@@ -115,6 +116,21 @@ def test_resume_reproduces_the_uninterrupted_run(script, data_dir, trained, tmp_
         assert torch.equal(value, b["model"][key]), key
     assert resumed["accuracy"] == json.loads((trained / "results.json").read_text())["accuracy"]
     assert len(list((tmp_path / "ckpt").glob("step_*.pt"))) <= 2  # old checkpoints are pruned
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_and_logs_each_step_once(script, data_dir, trained, tmp_path):
+    argv = tiny(data_dir, tmp_path, "--final", "--checkpoint", str(tmp_path / "ckpt"))
+    assert script.main([*argv, "--stop-at", "30"]) == {}  # checkpoints at steps 28 and 30 (validation and stop)
+    newest = tmp_path / "ckpt" / "step_00000030.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
+    with pytest.warns(UserWarning, match="step_00000030.pt is damaged"):
+        resumed = script.main(argv)  # from step 28
+    assert resumed["accuracy"] == json.loads((trained / "results.json").read_text())["accuracy"]
+    with open(tmp_path / "log.csv", newline="", encoding="utf-8") as f:
+        rows = [(r["step"], bool(r["val_loss"])) for r in csv.DictReader(f)]
+    assert len(rows) == len(set(rows))  # no step logged twice (steps 29 and 30 were, before the fix)
+    with open(trained / "log.csv", newline="", encoding="utf-8") as f:
+        assert rows == [(r["step"], bool(r["val_loss"])) for r in csv.DictReader(f)]  # the uninterrupted run's
 
 
 def test_predict_prints_class_probabilities(script, trained, tmp_path, capsys):

@@ -1,6 +1,7 @@
 import gzip
 import hashlib
 import json
+import os
 import random
 import tarfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchformer.data.imdb_dataset as imdb_module
-from torchformer.data.download import ChecksumError
+from torchformer.data.download import ChecksumError, DataFileError
 from torchformer.data.imdb_dataset import imdb, train_val_split
 
 # (split, sentiment, id, rating) -> text. Ids 2 and 10 check a numeric (not string) sort;
@@ -99,7 +100,7 @@ def test_labels_and_contents(forms):
 
 
 @pytest.mark.parametrize("form", ["parent", "tar", "jsonl"])
-def test_root_lookup(forms, tmp_path, form):
+def test_root_lookup(forms, tmp_path, form, monkeypatch):
     root = tmp_path / f"root_{form}"
     root.mkdir()
     source = forms[form]
@@ -107,6 +108,8 @@ def test_root_lookup(forms, tmp_path, form):
         write_folder(root)
     elif form == "tar":
         (root / "aclImdb_v1.tar.gz").write_bytes(source.read_bytes())
+        # The archive in root is the cache's copy, checked against the official md5: make the fixture "official".
+        monkeypatch.setattr(imdb_module, "IMDB_MD5", hashlib.md5(source.read_bytes()).hexdigest())
     else:
         write_jsonl(root)
     assert imdb(root=root) == (expected_split("train"), expected_split("test"))
@@ -157,7 +160,7 @@ def test_missing_data_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no IMDb data at"):
         imdb(tmp_path / "nothing-here")
     (tmp_path / "notes.txt").write_text("not an archive")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DataFileError, match=r"notes\.txt: is not a tar archive.*expects the official archive"):
         imdb(tmp_path / "notes.txt")
 
 
@@ -177,8 +180,23 @@ def test_bad_label_and_empty_split_are_rejected(tmp_path):
 
     with gzip.open(folder / "imdb_train.jsonl.gz", "wt", encoding="utf-8") as f:
         f.write("")
-    with pytest.raises(ValueError, match="train split .* is empty"):
+    with pytest.raises(ValueError, match=r"imdb_train\.jsonl\.gz: holds no reviews"):
         imdb(folder)
+
+
+def test_empty_split_names_where_its_reviews_should_be(tmp_path):
+    folder = tmp_path / "aclImdb"
+    for split in ("train", "test"):
+        for sentiment in ("pos", "neg"):
+            (folder / split / sentiment).mkdir(parents=True)
+    (folder / "train" / "pos" / "1_9.txt").write_text("Only train has a review.")
+    with pytest.raises(DataFileError, match=r"holds no reviews \(\[id\]_\[rating\]\.txt") as info:
+        imdb(folder)
+    assert info.value.path == str(folder / "test")
+    archive = write_tar(folder, tmp_path / "partial.tar.gz")
+    with pytest.raises(DataFileError, match=r"holds no reviews under test/pos/ or test/neg/") as info:
+        imdb(archive)
+    assert info.value.path == str(archive)
 
 
 def test_jsonl_without_id_keeps_line_order_within_label(tmp_path):
@@ -190,6 +208,215 @@ def test_jsonl_without_id_keeps_line_order_within_label(tmp_path):
             f.writelines(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows)
     train, _ = imdb(folder)
     assert train == [("a", 0), ("d", 0), ("b", 1), ("c", 1)]
+
+
+# ------------------------------------------------------------------ the cached archive is verified
+
+
+def test_non_official_cached_archive_is_a_clear_error(forms, tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    archive = root / "aclImdb_v1.tar.gz"
+    archive.write_bytes(forms["tar"].read_bytes())  # a well-formed archive, but not the official one
+    with pytest.raises(ChecksumError) as info:
+        imdb(root=root)
+    message = str(info.value)
+    assert str(archive) in message and imdb_module.IMDB_MD5 in message
+    assert hashlib.md5(archive.read_bytes()).hexdigest() in message
+    assert "download=True" in message and "path=" in message
+    assert imdb(archive) == (expected_split("train"), expected_split("test"))  # path= uses it as it is
+
+
+@pytest.mark.parametrize("damage", ["truncated", "non-official"])
+def test_bad_cached_archive_is_replaced_with_download(forms, tmp_path, monkeypatch, damage):
+    official = forms["tar"].read_bytes()
+    point_download_at(monkeypatch, forms["tar"], hashlib.md5(official).hexdigest())
+    root = tmp_path / "cache"
+    root.mkdir()
+    archive = root / "aclImdb_v1.tar.gz"
+    if damage == "truncated":
+        archive.write_bytes(official[: len(official) // 2])
+    else:  # a readable archive of other bytes (the zeros are padding gzip ignores)
+        archive.write_bytes(official + bytes(512))
+    with pytest.warns(UserWarning, match="checksum mismatch.*Downloading it again"):
+        result = imdb(root=root, download=True)
+    assert result == (expected_split("train"), expected_split("test"))
+    assert archive.read_bytes() == official
+
+
+# ------------------------------------------------------------------ damaged files name themselves
+
+
+def _flip(data, index):
+    data = bytearray(data)
+    data[index] ^= 0xFF
+    return bytes(data)
+
+
+ARCHIVE_DAMAGE = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "bad CRC": lambda data: _flip(data, -6),  # only reading the stream to its end notices this one
+    "garbage": lambda data: data[:10] + bytes(len(data) - 10),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ARCHIVE_DAMAGE))
+def test_damaged_archive_is_named(forms, tmp_path, damage):
+    path = tmp_path / "damaged.tar.gz"
+    path.write_bytes(ARCHIVE_DAMAGE[damage](forms["tar"].read_bytes()))
+    with pytest.raises(DataFileError) as info:
+        imdb(path)
+    assert info.value.path == str(path) and "damaged" in str(info.value)
+
+
+JSONL_DAMAGE = {
+    "truncated": lambda gz: gz[: len(gz) - 10],
+    "bad CRC": lambda gz: _flip(gz, -6),
+    "a PNG renamed": lambda gz: b"\x89PNG\r\n\x1a\n" + bytes(100),
+    "not gzipped": lambda gz: gzip.decompress(gz),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(JSONL_DAMAGE))
+def test_damaged_jsonl_is_named(forms, damage):
+    path = forms["jsonl"] / "imdb_train.jsonl.gz"
+    path.write_bytes(JSONL_DAMAGE[damage](path.read_bytes()))
+    with pytest.raises(DataFileError) as info:
+        imdb(forms["jsonl"])
+    assert info.value.path == str(path)
+    assert "gzip" in str(info.value) and ("damaged" in str(info.value) or "not gzip" in str(info.value))
+
+
+# One policy for text that is not valid UTF-8, whatever the form: an error naming the file (and the line),
+# never a silent replacement (the official files are valid UTF-8, so such bytes mean damage).
+def test_invalid_utf8_is_an_error_in_every_form(tmp_path):
+    bad = b"Caf\xe9 (Latin-1, not UTF-8)"
+    folder = write_folder(tmp_path / "folder")
+    (folder / "train" / "pos" / "99_9.txt").write_bytes(bad)
+    with pytest.raises(DataFileError, match=r"99_9\.txt: is not valid UTF-8.*byte 3") as info:
+        imdb(folder)
+    assert info.value.path == str(folder / "train" / "pos" / "99_9.txt")
+
+    archive = write_tar(folder, tmp_path / "bad.tar.gz")
+    with pytest.raises(DataFileError, match=r"member aclImdb/train/pos/99_9\.txt is not valid UTF-8") as info:
+        imdb(archive)
+    assert info.value.path == str(archive)
+
+    jsonl = write_jsonl(tmp_path / "jsonl")
+    with gzip.open(jsonl / "imdb_test.jsonl.gz", "ab") as f:
+        f.write(b'{"text": "' + bad + b'", "label": 1, "id": 99}\n')
+    with pytest.raises(DataFileError, match="not valid UTF-8") as info:
+        imdb(jsonl)
+    assert info.value.path == str(jsonl / "imdb_test.jsonl.gz") and info.value.line == 5
+
+
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        ({"text": "x", "label": 0, "id": "7"}, "id must be an int, got '7'"),
+        ({"text": "x", "label": 0, "id": None}, "id must be an int, got None"),
+        ({"text": "x", "label": 0, "id": True}, "id must be an int, got True"),
+        ({"text": "x", "label": 0, "id": 1.5}, "id must be an int, got 1.5"),
+        ({"text": "x", "label": "1", "id": 3}, "label must be 0 or 1, got '1'"),
+        ({"text": None, "label": 1, "id": 3}, "text must be a string, got NoneType"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_bad_jsonl_records_name_file_and_line(tmp_path, record, match):
+    folder = write_jsonl(tmp_path / "jsonl")
+    path = folder / "imdb_train.jsonl.gz"
+    with gzip.open(path, "at", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    with pytest.raises(DataFileError, match=match) as info:
+        imdb(folder)
+    assert info.value.path == str(path) and info.value.line == 6
+    assert f"{path}, line 6" in str(info.value)
+
+
+def test_lone_surrogate_in_jsonl_is_invalid_text(tmp_path):
+    folder = write_jsonl(tmp_path / "jsonl")
+    path = folder / "imdb_train.jsonl.gz"
+    with gzip.open(path, "at", encoding="utf-8") as f:
+        f.write('{"text": "half a character: \\ud800", "label": 1, "id": 99}\n')  # valid JSON, not valid Unicode
+    with pytest.raises(DataFileError, match=r"line 6: text is not valid Unicode.*'\\ud800' at index 18"):
+        imdb(folder)
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2"])
+def test_damaged_archives_of_other_compressions_are_named(tmp_path, mode):
+    folder = write_folder(tmp_path / "folder")
+    path = tmp_path / "archive.tar"
+    with tarfile.open(path, mode) as tar:
+        tar.add(folder, arcname="aclImdb")
+    path.write_bytes(_flip(path.read_bytes(), path.stat().st_size // 2))
+    with pytest.raises(DataFileError) as info:
+        imdb(path)
+    assert info.value.path == str(path) and "damaged" in str(info.value)
+
+
+def test_jsonl_with_a_byte_order_mark(tmp_path):
+    folder = write_jsonl(tmp_path / "jsonl")
+    path = folder / "imdb_train.jsonl.gz"
+    path.write_bytes(gzip.compress("\ufeff".encode() + gzip.decompress(path.read_bytes())))
+    assert imdb(folder) == (expected_split("train"), expected_split("test"))
+
+
+# ------------------------------------------------------------------ wrong arguments, half-present data
+
+
+def test_half_present_forms_name_what_is_missing(forms, tmp_path):
+    (forms["jsonl"] / "imdb_test.jsonl.gz").unlink()
+    with pytest.raises(FileNotFoundError, match=r"imdb_train\.jsonl\.gz but not .*imdb_test\.jsonl\.gz"):
+        imdb(forms["jsonl"])
+    only_train = tmp_path / "only_train"
+    (only_train / "aclImdb" / "train" / "pos").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"aclImdb/train/ but not .*aclImdb/test/"):
+        imdb(only_train)
+    with pytest.raises(DataFileError, match=r"is not a tar archive"):
+        imdb(forms["jsonl"] / "imdb_train.jsonl.gz")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"path": 5}, TypeError, "path must be a str or os.PathLike, got int"),
+        ({"path": ""}, ValueError, "path must not be empty"),
+        ({"root": 5}, TypeError, "root must be a str or os.PathLike, got int"),
+        ({"download": "yes"}, TypeError, "download must be a bool, got str"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        imdb(**kwargs)
+
+
+def test_root_that_is_a_file(tmp_path):
+    (tmp_path / "cache").write_bytes(b"x")
+    with pytest.raises(NotADirectoryError, match=r"root .*cache is a file"):
+        imdb(root=tmp_path / "cache", download=True)
+
+
+def test_loading_from_root_removes_dead_temporaries(forms, tmp_path, monkeypatch):
+    from torchformer.data.download import _temporary_file
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "aclImdb_v1.tar.gz").write_bytes(forms["tar"].read_bytes())
+    monkeypatch.setattr(imdb_module, "IMDB_MD5", hashlib.md5(forms["tar"].read_bytes()).hexdigest())
+    fd, leftover = _temporary_file(root / "aclImdb_v1.tar.gz")
+    os.close(fd)
+    leftover.rename(leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-")))
+    imdb(root=root)
+    assert [p.name for p in root.iterdir()] == ["aclImdb_v1.tar.gz"]
+
+
+def test_train_val_split_needs_a_sequence():
+    with pytest.raises(TypeError, match="examples must be a sequence.*got generator"):
+        train_val_split((i for i in range(10)), val_size=2)
+    with pytest.raises(TypeError, match="examples must be a sequence.*got dict"):
+        train_val_split({i: i for i in range(10)}, val_size=2)
+    with pytest.raises(TypeError, match="examples must be a sequence.*got str"):
+        train_val_split("a whole review", val_size=2)
 
 
 @settings(max_examples=50, deadline=None)

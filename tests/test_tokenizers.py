@@ -162,3 +162,94 @@ def test_byte_tokenizer_details():
         tok.decode([257])
     with pytest.raises(ValueError, match="max_length"):
         tok.encode("x", max_length=0)
+
+
+# ------------------------------------------------------------------ wrong types
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary())
+def test_byte_tokenizer_encodes_bytes_as_they_are(data):
+    tok = ByteTokenizer()
+    ids = tok.encode(data)
+    assert ids == [b + 1 for b in data]
+    assert tok.encode(bytearray(data)) == ids and tok.encode(memoryview(data)) == ids
+    assert tok.encode(data, max_length=3) == ids[:3]
+
+
+def test_byte_tokenizer_bytes_and_str_agree():
+    tok = ByteTokenizer()
+    assert tok.encode("café".encode("utf-8")) == tok.encode("café")
+
+
+@pytest.mark.parametrize("text", [5, None, ["a", "b"], 2.5])
+def test_byte_tokenizer_rejects_other_types(text):
+    with pytest.raises(TypeError, match=f"text must be a str or bytes, got {type(text).__name__}"):
+        ByteTokenizer().encode(text)
+
+
+@pytest.mark.parametrize(
+    "text, hint",
+    [(b"bytes", r"decode them first"), (["a", "b"], "one text at a time"), (None, ""), (7, "")],
+)
+def test_word_tokenizer_rejects_other_types(tok, text, hint):
+    pattern = f"text must be a str, got {type(text).__name__}.*{hint}"
+    for method in (tok.encode, tok.tokenize):
+        with pytest.raises(TypeError, match=pattern):
+            method(text)
+
+
+@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), WordTokenizer.build(TRAIN, vocab_size=100)], ids=repr)
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        ("abc", "ids must be a sequence of ints, got str"),
+        (b"ab", "ids must be a sequence of ints, got bytes"),
+        (5, "ids must be a sequence of ints, got int"),
+        ({3, 2}, "ids must be a sequence of ints, got set"),  # no order: the text would come out shuffled
+        ({3: "x"}, "ids must be a sequence of ints, got dict"),
+        (None, "ids must be a sequence of ints, got NoneType"),
+        ([2, 2.7], r"ids\[1\] must be an int, got float 2.7"),
+        (["3"], r"ids\[0\] must be an int, got str '3'"),
+        ([True], r"ids\[0\] must be an int, got bool True"),
+        ([[2, 3]], r"ids\[0\] must be an int, got list"),
+        (torch.tensor([[2, 3]]), r"ids\[0\] must be an int, got list"),
+        (torch.tensor([2.5]), r"ids\[0\] must be an int, got float 2.5"),
+    ],
+)
+def test_decode_rejects_what_is_not_a_sequence_of_ints(tokenizer, ids, match):
+    with pytest.raises(TypeError, match=match):
+        tokenizer.decode(ids)
+
+
+def test_decode_accepts_integer_arrays_and_scalars(tok):
+    import numpy as np
+
+    ids = tok.encode("great movie")
+    for same in (torch.tensor(ids), np.array(ids), [np.int64(i) for i in ids], [torch.tensor(i) for i in ids]):
+        assert tok.decode(same) == "great movie"
+    assert ByteTokenizer().decode(np.array([ord("h") + 1, ord("i") + 1], dtype=np.uint8)) == "hi"
+
+
+def test_constructors_and_state_dicts_name_what_is_wrong():
+    with pytest.raises(TypeError, match="vocab must be a sequence of str, got NoneType"):
+        WordTokenizer(None)
+    with pytest.raises(TypeError, match="vocab must be a sequence of str, got a single str"):
+        WordTokenizer("<pad><unk>")
+    with pytest.raises(TypeError, match="texts must be an iterable of strings, got NoneType"):
+        WordTokenizer.build(None, vocab_size=10)
+    with pytest.raises(ValueError, match="state has no 'vocab'"):
+        WordTokenizer.from_state_dict({"kind": "word"})
+    with pytest.raises(TypeError, match="vocab must be a sequence of str, got NoneType"):
+        WordTokenizer.from_state_dict({"kind": "word", "vocab": None})
+    for bad in (None, [], "word"):
+        with pytest.raises(TypeError, match=f"state must be a dict, got {type(bad).__name__}"):
+            tokenizer_from_state_dict(bad)
+        with pytest.raises(TypeError, match=f"state must be a dict, got {type(bad).__name__}"):
+            ByteTokenizer.from_state_dict(bad)
+
+
+def test_byte_tokenizer_names_a_lone_surrogate():
+    # json.loads('"\\ud800"') gives such a str: it is not valid Unicode and has no UTF-8 bytes.
+    with pytest.raises(ValueError, match=r"text is not valid Unicode: lone surrogate '\\ud800' at index 2"):
+        ByteTokenizer().encode("ab\ud800c")

@@ -354,6 +354,24 @@ def test_csv_logger_errors(tmp_path):
         CSVLogger(tmp_path / "other.csv", ["a", "a"])
 
 
+def test_csv_logger_resume_step_drops_rows_logged_after_it(tmp_path):
+    # A run killed after logging steps 3 and 4 but checkpointed at 2 logs 3 and 4 again when it resumes.
+    path = tmp_path / "train.csv"
+    path.write_text("step,loss,note\n1,2.5,\n2,2.25,\n3,2.0,\n,,free text\n4,1.9,\n")
+    with CSVLogger(path, ["step", "loss", "note"], resume_step=2) as log:
+        log.log(step=3, loss=2.0)
+    assert read_rows(path) == [["step", "loss", "note"], ["1", "2.5", ""], ["2", "2.25", ""], ["", "", "free text"],
+                               ["3", "2.0", ""]]
+    with CSVLogger(path, ["step", "loss", "note"], resume_step=0):  # a fresh start in the same folder
+        pass
+    assert read_rows(path) == [["step", "loss", "note"], ["", "", "free text"]]
+    assert not [p for p in tmp_path.iterdir() if p.name != "train.csv"]  # rewritten atomically, no leftovers
+    with pytest.raises(ValueError, match="resume_step must be a non-negative int"):
+        CSVLogger(path, ["step", "loss", "note"], resume_step=-1)
+    with pytest.raises(ValueError, match="step_column 'epoch' is not one of"):
+        CSVLogger(path, ["step", "loss", "note"], resume_step=1, step_column="epoch")
+
+
 def test_csv_logger_repairs_a_partial_last_line(tmp_path):
     path = tmp_path / "train.csv"
     path.write_text("step,loss\n1,2.5\n2,2.")  # crashed mid-row

@@ -1,6 +1,7 @@
 """Loaders for the real datasets the examples use, and the tools to batch them.
 
-* :mod:`torchformer.data.download`: verified, atomic downloads (temp file, checksum, rename).
+* :mod:`torchformer.data.download`: verified, atomic downloads (temp file, checksum, rename), and
+  :class:`DataFileError`, the package's error for a damaged or malformed data file.
 * :mod:`torchformer.data.enwik8_dataset`: enwik8 bytes for character-level language modelling, random batches.
 * :mod:`torchformer.data.imdb_dataset`: the IMDb Large Movie Review Dataset (Maas et al. 2011).
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
@@ -8,7 +9,7 @@
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
-from torchformer.data.download import ChecksumError, default_root, download, file_digest, verify
+from torchformer.data.download import ChecksumError, DataFileError, default_root, download, file_digest, verify
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
@@ -17,6 +18,7 @@ __all__ = [
     "ByteTokenizer",
     "ChecksumError",
     "ClassificationBatches",
+    "DataFileError",
     "WordTokenizer",
     "bucket_batches",
     "default_root",

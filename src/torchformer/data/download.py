@@ -7,20 +7,39 @@ only then renames the temporary file to its final name with :func:`os.replace`, 
 on the same file system. If anything goes wrong, the temporary file is deleted and nothing is
 left at the destination.
 
+A killed process (``kill -9``, a power cut) cannot clean up, so the temporary file's name records who writes it:
+``.{name}.{host}-{pid}-{random}.part``. The next download of the same file removes the leftovers that are surely
+dead (see :func:`_remove_stale_temporaries`) and never touches a live download's.
+
+A file that is already at the destination is checked like a fresh download (size and digests, when given) before
+it is trusted; if it fails, it is downloaded again.
+
+:class:`DataFileError` is the data package's one error for a file that is there but unusable (truncated, damaged,
+not in the expected format); the loaders raise it with the file's name, the line where that makes sense, and
+what to do.
+
 The cache lives in ``~/.cache/torchformer`` unless the ``TORCHFORMER_HOME`` environment variable
 names another folder (see :func:`default_root`).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
+import lzma
 import os
 import pathlib
+import re
+import tarfile
 import tempfile
 import urllib.request
 import warnings
+import zipfile
+import zlib
 from typing import BinaryIO, Callable, Optional, Union
+
+from torchformer._files import host_tag, is_stale
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -29,9 +48,10 @@ _HEX_LENGTHS = {"sha256": 64, "md5": 32}
 
 
 class ChecksumError(ValueError):
-    """A file's digest is not the expected one.
+    """A file's digest (or its size) is not the expected one.
 
-    Attributes ``path``, ``algorithm``, ``expected``, ``received`` and ``advice`` hold the details.
+    Attributes ``path``, ``algorithm`` (``"sha256"``, ``"md5"`` or ``"size"``), ``expected``, ``received`` and
+    ``advice`` hold the details.
     """
 
     def __init__(self, path: PathLike, algorithm: str, expected: str, received: str, advice: str = "") -> None:
@@ -44,10 +64,62 @@ class ChecksumError(ValueError):
         self.advice = advice or "Delete the file and download it again."
 
     def __str__(self) -> str:
-        return (
-            f"{self.algorithm} checksum mismatch for {self.path}: expected {self.expected}, "
-            f"got {self.received}. {self.advice}"
-        )
+        what = "size mismatch" if self.algorithm == "size" else f"{self.algorithm} checksum mismatch"
+        return f"{what} for {self.path}: expected {self.expected}, got {self.received}. {self.advice}"
+
+
+class DataFileError(ValueError):
+    """A data file is there but unusable: truncated, damaged, or not in the expected format.
+
+    The message reads ``"{path}[, line {line}]: {problem}. {advice}"``; the same parts are attributes. The
+    low-level error (``EOFError``, ``zipfile.BadZipFile``, ``UnicodeDecodeError``, ...) is kept as ``__cause__``.
+    """
+
+    def __init__(self, path: PathLike, problem: str, advice: str = "", line: Optional[int] = None) -> None:
+        super().__init__(str(path), problem, advice, line)  # every field, so that the exception pickles
+        self.path = str(path)
+        self.problem = problem
+        self.advice = advice or "The file is damaged or not the expected one; download or copy it again."
+        self.line = line
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}, line {self.line}"
+        return f"{where}: {self.problem}. {self.advice}"
+
+
+# What decompressors raise when the bytes are damaged or cut short: a truncated stream ends early (EOFError); a
+# changed byte breaks the compressed data (zlib.error, lzma.LZMAError, the bare OSError of bz2) or a checksum
+# (BadGzipFile, BadZipFile, tarfile's ReadError).
+DAMAGED_DATA_ERRORS = (EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile, zipfile.BadZipFile, tarfile.TarError,
+                       OSError)
+
+
+def is_damaged_data(err: BaseException) -> bool:
+    """Whether ``err``, raised while decompressing, means damaged bytes rather than a failing system.
+
+    An OSError *with* an errno (permission denied, disk error) is the system's and must surface as it is; the
+    decompressors' own OSErrors (BadGzipFile, bz2's "Invalid data stream") have none.
+    """
+    if isinstance(err, OSError) and err.errno is not None:
+        return False
+    return isinstance(err, DAMAGED_DATA_ERRORS)
+
+
+def check_path(value: object, name: str) -> pathlib.Path:
+    """``value`` as a Path; a TypeError or ValueError naming the argument ``name`` unless it is a usable path."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
+    if os.fspath(value) == "":
+        # pathlib would read "" as ".", the current folder: surely not what was meant.
+        raise ValueError(f"{name} must not be empty, got {value!r}")
+    return pathlib.Path(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    # A flag given as a string ("no") would be truthy: refuse anything but a real bool.
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def default_root() -> pathlib.Path:
@@ -92,18 +164,37 @@ def _expected_digests(sha256: Optional[str], md5: Optional[str]) -> dict[str, st
     return expected
 
 
-def verify(path: PathLike, *, sha256: Optional[str] = None, md5: Optional[str] = None) -> None:
-    """Raise :class:`ChecksumError` unless the file at ``path`` has the given digest(s).
+def _check_size(size: Optional[int]) -> Optional[int]:
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ValueError(f"size must be a byte count (an int >= 0) or None, got {size!r}")
+    return size
 
-    With neither ``sha256`` nor ``md5`` there is nothing to check and the call does nothing.
+
+def verify(
+    path: PathLike,
+    *,
+    sha256: Optional[str] = None,
+    md5: Optional[str] = None,
+    size: Optional[int] = None,
+    advice: str = "",
+) -> None:
+    """Raise :class:`ChecksumError` unless the file at ``path`` has the given size and digest(s).
+
+    The size is checked first: it costs nothing, while a digest reads the whole file. With no ``size``, ``sha256``
+    or ``md5`` there is nothing to check and the call does nothing. ``advice`` replaces the error's default
+    advice (say how *this* file is repaired).
     """
-    for algorithm, value in _expected_digests(sha256, md5).items():
+    expected = _expected_digests(sha256, md5)
+    _check_size(size)
+    advice = advice or "The file is corrupt or not the expected one; delete it and download it again."
+    if size is not None:
+        received_size = os.path.getsize(path)
+        if received_size != size:
+            raise ChecksumError(path, "size", f"{size:,} bytes", f"{received_size:,} bytes", advice)
+    for algorithm, value in expected.items():
         received = file_digest(path, algorithm)
         if received != value:
-            raise ChecksumError(
-                path, algorithm, value, received,
-                "The file is corrupt or not the expected one; delete it and download it again.",
-            )
+            raise ChecksumError(path, algorithm, value, received, advice)
 
 
 def _default_opener(url: str) -> BinaryIO:
@@ -130,35 +221,53 @@ def download(
     *,
     sha256: Optional[str] = None,
     md5: Optional[str] = None,
+    size: Optional[int] = None,
     opener: Optional[Callable[[str], BinaryIO]] = None,
     progress: bool = False,
 ) -> pathlib.Path:
-    """Download ``url`` to ``dest`` atomically and check its checksum(s); return ``dest`` as a Path.
+    """Download ``url`` to ``dest`` atomically and check its size and checksum(s); return ``dest`` as a Path.
 
     Args:
         url: where to fetch the file (``http(s)://``, ``file://``, anything ``urllib`` opens).
         dest: the final file path. Its folder is created if needed.
-        sha256, md5: expected hex digests. When ``dest`` already exists and matches them, it is
-            returned without downloading; with no digest given an existing ``dest`` is trusted.
+        sha256, md5: expected hex digests.
+        size: the expected byte count, checked even when the server announces no Content-Length.
         opener: ``opener(url)`` returns a readable binary file-like object; the default is
             :func:`urllib.request.urlopen`. If the object has ``headers`` with a Content-Length,
             the byte count is checked against it.
         progress: show a progress bar if ``tqdm`` is installed.
 
+    A file already at ``dest`` is verified like a download (``size``, ``sha256``, ``md5``) and returned without
+    downloading if it passes; if it fails, a warning says so and it is downloaded again. With none of the three
+    given, an existing ``dest`` is trusted. Leftover temporary files of earlier, killed downloads of ``dest`` are
+    removed first (see :func:`_remove_stale_temporaries`).
+
     Raises:
-        ChecksumError: the downloaded bytes do not have the expected digest.
+        ChecksumError: the downloaded bytes do not have the expected size or digest.
         OSError: the transfer failed or was cut short.
     In both cases nothing is left at ``dest`` and no temporary file remains.
     """
     if not isinstance(url, str) or not url:
         raise TypeError(f"url must be a non-empty str, got {url!r}")
+    dest = check_path(dest, "dest")
     expected = _expected_digests(sha256, md5)
-    dest = pathlib.Path(dest)
+    _check_size(size)
+    if opener is not None and not callable(opener):
+        raise TypeError(f"opener must be a callable, got {type(opener).__name__}")
+    check_bool(progress, "progress")
     manual = f"Retry, or download {url} yourself and pass the local file's path."
 
+    if dest.is_dir():
+        # Without this check a folder would pass as "already downloaded" when no digest is given.
+        raise IsADirectoryError(f"dest {dest} is a folder; expected the path of a file (move the folder away)")
+    if dest.parent.exists() and not dest.parent.is_dir():
+        raise NotADirectoryError(f"{dest.parent} is a file, not a folder: cannot download {dest.name} into it")
+    if dest.parent.is_dir():
+        # Also when dest is already there: a killed concurrent download may have left its temporary beside it.
+        _remove_stale_temporaries(dest)
     if dest.exists():
         try:
-            verify(dest, **expected)
+            verify(dest, size=size, **expected)
             return dest
         except ChecksumError as err:
             # A stale or corrupt file must not survive a failed re-download either.
@@ -167,8 +276,7 @@ def download(
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     # The temporary file lives next to dest so that os.replace is a rename, not a copy.
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = pathlib.Path(tmp_name)
+    fd, tmp = _temporary_file(dest)
     received = 0
     try:
         with os.fdopen(fd, "wb") as out:
@@ -176,12 +284,22 @@ def download(
                 response = (opener or _default_opener)(url)
             except Exception as err:
                 raise OSError(f"could not open {url}: {err}. {manual}") from err
+            if not callable(getattr(response, "read", None)):
+                raise TypeError(
+                    f"opener must return a binary file-like object (with a read method), "
+                    f"got {type(response).__name__}"
+                )
             try:
                 declared = _declared_size(response)
                 hashes = {algorithm: hashlib.new(algorithm) for algorithm in expected}
                 bar = _progress_bar(declared, dest.name) if progress else None
                 try:
                     while chunk := response.read(_CHUNK):
+                        if not isinstance(chunk, (bytes, bytearray)):
+                            raise TypeError(
+                                f"the opener's file object: read() must return bytes, got {type(chunk).__name__} "
+                                f"(open the URL in binary mode)"
+                            )
                         out.write(chunk)
                         for h in hashes.values():
                             h.update(chunk)
@@ -202,23 +320,76 @@ def download(
                 if close is not None:
                     close()
         if declared is not None and received != declared:
+            what = "is incomplete" if received < declared else "does not match the announced size"
             raise OSError(
-                f"download of {url} is incomplete: received {received:,} bytes, the server announced "
+                f"download of {url} {what}: received {received:,} bytes, the server announced "
                 f"{declared:,}. Nothing was saved at {dest}. {manual}"
             )
+        problem = f"{dest} (downloaded from {url})"
+        advice = f"The download is corrupt or the file changed on the server; nothing was saved. {manual}"
+        if size is not None and received != size:
+            raise ChecksumError(problem, "size", f"{size:,} bytes", f"{received:,} bytes", advice)
         for algorithm, value in expected.items():
             digest = hashes[algorithm].hexdigest()
             if digest != value:
-                raise ChecksumError(
-                    f"{dest} (downloaded from {url})", algorithm, value, digest,
-                    f"The download is corrupt or the file changed on the server; nothing was saved. {manual}",
-                )
+                raise ChecksumError(problem, algorithm, value, digest, advice)
         os.replace(tmp, dest)
     except BaseException:
         # Also on KeyboardInterrupt: never leave a partial file behind.
         tmp.unlink(missing_ok=True)
         raise
     return dest
+
+
+# --------------------------------------------------------------------------- #
+# Temporary files: named after their writer, so that leftovers can be told from live downloads.
+# --------------------------------------------------------------------------- #
+
+
+def _temporary_file(dest: pathlib.Path) -> tuple[int, pathlib.Path]:
+    """Create ``.{dest.name}.{host}-{pid}-{8 random chars}.part`` next to ``dest``; return (fd, path)."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{host_tag()}-{os.getpid()}-", suffix=".part")
+    return fd, pathlib.Path(name)
+
+
+# What sits between ".{dest.name}." and ".part": "host-pid-random" (this version) or mkstemp's 8 random
+# characters alone (older versions, which did not record the writer).
+_TEMPORARY_MIDDLE = re.compile(r"(?:(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-)?[a-z0-9_]{8}")
+
+
+def _remove_stale_temporaries(dest: pathlib.Path) -> list[pathlib.Path]:
+    """Remove leftover temporary files of earlier downloads of ``dest``; return the removed paths.
+
+    A temporary file is stale when it was written on this host by a process that no longer exists, or when it
+    has not been modified for 24 hours (the only rule for other hosts sharing the folder, whose process ids mean
+    nothing here, and for the unnamed temporaries of older versions). Temporaries of other files and files that
+    do not follow the naming scheme are never touched. Removal is best effort: a file that cannot be removed is
+    left alone, it never makes a download fail.
+    """
+    prefix, suffix = f".{dest.name}.", ".part"
+    removed = []
+    try:
+        entries = list(os.scandir(dest.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            continue
+        match = _TEMPORARY_MIDDLE.fullmatch(name[len(prefix):-len(suffix)])
+        if match is None:
+            continue
+        try:
+            mtime = entry.stat().st_mtime
+        except OSError:
+            continue  # its owner just renamed or removed it
+        if is_stale(match["host"], match["pid"] and int(match["pid"]), mtime):
+            try:
+                os.unlink(entry.path)
+                removed.append(pathlib.Path(entry.path))
+            except OSError:
+                pass
+    return removed
 
 
 def _progress_bar(total: Optional[int], name: str):

@@ -9,15 +9,21 @@ tokenizer. The standard protocol splits it into the first 90M bytes for training
 tensors. Any other byte file works too (it is split 90/5/5 percent, with a warning that it is
 not enwik8), so the same script can train on any text. :func:`random_batches` samples training
 windows, and :func:`enwik8_sample` gives a 300 KB piece of real enwik8 that ships with the package.
+
+Files are checked, not trusted. A damaged gzip or zip raises :class:`~torchformer.data.download.DataFileError`
+naming the file. The copy in the cache folder (``path=None``) must be the official file: its size and md5 are
+checked on every load (reading 100 MB costs far more than hashing it), and a bad copy is an error that says how to
+repair it, or, with ``download=True``, is replaced by a fresh download.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import math
+import numbers
 import os
 import pathlib
-import tempfile
 import warnings
 import zipfile
 from typing import BinaryIO, Callable, Optional, Sequence, Union
@@ -28,7 +34,18 @@ from torch import Tensor
 
 from torchformer._checks import check_positive_int
 
-from torchformer.data.download import ChecksumError, default_root
+from torchformer.data.download import (
+    DAMAGED_DATA_ERRORS,
+    ChecksumError,
+    DataFileError,
+    _expected_digests,
+    _remove_stale_temporaries,
+    _temporary_file,
+    check_bool,
+    check_path,
+    default_root,
+    is_damaged_data,
+)
 from torchformer.data.download import download as _download
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -39,7 +56,10 @@ ENWIK8_SIZE = 100_000_000
 ENWIK8_SPLITS = (90_000_000, 5_000_000, 5_000_000)
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_ZIP_MAGIC = b"PK\x03\x04"
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip starts with its first member, or, if empty, its end record
+# Besides damaged bytes (DAMAGED_DATA_ERRORS), a zip may use a compression method Python lacks
+# (NotImplementedError) or be encrypted (RuntimeError): unusable as well.
+_ZIP_ERRORS = (*DAMAGED_DATA_ERRORS, NotImplementedError, RuntimeError)
 
 
 def sample_path() -> pathlib.Path:
@@ -54,9 +74,11 @@ def _zip_member(archive: zipfile.ZipFile, path: PathLike) -> zipfile.ZipInfo:
             return info
     if len(files) == 1:
         return files[0]
-    raise ValueError(
-        f"{path} is a zip archive; expected a member named 'enwik8' or exactly one file, "
-        f"got {[info.filename for info in files]}"
+    raise DataFileError(
+        path,
+        f"is a zip archive, but not the expected one: it should hold a member named 'enwik8' or exactly one "
+        f"file, and it holds {[info.filename for info in files]}",
+        "Pass the raw file, or a zip with that one member.",
     )
 
 
@@ -64,19 +86,44 @@ def load_text_bytes(path: PathLike) -> Tensor:
     """Read every byte of a file into a 1-D ``torch.uint8`` tensor.
 
     Gzip and zip files are recognised by their first bytes (not their names) and decompressed;
-    a zip must hold a member named ``enwik8`` or a single file.
+    a zip must hold a member named ``enwik8`` or a single file. A damaged or truncated gzip or zip
+    raises :class:`~torchformer.data.download.DataFileError` naming the file, and so does a file
+    named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
+    otherwise be read as text).
     """
-    path = pathlib.Path(path)
+    path = check_path(path, "path")
+    if path.is_dir():
+        raise IsADirectoryError(f"path {path} is a folder; expected a file (raw bytes, .gz or .zip)")
+    if not path.exists():
+        raise FileNotFoundError(f"path {path}: no such file")
     if not path.is_file():
-        raise FileNotFoundError(f"path does not name a file: {path}")
+        # A pipe or a device would be read forever (or block): refuse what is not a plain file.
+        raise ValueError(f"path {path} is not a regular file (a pipe, socket or device?); expected a file")
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic.startswith(_GZIP_MAGIC):
-        with gzip.open(path, "rb") as f:
-            raw = f.read()
-    elif magic == _ZIP_MAGIC:
-        with zipfile.ZipFile(path) as archive:
-            raw = archive.read(_zip_member(archive, path))
+        head = f.read(16)  # 4 bytes tell the format; 16 make a readable error message
+    is_gzip, is_zip = head.startswith(_GZIP_MAGIC), head.startswith(_ZIP_MAGICS)
+    for suffix, kind, matches in ((".gz", "gzip", is_gzip), (".zip", "zip", is_zip)):
+        if path.suffix.lower() == suffix and not matches:
+            raise DataFileError(
+                path, f"is named like a {kind} file but is not one (it starts with {head!r})",
+                "It may be an error page or a damaged download; download or copy it again.",
+            )
+    if is_gzip:
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read()  # reading to the end also checks the CRC at the end of the stream
+        except DAMAGED_DATA_ERRORS as err:
+            if not is_damaged_data(err):
+                raise  # the system's error (permissions, disk), not damage
+            raise DataFileError(path, f"is a damaged or truncated gzip file ({type(err).__name__}: {err})") from err
+    elif is_zip:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                raw = archive.read(_zip_member(archive, path))  # checks the member's CRC
+        except _ZIP_ERRORS as err:
+            if isinstance(err, OSError) and not is_damaged_data(err):
+                raise  # the system's error (permissions, disk), not damage
+            raise DataFileError(path, f"is a damaged or truncated zip archive ({type(err).__name__}: {err})") from err
     else:
         # A plain file goes straight into a writable numpy array, with no intermediate copy.
         return torch.from_numpy(np.fromfile(path, dtype=np.uint8))
@@ -84,19 +131,30 @@ def load_text_bytes(path: PathLike) -> Tensor:
     return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
 
 
-def _split(data: Tensor, splits: Sequence[float]) -> tuple[Tensor, Tensor, Tensor]:
-    """Cut ``data`` into three consecutive pieces sized by ``splits``.
-
-    If ``splits`` sums to ``len(data)`` the numbers are byte counts; otherwise they are relative
-    sizes (so (90M, 5M, 5M) means 90/5/5 percent of a file of another length).
-    """
-    if len(splits) != 3 or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in splits):
+def _check_splits(splits: object) -> tuple:
+    """Validate ``splits`` before any file is read: three finite, non-negative numbers with a positive sum."""
+    if isinstance(splits, (str, bytes)) or not isinstance(splits, (Sequence, np.ndarray)):
         raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
+    # numbers.Real also admits numpy's numbers; bool is a number to Python but surely a mistake here.
+    if len(splits) != 3 or any(isinstance(s, bool) or not isinstance(s, numbers.Real) for s in splits):
+        raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
+    if not all(math.isfinite(s) for s in splits):
+        raise ValueError(f"splits must be finite numbers, got {tuple(splits)!r}")
     if any(s < 0 for s in splits) or sum(splits) <= 0:
-        raise ValueError(f"splits must be non-negative with a positive sum, got {splits!r}")
+        raise ValueError(f"splits must be non-negative with a positive sum, got {tuple(splits)!r}")
+    return tuple(splits)
+
+
+def _split(data: Tensor, splits: Sequence[float], source: object) -> tuple[Tensor, Tensor, Tensor]:
+    """Cut ``data`` (read from ``source``) into three consecutive pieces sized by ``splits``.
+
+    If ``splits`` are whole numbers that sum to ``len(data)`` they are byte counts; otherwise they are
+    relative sizes (so (90M, 5M, 5M) means 90/5/5 percent of a file of another length).
+    """
+    splits = _check_splits(splits)
     n = len(data)
     total = sum(splits)
-    if total == n:
+    if total == n and all(float(s).is_integer() for s in splits):
         sizes = [int(s) for s in splits]
     else:
         val = int(n * splits[1] / total)
@@ -104,7 +162,9 @@ def _split(data: Tensor, splits: Sequence[float]) -> tuple[Tensor, Tensor, Tenso
         sizes = [n - val - test, val, test]
     for name, requested, size in zip(("train", "val", "test"), splits, sizes):
         if requested > 0 and size == 0:
-            raise ValueError(f"{n:,} bytes are too few for splits={tuple(splits)}: the {name} split would be empty")
+            raise ValueError(
+                f"{source} holds {n:,} bytes: too few for splits={splits}, the {name} split would be empty"
+            )
     train, val, test = torch.split(data, sizes)
     return train, val, test
 
@@ -113,32 +173,44 @@ def _md5(data: Tensor) -> str:
     return hashlib.md5(data.contiguous().numpy()).hexdigest()
 
 
-def _fetch(url: str, root: pathlib.Path, *, md5: Optional[str], opener, progress: bool) -> pathlib.Path:
+def _fetch(
+    url: str, root: pathlib.Path, *, md5: Optional[str], expected_size: int, opener, progress: bool
+) -> pathlib.Path:
     """Download the enwik8 zip into ``root`` and extract the raw file, leaving only ``root/enwik8``."""
     archive_path = root / "enwik8.zip"
     dest = root / "enwik8"
-    # The zip's own checksum is not published, so the md5 of the extracted file is what we check.
+    # We only get here when the cache holds no usable copy, so a zip still here is unverified; and download()
+    # would trust it, since the zip's own checksum is not published. Start from a fresh download.
+    archive_path.unlink(missing_ok=True)
     _download(url, archive_path, opener=opener, progress=progress)
-    fd, tmp_name = tempfile.mkstemp(dir=root, prefix=".enwik8.", suffix=".part")
-    tmp = pathlib.Path(tmp_name)
+    _remove_stale_temporaries(dest)  # an extraction killed half-way leaves one
+    fd, tmp = _temporary_file(dest)
+    advice = "Nothing was kept. Retry, or download it yourself and pass its path."
     try:
-        h = hashlib.md5()
-        try:
-            with zipfile.ZipFile(archive_path) as archive, os.fdopen(fd, "wb") as out:
-                with archive.open(_zip_member(archive, archive_path)) as member:
-                    while chunk := member.read(1 << 20):
-                        out.write(chunk)
-                        h.update(chunk)
-        except zipfile.BadZipFile as err:
-            raise zipfile.BadZipFile(
-                f"the file downloaded from {url} is not a valid zip archive ({err}); nothing was kept. "
-                f"Retry, or download it yourself and pass its path."
-            ) from err
-        if md5 is not None and h.hexdigest() != md5.lower():
+        h, size = hashlib.md5(), 0
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with zipfile.ZipFile(archive_path) as archive:
+                    with archive.open(_zip_member(archive, archive_path)) as member:
+                        while chunk := member.read(1 << 20):  # reading to the end also checks the CRC
+                            out.write(chunk)
+                            h.update(chunk)
+                            size += len(chunk)
+            except (*_ZIP_ERRORS, DataFileError) as err:
+                if isinstance(err, OSError) and not is_damaged_data(err):
+                    raise  # the system's error (permissions, disk full), not damage
+                detail = err.problem if isinstance(err, DataFileError) else f"{type(err).__name__}: {err}"
+                raise DataFileError(
+                    f"{archive_path} (downloaded from {url})", f"is not a valid zip archive of enwik8 ({detail})",
+                    advice,
+                ) from err
+        # The zip's own checksum is not published, so the extracted file's size and md5 are what we check.
+        if size != expected_size:
             raise ChecksumError(
-                f"enwik8 extracted from {url}", "md5", md5.lower(), h.hexdigest(),
-                "The download is corrupt; nothing was kept. Retry, or download it yourself and pass its path.",
+                f"enwik8 extracted from {url}", "size", f"{expected_size:,} bytes", f"{size:,} bytes", advice
             )
+        if md5 is not None and h.hexdigest() != md5:
+            raise ChecksumError(f"enwik8 extracted from {url}", "md5", md5, h.hexdigest(), advice)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -147,6 +219,61 @@ def _fetch(url: str, root: pathlib.Path, *, md5: Optional[str], opener, progress
         # The raw file is all we need; the zip would only double the cache's size.
         archive_path.unlink(missing_ok=True)
     return dest
+
+
+def _load_cached(path: pathlib.Path, *, expected_size: int, md5: Optional[str], repair: str) -> Tensor:
+    """Read the cached copy at ``path``; raise DataFileError or ChecksumError unless it is the official file."""
+    try:
+        data = load_text_bytes(path)
+    except DataFileError as err:
+        raise DataFileError(path, err.problem, repair) from err
+    not_official = f"The cached copy is damaged, truncated or not enwik8. {repair}"
+    if len(data) != expected_size:
+        raise ChecksumError(path, "size", f"{expected_size:,} bytes", f"{len(data):,} bytes", not_official)
+    if md5 is not None and (received := _md5(data)) != md5:
+        raise ChecksumError(path, "md5", md5, received, not_official)
+    return data
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, ChecksumError):
+        return f"{err.algorithm} mismatch: expected {err.expected}, got {err.received}"
+    return err.problem if isinstance(err, DataFileError) else str(err)
+
+
+def _from_cache(
+    root: pathlib.Path, *, download: bool, expected_size: int, md5: Optional[str], url: str, opener, progress: bool
+) -> tuple[Tensor, pathlib.Path]:
+    """The verified enwik8 in ``root`` and its path; a bad copy is an error, or replaced when ``download``."""
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"root {root} is a file, not a folder; pass the folder that caches enwik8")
+    repair = f"Delete it, or call enwik8(download=True, root={str(root)!r}) to replace it with a fresh download."
+    if root.is_dir():
+        _remove_stale_temporaries(root / "enwik8")  # what a killed extraction left behind
+    for candidate in (root / "enwik8", root / "enwik8.zip"):
+        if candidate.is_dir():
+            # Never deleted: a folder is the user's, not something this loader wrote.
+            raise IsADirectoryError(
+                f"{candidate} is a folder, where the enwik8 cache keeps a file; move it away or pass another root="
+            )
+        if not candidate.exists():
+            continue
+        try:
+            return _load_cached(candidate, expected_size=expected_size, md5=md5, repair=repair), candidate
+        except (DataFileError, ChecksumError) as err:
+            if not download:
+                raise
+            warnings.warn(f"{candidate} is not a usable copy of enwik8 ({_reason(err)}). Downloading it again.",
+                          stacklevel=3)
+            candidate.unlink()
+    if not download:
+        raise FileNotFoundError(
+            f"enwik8 not found in {root} (looked for 'enwik8' and 'enwik8.zip'). Pass path= to a local "
+            f"copy, call enwik8(download=True) to fetch {url}, or use enwik8_sample() for a small bundled piece."
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    dest = _fetch(url, root, md5=md5, expected_size=expected_size, opener=opener, progress=progress)
+    return load_text_bytes(dest), dest
 
 
 def enwik8(
@@ -164,40 +291,47 @@ def enwik8(
     """Load enwik8 (or any byte file) as ``(train, val, test)``, three 1-D ``torch.uint8`` tensors.
 
     Args:
-        path: a raw byte file, a ``.gz``, or a zip holding ``enwik8``. With ``None``, look for
-            ``enwik8`` or ``enwik8.zip`` in ``root``.
-        download: when ``path`` is None and ``root`` holds no copy, download ``url`` into ``root``.
+        path: a raw byte file, a ``.gz``, or a zip holding ``enwik8``. With ``None``, use the copy
+            (``enwik8`` or ``enwik8.zip``) in ``root``, which must be the official file.
+        download: with ``path=None``, download ``url`` into ``root`` when it holds no copy, or a
+            damaged or wrong one (which is replaced).
         root: the cache folder; default :func:`~torchformer.data.download.default_root`.
-        splits: sizes of train/val/test. They are byte counts when they add up to the file's
-            length and relative sizes otherwise, so the default is the standard 90M/5M/5M on
-            enwik8 and 90/5/5 percent on any other file.
-        expected_size, md5: how the official file is recognised. A file of ``expected_size``
+        splits: sizes of train/val/test. They are byte counts when they are whole numbers adding up
+            to the file's length and relative sizes otherwise, so the default is the standard
+            90M/5M/5M on enwik8 and 90/5/5 percent on any other file.
+        expected_size, md5: how the official file is recognised. A ``path`` of ``expected_size``
             bytes must have this md5 (else :class:`ChecksumError`); ``md5=None`` skips the check.
-            Any other size is loaded with a warning that it is not enwik8.
+            A ``path`` of any other size is loaded with a warning that it is not enwik8. The cached
+            copy must have both.
         url, opener, progress: passed to :func:`~torchformer.data.download.download`.
-    """
-    if path is None:
-        root = pathlib.Path(root) if root is not None else default_root()
-        candidates = [root / "enwik8", root / "enwik8.zip"]
-        found = [c for c in candidates if c.is_file()]
-        if found:
-            path = found[0]
-        elif download:
-            root.mkdir(parents=True, exist_ok=True)
-            path = _fetch(url, root, md5=md5, opener=opener, progress=progress)
-        else:
-            raise FileNotFoundError(
-                f"enwik8 not found in {root} (looked for 'enwik8' and 'enwik8.zip'). Pass path= to a local "
-                f"copy, call enwik8(download=True) to fetch {url}, or use enwik8_sample() for a small bundled piece."
-            )
 
+    Raises:
+        DataFileError: the file is a damaged or truncated gzip/zip (the message names it).
+        ChecksumError: the file is not the official one where it must be (see ``expected_size``).
+        FileNotFoundError: ``path`` does not exist, or the cache holds nothing and ``download`` is False.
+    """
+    check_bool(download, "download")
+    check_bool(progress, "progress")
+    check_positive_int(expected_size, "expected_size")
+    md5 = _expected_digests(None, md5).get("md5")  # validated and lower-cased, or None
+    _check_splits(splits)  # before reading 100 MB, not after
+    if path is None:
+        root = check_path(root, "root") if root is not None else default_root()
+        data, path = _from_cache(
+            root, download=download, expected_size=expected_size, md5=md5, url=url, opener=opener, progress=progress
+        )
+        return _split(data, splits, path)
+
+    if download:
+        raise ValueError("download=True only applies with path=None (it downloads into root)")
+    path = check_path(path, "path")
     data = load_text_bytes(path)
     if len(data) == expected_size:
         if md5 is not None:
             received = _md5(data)
-            if received != md5.lower():
+            if received != md5:
                 raise ChecksumError(
-                    path, "md5", md5.lower(), received,
+                    path, "md5", md5, received,
                     f"A file of exactly {expected_size:,} bytes should be the official enwik8, but it is "
                     f"corrupt or a different file; download it again from {url}.",
                 )
@@ -207,11 +341,11 @@ def enwik8(
             f"splitting it {_describe(splits)}. Results on it are not comparable to enwik8 results.",
             stacklevel=2,
         )
-    return _split(data, splits)
+    return _split(data, splits, path)
 
 
 def _describe(splits: Sequence[float]) -> str:
-    total = sum(splits) if len(splits) == 3 and sum(splits) > 0 else 1
+    total = sum(splits)  # positive: the splits were checked first
     return "/".join(f"{100 * s / total:g}" for s in splits) + " percent"
 
 
@@ -220,7 +354,7 @@ def enwik8_sample(*, splits: Sequence[float] = (90, 5, 5)) -> tuple[Tensor, Tens
 
     Good for smoke tests and demos on any machine; far too small for results worth reporting.
     """
-    return _split(load_text_bytes(sample_path()), splits)
+    return _split(load_text_bytes(sample_path()), splits, sample_path())
 
 
 def random_batches(
@@ -237,9 +371,10 @@ def random_batches(
     ``data``'s device), with ``targets[i, j] = data[start_i + j + 1]``: each target is the byte
     that follows the corresponding input. Start positions are uniform over every window that fits.
     """
-    if not isinstance(data, Tensor) or data.dim() != 1:
-        raise ValueError(f"data must be a 1-D tensor, got {type(data).__name__} with shape "
-                         f"{tuple(data.shape) if isinstance(data, Tensor) else None}")
+    if not isinstance(data, Tensor):
+        raise TypeError(f"data must be a 1-D torch.Tensor, got {type(data).__name__}")
+    if data.dim() != 1:
+        raise ValueError(f"data must be a 1-D tensor, got shape {tuple(data.shape)}")
     if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
         raise TypeError(f"data must hold integer token ids, got dtype {data.dtype}")
     check_positive_int(context, "context")

@@ -21,20 +21,46 @@ cleaning is the tokenizer's job.
 
 The test split should be looked at once, at the very end. :func:`train_val_split`
 carves a validation set out of the training reviews for everything before that.
+
+Files are checked, not trusted:
+
+* The archive found in ``root`` (``path=None``) is the cache's copy of the official
+  one, so its md5 is checked before every use (a hash pass over 84 MB, small next to
+  reading the reviews); a wrong copy is an error that says how to repair it, or, with
+  ``download=True``, is downloaded again. A ``path=`` you pass is used as it is: it
+  may be a repacked or partial copy on purpose. The folder and jsonl forms have no
+  official checksum and are checked for their format only.
+* A damaged, truncated or wrongly formatted file raises
+  :class:`~torchformer.data.download.DataFileError` naming the file (the tar member,
+  the jsonl line).
+* Text must be valid UTF-8, in every form. The official files are, so an invalid byte
+  means a damaged or re-encoded copy: it is an error naming the file, never silently
+  replaced by U+FFFD (which would train on altered text).
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
 import random
 import re
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence, TypeVar
 
-from torchformer.data.download import default_root
+from torchformer.data.download import (
+    DAMAGED_DATA_ERRORS,
+    DataFileError,
+    _remove_stale_temporaries,
+    check_bool,
+    check_path,
+    default_root,
+    is_damaged_data,
+    verify,
+)
 from torchformer.data.download import download as download_file
 
 __all__ = ["IMDB_URL", "IMDB_MD5", "imdb", "train_val_split"]
@@ -56,6 +82,13 @@ _ACCEPTED = (
     f"or a folder with '{JSONL_NAMES['train']}' and '{JSONL_NAMES['test']}'"
 )
 
+_UTF8_ADVICE = (
+    "IMDb texts are UTF-8 and the official files are valid UTF-8, so this copy is damaged or was re-encoded: "
+    "restore it from the official archive, or re-encode it as UTF-8."
+)
+# A lone surrogate ("\ud800") is valid JSON ("\\ud800") but not valid Unicode: it has no UTF-8 bytes.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 Example = tuple[str, int]
 T = TypeVar("T")
 
@@ -72,7 +105,8 @@ def imdb(
         path: the archive, an ``aclImdb/`` folder or its parent, or a folder with the
             two ``imdb_*.jsonl.gz`` files. ``None`` looks for any of these in ``root``.
         download: with ``path=None``, fetch the official archive into ``root`` (md5
-            checked) when nothing usable is there yet. Never re-downloads.
+            checked) when nothing usable is there yet, or when the archive there is not
+            the official one (it is replaced).
         root: where to look / download when ``path`` is None; defaults to
             :func:`torchformer.data.download.default_root`.
 
@@ -82,22 +116,32 @@ def imdb(
 
     Raises:
         FileNotFoundError: nothing in an accepted form was found.
-        ValueError: the data was found but is malformed (bad label, empty split, ...).
+        ChecksumError: the archive in ``root`` is not the official one (and ``download`` is False).
+        DataFileError: the data was found but is damaged or malformed (a truncated archive,
+            a bad label, text that is not UTF-8, an empty split, ...); the message names the file.
     """
+    check_bool(download, "download")
     if path is not None:
         if download:
             raise ValueError("download=True only applies with path=None (it downloads into root)")
-        source = _find_source(Path(path))
+        path = check_path(path, "path")
+        source = _find_source(path)
         if source is None:
-            raise FileNotFoundError(f"no IMDb data at '{path}': expected {_ACCEPTED}")
+            raise FileNotFoundError(f"no IMDb data at '{path}': {_what_is_missing(path)}")
     else:
-        root_dir = Path(root) if root is not None else default_root()
+        root_dir = check_path(root, "root") if root is not None else default_root()
+        if root_dir.exists() and not root_dir.is_dir():
+            raise NotADirectoryError(f"root {root_dir} is a file, not a folder; pass the folder that holds the data")
         source = _find_source(root_dir) if root_dir.is_dir() else None
-        if source is None and download:
-            source = download_file(IMDB_URL, root_dir / ARCHIVE_NAME, md5=IMDB_MD5, progress=True)
+        archive = root_dir / ARCHIVE_NAME
+        if root_dir.is_dir():
+            _remove_stale_temporaries(archive)  # what a killed download left behind
+        if source == archive or (source is None and download):
+            # The archive in root is the cache's copy of the official one: checked (or fetched) like a download.
+            source = _cached_archive(archive, download)
         if source is None:
             raise FileNotFoundError(
-                f"no IMDb data in '{root_dir}': expected {_ACCEPTED}; "
+                f"no IMDb data in '{root_dir}': {_what_is_missing(root_dir)}; "
                 "pass path=..., or download=True to fetch the official archive"
             )
 
@@ -112,12 +156,39 @@ def imdb(
     for name in ("train", "test"):
         rows = splits[name]
         if not rows:
-            raise ValueError(f"IMDb {name} split in '{source}' is empty")
+            raise _empty_split(source, name)
         # Sorting by (label, id) makes all three forms agree, whatever order the
         # file system, tar or jsonl happened to list the reviews in.
         rows.sort(key=lambda row: (row[1], row[2]))
         result.append([(text, label) for text, label, _ in rows])
     return result[0], result[1]
+
+
+def _empty_split(source: Path, name: str) -> DataFileError:
+    """The error for a split without a single review, naming where its reviews should have been."""
+    if source.is_file():
+        where, problem = source, f"holds no reviews under {name}/pos/ or {name}/neg/"
+    elif (source / JSONL_NAMES[name]).is_file():
+        where, problem = source / JSONL_NAMES[name], "holds no reviews"
+    else:
+        where, problem = source / name, "holds no reviews ([id]_[rating].txt files in pos/ and neg/)"
+    return DataFileError(where, problem, f"The IMDb {name} split is empty; use a complete copy of the data.")
+
+
+def _cached_archive(archive: Path, download: bool) -> Path:
+    """The cache's copy of the official archive, verified; with ``download``, fetched or replaced if bad."""
+    if download:
+        # download() checks a file already there like a fresh one, and downloads it again if it fails.
+        return download_file(IMDB_URL, archive, md5=IMDB_MD5, progress=True)
+    verify(
+        archive,
+        md5=IMDB_MD5,
+        advice=(
+            f"It is damaged or not the official archive. Call imdb(download=True, root={str(archive.parent)!r}) "
+            f"to replace it with the official one, or pass path={str(archive)!r} to use this copy as it is."
+        ),
+    )
+    return archive
 
 
 def train_val_split(
@@ -131,6 +202,12 @@ def train_val_split(
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    # Needs len() and indexing; a generator would have neither, a dict would index by key.
+    # A str would be split into characters: surely a mistake too.
+    if isinstance(examples, (str, bytes, Mapping)) or not (
+        hasattr(examples, "__len__") and hasattr(examples, "__getitem__")
+    ):
+        raise TypeError(f"examples must be a sequence (e.g. a list), got {type(examples).__name__}")
     n = len(examples)
     if not isinstance(val_size, int) or isinstance(val_size, bool) or not 0 < val_size < n:
         raise ValueError(
@@ -151,7 +228,9 @@ def train_val_split(
 def _find_source(path: Path) -> Path | None:
     """Resolve ``path`` to an archive file, an aclImdb-style folder or a jsonl folder."""
     if path.is_file():
-        return path if tarfile.is_tarfile(path) else None
+        if not _is_tar(path):
+            raise DataFileError(path, "is not a tar archive (or is a damaged one)", f"imdb() expects {_ACCEPTED}.")
+        return path
     if not path.is_dir():
         return None
     # Cheapest form first: the jsonl files load several times faster than 50k small files.
@@ -164,24 +243,65 @@ def _find_source(path: Path) -> Path | None:
     return archive if archive.is_file() else None
 
 
-def _decode(data: bytes) -> str:
-    # The official files are valid UTF-8; "replace" only keeps a damaged copy loadable.
-    return data.decode("utf-8", errors="replace")
+def _what_is_missing(path: Path) -> str:
+    """For the error message: the half-present form in ``path`` if there is one, else the accepted forms."""
+    if path.is_dir():
+        train, test = (path / JSONL_NAMES["train"], path / JSONL_NAMES["test"])
+        if train.is_file() != test.is_file():
+            have, lack = (train, test) if train.is_file() else (test, train)
+            return f"it has {have.name} but not {lack.name}; both splits are needed (expected {_ACCEPTED})"
+        for prefix in ("", "aclImdb/"):
+            train, test = (path / prefix / "train").is_dir(), (path / prefix / "test").is_dir()
+            if train != test:
+                have, lack = ("train", "test") if train else ("test", "train")
+                return f"it has {prefix}{have}/ but not {prefix}{lack}/; both splits are needed (expected {_ACCEPTED})"
+    return f"expected {_ACCEPTED}"
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except DAMAGED_DATA_ERRORS as err:  # a damaged compressed file can fail before tarfile decides
+        if not is_damaged_data(err):
+            raise
+        return False
+
+
+def _decode(data: bytes, path: Path, *, where: str = "", line: int | None = None) -> str:
+    """Strict UTF-8 (see the module docstring): invalid bytes are an error naming the file, never replaced."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = data[err.start:err.end]
+        raise DataFileError(
+            path, f"{where}is not valid UTF-8 (byte {err.start}{' of the line' if line else ''} is {bad!r})",
+            _UTF8_ADVICE, line=line,
+        ) from err
 
 
 def _read_tar(path: Path) -> dict[str, list]:
     splits: dict[str, list] = {"train": [], "test": []}
-    with tarfile.open(path, "r:*") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            split, sentiment, filename = (["", "", ""] + member.name.split("/"))[-3:]
-            match = _REVIEW_NAME.fullmatch(filename)
-            if split not in splits or sentiment not in _LABELS or match is None:
-                continue
-            handle = tar.extractfile(member)
-            assert handle is not None  # a regular file always has contents
-            splits[split].append((_decode(handle.read()), _LABELS[sentiment], int(match[1])))
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                split, sentiment, filename = (["", "", ""] + member.name.split("/"))[-3:]
+                match = _REVIEW_NAME.fullmatch(filename)
+                if split not in splits or sentiment not in _LABELS or match is None:
+                    continue
+                handle = tar.extractfile(member)
+                assert handle is not None  # a regular file always has contents
+                text = _decode(handle.read(), path, where=f"member {member.name} ")
+                splits[split].append((text, _LABELS[sentiment], int(match[1])))
+            # tarfile stops at the archive's end marker and never reads the last bytes of the compressed
+            # stream, where gzip keeps its CRC: read them, so that a changed byte is an error, not a review.
+            while tar.fileobj.read(1 << 20):
+                pass
+    except DAMAGED_DATA_ERRORS as err:
+        if not is_damaged_data(err):
+            raise  # the system's error (permissions, disk), not damage
+        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
     return splits
 
 
@@ -194,30 +314,57 @@ def _read_folder(folder: Path) -> list:
         for entry in os.scandir(directory):
             match = _REVIEW_NAME.fullmatch(entry.name)
             if match is not None and entry.is_file():
-                rows.append((_decode(Path(entry.path).read_bytes()), label, int(match[1])))
+                path = Path(entry.path)
+                rows.append((_decode(path.read_bytes(), path), label, int(match[1])))
     return rows
 
 
 def _read_jsonl(path: Path) -> list:
     rows = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                text, label = record["text"], record["label"]
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(
-                    f"{path}, line {line_number}: expected a JSON object with 'text' and "
-                    f"'label', got {line[:80]!r} ({error})"
-                ) from None
-            if type(label) is not int or label not in (0, 1):
-                raise ValueError(f"{path}, line {line_number}: label must be 0 or 1, got {label!r}")
-            if not isinstance(text, str):
-                raise ValueError(
-                    f"{path}, line {line_number}: text must be a string, got {type(text).__name__}"
-                )
-            # Without an id, line order stands in for it (the sort is stable).
-            rows.append((text, label, record.get("id", line_number)))
+    try:
+        with gzip.open(path, "rb") as f:
+            # Bytes, decoded line by line, so that a bad byte is reported with its line number.
+            for line_number, raw in enumerate(f, start=1):
+                if line_number == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8):]  # written by some Windows tools; not part of the JSON
+                line = _decode(raw, path, line=line_number)
+                if line.strip():
+                    rows.append(_parse_record(line, path, line_number))
+    except DAMAGED_DATA_ERRORS as err:
+        if not is_damaged_data(err):
+            raise  # the system's error (permissions, disk), not damage
+        raise DataFileError(
+            path, f"is not a valid gzip file: damaged, truncated, or not gzip-compressed ({type(err).__name__}: {err})",
+            "Write it again with gzip (e.g. gzip.open(path, 'wt', encoding='utf-8')), or copy it again.",
+        ) from err
     return rows
+
+
+def _parse_record(line: str, path: Path, line_number: int) -> tuple[str, int, int]:
+    """One jsonl line as (text, label, id), or a DataFileError naming the file and the line."""
+
+    def bad(problem: str) -> DataFileError:
+        return DataFileError(path, problem, "Fix or remove that line.", line=line_number)
+
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise bad(f"is not valid JSON ({error}): {line[:80]!r}") from None
+    if not isinstance(record, dict) or "text" not in record or "label" not in record:
+        raise bad(f"expected a JSON object with 'text' and 'label', got {line[:80]!r}")
+    text, label = record["text"], record["label"]
+    if type(label) is not int or label not in (0, 1):  # type(...) is int: True is not a label
+        raise bad(f"label must be 0 or 1, got {label!r}")
+    if not isinstance(text, str):
+        raise bad(f"text must be a string, got {type(text).__name__}")
+    if surrogate := _SURROGATE.search(text):
+        raise bad(
+            f"text is not valid Unicode: lone surrogate {surrogate[0]!r} at index {surrogate.start()} "
+            "(a \\ud800-\\udfff escape without its pair)"
+        )
+    # Without an id, line order stands in for it (the sort is stable). An id must be an int: ids of mixed
+    # types (3 and "7") cannot even be sorted.
+    review_id = record.get("id", line_number)
+    if type(review_id) is not int:
+        raise bad(f"id must be an int, got {review_id!r}")
+    return text, label, review_id

@@ -13,13 +13,20 @@ Two deliberately simple schemes, both with id 0 reserved for padding:
 Both save to a ``state_dict()`` of plain lists, strings and ints, which survives
 ``json.dump`` and ``torch.save``/``torch.load(weights_only=True)``; use
 :func:`tokenizer_from_state_dict` to get the right class back.
+
+Wrong types fail at the door with a TypeError that names the argument: ``encode``
+takes one text (a ``str``; the byte tokenizer also takes ``bytes``, which already are
+its tokens), ``decode`` takes a sequence of ints (a list, a 1-D integer tensor or array).
 """
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from typing import Any, Iterable, Sequence, Union
 
 __all__ = ["WordTokenizer", "ByteTokenizer", "tokenizer_from_state_dict"]
 
@@ -36,6 +43,40 @@ def _words(text: str) -> list[str]:
     return _TOKEN.findall(_BREAK.sub(" ", text.lower()))
 
 
+def _check_text(text: object) -> str:
+    if not isinstance(text, str):
+        hint = ""
+        if isinstance(text, (bytes, bytearray)):
+            hint = " (decode them first, e.g. text.decode('utf-8'))"
+        elif isinstance(text, (list, tuple)):
+            hint = " (encode one text at a time)"
+        raise TypeError(f"text must be a str, got {type(text).__name__}{hint}")
+    return text
+
+
+def _check_ids(ids: object) -> list[int]:
+    """``ids`` as a list of Python ints: a sequence of ints, or a 1-D integer tensor or numpy array."""
+    kind = type(ids).__name__
+    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes, bytearray)):
+        ids = ids.tolist()  # tensors and arrays: one C-level conversion instead of a Python loop over 0-d tensors
+    # bytes are iterable ints too, but surely a mistake here: decode() turns ids into text, not bytes into text.
+    # Sets and dicts iterate in no meaningful order: the text would come out shuffled.
+    if isinstance(ids, (str, bytes, bytearray, AbstractSet, Mapping)) or not isinstance(ids, Iterable):
+        raise TypeError(f"ids must be a sequence of ints, got {kind}")
+    checked = []
+    for k, i in enumerate(ids):
+        # operator.index takes ints, numpy ints and 0-d integer tensors, never floats or strings (int() would
+        # silently turn 2.7 into 2 and "3" into 3). bool is an int to Python, but not a token id.
+        try:
+            value = None if isinstance(i, bool) else operator.index(i)
+        except TypeError:
+            value = None
+        if value is None:
+            raise TypeError(f"ids[{k}] must be an int, got {type(i).__name__} {i!r}")
+        checked.append(value)
+    return checked
+
+
 def _check_max_length(max_length: int | None) -> None:
     if max_length is not None and (
         not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
@@ -44,9 +85,10 @@ def _check_max_length(max_length: int | None) -> None:
 
 
 def _check_state(state: Any, kind: str) -> None:
-    if not isinstance(state, dict) or state.get("kind") != kind:
-        got = state.get("kind") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"state must be a dict with kind={kind!r}, got {got!r}")
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
+    if state.get("kind") != kind:
+        raise ValueError(f"state must be a dict with kind={kind!r}, got {state.get('kind')!r}")
 
 
 class WordTokenizer:
@@ -68,6 +110,10 @@ class WordTokenizer:
 
     def __init__(self, vocab: Sequence[str]):
         """Use :meth:`build` or :meth:`from_state_dict`; ``vocab`` lists every token by id."""
+        if isinstance(vocab, str):
+            raise TypeError("vocab must be a sequence of str, got a single str")
+        if not isinstance(vocab, Iterable):
+            raise TypeError(f"vocab must be a sequence of str, got {type(vocab).__name__}")
         vocab = list(vocab)
         if vocab[:2] != [self.PAD_TOKEN, self.UNK_TOKEN]:
             raise ValueError(
@@ -95,6 +141,8 @@ class WordTokenizer:
         if isinstance(texts, (str, bytes)):
             # A lone string would be iterated character by character: surely a mistake.
             raise TypeError("texts must be an iterable of strings, got a single string")
+        if not isinstance(texts, Iterable):
+            raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
         counts: Counter[str] = Counter()
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -108,7 +156,7 @@ class WordTokenizer:
 
     def tokenize(self, text: str) -> list[str]:
         """Lower-case, turn ``<br />`` into a space, split off punctuation."""
-        return _words(text)
+        return _words(_check_text(text))
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
         """Token ids of ``text``, unknown words as :attr:`UNK`, cut to ``max_length``.
@@ -116,6 +164,7 @@ class WordTokenizer:
         An empty (or all-whitespace) text gives ``[]``; the batching code refuses
         empty sequences, so decide upstream what such a text should be.
         """
+        _check_text(text)
         _check_max_length(max_length)
         lookup, unk = self._token_to_id.get, self.UNK
         ids = [lookup(token, unk) for token in _words(text)]
@@ -128,8 +177,7 @@ class WordTokenizer:
         """
         vocab, n = self._id_to_token, len(self._id_to_token)
         tokens = []
-        for i in ids:
-            i = int(i)  # also accepts 0-d tensors and numpy ints
+        for i in _check_ids(ids):
             if not 0 <= i < n:
                 raise ValueError(f"ids must be in [0, {n}), got {i}")
             if i != self.PAD:
@@ -149,6 +197,8 @@ class WordTokenizer:
     @classmethod
     def from_state_dict(cls, state: dict) -> WordTokenizer:
         _check_state(state, "word")
+        if "vocab" not in state:
+            raise ValueError(f"state has no 'vocab' (keys: {sorted(state)}); pass what state_dict() returned")
         return cls(state["vocab"])
 
 
@@ -162,17 +212,33 @@ class ByteTokenizer:
     PAD = 0
     PAD_TOKEN = "<pad>"
 
-    def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
+    def encode(self, text: Union[str, bytes], *, max_length: int | None = None) -> list[int]:
+        """Ids of the UTF-8 bytes of ``text``, cut to ``max_length``.
+
+        ``text`` may also be ``bytes`` (or ``bytearray``, ``memoryview``): they are already
+        bytes, so they are encoded as they are, whatever their encoding. :meth:`decode`
+        always returns a ``str`` (invalid UTF-8 decodes as U+FFFD).
+        """
+        if isinstance(text, str):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError as err:  # e.g. json.loads('"\\ud800"'): half of a surrogate pair
+                raise ValueError(
+                    f"text is not valid Unicode: lone surrogate {text[err.start]!r} at index {err.start} "
+                    f"has no UTF-8 bytes (clean the text first)"
+                ) from err
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+        else:
+            raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
         _check_max_length(max_length)
-        data = text.encode("utf-8")
         if max_length is not None:
             data = data[:max_length]
         return [b + 1 for b in data]
 
     def decode(self, ids: Iterable[int]) -> str:
         data = bytearray()
-        for i in ids:
-            i = int(i)
+        for i in _check_ids(ids):
             if not 0 <= i <= 256:
                 raise ValueError(f"ids must be in [0, 257), got {i}")
             if i != self.PAD:
@@ -197,7 +263,9 @@ class ByteTokenizer:
 def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer:
     """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``)."""
     classes = {"word": WordTokenizer, "byte": ByteTokenizer}
-    kind = state.get("kind") if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
+    kind = state.get("kind")
     if kind not in classes:
         raise ValueError(f"state['kind'] must be one of {sorted(classes)}, got {kind!r}")
     return classes[kind].from_state_dict(state)

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_features, check_positive_int, check_tokens
 from torchformer.decoding.cache import BlockCache
-from torchformer.decoding.sampling import check_sampling, sample_next
+from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
 
 __all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
@@ -215,7 +215,9 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **samp
     if missing:  # every row finished early: the rest is eos, with certainty
         tokens = torch.cat([tokens, tokens.new_full((n, missing), eos)], dim=1)  # type: ignore[arg-type]
         history.extend([_point_mass(history[-1], eos)] * missing)  # type: ignore[arg-type]
-    return tokens, torch.stack(history, dim=1)
+    history = torch.stack(history, dim=1)  # (n, steps, v)
+    check_finite_logp(history)  # once, not per step: on a GPU each check waits for the device
+    return tokens, history
 
 
 def _beam_loop(
@@ -259,6 +261,7 @@ def _beam_loop(
     if missing:
         tokens = torch.cat([tokens, tokens.new_full((b * k, missing), eos)], dim=1)  # type: ignore[arg-type]
     final = _normalise(total, length, length_penalty)  # (b, k)
+    check_finite_logp(final)  # NaN ranks above every number in topk: it would have won silently
     pick = final.argmax(dim=-1)  # (b,)
     tokens = tokens.view(b, k, -1)[torch.arange(b, device=device), pick]
     return tokens, final.gather(1, pick[:, None]).squeeze(1)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchformer._checks import check_positive_int
 
-__all__ = ["check_sampling", "sample_next"]
+__all__ = ["check_finite_logp", "check_sampling", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -31,6 +31,16 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
         isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
     ):
         raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
+
+
+def check_finite_logp(logp: Tensor) -> None:
+    """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN: argmax would silently pick the NaN
+    entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is fine: an impossible token.)"""
+    if bool(logp.isnan().any()):
+        rows = logp.isnan().flatten(0, -2).any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"the model's log-probabilities hold NaN (in {len(rows)} of {logp[..., 0].numel()} rows, "
+                         f"the first at row {rows[0]}): its weights are probably NaN or infinite (did training "
+                         f"diverge?), or its input holds NaN")
 
 
 def sample_next(
@@ -47,11 +57,17 @@ def sample_next(
     are divided by ``temperature``, restricted to the ``top_k`` most likely tokens and then to the nucleus of
     probability ``top_p`` (the smallest set of most likely tokens whose probability reaches ``top_p``; the most
     likely token always stays), renormalised, and sampled with ``generator`` (on the same device as ``logp``).
+
+    NaN in ``logp`` (a model whose weights diverged) is a ``ValueError`` for a CPU tensor. On an accelerator the
+    check would make the host wait for the device at every token, so there :func:`check_finite_logp` runs once
+    over all the steps, as ``generate`` and ``beam_search`` do when they finish.
     """
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a float tensor of shape (n, v), got {shape}")
     check_sampling(temperature, top_k, top_p)
+    if logp.device.type == "cpu":
+        check_finite_logp(logp)
     if temperature == 0 or top_k == 1:
         return logp.argmax(dim=-1)
     # Half precision loses too much in the softmax and cumulative sums below.

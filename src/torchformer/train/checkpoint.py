@@ -20,6 +20,10 @@ Two properties matter in production:
 * **Atomic writes.** The file is written to a temporary name in the same folder, flushed and fsync'ed, then
   renamed over the target with ``os.replace`` (atomic on POSIX and Windows). A crash or a full disk halfway
   through a save leaves the previous checkpoint untouched instead of a truncated file.
+* **Damage is detected.** The checkpoint stores a SHA-256 digest of everything it holds (every tensor's bytes,
+  dtype and shape, and every plain value), and :func:`load_checkpoint` recomputes it: a file changed on disk after
+  it was written (a flipped bit, a bad copy) is a :class:`CheckpointError` naming the file, never a silently wrong
+  model. :func:`latest_intact_checkpoint` resumes from the newest checkpoint that passes this check.
 * **Safe loading.** Files are read with ``torch.load(..., weights_only=True)``, which refuses to run arbitrary
   pickled code. So everything saved must be tensors or plain containers of str/int/float/bool/None: the RNG
   states of Python and NumPy (a tuple and an ndarray) are converted to such forms on save and back on load,
@@ -41,10 +45,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import os
 import random
 import re
 import secrets
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
@@ -54,6 +60,7 @@ import torch
 from torch import nn
 
 from torchformer._checks import check_positive_int
+from torchformer._files import host_tag, is_stale
 from torchformer.config import TransformerConfig
 # No cycle: torchformer/__init__.py imports the models before this module, and models.py imports train.export only
 # inside TransformerModel.from_checkpoint.
@@ -61,8 +68,11 @@ from torchformer.models import TransformerModel
 
 PathLike = Union[str, os.PathLike]
 
-FORMAT_VERSION = 1
+# 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
+FORMAT_VERSION = 2
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+# Temporary files of write_atomically: ".<target name>.tmp-<host>-<pid>-<random>" (see torchformer._files).
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-[0-9a-f]+$")
 # Wrappers prepend these to every state_dict key: torch.compile (OptimizedModule) and DataParallel/DDP.
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 # What torch.load(weights_only=True) accepts (on every torch version we support), besides tensors.
@@ -71,6 +81,12 @@ _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
 # Config fields that change how a model trains or computes, not what its weights mean: a checkpoint loads into a
 # model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path).
 TRAINING_ONLY_FIELDS = ("dropout", "impl")
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be used as a checkpoint: empty, truncated, damaged after it was written, or not a
+    checkpoint at all. The message names the file. (A ``ValueError``, so ``except ValueError`` still catches it;
+    a checkpoint that is intact but does not fit the model raises a plain ``ValueError``.)"""
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -113,8 +129,27 @@ def latest_checkpoint(directory: PathLike) -> Optional[Path]:
     return found[-1] if found else None
 
 
+def latest_intact_checkpoint(directory: PathLike) -> Optional[Path]:
+    """The newest ``step_N.pt`` in ``directory`` that reads back whole and passes its integrity check.
+
+    This is where a run resumes: a crash can leave the newest checkpoint damaged (a disk that lost the end of a
+    file, a bad copy of the folder), and the one before it is then the right place to continue. Each skipped file
+    gets a ``UserWarning`` naming it and saying why. Returns ``None`` when the folder holds no intact checkpoint
+    (or no checkpoint, or does not exist). Each candidate is read in full to check it, once.
+    """
+    for path in reversed(_checkpoints(directory)):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            warnings.warn(f"skipping a damaged checkpoint: {e}", stacklevel=2)
+            continue
+        return path
+    return None
+
+
 def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
-    """Delete all but the ``keep`` newest ``step_N.pt`` files in ``directory``; return the deleted paths.
+    """Delete all but the ``keep`` newest ``step_N.pt`` files in ``directory``, and the stale temporary files of
+    interrupted saves (:func:`remove_stale_temporaries`); return the deleted paths.
 
     Keeping more than one guards against a checkpoint that turns out to be bad; keeping all of a long GPU run's
     checkpoints (hundreds of MB each) fills the disk.
@@ -123,7 +158,32 @@ def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
     old = _checkpoints(directory)[:-keep]
     for path in old:
         path.unlink()
-    return old
+    return old + remove_stale_temporaries(directory)
+
+
+def remove_stale_temporaries(directory: PathLike) -> list[Path]:
+    """Delete the temporary files that saves interrupted by a crash or a kill left in ``directory``; return them.
+
+    :func:`write_atomically` names its temporary file ``.<name>.tmp-<host>-<pid>-<random>``. A file written on
+    this machine is stale when its process no longer runs; any file when nobody wrote to it for a day (the only
+    rule for files of another machine sharing the folder, whose processes we cannot see). The temporary file of a
+    save still in progress is never touched.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for path in directory.iterdir():
+        match = _TEMPORARY.match(path.name)
+        try:
+            if match is None or not path.is_file() or not is_stale(match["host"], int(match["pid"]),
+                                                                   path.stat().st_mtime):
+                continue
+            path.unlink()
+        except OSError:  # its writer just renamed it, or another process cleans up at the same time
+            continue
+        removed.append(path)
+    return removed
 
 
 def save_checkpoint(
@@ -161,6 +221,7 @@ def save_checkpoint(
         payload["model_class"] = type(target).__name__
         payload["config"] = target.config.to_dict()
     _check_loadable(payload, "checkpoint")
+    payload["integrity"] = {"sha256": _digest(payload)}  # last: it covers everything above
 
     def write(tmp: Path) -> None:
         with open(tmp, "xb") as f:
@@ -192,13 +253,14 @@ def load_checkpoint(
     (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is routinely evaluated
     with dropout 0 or on the reference attention path. Other modules are checked by their weights' keys and shapes.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not a checkpoint, when
+    Raises ``FileNotFoundError`` for a missing file, :class:`CheckpointError` (a ``ValueError``) for a file that
+    is empty, truncated, damaged (its integrity digest does not match) or not a checkpoint, and ``ValueError`` when
     the checkpoint's architecture differs from the model's (naming every differing field with both values), when
     its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), or when it lacks a
     requested state. Nothing is changed unless everything fits.
     """
     path = Path(path)
-    ckpt = _read_payload(path, map_location=map_location, mmap=False)
+    ckpt = _read_payload(path, map_location=map_location, mmap=False, verify=True)
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
@@ -230,13 +292,14 @@ def read_checkpoint(path: PathLike) -> dict:
     Returns ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None}``:
     ``config`` and ``model_class`` are ``None`` for a checkpoint of a plain ``nn.Module`` (or a bare
     ``state_dict``). The file is read with ``torch.load(..., weights_only=True, mmap=True)``: the tensors are
-    mapped, not read, so this is cheap even for a checkpoint of many gigabytes.
+    mapped, not read, so this is cheap even for a checkpoint of many gigabytes; for the same reason the weights'
+    integrity is not checked here (:func:`verify_checkpoint` does that, and :func:`load_checkpoint` always does).
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for one that is empty,
-    damaged, or not a checkpoint.
+    Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError` naming the file for one that is
+    empty, truncated, or not a checkpoint.
     """
     path = Path(path)
-    ckpt = _read_payload(path, map_location="cpu", mmap=True)
+    ckpt = _read_payload(path, map_location="cpu", mmap=True, verify=False)
     return {
         "step": int(ckpt.get("step", 0)),
         "extra": ckpt.get("extra", {}),
@@ -245,6 +308,14 @@ def read_checkpoint(path: PathLike) -> dict:
     }
 
 
+def verify_checkpoint(path: PathLike) -> None:
+    """Check that ``path`` is a whole, undamaged checkpoint; raise :class:`CheckpointError` naming it if not.
+
+    Reads every tensor (memory-mapped) and recomputes the SHA-256 digest that :func:`save_checkpoint` stored. A
+    checkpoint written before torchformer 0.3 holds no digest: it passes if it reads back. So does a bare
+    ``state_dict`` saved by other code.
+    """
+    _read_payload(Path(path), map_location="cpu", mmap=True, verify=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -369,11 +440,12 @@ def _restore_rng_state(state: Mapping[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
 
 
-def _read_payload(path: Path, *, map_location: Any, mmap: bool) -> dict:
+def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) -> dict:
     """The dict in the checkpoint file ``path`` (a bare ``state_dict`` becomes ``{"step": 0, "model": ...}``).
 
-    Every way a file can fail to be a checkpoint (empty, truncated, random bytes, pickled objects) becomes one
-    ``ValueError`` naming the file, instead of whichever pickle or zip error torch.load happens to raise.
+    Every way a file can fail to be a checkpoint (empty, truncated, random bytes, pickled objects, bytes changed
+    after writing) becomes one :class:`CheckpointError` naming the file, instead of whichever pickle, zip, EOF or
+    OS error torch.load happens to raise, or silently wrong weights.
     """
     if path.is_dir():
         raise IsADirectoryError(f"expected a checkpoint file, got the folder {path} (latest_checkpoint(folder) finds "
@@ -381,21 +453,61 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     if path.stat().st_size == 0:
-        raise ValueError(f"checkpoint {path} is an empty file (an interrupted copy?), not a checkpoint")
+        raise CheckpointError(f"checkpoint {path} is an empty file (an interrupted copy?), not a checkpoint")
     # mmap needs torch's zip format; files in the legacy format (torch.save before 1.6) are read whole.
     mmap = mmap and zipfile.is_zipfile(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - bad content raises pickle, zip, EOF, key and even OS errors
-        raise ValueError(f"checkpoint {path} is damaged or not a checkpoint: torch.load(weights_only=True) "
-                         f"failed with {_load_error(e)}") from e
+        raise CheckpointError(f"checkpoint {path} is damaged (truncated?) or not a checkpoint: "
+                              f"torch.load(weights_only=True) failed with {_load_error(e)}") from e
     if not isinstance(ckpt, dict):
-        raise ValueError(f"{path} does not hold a checkpoint (a dict), it holds a {type(ckpt).__name__}")
+        raise CheckpointError(f"{path} does not hold a checkpoint (a dict), it holds a {type(ckpt).__name__}")
     if "model" not in ckpt:
         if not ckpt or not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-            raise ValueError(f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
+            raise CheckpointError(
+                f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
         ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+    integrity = ckpt.pop("integrity", None)
+    if verify and integrity is not None:
+        expected = integrity.get("sha256") if isinstance(integrity, dict) else None
+        if not isinstance(expected, str):
+            raise CheckpointError(f"checkpoint {path} is damaged: its integrity record is unreadable ({integrity!r})")
+        received = _digest(ckpt)
+        if received != expected:
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: its content changed after it was written (SHA-256 {received[:16]}..., "
+                f"stored {expected[:16]}...); resume from an older checkpoint (latest_intact_checkpoint) or a backup")
     return ckpt
+
+
+def _digest(payload: Mapping[str, Any]) -> str:
+    """SHA-256 of a checkpoint's content: every tensor's dtype, shape and bytes, and every plain value, in order.
+
+    Hashing the content rather than the file lets the digest live inside the file it checks. Dicts keep their
+    order through torch.save/torch.load, so the same walk on the loaded payload sees the same sequence.
+    """
+    h = hashlib.sha256()
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().to("cpu").contiguous()  # a no-op for the CPU tensors of a checkpoint
+            h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype (bf16 too)
+        elif isinstance(obj, dict):
+            h.update(f"dict {len(obj)};".encode())
+            for key, value in obj.items():
+                walk(key)
+                walk(value)
+        elif isinstance(obj, (list, tuple)):  # torch.Size included
+            h.update(f"{type(obj).__name__} {len(obj)};".encode())
+            for value in obj:
+                walk(value)
+        else:  # None, bool, int, float, str, torch.dtype, torch.device: repr is exact (floats round-trip)
+            h.update(f"{type(obj).__name__} {obj!r};".encode())
+
+    walk(payload)
+    return h.hexdigest()
 
 
 def _load_error(error: Exception) -> str:
@@ -460,10 +572,12 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
     """Create or replace ``path`` with what ``write(temporary_path)`` writes: all of it, or nothing.
 
     The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system,
-    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file.
+    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and
+    its name holds the host and process id of the writer, so that :func:`remove_stale_temporaries` can tell the
+    leftovers of a killed save from a save in progress.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:

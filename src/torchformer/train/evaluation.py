@@ -13,6 +13,13 @@ A scored byte thus sees at least ``context - stride + 1`` bytes of context (exce
 start of the data, where fewer exist). ``stride = context`` is cheapest but leaves some bytes
 with almost no context; the default ``stride = context // 2`` costs about twice as much and
 gives every scored byte at least half a context; ``stride = 1`` gives every byte a full context.
+
+While training, scoring a whole validation split at every evaluation costs too much. ``windows=k`` scores
+``k`` windows of that same plan, one drawn at random from each of ``k`` equal stretches of the data (with a fixed
+seed, so every evaluation scores the same bytes and the curve is comparable over time). Because the windows are spread
+over the whole split, the result estimates the figure for the whole split; scoring only its first bytes does
+not (one stretch of text can be much easier or harder than the rest: the first 20,000 bytes of the enwik8
+validation split score 0.3 bits per byte lower than the whole of it).
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ def bits_per_byte(
     context: int,
     batch_size: int = 32,
     stride: Optional[int] = None,
+    windows: Optional[int] = None,
+    seed: int = 0,
     device: Optional[Union[str, torch.device]] = None,
 ) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
@@ -63,10 +72,15 @@ def bits_per_byte(
         context: the most inputs the model sees at once.
         batch_size: windows per forward pass.
         stride: distance between window starts, in ``[1, context]``; default ``max(1, context // 2)``.
+        windows: score only this many of the windows (about ``windows * stride`` bytes), one drawn at random
+            from each of ``windows`` equal stretches of the data by a generator seeded with ``seed``: an
+            estimate of the whole figure. Default: all.
+        seed: which windows ``windows`` draws; the same seed draws the same windows on every call.
         device: where to run; default the device of the model's parameters (or of ``data``).
 
     Returns:
-        total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1``.
+        total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1`` (with ``windows``:
+        over the bytes those windows score).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -83,6 +97,10 @@ def bits_per_byte(
         stride = max(1, context // 2)
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
         raise ValueError(f"stride must be an int in [1, context={context}], got {stride!r}")
+    if windows is not None:
+        check_positive_int(windows, "windows")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else data.device
@@ -90,6 +108,14 @@ def bits_per_byte(
     n = len(data)
     length = min(context, n - 1)  # short data: a single window over all of it
     starts, first = _window_plan(n, length, stride)
+    if windows is not None and windows < len(starts):
+        # One window drawn at random from each of `windows` equal stretches of the plan (stratified sampling): the
+        # sample covers the whole data evenly, and a trend along the data (easier text first) does not bias it.
+        # Each window keeps the part it scores in the full plan, so every scored byte has the same context there.
+        edges = torch.linspace(0, len(starts), windows + 1).long()  # (windows + 1,)
+        offsets = torch.rand(windows, generator=torch.Generator().manual_seed(seed))
+        picked = edges[:-1] + (offsets * (edges[1:] - edges[:-1])).long()  # (windows,), one per stretch
+        starts, first = starts[picked], first[picked]
     data = data.to(device)
     starts, first = starts.to(device), first.to(device)
     offsets = torch.arange(length + 1, device=device)
@@ -113,7 +139,7 @@ def bits_per_byte(
     finally:
         model.train(was_training)
 
-    assert counted == n - 1, (counted, n)  # every byte after the first, exactly once
+    assert windows is not None or counted == n - 1, (counted, n)  # every byte after the first, exactly once
     return total_nats.item() / math.log(2) / counted
 
 
@@ -127,6 +153,9 @@ def _check_output(logp: Tensor, inputs: Tensor, data: Tensor) -> None:
     top = int(data.max())
     if top >= vocab:
         raise ValueError(f"data holds token id {top}, but the model's vocab has only {vocab} entries")
+    if logp.isnan().any() or logp.isposinf().any():  # (-inf is a fine log-probability: an impossible token)
+        raise ValueError("model output holds NaN or +inf log-probabilities: its weights are probably NaN or "
+                         "infinite (did training diverge?)")
     # A sum of probabilities far from 1 means the model returns logits (apply log_softmax) or garbage.
     drift = logp.float().logsumexp(-1).abs().max().item()
     if not drift <= 0.1:

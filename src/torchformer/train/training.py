@@ -6,8 +6,9 @@ The example scripts (character-level generation on enwik8, classification on IMD
 * :func:`warmup_cosine`: the learning-rate schedule transformers are usually trained with.
 * :func:`set_seed` and :func:`count_parameters`.
 * :class:`CSVLogger`, :func:`plot_curves` and :func:`progress`: record, draw and watch the training curves.
+* :func:`check_finite_losses`: stop a diverged run with a message that names the step and the usual remedies.
 * Checkpointing (:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
-  :func:`unwrap_model`) lives in :mod:`torchformer.train.checkpoint` and is re-exported here.
+  :func:`latest_intact_checkpoint`, :func:`unwrap_model`) lives in :mod:`torchformer.train.checkpoint` and is re-exported here.
 
 Only torch and numpy are required. tqdm and matplotlib are used when installed; without them :func:`progress`
 falls back to a plain iterator and :func:`plot_curves` returns ``False``.
@@ -28,20 +29,27 @@ import torch
 from torch import nn
 
 from torchformer.train.checkpoint import (
+    CheckpointError,
     checkpoint_path,
     latest_checkpoint,
+    latest_intact_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     unwrap_model,
+    write_atomically,
 )
 
 __all__ = [
     "CSVLogger",
+    "CheckpointError",
+    "TrainingDiverged",
     "autocast",
+    "check_finite_losses",
     "checkpoint_path",
     "count_parameters",
     "latest_checkpoint",
+    "latest_intact_checkpoint",
     "load_checkpoint",
     "plot_curves",
     "progress",
@@ -154,6 +162,29 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite (:func:`check_finite_losses`)."""
+
+
+def check_finite_losses(losses: Sequence[float], steps: Sequence[int]) -> None:
+    """Raise :class:`TrainingDiverged` naming the first step whose loss is NaN or infinite.
+
+    Once the loss is NaN, every weight soon is too, and whatever fails next (an evaluation, a sampler) blames
+    its input instead of the cause; so a training loop checks the losses it reads anyway (e.g. every few steps)
+    and stops at once, before the next checkpoint would save the broken weights. ``losses[i]`` is the loss of
+    ``steps[i]``.
+    """
+    if len(losses) != len(steps):
+        raise ValueError(f"losses and steps must have the same length, got {len(losses)} and {len(steps)}")
+    for step, loss in zip(steps, losses):
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower learning rate, "
+                f"a longer warmup, gradient clipping, normalised keys and queries (kqnorm=True), or float32 instead "
+                f"of half precision"
+            )
+
+
 class CSVLogger:
     """Append rows of metrics to a CSV file, one row per :meth:`log` call, flushed immediately.
 
@@ -161,14 +192,31 @@ class CSVLogger:
     run continues the same file) after checking its header matches ``fieldnames``. Columns missing from a row
     are left empty, so metrics logged at different rates (training loss every step, validation every 1000)
     can share a file. One-element tensors are logged as numbers.
+
+    ``resume_step``: the step a run (re)starts from. Rows of the existing file logged *after* it (column
+    ``step_column``) are dropped first: a killed run may have logged past its last checkpoint, and the resumed
+    run logs those steps again. ``resume_step=0`` starts the log afresh. Rows whose step is not a number (or
+    empty) are kept.
     """
 
-    def __init__(self, path: PathLike, fieldnames: Sequence[str]) -> None:
+    def __init__(
+        self,
+        path: PathLike,
+        fieldnames: Sequence[str],
+        *,
+        resume_step: Optional[int] = None,
+        step_column: str = "step",
+    ) -> None:
         if isinstance(fieldnames, str) or not all(isinstance(f, str) and f for f in fieldnames):
             raise TypeError(f"fieldnames must be a sequence of non-empty str, got {fieldnames!r}")
         self.fieldnames = list(fieldnames)
         if not self.fieldnames or len(set(self.fieldnames)) != len(self.fieldnames):
             raise ValueError(f"fieldnames must be non-empty and unique, got {self.fieldnames}")
+        if resume_step is not None and (isinstance(resume_step, bool) or not isinstance(resume_step, int)
+                                        or resume_step < 0):
+            raise ValueError(f"resume_step must be a non-negative int or None, got {resume_step!r}")
+        if resume_step is not None and step_column not in self.fieldnames:
+            raise ValueError(f"step_column {step_column!r} is not one of the fieldnames {self.fieldnames}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -178,6 +226,8 @@ class CSVLogger:
                 f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; "
                 f"use a new file or the same columns"
             )
+        if existing is not None and resume_step is not None:
+            self._drop_rows_after(resume_step, step_column)
         self._file = open(self.path, "a", newline="", encoding="utf-8")
         if existing is not None and not self._ends_with_newline():
             self._file.write("\n")  # a crash mid-row left a partial line; don't glue the next row onto it
@@ -185,6 +235,24 @@ class CSVLogger:
         if existing is None:
             self._writer.writeheader()
             self._file.flush()
+
+    def _drop_rows_after(self, step: int, column: str) -> None:
+        with open(self.path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+
+        def keep(row: dict) -> bool:
+            try:
+                return float(row[column]) <= step
+            except (TypeError, ValueError):  # empty, missing or not a number: not ours to judge
+                return True
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "x", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, self.fieldnames, restval="")
+                writer.writeheader()
+                writer.writerows(row for row in rows if keep(row))
+
+        write_atomically(self.path, write)
 
     def log(self, **row: Any) -> None:
         if self._file.closed:

@@ -1,0 +1,212 @@
+"""Damaged checkpoints are detected, a run resumes from the newest intact one, and interrupted saves leave nothing
+behind (torchformer.train.checkpoint)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+from torchformer import GTransformer
+from torchformer._files import STALE_AFTER_S, host_tag
+from torchformer.train.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    latest_intact_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+    verify_checkpoint,
+    write_atomically,
+)
+
+
+def tiny(seed: int = 0) -> GTransformer:
+    torch.manual_seed(seed)
+    return GTransformer(16, 2, 1, 8, 20)
+
+
+def saved(tmp_path, step: int = 1, model=None):
+    model = model or tiny()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()  # so the optimizer state holds tensors too
+    return save_checkpoint(checkpoint_path(tmp_path, step), model=model, optimizer=opt, step=step,
+                           extra={"note": "x", "values": [1.5, 2]})
+
+
+def flip(path, position: int, count: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(position, min(position + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_anywhere_are_detected_or_change_nothing(tmp_path):
+    # The outside probe flipped 64 bytes and loaded weights off by up to 266.8. Now every flip either raises
+    # CheckpointError or (in bytes torch.load never reads, such as zip padding) leaves the loaded content unchanged.
+    model = tiny()
+    path = saved(tmp_path, model=model)
+    original = path.read_bytes()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = random.Random(0)
+    detected = 0
+    for _ in range(60):
+        path.write_bytes(original)
+        flip(path, rng.randrange(len(original)))
+        target = tiny(seed=1)
+        try:
+            load_checkpoint(path, model=target)
+        except CheckpointError as e:
+            assert str(path) in str(e)
+            detected += 1
+            continue
+        assert all(torch.equal(target.state_dict()[k], v) for k, v in expected.items())
+    assert detected >= 50  # nearly every position is content
+
+
+def test_a_flip_inside_the_weights_is_named_as_damage(tmp_path):
+    model = tiny()
+    path = saved(tmp_path, model=model)
+    # Find a weight's bytes in the file and flip one bit there: torch.load reads it without complaint.
+    weight = max(model.state_dict().values(), key=torch.Tensor.numel).numpy().tobytes()
+    data = path.read_bytes()
+    where = data.find(weight[:64])
+    assert where > 0
+    flip(path, where + 10, count=1)
+    torch.load(path, weights_only=True)  # still a readable file ...
+    with pytest.raises(CheckpointError, match="damaged: its content changed after it was written"):
+        load_checkpoint(path, model=tiny())  # ... but not the one that was written
+    with pytest.raises(CheckpointError, match=str(path)):
+        verify_checkpoint(path)
+    read_checkpoint(path)  # metadata only (memory-mapped): documented not to check the weights
+
+
+def test_changed_plain_values_are_detected(tmp_path):
+    # The digest covers the non-tensor content too (step, extra): rewrite the file with one value changed.
+    path = saved(tmp_path)
+    payload = torch.load(path, weights_only=True)
+    payload["step"] = 7
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_checkpoint(path, model=tiny())
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"", "empty file"),
+    (None, "damaged \\(truncated\\?\\) or not a checkpoint"),  # truncated (filled in below)
+    (bytes(random.Random(1).getrandbits(8) for _ in range(4096)), "damaged \\(truncated\\?\\) or not a checkpoint"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(200), "damaged \\(truncated\\?\\) or not a checkpoint"),
+])
+def test_unreadable_files_are_one_clear_error_naming_the_file(tmp_path, content, says):
+    path = saved(tmp_path)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2] if content is None else content)
+    for call in (lambda: load_checkpoint(path, model=tiny()), lambda: read_checkpoint(path),
+                 lambda: verify_checkpoint(path)):
+        with pytest.raises(CheckpointError, match=says) as info:
+            call()
+        assert str(path) in str(info.value)
+        assert "weights_only=False" not in str(info.value)  # torch's advice to load unsafely is not passed on
+        assert isinstance(info.value, ValueError)
+
+
+def test_a_checkpoint_without_digest_still_loads(tmp_path):
+    # Files written before the digest existed (format 1) and bare state_dicts load unchecked.
+    model = tiny()
+    path = saved(tmp_path, model=model)
+    payload = torch.load(path, weights_only=True)
+    del payload["integrity"]
+    torch.save(payload, path)
+    verify_checkpoint(path)
+    load_checkpoint(path, model=tiny(seed=3))
+    torch.save(model.state_dict(), tmp_path / "bare.pt")
+    verify_checkpoint(tmp_path / "bare.pt")
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint_and_warns(tmp_path):
+    for step in (10, 20, 30):
+        saved(tmp_path, step)
+    newest = checkpoint_path(tmp_path, 30)
+    newest.write_bytes(newest.read_bytes()[:500])  # truncated by a crash
+    middle = checkpoint_path(tmp_path, 20)
+    flip(middle, len(middle.read_bytes()) // 2)  # damaged in the middle
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = latest_intact_checkpoint(tmp_path)
+    assert found == checkpoint_path(tmp_path, 10)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and str(newest) in messages[0] and str(middle) in messages[1]
+    assert load_checkpoint(found, model=tiny())["step"] == 10
+
+
+def test_latest_intact_checkpoint_without_any(tmp_path):
+    assert latest_intact_checkpoint(tmp_path / "none") is None
+    path = saved(tmp_path)
+    path.write_bytes(b"")
+    with pytest.warns(UserWarning, match="empty file"):
+        assert latest_intact_checkpoint(tmp_path) is None
+
+
+def temporary(tmp_path, host: str, pid: int):
+    path = tmp_path / f".step_00000005.pt.tmp-{host}-{pid}-0badcafe"
+    path.write_bytes(b"half a checkpoint")
+    return path
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its pid no longer names a process (until reused, which takes a long time)
+    return proc.pid
+
+
+def test_stale_temporaries_of_killed_saves_are_removed_and_live_ones_kept(tmp_path):
+    saved(tmp_path, 1)
+    dead = temporary(tmp_path, host_tag(), dead_pid())
+    mine = temporary(tmp_path, host_tag(), os.getpid())  # a save in progress in this process
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = temporary(tmp_path, host_tag(), sleeper.pid)  # another live process's save
+        other_host_new = temporary(tmp_path, "elsewhere", 1)
+        other_host_old = tmp_path / ".step_00000006.pt.tmp-elsewhere-1-00ff"  # abandoned a day ago
+        other_host_old.write_bytes(b"x")
+        old = time.time() - STALE_AFTER_S - 60
+        os.utime(other_host_old, (old, old))
+        removed = prune_checkpoints(tmp_path, keep=2)  # pruning counts (removes) them too
+        assert sorted(removed) == sorted([dead, other_host_old])
+        assert live.exists() and mine.exists() and other_host_new.exists()
+        assert checkpoint_path(tmp_path, 1).exists()
+        assert remove_stale_temporaries(tmp_path) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_killed_save_leaves_a_temporary_that_the_next_start_removes(tmp_path):
+    # A real kill -9 in the middle of write_atomically: the process writes part of its temporary file and dies.
+    script = (
+        "import os, sys; from pathlib import Path; from torchformer.train.checkpoint import write_atomically\n"
+        "def write(tmp):\n"
+        "    tmp.write_bytes(b'partial'); os.kill(os.getpid(), 9)\n"
+        "write_atomically(Path(sys.argv[1]) / 'step_00000002.pt', write)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env)
+    assert result.returncode == -9
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".step_00000002.pt.tmp-")]
+    assert len(left) == 1 and not (tmp_path / "step_00000002.pt").exists()
+    assert remove_stale_temporaries(tmp_path) == left
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_atomically_names_its_temporary_for_the_cleanup(tmp_path):
+    names = []
+    write_atomically(tmp_path / "a.pt", lambda tmp: (names.append(tmp.name), tmp.write_bytes(b"1")))
+    assert names[0].startswith(f".a.pt.tmp-{host_tag()}-{os.getpid()}-")
