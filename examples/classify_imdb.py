@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +50,35 @@ PRESETS = {
                 heads=4, depth=1, max_pool=False, lr_warmup=5_000, dropout=0.1, tokenizer="word"),
 }
 MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout")
+# Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
+RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed")
+
+
+def writable_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder this process can write in, or one it can create."""
+    while not path.exists():
+        if path.is_symlink():  # a dangling link: mkdir would fail
+            return False
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+POSITIVE_INT = (lambda v: v >= 1, "a positive int")
+# The valid values of each flag, checked before anything is loaded: {dest: (test, what the flag must be)}. A flag
+# that is None (not given, and no preset sets it) is not checked. --val-size is checked against the data later.
+CHECKS = {
+    **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
+                     "eval_every", "stop_at", "threads"), POSITIVE_INT),
+    "vocab_size": (lambda v: v >= 3, "an int >= 3 (<pad>, <unk> and at least one word)"),
+    "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),  # larger ones overflow Adam's step
+    "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
+    "gradient_clipping": (lambda v: 0 <= v < math.inf, "a number >= 0 (0: off)"),
+    "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "data": (lambda v: Path(v).exists(), "an existing folder or file"),
+    "checkpoint": (lambda v: writable_folder(Path(v)), "a folder this user can write in or create (not a file)"),
+    "out": (lambda v: writable_folder(Path(v)), "a folder this user can write in or create (not a file)"),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,14 +123,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("num_epochs", "batch_size", "embedding", "vocab_size", "max_length", "heads", "depth", "val_size"):
-        if getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')} must be a positive int, got {getattr(args, key)}")
-    if args.learn_rate <= 0 or args.lr_warmup < 0 or args.gradient_clipping < 0:
-        p.error(f"need --learn-rate > 0, --lr-warmup >= 0 and --gradient-clipping >= 0, got {args.learn_rate}, "
-                f"{args.lr_warmup}, {args.gradient_clipping}")
-    if args.data is not None and not Path(args.data).exists():
-        p.error(f"--data {args.data} does not exist")
+    for name, (valid, must) in CHECKS.items():
+        if getattr(args, name) is not None and not valid(getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    if args.embedding % args.heads:  # each head gets embedding // heads dimensions
+        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
+    if args.stop_at is not None and args.checkpoint is None:
+        p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
+    if args.download and args.data is not None:
+        p.error("--download fetches the archive into the cache: give it without --data")
     return args
 
 
@@ -109,6 +141,35 @@ def build_model(config: dict, num_tokens: int) -> CTransformer:
                             len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"])
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
+
+
+def saved_tokenizer(path: Path):
+    """The tokenizer in the extra of a checkpoint written by this script."""
+    try:
+        return tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        sys.exit(f"classify_imdb.py: error: {path} holds no tokenizer, so it was not written by this script "
+                 f"({type(e).__name__}: {e})")
+
+
+def check_resumable(ckpt: Path, args: argparse.Namespace) -> None:
+    """Refuse to resume ``ckpt`` with other model or run flags (``MODEL_KEYS``, ``RUN_KEYS``), naming them.
+
+    Only the checkpoint's small ``extra`` part is read here (the weights stay on disk): a changed flag gets a
+    message naming it, not a config or weight-shape mismatch later, and a changed ``-b`` or ``-e`` cannot silently
+    skip the wrong batches or bend the schedule.
+    """
+    try:
+        extra = read_checkpoint(ckpt)["extra"]
+        saved = {**extra["config"], **extra.get("run", {})}  # checkpoints of earlier versions have no "run"
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
+        sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
+                 f"use a new --checkpoint folder")
+    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {getattr(args, k)})"
+               for k in MODEL_KEYS + RUN_KEYS if k in saved and saved[k] != getattr(args, k)]
+    if changed:
+        sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use the same flags, or a new "
+                 f"--checkpoint folder")
 
 
 def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
@@ -125,11 +186,16 @@ def predict(args: argparse.Namespace) -> None:
         model = CTransformer.from_checkpoint(path)
     except ValueError as e:  # not a checkpoint, or one of another model
         sys.exit(f"classify_imdb.py: error: {e}")
-    tokenizer = tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
+    tokenizer = saved_tokenizer(path)
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
-        is_file = len(item) < 4096 and Path(item).is_file()
-        texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()] if is_file else [item]
+        if not (len(item) < 4096 and Path(item).is_file()):
+            texts.append(item)
+            continue
+        try:
+            texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            sys.exit(f"classify_imdb.py: error: --predict {item}: cannot read it as UTF-8 text ({e})")
     if not texts or not all(t.strip() for t in texts):
         sys.exit("classify_imdb.py: error: --predict needs a non-empty review text "
                  "(or a file with one review per line)")
@@ -148,6 +214,14 @@ def train(args: argparse.Namespace) -> dict:
     set_seed(args.seed)
     device = resolve_device(args.device)
     out = Path(args.out)
+    config = {k: getattr(args, k) for k in MODEL_KEYS}
+    resume = None
+    if args.checkpoint:  # checked before the data are read
+        for path in remove_stale_temporaries(args.checkpoint):
+            print(f"removed {path.name}, left by a save that was interrupted")
+        resume = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
+    if resume is not None:
+        check_resumable(resume, args)
     out.mkdir(parents=True, exist_ok=True)
     try:
         train_all, test = imdb(args.data, download=args.download) if args.data is None else imdb(args.data)
@@ -155,16 +229,13 @@ def train(args: argparse.Namespace) -> dict:
         sys.exit(f"classify_imdb.py: error: {e}\n(pass --data FOLDER, or --download to fetch the official archive)")
     except ValueError as e:  # a damaged or unofficial file (the message names it); --download replaces a cached one
         sys.exit(f"classify_imdb.py: error: {e}\n(with the cached archive: --download fetches it again)")
+    if args.val_size >= len(train_all):
+        sys.exit(f"classify_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
+                 f"got {args.val_size}")
     train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
-    config = {k: getattr(args, k) for k in MODEL_KEYS}
 
-    resume = None
-    if args.checkpoint:
-        for path in remove_stale_temporaries(args.checkpoint):
-            print(f"removed {path.name}, left by a save that was interrupted")
-        resume = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
     if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
-        tokenizer = tokenizer_from_state_dict(read_checkpoint(resume)["extra"]["tokenizer"])
+        tokenizer = saved_tokenizer(resume)
     elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
         tokenizer = WordTokenizer.build([text for text, _ in train_set], args.vocab_size)
     else:
@@ -189,24 +260,41 @@ def train(args: argparse.Namespace) -> dict:
     step = 0
     if resume is not None:
         # g comes back in its state at the start of the interrupted epoch; we replay its order and skip ahead.
-        step = load_checkpoint(resume, model=model, optimizer=opt, scheduler=sched, generators={"batches": g})["step"]
+        try:
+            step = load_checkpoint(resume, model=model, optimizer=opt, scheduler=sched,
+                                   generators={"batches": g})["step"]
+        except ValueError as e:
+            sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         print(f"resumed from {resume} at step {step}")
     fast = torch.compile(model) if args.compile else model
     print(f"{count_parameters(model):,} parameters, {total} steps on {device}")
 
     eval_every = args.eval_every or per_epoch
+    extra = {"config": config, "run": {k: getattr(args, k) for k in RUN_KEYS}, "tokenizer": tokenizer.state_dict()}
     # A resumed run logs again the steps after its checkpoint: drop the rows a killed run wrote for them.
     log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
                     resume_step=step)
+
+    def diverged(message: str) -> None:
+        bar.close()
+        kept = (f" The checkpoints in {args.checkpoint} predate it and are kept."
+                if args.checkpoint and any(Path(args.checkpoint).glob("*.pt")) else "")
+        sys.exit(f"error: {message} (flags -l, --lr-warmup, --gradient-clipping).{kept}")
 
     def check_diverged(losses: list) -> None:  # losses of the steps up to `step`, read from the device anyway
         values = torch.stack(losses).tolist()
         try:
             check_finite_losses(values, range(step - len(values) + 1, step + 1))
         except TrainingDiverged as e:
-            bar.close()
-            kept = f" The checkpoints in {args.checkpoint} predate it and are kept." if args.checkpoint else ""
-            sys.exit(f"error: {e} (flags -l, --lr-warmup, --gradient-clipping).{kept}")
+            diverged(str(e))
+
+    def validate():
+        try:
+            return evaluate_classifier(fast, val_batches)
+        except ValueError as e:  # NaN or infinite outputs: a divergence the losses read so far did not show yet
+            diverged(f"validation at step {step} failed: {e}. The training losses were finite: the last updates "
+                     f"probably broke the weights. The usual remedies: a lower learning rate, a longer warmup, "
+                     f"gradient clipping")
 
     bar = progress(total=total, desc="train")
     bar.update(step)
@@ -241,7 +329,7 @@ def train(args: argparse.Namespace) -> dict:
                 tokens, t_log = 0, time.perf_counter()
             if step % eval_every == 0 or step == total or step == args.stop_at:
                 check_diverged(running)
-                val = evaluate_classifier(fast, val_batches)
+                val = validate()
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val.loss, val_accuracy=val.accuracy,
                         seconds=round(time.perf_counter() - t_start, 1))
                 train_loss = torch.stack(running).mean().item()
@@ -253,7 +341,7 @@ def train(args: argparse.Namespace) -> dict:
                     state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
                     save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
                                     scheduler=sched, step=step, generators={"batches": state},
-                                    extra={"config": config, "tokenizer": tokenizer.state_dict()})
+                                    extra=extra)
                     prune_checkpoints(args.checkpoint, keep=2)
             if step == args.stop_at:
                 bar.close()
@@ -262,8 +350,7 @@ def train(args: argparse.Namespace) -> dict:
                 return {}
     bar.close()
     log.close()
-    save_checkpoint(out / "model.pt", model=model, step=step,
-                    extra={"config": config, "tokenizer": tokenizer.state_dict()})
+    save_checkpoint(out / "model.pt", model=model, step=step, extra=extra)
     for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])):
         if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, title=f"IMDb: {name}"):
             print("matplotlib is not installed: no plots")

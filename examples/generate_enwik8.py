@@ -11,8 +11,10 @@ examples/README.md for measured results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -53,6 +55,39 @@ ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions",
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None}
 COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
+MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny ones overflow): 0 means greedy
+
+
+def writable_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder this process can write in, or one it can create."""
+    while not path.exists():
+        if path.is_symlink():  # a dangling link: mkdir would fail
+            return False
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+POSITIVE_INT = (lambda v: v >= 1, "a positive int")
+POSITIVE = (lambda v: 0 < v < math.inf, "a positive number")
+# The valid values of each flag, checked before anything runs: {dest: (test, what the flag must be)}. A flag
+# that is None (not given, and no preset sets it) is not checked.
+CHECKS = {
+    **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
+                     "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
+                     "stop_after"), POSITIVE_INT),
+    **dict.fromkeys(("minutes", "peak_tflops"), POSITIVE),
+    "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),  # larger ones overflow Adam's step
+    "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
+    "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "gradient_clipping": (lambda v: 0 <= v < math.inf, "a number >= 0 (0: off)"),
+    "sample_length": (lambda v: v >= 0, "an int >= 0 (0: no samples)"),
+    "temperature": (lambda v: v == 0 or MIN_TEMPERATURE <= v < math.inf,
+                    f"0 (greedy) or a number >= {MIN_TEMPERATURE:g}"),
+    "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "data": (lambda v: v.is_file() and os.access(v, os.R_OK), "a readable file"),
+    "checkpoint": (writable_folder, "a folder this user can write in or create (not a file)"),
+    "out": (writable_folder, "a folder this user can write in or create (not a file)"),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -112,14 +147,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
         if getattr(args, key) is None and not (key in ("num_batches", "minutes") and given_length):
             setattr(args, key, value)
-    if args.minutes is not None and not 0 < args.minutes < math.inf:
-        p.error(f"--minutes must be a positive number, got {args.minutes}")
-    for name in ("num_batches", "batch_size", "embedding", "heads", "depth", "context", "test_every",
-                 "test_subset", "test_batch_size", "accumulate", "log_every", "kv_heads", "window"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
-    if args.data is not None and not args.data.is_file():
-        p.error(f"--data {args.data}: no such file")
+    for name, (valid, must) in CHECKS.items():
+        if getattr(args, name) is not None and not valid(getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    if args.embedding % args.heads:  # each head gets embedding // heads dimensions
+        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
+    if args.kv_heads is not None and args.heads % args.kv_heads:  # each key/value head serves a group of heads
+        p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
     return args
@@ -185,35 +219,40 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
 
 
 def check_resumable(ckpt: Path, args) -> None:
-    """Refuse to resume ``ckpt`` with other architecture flags, and continue the schedule it was trained with
-    (its ``-N``, unless ``-N`` is given on the command line).
+    """Refuse to resume ``ckpt`` with other architecture flags or another ``-l``, or past its end (a ``-N`` below
+    its step), and continue the schedule it was trained with (its ``-N``, unless ``-N`` is given on the command
+    line).
 
     Only the checkpoint's small ``extra`` part is read here (``read_checkpoint``: the weights stay on disk), so that
     a changed flag gets a message naming it rather than a config or weight-shape mismatch later.
     """
     try:
-        extra = read_checkpoint(ckpt)["extra"]
+        saved = read_checkpoint(ckpt)
+        step, extra = saved["step"], saved["extra"]
         config = extra["config"]
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
     changed = [f"--{k.replace('_', '-')} {config.get(k, ARCHITECTURE_DEFAULTS.get(k))} (now {getattr(args, k)})"
                for k in ARCHITECTURE if config.get(k, ARCHITECTURE_DEFAULTS.get(k)) != getattr(args, k)]
+    # The optimizer and schedule come back with the checkpoint's learning rate: another -l would be ignored.
+    if extra.get("learn_rate", args.learn_rate) != args.learn_rate:  # (older checkpoints do not record it)
+        changed.append(f"--learn-rate {extra['learn_rate']} (now {args.learn_rate})")
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
-    saved = extra.get("num_batches")  # older checkpoints do not record it
-    if saved is None:
-        if args.minutes and args.typed_num_batches is None:
-            sys.exit(f"cannot resume {ckpt} with --minutes: it does not record its -N; pass -N instead")
-        return
-    if args.typed_num_batches is not None:  # an explicit -N wins, e.g. to train longer than first planned
-        if args.typed_num_batches != saved:
-            print(f"note: {ckpt.name} was trained with -N {saved}; with -N {args.typed_num_batches} the learning-rate "
-                  f"schedule changes from here on")
-        return
-    if args.minutes:
-        print(f"resuming with -N {saved}, as in the run that wrote {ckpt.name} (--minutes is not measured again)")
-    args.num_batches = saved  # the learning-rate schedule continues exactly where it stopped
+    planned = extra.get("num_batches")  # older checkpoints do not record it
+    if args.typed_num_batches is None and planned is not None:  # an explicit -N wins, e.g. to train longer
+        args.num_batches = planned  # the learning-rate schedule continues exactly where it stopped
+    elif args.typed_num_batches is None and args.minutes:
+        sys.exit(f"cannot resume {ckpt} with --minutes: it does not record its -N; pass -N instead")
+    if step > args.num_batches:  # it would report a model of `step` steps as one of -N steps
+        sys.exit(f"cannot resume: {ckpt} is at step {step}, past -N {args.num_batches}; pass -N {step} or more to "
+                 f"continue it, or use a new --checkpoint folder")
+    if args.typed_num_batches is None and args.minutes:
+        print(f"resuming with -N {planned}, as in the run that wrote {ckpt.name} (--minutes is not measured again)")
+    elif planned is not None and args.num_batches != planned:
+        print(f"note: {ckpt.name} was trained with -N {planned}; with -N {args.num_batches} the learning-rate "
+              f"schedule changes from here on")
 
 
 def synchronize(device: torch.device) -> None:
@@ -287,10 +326,28 @@ def main(argv=None) -> dict:
     def save(step: int) -> None:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
-            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches}
+            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches,
+                     "learn_rate": args.learn_rate}
             save_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt, scheduler=sched,
                             step=step, extra=extra, generators=generators)
             prune_checkpoints(args.checkpoint, keep=2)
+
+    def diverged(message: str) -> None:
+        bar.close()
+        kept = (f" The checkpoints in {args.checkpoint} predate it and are kept."
+                if args.checkpoint and any(args.checkpoint.glob("*.pt")) else "")
+        sys.exit(f"error: {message} (flags -l, --lr-warmup, --gradient-clipping, --kqnorm).{kept}")
+
+    @contextlib.contextmanager
+    def divergence_checked(step: int):
+        """An evaluation that fails on NaN or infinite outputs shows a divergence that the losses read so far did
+        not (the last updates broke the weights): exit as for a NaN loss, before anything is saved."""
+        try:
+            yield
+        except ValueError as e:
+            diverged(f"the evaluation at step {step} failed: {e}. The training losses were finite: the last updates "
+                     f"probably broke the weights. The usual remedies: a lower learning rate, a longer warmup, "
+                     f"gradient clipping, normalised keys and queries")
 
     tokens_per_step = args.batch_size * args.accumulate * args.context
     bar = progress(total=args.num_batches, desc="train")
@@ -327,9 +384,7 @@ def main(argv=None) -> dict:
         try:  # before anything is evaluated or saved: the checkpoints on disk predate the divergence
             check_finite_losses(losses, [s for s, _, _ in pending])
         except TrainingDiverged as e:
-            bar.close()
-            kept = f" The checkpoints in {args.checkpoint} predate it and are kept." if args.checkpoint else ""
-            sys.exit(f"error: {e} (flags -l, --lr-warmup, --gradient-clipping, --kqnorm).{kept}")
+            diverged(str(e))
         seconds = time.perf_counter() - tic
         elapsed += seconds
         speed = tokens_per_step * len(pending) / seconds
@@ -343,14 +398,14 @@ def main(argv=None) -> dict:
         pending.clear()
 
         if evaluate_now:
-            # the uncompiled module: evaluation shapes vary
-            rows[-1]["val_bpb"] = evaluate(model, val, args, windows=val_windows)
-            say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
-                f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread over "
-                f"the split)")
-            if args.sample_length > 0:
-                say(f"sample (seed in brackets, temperature {args.temperature}):\n"
-                    f"{sample(model, val, args, sampler)}\n")
+            with divergence_checked(step):  # the uncompiled module: evaluation shapes vary
+                rows[-1]["val_bpb"] = evaluate(model, val, args, windows=val_windows)
+                say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
+                    f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
+                    f"over the split)")
+                if args.sample_length > 0:
+                    say(f"sample (seed in brackets, temperature {args.temperature}):\n"
+                        f"{sample(model, val, args, sampler)}\n")
         for row in rows:
             log.log(**row)
             if tb:
@@ -379,8 +434,9 @@ def main(argv=None) -> dict:
         print(f"training: {elapsed / 60:.1f} min, {note}")
 
     split, data = ("test", test) if args.final else ("validation", val)
-    result = {"step": args.num_batches, "split": split, "bpb": evaluate(model, data, args), "elapsed_s": elapsed,
-              "tokens_per_s": typical}
+    with divergence_checked(args.num_batches):
+        bpb = evaluate(model, data, args)
+    result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
     log.close()

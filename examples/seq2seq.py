@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.models import Seq2SeqTransformer
+from torchformer.train.training import resolve_device
 
 PAD, BOS, EOS, DIGIT0 = 0, 1, 2, 3  # token ids; digit d is DIGIT0 + d
 VOCAB = DIGIT0 + 10
@@ -105,22 +107,55 @@ def plot(weights, src_len: int, out_len: int, path: Path) -> None:
     print(f"wrote {path}")
 
 
-def main() -> None:
+def writable_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder this process can write in, or one it can create."""
+    while not path.exists():
+        if path.is_symlink():  # a dangling link: mkdir would fail
+            return False
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+# The valid values of each flag, checked before training: {dest: (test, what the flag must be)}. None is not given.
+CHECKS = {
+    "steps": (lambda v: v >= 1, "a positive int"),
+    "beam_size": (lambda v: v >= 1, "a positive int (1: greedy)"),
+    "threads": (lambda v: v >= 1, "a positive int"),
+    "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "out": (writable_folder, "a folder this user can write in or create (not a file)"),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model size, string lengths, steps and batch size (default: cpu)")
     parser.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', ...")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed for the initialisation and the training strings "
+                        "(the held-out strings use seed + 1; default: 0)")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's number of training steps")
-    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--beam-size", type=int, default=4, help="beam width of the beam-search decoding "
+                        "(default: 4)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for PyTorch (default: its own choice; 1 is much faster on a busy machine)")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for cross_attention.png")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name, (valid, must) in CHECKS.items():
+        if getattr(args, name) is not None and not valid(getattr(args, name)):
+            parser.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    try:
+        args.device = resolve_device(args.device)
+    except (ValueError, TypeError) as e:
+        parser.error(f"--device: {e}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     cfg = dict(PRESETS[args.preset])
     if args.steps is not None:
         cfg["steps"] = args.steps
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if args.device == "auto" else args.device)
+    device = args.device
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -172,6 +207,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     plot(weights, length, length + 1, args.out / "cross_attention.png")
     print(f"total wall time {time.time() - started:.0f} s")
+    return {"greedy": exact_match(greedy, tgt), "beam": exact_match(beam, tgt)}
 
 
 if __name__ == "__main__":

@@ -321,9 +321,16 @@ def test_cross_attention_cache_reuses_context_keys():
     cache = KVCache()
     first = att(x, ctx, cache=cache)
     keys = cache.keys
-    second = att(x, ctx * 0, cache=cache)  # the cached context wins: it does not change during decoding
+    spy = ctx.clone()
+    ctx.zero_()  # the cached keys are used, not recomputed: changing the context in place shows it
+    second = att(x, ctx, cache=cache)
     assert cache.keys is keys and keys.shape == (2, 4, 5, 4)
     torch.testing.assert_close(first, second)
+    # Another context of the same length would silently get the old one's keys: an error instead.
+    with pytest.raises(ValueError, match="holds the keys of another context"):
+        att(x, spy * 2, cache=cache)
+    cache.reset()  # a new context after a reset is computed afresh
+    torch.testing.assert_close(att(x, spy * 2, cache=cache), att(x, spy * 2))
 
 
 def test_mask_from_positions_is_the_causal_mask_in_absolute_positions():
@@ -423,9 +430,110 @@ def test_a_cache_needs_positions_and_a_cross_cache_its_own_context():
     cross, cross_cache = make_cross(), KVCache()
     x = torch.randn(1, 1, 16).double()
     cross(x, torch.randn(1, 7, 16).double(), cache=cross_cache)
-    with pytest.raises(ValueError, match="context of 7 positions, but context has 4"):
+    with pytest.raises(ValueError, match="another context \\(of 7 positions; this one has 4\\)"):
         cross(x, torch.randn(1, 4, 16).double(), cache=cross_cache)
     cross_cache.reset()  # a new source: its keys are computed again, at its own length
     shorter = torch.randn(1, 4, 16).double()
     cross(x, shorter, cache=cross_cache)
     torch.testing.assert_close(cross(x, shorter, cache=cross_cache), cross(x, shorter))
+
+
+# ---- the two attention functions on their own ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5])
+def test_attention_fast_without_a_mask_is_all_keys_or_plain_causal(t):
+    """``allowed=None``: every key by default, the causal triangle with ``causal=True`` (for every length; t = 1
+    and t = 2 are the small cases a length condition could get wrong)."""
+    q, k, v = (torch.randn(2, 3, t, 4, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(attention_fast(q, k, v), attention_reference(q, k, v)[0])
+    torch.testing.assert_close(attention_fast(q, k, v, causal=True), attention_reference(q, k, v, causal_mask(t))[0])
+
+
+def test_attention_fast_gives_a_query_without_keys_zeros_as_the_reference_does():
+    """The documented rule of both functions, called directly: a row of ``allowed`` with no True gives zero weights
+    and a zero output, not NaN; the other rows are unaffected. (Modules zero such queries again afterwards, so only
+    a direct call shows a missing guard.)"""
+    q, k, v = (torch.randn(2, 3, n, 5, dtype=torch.float64) for n in (4, 6, 6))  # 4 queries, 6 keys
+    allowed = torch.rand(2, 1, 4, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    allowed[:, :, :, 0] = True
+    allowed[0, 0, 2] = False  # query 2 of batch row 0 sees no key
+    allowed[1, 0, 0] = False
+    reference, weights = attention_reference(q, k, v, allowed)
+    assert (weights[0, :, 2] == 0).all() and (reference[0, :, 2] == 0).all() and (reference[1, :, 0] == 0).all()
+    fast = attention_fast(q, k, v, allowed)
+    assert torch.isfinite(fast).all()
+    torch.testing.assert_close(fast, reference)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.6])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_dropout_drops_weights_with_probability_p_and_rescales_the_rest(p, masked):
+    """With the identity as values, the output is the (dropped-out) weights themselves: a fraction p of them is
+    exactly zero, the others are the weights divided by 1 - p. Both functions, on 4 x 3 x 24 x 24 weights."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(4, 3, 24, 8, dtype=torch.float64) for _ in range(2))
+    identity = torch.eye(24, dtype=torch.float64).expand(4, 3, 24, 24)
+    allowed = causal_mask(24) if masked else None
+    _, weights = attention_reference(q, k, identity, allowed)
+    real = weights > 0
+    for mixed in (attention_reference(q, k, identity, allowed, dropout=p)[0],
+                  attention_fast(q, k, identity, allowed, dropout=p, causal=False)):
+        dropped = (mixed[real] == 0).double().mean().item()
+        assert abs(dropped - p) < 0.03, dropped  # about 4 * 3 * 300 = 3600 weights or more: sd of 0.008 or less
+        kept = mixed[real] != 0
+        torch.testing.assert_close(mixed[real][kept], weights[real][kept] / (1 - p))
+        assert (mixed[~real] == 0).all()
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_dropout_acts_in_training_only(impl, masked):
+    att = make(16, 4, causal=True, dropout=0.5, impl=impl, dtype=torch.float64)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    mask = random_mask(2, 6) if masked else None
+    torch.manual_seed(1)
+    trained = att.train()(x, mask)
+    assert not torch.allclose(trained, att.eval()(x, mask))
+    torch.testing.assert_close(att.eval()(x, mask), make(16, 4, causal=True, impl=impl, dtype=torch.float64)(x, mask))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_cached_decoding_keeps_the_sliding_window(impl, kv_heads):
+    """Past the prompt, each cached step must still see only the last ``window`` positions."""
+    att = make(16, 4, causal=True, window=3, impl=impl, kv_heads=kv_heads, dtype=torch.float64)
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    out = run_in_chunks(att, x, [3, 1, 1, 2, 1], KVCache(8))
+    torch.testing.assert_close(out, att(x), atol=1e-12, rtol=1e-12)
+    assert not torch.allclose(out, make(16, 4, causal=True, impl=impl, kv_heads=kv_heads, dtype=torch.float64)(x))
+
+
+def test_attend_returns_no_weights_unless_asked():
+    """A subclass calling ``super().attend(q, k, v, mask)`` gets ``(out, None)`` (docs/extending.md)."""
+    att = make(16, 4, causal=True)
+    q = k = v = torch.randn(2, 4, 5, 4)
+    mask = AttentionMask(torch.arange(5), torch.arange(5), causal=True, aligned=True)
+    out, weights = att.attend(q, k, v, mask)
+    assert weights is None and out.shape == (2, 4, 5, 4)
+    out_w, weights = att.attend(q, k, v, mask, return_weights=True)
+    assert weights.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(out_w, out)
+
+
+def test_plain_self_attention_passes_no_mask_tensor():
+    """Without padding or a cache, the mask is "everything" or "plain causal", which SDPA applies by itself: no mask
+    tensor, so the fused flash kernels stay available on a GPU. With padding there is one."""
+    masks = []
+
+    class Recording(SelfAttention):
+        def attend(self, q, k, v, mask, *, return_weights=False):
+            masks.append(mask)
+            return super().attend(q, k, v, mask, return_weights=return_weights)
+
+    x = torch.randn(2, 5, 16)
+    for causal in (False, True):
+        Recording(16, 4, causal=causal)(x)
+        assert masks[-1].needs_tensor is False and masks[-1].aligned
+    Recording(16, 4, causal=True)(x, random_mask(2, 5))
+    assert masks[-1].needs_tensor is True

@@ -210,3 +210,61 @@ def test_write_atomically_names_its_temporary_for_the_cleanup(tmp_path):
     names = []
     write_atomically(tmp_path / "a.pt", lambda tmp: (names.append(tmp.name), tmp.write_bytes(b"1")))
     assert names[0].startswith(f".a.pt.tmp-{host_tag()}-{os.getpid()}-")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading changes nothing unless everything fits; saving refuses what it could not load again
+
+
+def test_an_optimizer_that_does_not_fit_changes_nothing(tmp_path):
+    path = saved(tmp_path)
+    model = tiny(seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="parameter groups of sizes \\[\\d+\\].*sizes \\[3\\]"):
+        load_checkpoint(path, model=model, optimizer=torch.optim.Adam(list(model.parameters())[:3]))
+    with pytest.raises(ValueError, match="state of a Adam optimizer, but the optimizer given is a SGD"):
+        load_checkpoint(path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the weights did not change
+
+
+def test_a_scheduler_of_another_class_is_refused(tmp_path):
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, step=1,
+                           scheduler=torch.optim.lr_scheduler.StepLR(opt, 10))
+    with pytest.raises(ValueError, match="StepLR scheduler, but the scheduler given is a LambdaLR"):
+        load_checkpoint(path, model=model, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_unavailable_map_location_is_named_not_called_damage(tmp_path):
+    path = saved(tmp_path)
+    with pytest.raises(ValueError, match="map_location 'cuda': CUDA is not available"):
+        load_checkpoint(path, model=tiny(), map_location="cuda")
+    with pytest.raises(ValueError, match="map_location must name a device.*'gpu'"):
+        load_checkpoint(path, model=tiny(), map_location="gpu")
+
+
+def test_save_paths_that_are_no_file_are_named(tmp_path):
+    model = tiny()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    for path, error, match in [
+        (tmp_path / "folder", IsADirectoryError, "is a folder; pass a file in it"),
+        ("", ValueError, "path must name a file"),
+        (".", ValueError, "path must name a file"),
+        (tmp_path / "a_file" / "c.pt", NotADirectoryError, "a_file is a file, not a folder"),
+        (tmp_path / "a_file" / "deeper" / "c.pt", NotADirectoryError, "a_file is a file, not a folder"),
+        (3, TypeError, "path must be a str or os.PathLike"),
+    ]:
+        with pytest.raises(error, match=match):
+            save_checkpoint(path, model=model, step=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "folder"]  # nothing written anywhere
+
+
+def test_tensors_without_dense_data_are_refused_by_name(tmp_path):
+    model = tiny()
+    with pytest.raises(TypeError, match=r"\['extra'\]\['s'\]: it is a torch.sparse_coo tensor"):
+        save_checkpoint(tmp_path / "c.pt", model=model, step=1, extra={"s": torch.eye(3).to_sparse()})
+    with pytest.raises(TypeError, match="a meta tensor"):
+        save_checkpoint(tmp_path / "c.pt", model=tiny().to("meta"), step=1)

@@ -26,7 +26,7 @@ def diverged_model() -> GTransformer:
 def test_sampling_from_nan_raises_instead_of_picking_a_token(temperature, top_k, top_p):
     logp = torch.log_softmax(torch.randn(3, 10), dim=-1)
     logp[1, 4] = math.nan  # argmax would return 4 for row 1
-    with pytest.raises(ValueError, match="hold NaN \\(in 1 of 3 rows, the first at row 1\\).*diverge"):
+    with pytest.raises(ValueError, match="hold NaN or \\+inf \\(in 1 of 3 rows, the first at row 1\\).*diverge"):
         sample_next(logp, temperature=temperature, top_k=top_k, top_p=top_p)
     logp[1, 4] = -math.inf  # an impossible token is fine
     assert sample_next(logp, temperature=0.0)[1] != 4

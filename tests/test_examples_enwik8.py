@@ -182,18 +182,80 @@ def test_presets_fill_only_flags_not_given(script):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-D", "no/such/enwik8.zip"], "no/such/enwik8.zip"),
+        (["-D", "no/such/enwik8.zip"], "--data must be a readable file, got no/such/enwik8.zip"),
+        (["-D", "{folder}"], "--data must be a readable file"),
         (["--stop-after", "3"], "--checkpoint"),
+        (["--stop-after", "0", "--checkpoint", "{folder}/ckpt"], "--stop-after must be a positive int, got 0"),
         (["-b", "0"], "--batch-size must be a positive int, got 0"),
+        (["-C", "-1"], "--context must be a positive int, got -1"),
+        (["--accumulate", "0"], "--accumulate must be a positive int, got 0"),
+        (["--test-every", "-2"], "--test-every must be a positive int, got -2"),
         (["--log-every", "0"], "--log-every must be a positive int, got 0"),
         (["--minutes", "0"], "--minutes must be a positive number, got 0.0"),
         (["--minutes", "nan"], "--minutes must be a positive number, got nan"),
+        (["--minutes", "inf"], "--minutes must be a positive number, got inf"),
+        # Each of these used to fail only after training (the sampler at the first evaluation), or with a traceback.
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or a number >= 0.001, got -1.0"),
+        (["--temperature", "nan"], "--temperature must be 0 (greedy) or a number >= 0.001, got nan"),
+        (["--temperature", "1e-300"], "--temperature must be 0 (greedy) or a number >= 0.001, got 1e-300"),
+        (["--temperature", "inf"], "--temperature must be 0 (greedy) or a number >= 0.001, got inf"),
+        (["--lr-warmup", "-1"], "--lr-warmup must be an int >= 0, got -1"),
+        (["-l", "-1"], "--learn-rate must be a positive number below 1e30, got -1.0"),
+        (["-l", "nan"], "--learn-rate must be a positive number below 1e30, got nan"),
+        (["-l", "0"], "--learn-rate must be a positive number below 1e30, got 0.0"),
+        (["-l", "1e38"], "--learn-rate must be a positive number below 1e30, got 1e+38"),
+        (["--seed", "-1"], "--seed must be an int in [0, 2**32), got -1"),
+        (["--seed", str(2**32)], "--seed must be an int in [0, 2**32), got 4294967296"),
+        (["--threads", "-1"], "--threads must be a positive int, got -1"),
+        (["--threads", "0"], "--threads must be a positive int, got 0"),
+        (["--checkpoint", "{file}"], "--checkpoint must be a folder"),
+        (["--out", "{file}"], "--out must be a folder"),
+        (["--out", "{file}/sub"], "--out must be a folder"),
+        (["--gradient-clipping", "-1"], "--gradient-clipping must be a number >= 0 (0: off), got -1.0"),
+        (["--gradient-clipping", "nan"], "--gradient-clipping must be a number >= 0 (0: off), got nan"),
+        (["--sample-length", "-5"], "--sample-length must be an int >= 0 (0: no samples), got -5"),
+        (["--peak-tflops", "0"], "--peak-tflops must be a positive number, got 0.0"),
+        (["--dropout", "1"], "--dropout must be a number in [0, 1), got 1.0"),
+        (["--dropout", "-0.1"], "--dropout must be a number in [0, 1), got -0.1"),
+        (["-E", "15", "-H", "2"], "--embedding must be divisible by --heads, got 15 and 2"),
+        (["-H", "4", "--kv-heads", "3"], "--kv-heads must divide --heads, got 3 and 4"),
+        (["--window", "0"], "--window must be a positive int, got 0"),
+        (["--device", "gpu"], "--device"),
     ],
 )
-def test_bad_flags_name_the_problem(script, argv, message, capsys):
-    with pytest.raises(SystemExit):
-        script.parse_args([*argv, "--device", "cpu"])
+def test_bad_flags_are_usage_errors_naming_the_flag(script, argv, message, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    argv = [a.replace("{file}", str(tmp_path / "a_file")).replace("{folder}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as info:  # in parse_args: before any data is read or any step is trained
+        script.main([*argv, "--device", "cpu"] if "--device" not in argv else argv)
+    assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_resume_past_n_or_with_another_learning_rate_is_refused(script, corpus, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-N", "4", "--test-every", "2"))
+    (tmp_path / "results.json").unlink()
+    # A checkpoint of step 4 must not be reported as a model of 2 steps.
+    with pytest.raises(SystemExit, match="step_00000004.pt is at step 4, past -N 2; pass -N 4 or more"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-N", "2", "--test-every", "2"))
+    assert not (tmp_path / "results.json").exists()
+    # The optimizer and schedule would come back with the checkpoint's learning rate, ignoring the new one.
+    with pytest.raises(SystemExit, match="--learn-rate 0.003 \\(now 0.01\\)"):
+        script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-N", "6", "-l", "1e-2"))
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_nan_weights_with_finite_losses_stop_at_the_evaluation(script, corpus, tmp_path):
+    # The loss of step 1 is finite (computed before its update); the update with this learning rate breaks the
+    # weights, and the evaluation right after finds NaN: a divergence exit, not a traceback, and nothing is saved.
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(SystemExit, match="evaluation at step 1 failed.*lower learning rate") as info:
+        script.main(tiny(corpus, tmp_path, "--checkpoint", str(ckpt), "-l", "1e10", "--lr-warmup", "0",
+                         "--gradient-clipping", "0", "--test-every", "1"))
+    assert "flags -l, --lr-warmup" in str(info.value)
+    assert not list(ckpt.glob("*.pt"))
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")

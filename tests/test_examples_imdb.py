@@ -160,3 +160,88 @@ def test_clear_errors(script, tmp_path, monkeypatch):
         script.main(["--predict", "fine", "--out", str(tmp_path / "untrained")])
     with pytest.raises(SystemExit):
         script.main(["-b", "0", "--device", "cpu"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-V", "1"], "--vocab-size must be an int >= 3 (<pad>, <unk> and at least one word), got 1"),
+        (["-e", "0"], "--num-epochs must be a positive int, got 0"),
+        (["-M", "-4"], "--max-length must be a positive int, got -4"),
+        (["--val-size", "0"], "--val-size must be a positive int, got 0"),
+        (["--threads", "-1"], "--threads must be a positive int, got -1"),
+        (["--seed", "-1"], "--seed must be an int in [0, 2**32), got -1"),
+        (["--seed", str(2**40)], "--seed must be an int in [0, 2**32), got 1099511627776"),
+        (["--checkpoint", "{file}"], "--checkpoint must be a folder"),
+        (["--out", "{file}"], "--out must be a folder"),
+        (["--eval-every", "0"], "--eval-every must be a positive int, got 0"),
+        (["--eval-every", "-1"], "--eval-every must be a positive int, got -1"),
+        (["--stop-at", "-1", "--checkpoint", "{folder}/ckpt"], "--stop-at must be a positive int, got -1"),
+        (["--stop-at", "3"], "--stop-at needs --checkpoint"),
+        (["-l", "nan"], "--learn-rate must be a positive number below 1e30, got nan"),
+        (["-l", "0"], "--learn-rate must be a positive number below 1e30, got 0.0"),
+        (["--lr-warmup", "-1"], "--lr-warmup must be an int >= 0, got -1"),
+        (["--gradient-clipping", "nan"], "--gradient-clipping must be a number >= 0 (0: off), got nan"),
+        (["--dropout", "1"], "--dropout must be a number in [0, 1), got 1.0"),
+        (["-E", "15", "-H", "2"], "--embedding must be divisible by --heads, got 15 and 2"),
+        (["--data", "{folder}/nowhere"], "--data must be an existing folder or file"),
+        (["--data", "{folder}", "--download"], "--download"),
+        (["--device", "gpu"], "--device"),
+    ],
+)
+def test_bad_flags_are_usage_errors_naming_the_flag(script, argv, message, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    argv = [a.replace("{file}", str(tmp_path / "a_file")).replace("{folder}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as info:  # in parse_args: before any data is read or any step is trained
+        script.main([*argv, "--device", "cpu"] if "--device" not in argv else argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_val_size_must_leave_training_reviews(script, data_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--val-size must be less than the 320 training reviews, got 320"):
+        script.main(tiny(data_dir, tmp_path, "--val-size", "320"))
+
+
+@pytest.mark.parametrize(
+    "changed, message",
+    [
+        (["-b", "8"], "--batch-size 16 (now 8)"),  # would skip the wrong batches and bend the schedule
+        (["-E", "64"], "--embedding 32 (now 64)"),
+        (["--max-pool"], "--max-pool False (now True)"),
+        (["--tokenizer", "byte"], "--tokenizer word (now byte)"),  # the checkpoint's vocabulary would be used
+        (["-V", "500"], "--vocab-size 64 (now 500)"),
+        (["-e", "5", "-l", "3e-3"], "--num-epochs 4 (now 5), --learn-rate 0.01 (now 0.003)"),
+    ],
+)
+def test_resume_with_other_flags_is_refused_naming_them(script, data_dir, tmp_path, changed, message):
+    ckpt = str(tmp_path / "ckpt")
+    assert script.main(tiny(data_dir, tmp_path, "--checkpoint", ckpt, "--stop-at", "2")) == {}
+    with pytest.raises(SystemExit) as info:
+        script.main(tiny(data_dir, tmp_path, "--checkpoint", ckpt, *changed))
+    assert message in str(info.value) and str(info.value).startswith("cannot resume")
+
+
+def test_predict_with_a_checkpoint_of_another_script_is_a_clear_error(script, tmp_path):
+    from torchformer.models import CTransformer
+    from torchformer.train.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "bare.pt", model=CTransformer(16, 2, 1, 16, 30, 2), step=1)  # no tokenizer
+    with pytest.raises(SystemExit, match="holds no tokenizer"):
+        script.main(["--predict", "fine", "--checkpoint", str(tmp_path / "bare.pt")])
+
+
+def test_predict_with_a_binary_file_is_a_clear_error(script, trained, tmp_path):
+    (tmp_path / "blob.bin").write_bytes(b"\xd0\xff\x00")
+    with pytest.raises(SystemExit, match="cannot read it as UTF-8 text"):
+        script.main(["--predict", str(tmp_path / "blob.bin"), "--out", str(trained)])
+
+
+def test_nan_weights_with_finite_losses_stop_at_the_validation(script, data_dir, tmp_path):
+    # The loss of step 1 is finite (computed before its update); the update breaks the weights and the validation
+    # right after finds NaN: a divergence exit, not a traceback, and nothing is saved.
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(SystemExit, match="validation at step 1 failed.*lower learning rate"):
+        script.main(tiny(data_dir, tmp_path, "--checkpoint", str(ckpt), "-l", "1e10", "--lr-warmup", "0",
+                         "--gradient-clipping", "0", "--eval-every", "1"))
+    assert not list(ckpt.glob("*.pt"))

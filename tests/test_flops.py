@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -81,3 +82,13 @@ def test_bad_arguments_name_the_argument(call, message):
 def test_matmul_parameters_rejects_non_modules():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         matmul_parameters("model")
+
+
+def test_model_must_be_a_module_and_mfu_numbers_finite():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module .*got str 'gpt'"):
+        model_flops_per_token("gpt", context=16)
+    with pytest.raises(ValueError, match="tokens_per_second must be a number >= 0 .*got inf"):
+        mfu(float("inf"), 10, peak_tflops=989)
+    with pytest.raises(ValueError, match="peak_tflops must be a positive number .*got inf"):
+        mfu(1.0, 10, peak_tflops=float("inf"))
+    assert mfu(np.float32(1e12), np.int64(1), peak_tflops=np.float64(1.0)) == pytest.approx(1.0)  # NumPy numbers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,3 +127,47 @@ def test_plot_attention_without_matplotlib_returns_false(tmp_path, monkeypatch):
     path = tmp_path / "a.png"
     assert plot_attention(torch.rand(2, 2), x_labels=["a", "b"], y_labels=["a", "b"], path=path) is False
     assert not path.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile inputs: each error names the argument, what was expected and what was received
+
+
+def test_a_generator_takes_no_padding_mask():
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 10, 20).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    with pytest.raises(TypeError, match=r"mask must be None for a GTransformer: its forward\(\) takes no padding "
+                                        r"mask .*got a Tensor; call attention_weights\(model, ids\)"):
+        attention_weights(model, ids, mask)
+    with pytest.raises(TypeError, match="mask must be None for a GTransformer"):
+        attention_weights(torch.compile(model, backend="eager"), ids, mask)  # also behind the wrapper
+    assert attention_weights(model, ids, layer=np.int64(0)).shape == (2, 2, 6, 6)  # a NumPy int
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module .*got str"):
+        capture_attention("model", model.blocks.blocks[0].attention, ids)
+
+
+def test_plot_attention_writes_exactly_at_path_or_refuses_it(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    weights, labels = torch.rand(3, 4), dict(x_labels=list("abcd"), y_labels=list("xyz"))
+    for path, message in [(folder, "path must be a file path, got the existing folder"),
+                          ("", "path must be a file path, got an empty path"),
+                          (tmp_path / "attention", "path must name a .png file"),  # matplotlib would add .png
+                          (tmp_path / "attention.jpg", "path must name a .png file")]:
+        with pytest.raises(ValueError, match=message):
+            plot_attention(weights, **labels, path=path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plots"]  # no plots.png, no .png, no attention.png
+    with pytest.raises(TypeError, match="path must be a file path .*got NoneType"):
+        plot_attention(weights, **labels, path=None)
+    with pytest.raises(TypeError, match="x_labels must be a sequence of labels, got NoneType"):
+        plot_attention(weights, x_labels=None, y_labels=list("xyz"), path=folder / "a.png")
+    with pytest.raises(ValueError, match=r"at least one row and one column, got shape \(0, 4\)"):
+        plot_attention(torch.rand(0, 4), x_labels=list("abcd"), y_labels=[], path=folder / "a.png")
+    with pytest.raises(TypeError, match="weights must hold real numbers, got dtype torch.complex64"):
+        plot_attention(weights.to(torch.complex64), **labels, path=folder / "a.png")
+    assert plot_attention(weights, x_labels=iter("abcd"), y_labels="xyz", path=folder / "A.PNG")  # any iterable
+    assert (folder / "A.PNG").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -91,7 +91,7 @@ def test_bad_arguments_are_clear_errors():
         static.generate(torch.tensor([[1, 13]]), 2)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int, got 0"):
         static.generate(prompt_of(1, 2), 0)
-    with pytest.raises(ValueError, match="temperature must be a float >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite float >= 0"):
         static.generate(prompt_of(1, 2), 2, temperature=-1)
 
 

@@ -16,7 +16,9 @@ from torch import nn
 
 from torchformer.train.training import (
     CSVLogger,
+    TrainingDiverged,
     autocast,
+    check_finite_losses,
     checkpoint_path,
     count_parameters,
     latest_checkpoint,
@@ -495,3 +497,145 @@ def test_prune_checkpoints_keeps_the_newest_by_step_number(tmp_path):
     assert prune_checkpoints(tmp_path / "missing") == []
     with pytest.raises(ValueError, match="keep must be a positive int, got 0"):
         prune_checkpoints(tmp_path, keep=0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile inputs: each error names the argument, what was expected and what was received
+
+
+def test_csv_logger_refuses_cells_plot_curves_could_not_read(tmp_path):
+    path = tmp_path / "train.csv"
+    with CSVLogger(path, ["step", "loss", "note"]) as log:
+        for bad, shown in [(torch.tensor([0.5, 0.6]), r"Tensor of shape \(2,\)"), ([1, 2], "list"),
+                           (np.array([0.5, 0.6]), r"ndarray of shape \(2,\)"), (1 + 2j, "complex"),
+                           (torch.tensor(1 + 2j), "Tensor"), ({}, "dict")]:
+            with pytest.raises(TypeError, match=f"column 'loss' must be a number, str, None or a one-element "
+                                                f"tensor, got .*{shown}"):
+                log.log(step=1, loss=bad)
+        with pytest.raises(ValueError, match="log\\(\\) needs at least one column"):
+            log.log()
+        log.log(step=np.int64(1), loss=torch.tensor([[0.25]]), note="ok")  # one element, any shape
+        log.log(step=2, loss=np.float32(0.5), note=None)
+        log.log(step=3, loss=np.array([0.125]))
+    assert read_rows(path) == [["step", "loss", "note"], ["1", "0.25", "ok"], ["2", "0.5", ""], ["3", "0.125", ""]]
+
+
+def test_csv_logger_resume_keeps_rows_whose_step_is_not_finite(tmp_path):
+    # nan and inf are not steps, so they are never "after" the resume step; rows with extra cells stay as they are.
+    path = tmp_path / "train.csv"
+    path.write_text("step,loss\n1,2.5\nnan,2.0\ninf,1.9\n-inf,1.8\n1e400,1.7\n3,1.6\n1,2,extra\n")
+    CSVLogger(path, ["step", "loss"], resume_step=2).close()
+    assert read_rows(path) == [["step", "loss"], ["1", "2.5"], ["nan", "2.0"], ["inf", "1.9"], ["-inf", "1.8"],
+                               ["1e400", "1.7"], ["1", "2", "extra"]]
+
+
+def test_csv_files_that_are_not_utf8_are_named(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("step,loss\n1,caf\xe9\n".encode("latin-1"))
+    for call in (lambda: CSVLogger(path, ["step", "loss"]), lambda: CSVLogger(path, ["step", "loss"], resume_step=0),
+                 lambda: plot_curves(path, tmp_path / "x.png", x="step", ys=["loss"])):
+        with pytest.raises(ValueError, match=f"{path} is not a UTF-8 text file"):
+            call()
+    assert path.read_bytes() == "step,loss\n1,caf\xe9\n".encode("latin-1")  # left as it was
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfstep,loss\n1,2.5\n")  # written by a spreadsheet: the mark is not part of "step"
+    CSVLogger(bom, ["step", "loss"]).close()
+
+
+def test_csv_logger_paths_and_fieldnames(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="path must be a file path, got the existing folder"):
+        CSVLogger(tmp_path, ["step"])
+    with pytest.raises(ValueError, match="path must be a file path, got an empty path"):
+        CSVLogger("", ["step"])
+    with pytest.raises(TypeError, match="path must be a file path .*got NoneType"):
+        CSVLogger(None, ["step"])
+    with pytest.raises(TypeError, match="fieldnames must be a sequence of non-empty str, got NoneType"):
+        CSVLogger(tmp_path / "a.csv", None)
+    with CSVLogger(tmp_path / "b.csv", (name for name in ["step", "loss"])) as log:  # a generator, read once
+        assert log.fieldnames == ["step", "loss"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.csv"]
+    with pytest.raises(NotADirectoryError, match="b.csv is a file, not a folder"):
+        CSVLogger(tmp_path / "b.csv" / "runs" / "log.csv", ["step"])
+
+
+def test_plot_curves_refuses_paths_that_are_no_png_file_and_names_bad_cells(tmp_path):
+    pytest.importorskip("matplotlib")
+    csv_path = tmp_path / "train.csv"
+    csv_path.write_text("step,loss,note\n1,2.5,a\n2,,b\n3,2.0\n")
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    for png, message in [(folder, "png_path must be a file path, got the existing folder"),
+                         ("", "png_path must be a file path, got an empty path"),
+                         (tmp_path / "curves", "png_path must name a .png file"),
+                         (tmp_path / "curves.jpg", "png_path must name a .png file")]:
+        with pytest.raises(ValueError, match=message):
+            plot_curves(csv_path, png, x="step", ys=["loss"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plots", "train.csv"]  # nothing written (plots.png)
+    with pytest.raises(ValueError, match="line 2: column 'note' holds 'a', not a number"):
+        plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["note"])
+    assert plot_curves(csv_path, tmp_path / "c.png", x="step", ys=(y for y in ["loss"])) is True  # short rows: skipped
+
+
+def test_check_finite_losses_reads_any_iterable_once_and_names_bad_arguments():
+    check_finite_losses((x for x in [1.0, 2.0]), (s for s in [1, 2]))  # generators: no len()
+    check_finite_losses(torch.tensor([1.0, 2.0]), torch.tensor([3, 4]))
+    check_finite_losses([torch.tensor(1.0), np.float32(2.0), 3], range(3))
+    check_finite_losses([], [])
+    with pytest.raises(TrainingDiverged, match="at step 8: the loss is nan"):
+        check_finite_losses((x for x in [1.0, float("nan")]), np.array([7, 8]))
+    with pytest.raises(TrainingDiverged, match="at step 1: the loss is inf"):
+        check_finite_losses([torch.tensor(float("inf"))], [1])
+    for losses, steps, message in [
+        (None, [1], "losses must be an iterable of real numbers .*got NoneType"),
+        ("12", [1, 2], "losses must be an iterable of real numbers .*got str"),
+        (1.5, 1, "losses must be an iterable of real numbers .*got float"),
+        (torch.ones(2, 2), [1, 2], r"losses must be an iterable .*got a Tensor of shape \(2, 2\)"),
+        ([1 + 2j], [1], r"losses\[0\] is complex"),
+        ([1.0, True], [1, 2], r"losses\[1\] is bool"),
+        ([1.0], [1.5], r"steps must be an iterable of integers .*steps\[0\] is float"),
+        ([1.0], None, "steps must be an iterable of integers .*got NoneType"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            check_finite_losses(losses, steps)
+    with pytest.raises(ValueError, match="same length, got 2 and 1"):
+        check_finite_losses((x for x in [1.0, 2.0]), [1])
+
+
+def test_devices_that_cannot_run_a_model_are_refused():
+    for device, message in [("meta", "device must be a device that can run a model, got 'meta'"),
+                            (torch.device("meta"), "got 'meta'"),
+                            ("cpu:5", "device must be 'cpu' .*got 'cpu:5'; did you mean 'cuda:5'"),
+                            ("opengl", "device 'opengl' was requested but this torch cannot place tensors there"),
+                            ("gpu", "device must be 'auto', 'cpu', 'cuda'.*got 'gpu'")]:
+        with pytest.raises(ValueError, match=message):
+            resolve_device(device)
+        with pytest.raises(ValueError, match=message):  # autocast reads its device the same way
+            autocast(device)
+    assert resolve_device("cpu:0") == torch.device("cpu:0")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    with pytest.raises(TypeError, match="device must be a str, torch.device or None, got int"):
+        autocast(0)
+    with pytest.raises(TypeError, match="enabled must be a bool, got str"):
+        autocast("cpu", enabled="no")
+    with autocast(None):  # None and "auto", as resolve_device
+        assert not torch.is_autocast_enabled()
+    with pytest.raises(ValueError, match="device must be .*got 'gpu'"):
+        autocast("gpu", enabled=False)  # disabled, the name is still checked
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda' was requested but CUDA is not available"):
+            autocast("cuda")
+
+
+def test_count_parameters_trainable_only_must_be_a_bool():
+    with pytest.raises(TypeError, match="trainable_only must be a bool, got str 'yes'"):
+        count_parameters(nn.Linear(2, 2), trainable_only="yes")
+
+
+def test_progress_checks_its_arguments():
+    with pytest.raises(ValueError, match="total must be a number >= 0 or None, got 'x'"):
+        progress(range(2), total="x")
+    with pytest.raises(TypeError, match="iterable must be an iterable or None, got int"):
+        progress(5)
+    with pytest.raises(TypeError, match="desc must be a str or None, got int"):
+        progress(range(2), desc=3)

@@ -33,6 +33,13 @@ def check_int_at_least(value: object, name: str, minimum: int) -> int:
     return value
 
 
+def check_bool(value: object, name: str) -> bool:
+    # A flag given as a string ("False", "no") is truthy: only a real bool says what it means.
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def check_probability(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")

@@ -98,7 +98,8 @@ class TransformerConfig:
         for name in ("wide", "prenorm", "kqnorm", "tie_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        check_probability(self.dropout, "dropout")
+        # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
+        object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
         check_choice(self.positions, "positions", POSITIONS)
         check_choice(self.activation, "activation", ACTIVATIONS)
         check_choice(self.impl, "impl", IMPLEMENTATIONS)

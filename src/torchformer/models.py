@@ -31,7 +31,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_embeddings, check_features, check_mask, check_positions, check_tokens
+from torchformer._checks import (
+    _values_readable, check_embeddings, check_features, check_mask, check_positions, check_tokens,
+)
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
 from torchformer.decoding.cache import BlockCache
@@ -171,6 +173,10 @@ class CTransformer(TransformerModel):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight)
+        if self.config.pool == "first" and mask is not None and _values_readable(mask) and not bool(mask[:, 0].all()):
+            rows = (~mask[:, 0]).nonzero().flatten().tolist()
+            raise ValueError(f"pool='first' classifies from position 0, but mask marks it as padding in rows "
+                             f"{rows[:10]}{' ...' if len(rows) > 10 else ''}: pad on the right, or pool 'max'/'mean'")
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
         h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
         return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
@@ -333,6 +339,9 @@ class Seq2SeqTransformer(TransformerModel):
         ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`."""
         tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens)  # type: ignore[arg-type]
         b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
+        if u == 0:
+            raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
+                             f"{tuple(memory.shape)}")
         if tgt.size(0) != b:
             raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
         if src_mask is not None:
@@ -349,7 +358,8 @@ class Seq2SeqTransformer(TransformerModel):
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks: self-attention with ``capacity`` slots (default ``seq_length``),
         cross-attention sized by the encoder's output on the first step."""
-        return [BlockCache(capacity or self.config.seq_length) for _ in self.decoder.blocks]
+        capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
+        return [BlockCache(capacity) for _ in self.decoder.blocks]
 
     def generate(
         self,

@@ -19,6 +19,7 @@ Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots).
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -46,6 +47,11 @@ class KVCache:
     Later updates must match them (another batch size or model is a clear error); :meth:`reorder` selects or
     repeats batch rows (beam search); :meth:`reset` forgets the contents but keeps the memory. A cache with
     nothing written is *empty* (:attr:`empty`).
+
+    :attr:`source` records what the contents were computed from, for caches whose contents depend on an input
+    other than the positions written: a cross-attention layer stores a weak reference to its context there, and
+    refuses a call with another context. :meth:`reset` and :meth:`reorder` clear it (after a reorder the next
+    call's context, reordered the same way, is taken as the source).
     """
 
     def __init__(self, capacity: Optional[int] = None) -> None:
@@ -58,6 +64,7 @@ class KVCache:
         self.slots: Optional[Tensor] = None  # (c,): 0 .. c-1, the position each slot holds
         self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
         self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
+        self.source: Optional[weakref.ref] = None  # what the contents were computed from (see the class docstring)
 
     @property
     def empty(self) -> bool:
@@ -108,6 +115,7 @@ class KVCache:
         elif self.written is not None:
             self.written.fill_(False)
         self.real, self._any_written = None, False
+        self.source = None
 
     def _allocate(self, keys: Tensor, values: Tensor) -> None:
         b, h, t, s = keys.shape
@@ -146,6 +154,7 @@ class KVCache:
         """
         if self.keys is None or self.values is None:
             return
+        self.source = None  # the rows changed: the source must be reordered too (the next call brings it)
         if index.numel() == self.keys.size(0):
             self.keys.copy_(self.keys.index_select(0, index))
             self.values.copy_(self.values.index_select(0, index))

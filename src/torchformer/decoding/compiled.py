@@ -79,6 +79,9 @@ class StaticCacheGenerator(generation.EagerStep):
         mode: Optional[str] = None,
         backend: str | Callable = "inductor",
     ) -> None:
+        generation.decoder_config(model, "StaticCacheGenerator")
+        if not isinstance(compile, bool):  # compile="no" would compile
+            raise TypeError(f"compile must be a bool, got {compile!r}")
         if mode is not None and not compile:
             raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
         super().__init__(model)

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import check_features, check_positive_int, check_tokens
+from torchformer.config import TransformerConfig
 from torchformer.decoding.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
 
@@ -181,6 +182,21 @@ class _Seq2SeqStepper:
             cache.reorder(index)
 
 
+def decoder_config(model: object, caller: str, *, encoder_decoder: bool = False) -> TransformerConfig:
+    """The config of ``model`` if it is the kind of torchformer model ``caller`` decodes with; else a TypeError that
+    says what is needed and what was given (instead of a missing attribute deep in the decoding loop)."""
+    config = getattr(model, "config", None)
+    if isinstance(config, TransformerConfig) and config.num_classes is None and \
+            (config.tgt_tokens is not None) == encoder_decoder:
+        return config
+    wanted = ("an encoder-decoder model (Seq2SeqTransformer)" if encoder_decoder
+              else "a decoder-only model (GTransformer or a subclass)")
+    got = type(model).__name__
+    if isinstance(config, TransformerConfig) and config.num_classes is not None:
+        got += ", a classifier"
+    raise TypeError(f"{caller} needs {wanted}, got {got}")
+
+
 # --------------------------------------------------------------------------------------------- the loops
 
 
@@ -304,7 +320,7 @@ def generate(
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
     """
-    config = model.config
+    config = decoder_config(model, "generate")
     prompt = _check_prompt(prompt, "prompt", config.num_tokens)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_sampling(temperature, top_k, top_p)
@@ -340,7 +356,7 @@ def beam_search(
     ``length_penalty=0`` it is the total log-probability, which favours short sequences when ``eos`` can end them;
     1 (the default) is the mean log-probability per token. ``beam_size=1`` is greedy decoding.
     """
-    config = model.config
+    config = decoder_config(model, "beam_search")
     prompt = _check_prompt(prompt, "prompt", config.num_tokens)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_positive_int(beam_size, "beam_size")
@@ -380,7 +396,7 @@ def seq2seq_generate(
     With learned positions the decoder sees at most ``model.config.seq_length`` target positions, so ``max_len``
     may be at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
     """
-    config = model.config
+    config = decoder_config(model, "seq2seq_generate", encoder_decoder=True)
     if config.input_dim is None:
         src = _check_prompt(src, "src", config.num_tokens)
     else:  # feature vectors: shape and dtype only, there are no ids to range-check
@@ -388,6 +404,9 @@ def seq2seq_generate(
     check_positive_int(max_len, "max_len")
     check_positive_int(beam_size, "beam_size")
     check_sampling(temperature, top_k, top_p)
+    if beam_size > 1 and (temperature != 0 or top_k is not None or top_p is not None or generator is not None):
+        raise ValueError(f"temperature, top_k, top_p and generator choose how beam_size=1 samples; beam search "
+                         f"(beam_size={beam_size}) keeps the most likely hypotheses and takes none of them")
     _check_length_penalty(length_penalty)
     _check_token(bos, "bos", config.tgt_tokens)
     _check_token(eos, "eos", config.tgt_tokens)

@@ -23,8 +23,9 @@ __all__ = ["check_finite_logp", "check_sampling", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
+            or not math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None:
         check_positive_int(top_k, "top_k")
     if top_p is not None and (
@@ -34,12 +35,13 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
 
 
 def check_finite_logp(logp: Tensor) -> None:
-    """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN: argmax would silently pick the NaN
+    """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN or +inf: argmax would silently pick that
     entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is fine: an impossible token.)"""
-    if bool(logp.isnan().any()):
-        rows = logp.isnan().flatten(0, -2).any(-1).nonzero().flatten().tolist()
-        raise ValueError(f"the model's log-probabilities hold NaN (in {len(rows)} of {logp[..., 0].numel()} rows, "
-                         f"the first at row {rows[0]}): its weights are probably NaN or infinite (did training "
+    bad = logp.isnan() | logp.isposinf()
+    if bool(bad.any()):
+        rows = bad.flatten(0, -2).any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"the model's log-probabilities hold NaN or +inf (in {len(rows)} of {logp[..., 0].numel()} "
+                         f"rows, the first at row {rows[0]}): its weights are probably NaN or infinite (did training "
                          f"diverge?), or its input holds NaN")
 
 
@@ -53,7 +55,8 @@ def sample_next(
 ) -> Tensor:
     """Choose one token per row from log-probabilities (or logits) ``(n, v)``; returns token ids ``(n,)``.
 
-    ``temperature=0`` (or ``top_k=1``) is greedy: ``argmax``, ties resolved to the lowest id. Otherwise the logits
+    ``temperature=0`` (or ``top_k=1``, or a temperature below float32's smallest normal number, 1.2e-38) is greedy:
+    ``argmax``, ties resolved to the lowest id. Otherwise the logits
     are divided by ``temperature``, restricted to the ``top_k`` most likely tokens and then to the nucleus of
     probability ``top_p`` (the smallest set of most likely tokens whose probability reaches ``top_p``; the most
     likely token always stays), renormalised, and sampled with ``generator`` (on the same device as ``logp``).
@@ -62,17 +65,25 @@ def sample_next(
     check would make the host wait for the device at every token, so there :func:`check_finite_logp` runs once
     over all the steps, as ``generate`` and ``beam_search`` do when they finish.
     """
-    if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
+    if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point() or logp.size(-1) == 0:
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
-        raise ValueError(f"logp must be a float tensor of shape (n, v), got {shape}")
+        raise ValueError(f"logp must be a float tensor of shape (n, v) with v >= 1, got {shape}")
     check_sampling(temperature, top_k, top_p)
     if logp.device.type == "cpu":
         check_finite_logp(logp)
-    if temperature == 0 or top_k == 1:
+        impossible = logp.isneginf().all(-1)
+        if bool(impossible.any()):
+            raise ValueError(f"row {int(impossible.nonzero()[0])} of logp gives every token log-probability -inf: "
+                             f"there is no token to choose")
+    # Below float32's smallest normal number a temperature would round to 0 in the division (0/0 = NaN); long
+    # before that, every other token's probability is exactly 0: it is greedy decoding.
+    if temperature < torch.finfo(torch.float32).tiny or top_k == 1:
         return logp.argmax(dim=-1)
     # Half precision loses too much in the softmax and cumulative sums below.
     logits = logp.float() if logp.element_size() < 4 else logp
-    logits = logits / temperature
+    # Shifting each row by its maximum changes no probability, and keeps a tiny temperature from turning the
+    # largest logit into +inf (and the softmax into NaN): shifted logits are <= 0, so they divide to -inf at worst.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         # Keep exactly k tokens (by index, so ties at the k-th value cannot widen the support).
         keep = torch.zeros_like(logits, dtype=torch.bool)

@@ -36,14 +36,15 @@ Shapes used in this module:
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
-from torchformer.config import IMPLEMENTATIONS, RELATIVE_POSITIONS, TransformerConfig
+from torchformer._checks import check_bool, check_choice, check_positive_int, check_probability
+from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.masks import AttentionMask, causal_mask
 from torchformer.nn.relative import attention_positions
 
@@ -159,12 +160,15 @@ class MultiHeadAttention(nn.Module):
         if heads % self.kv_heads != 0:
             raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
         self.window = None if window is None else check_positive_int(window, "window")
+        check_bool(wide, "wide")
         if not wide and emb % heads != 0:
             raise ValueError(
                 f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads "
                 f"(each head gets emb // heads dimensions); choose another heads or use wide=True"
             )
-        self.wide, self.causal, self.kqnorm = bool(wide), bool(causal), bool(kqnorm)
+        self.wide, self.causal = check_bool(wide, "wide"), check_bool(causal, "causal")
+        self.kqnorm = check_bool(kqnorm, "kqnorm")
+        check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
         self.head_size = emb if wide else emb // heads
@@ -309,6 +313,8 @@ class CrossAttention(MultiHeadAttention):
 
     With a ``cache`` (a :class:`~torchformer.decoding.cache.KVCache`), the keys and values of ``context`` are
     computed on the first call and reused afterwards, since the context does not change while the decoder generates.
+    The cache remembers that context (by identity, as ``cache.source``): a later call with another context tensor
+    is an error, since the cached keys would silently belong to the old one. Reset the cache for a new context.
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
@@ -334,20 +340,23 @@ class CrossAttention(MultiHeadAttention):
     ) -> Tensor | tuple[Tensor, Tensor]:
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
+        source = context  # the tensor the caller passed (masking below makes a new one)
         q = self.project_queries(x)  # (b, h, t, s)
         if cache is not None and not cache.empty:
             k, v = cache.keys, cache.values  # computed from the same context on the first step
-            if k.size(2) != context.size(1):  # type: ignore[union-attr]
+            if k.size(2) != context.size(1) or (cache.source is not None and cache.source() is not source):  # type: ignore[union-attr]
                 raise ValueError(
-                    f"this cross-attention cache holds the keys of a context of {k.size(2)} positions, but context "  # type: ignore[union-attr]
-                    f"has {context.size(1)}: another source. Use fresh caches (model.new_caches()) or reset() them"
+                    f"this cross-attention cache holds the keys of another context (of {k.size(2)} positions; this "  # type: ignore[union-attr]
+                    f"one has {context.size(1)}): another source. Use fresh caches (model.new_caches()) or reset() them"
                 )
+            cache.source = weakref.ref(source)  # after a reorder: the reordered context
         else:
             if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
                 context = context.masked_fill(~context_mask[:, :, None], 0.0)
             k, v = self.project_keys_values(context)  # (b, h, u, s) each
             if cache is not None:
                 cache.update(k, v, torch.arange(k.size(2), device=k.device))
+                cache.source = weakref.ref(source)
         attention_mask = AttentionMask(positions, None, context_mask)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)

@@ -27,8 +27,8 @@ class ClassifierHead(nn.Module):
     """``forward(x, mask=None)``: ``(b, t, e) -> (b, c)`` class log-probabilities.
 
     ``pool="max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the vector at
-    position 0 (a ``[CLS]``-style token; position 0 must then be a real token). A sequence with no real token at
-    all pools to the zero vector.
+    position 0 (a ``[CLS]``-style token; position 0 must then be a real token). With ``"max"`` or ``"mean"``, a
+    sequence with no real token at all pools to the zero vector.
     """
 
     def __init__(self, emb: int, num_classes: int, pool: str = "max") -> None:

@@ -55,6 +55,12 @@ class AttentionMask:
         padded: Optional[bool] = None,
         aligned: bool = False,
     ) -> None:
+        # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
+        # non-bool mask would silently hide every key.
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if key_mask is not None and key_mask.dtype != torch.bool:
+            raise TypeError(f"key_mask must have dtype torch.bool (True = real key), got {key_mask.dtype}")
         self.query_positions, self.key_positions, self.key_mask = query_positions, key_positions, key_mask
         self.causal, self.window, self.aligned = causal, window, aligned
         self.padded = key_mask is not None if padded is None else padded

@@ -203,7 +203,7 @@ def save_checkpoint(
     ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
     the checkpoint also holds ``"model_class"`` (its class name) and ``"config"`` (``model.config.to_dict()``).
     """
-    path = Path(path)
+    path = _check_file_path(path)
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
     target = unwrap_model(model)
@@ -212,7 +212,10 @@ def save_checkpoint(
         "step": _check_step(step),
         "model": target.state_dict(),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
+        # The classes, so that loading Adam's state into SGD (which would fail at its first step) is refused.
+        "optimizer_class": None if optimizer is None else type(optimizer).__name__,
         "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "scheduler_class": None if scheduler is None else type(scheduler).__name__,
         "extra": {} if extra is None else dict(extra),
         "rng": _capture_rng_state(),
         "generators": {name: g.get_state() for name, g in _check_generators(generators).items()},
@@ -260,6 +263,7 @@ def load_checkpoint(
     requested state. Nothing is changed unless everything fits.
     """
     path = Path(path)
+    _check_map_location(map_location)
     ckpt = _read_payload(path, map_location=map_location, mmap=False, verify=True)
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
@@ -268,8 +272,16 @@ def load_checkpoint(
     state = _match_state_dict(ckpt["model"], target, path)
     states = {"optimizer": optimizer, "scheduler": scheduler}
     for name, obj in states.items():
-        if obj is not None and ckpt.get(name) is None:
+        if obj is None:
+            continue
+        if ckpt.get(name) is None:
             raise ValueError(f"{name} was given but the checkpoint {path} holds no {name} state")
+        saved_class = ckpt.get(f"{name}_class")  # absent in checkpoints written before 0.3
+        if saved_class is not None and saved_class != type(obj).__name__:
+            raise ValueError(f"checkpoint {path} holds the state of a {saved_class} {name}, but the {name} given is "
+                             f"a {type(obj).__name__}; use a {saved_class}, or leave the {name} out")
+    if optimizer is not None:
+        _check_optimizer_groups(ckpt["optimizer"], optimizer, path)
     generators, saved = _check_generators(generators), ckpt.get("generators", {})
     for name in generators:
         if name not in saved:
@@ -322,6 +334,48 @@ def verify_checkpoint(path: PathLike) -> None:
 # Helpers
 
 
+def _check_file_path(path: object) -> Path:
+    """``path`` as a Path to a file that can be written: not empty, not a folder, in a folder (or a new one)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
+    path = Path(path)
+    if os.fspath(path) in ("", ".", "..") or path.name in ("", ".", ".."):
+        raise ValueError(f"path must name a file, got {os.fspath(path)!r} (e.g. checkpoint_path(folder, step))")
+    if path.is_dir():
+        raise IsADirectoryError(f"path {path} is a folder; pass a file in it, e.g. checkpoint_path({str(path)!r}, step)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"cannot save {path}: {parent} is a file, not a folder")
+            break
+    return path
+
+
+def _check_map_location(map_location: Any) -> None:
+    """A device that does not exist here is the caller's mistake: say so, not "the file is damaged" later."""
+    if not isinstance(map_location, (str, torch.device)):
+        return  # a dict or a function, as torch.load accepts: torch checks those
+    try:
+        device = torch.device(map_location)
+    except RuntimeError as e:
+        raise ValueError(f"map_location must name a device such as 'cpu' or 'cuda:0', got {map_location!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"map_location {map_location!r}: CUDA is not available on this machine; use 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"map_location {map_location!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """The checks ``Optimizer.load_state_dict`` makes, made before anything is loaded (it raises only after the
+    model's weights would already have changed)."""
+    groups, saved_groups = optimizer.param_groups, saved.get("param_groups", [])
+    sizes = [len(g["params"]) for g in groups]
+    saved_sizes = [len(g["params"]) for g in saved_groups]
+    if sizes != saved_sizes:
+        raise ValueError(f"checkpoint {path} holds optimizer state for parameter groups of sizes {saved_sizes}, but the "
+                         f"optimizer has groups of sizes {sizes}: build it over the same parameters, in the same order")
+
+
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -343,7 +397,13 @@ def _check_generators(generators: object) -> dict:
 
 def _check_loadable(obj: Any, where: str) -> None:
     """Raise TypeError, naming the entry, for anything ``torch.load(weights_only=True)`` would refuse."""
-    if isinstance(obj, torch.Tensor) or type(obj) in _SAFE_LEAVES:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_meta or obj.layout != torch.strided:
+            kind = "a meta tensor (no data)" if obj.is_meta else f"a {obj.layout} tensor"
+            raise TypeError(f"cannot save {where}: it is {kind}; checkpoints hold dense tensors with data "
+                            f"(e.g. x.to_dense(), or materialise the model with to_empty() and initialise it)")
+        return
+    if type(obj) in _SAFE_LEAVES:
         return
     if type(obj) not in _SAFE_CONTAINERS:
         raise TypeError(

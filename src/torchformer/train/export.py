@@ -5,8 +5,11 @@
   :class:`~torchformer.config.TransformerConfig` next to the weights) or from a folder written by
   :func:`export_model`, and loads its weights.
 * :func:`export_model` writes ``model.safetensors`` (the weights, in a format that cannot run code when read and
-  that other tools read too) and ``config.json`` (the class name and the config). ``safetensors`` is an optional
-  dependency: ``pip install "torchformer[safetensors]"``.
+  that other tools read too) and ``config.json`` (the class name, the config and the SHA-256 of the weights file,
+  which :func:`load_model` checks). ``safetensors`` is an optional dependency:
+  ``pip install "torchformer[safetensors]"``.
+
+Either way the model comes back in the dtype it was saved in (a ``model.half()`` stays float16).
 
     model = load_model("runs/enwik8/step_00002000.pt")       # or GTransformer.from_checkpoint(...)
     export_model(model, "exported/enwik8")                     # model.safetensors + config.json
@@ -15,8 +18,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import zipfile
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -26,9 +32,9 @@ from torch import nn
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
 from torchformer.train.checkpoint import (
-    is_or_extends, load_checkpoint, read_checkpoint, unwrap_model, write_atomically,
+    CheckpointError, is_or_extends, load_checkpoint, read_checkpoint, unwrap_model, write_atomically,
 )
-from torchformer.train.training import resolve_device
+from torchformer.train.training import _check_parents, _resolve_device
 
 PathLike = Union[str, os.PathLike]
 
@@ -58,15 +64,28 @@ def load_model(
     loading a model in the middle of a seeded script does not change its later random numbers. A folder needs the
     optional ``safetensors`` package (``pip install "torchformer[safetensors]"``); checkpoint files do not.
 
+    The model's parameters and buffers get the dtypes of the saved weights (a model saved after ``.half()`` or
+    ``.to(torch.bfloat16)`` loads as such, not as float32).
+
     Raises ``ValueError`` when the file holds no config (then build the model yourself and use
     :func:`load_checkpoint`), names a class that is neither built in nor in ``classes``, or holds weights that do
-    not fit the config; ``TypeError`` for a ``model_class`` or ``classes`` that are not torchformer model classes.
+    not fit the config; :class:`~torchformer.train.checkpoint.CheckpointError` (a ``ValueError``) naming the file
+    when ``model.safetensors`` is not the file :func:`export_model` wrote (its SHA-256 differs from the one in
+    ``config.json``; folders exported before the digest was recorded load unchecked); ``TypeError`` for a
+    ``model_class`` or ``classes`` that are not torchformer model classes.
     """
-    path = Path(path)
+    path = _check_path(path, "path")
     device = _check_device(map_location)
     if path.is_dir():
         safetensors_torch = _import_safetensors()  # before any work: a missing package is the first thing to fix
-        saved_class, config = _read_export_config(path)
+        saved_class, config, digest = _read_export_config(path)
+        weights = path / WEIGHTS_FILE
+        if not weights.is_file():
+            raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
+                                    f"export_model)")
+        if digest is not None:
+            _verify_weights(weights, digest)
+        dtypes = _safetensors_dtypes(weights)
     else:
         info = read_checkpoint(path)
         saved_class, config = info["model_class"], info["config"]
@@ -76,11 +95,13 @@ def load_model(
                 f"torchformer), so load_model cannot rebuild the model; build it yourself and call "
                 f"load_checkpoint({str(path)!r}, model=model)"
             )
+        dtypes = _checkpoint_dtypes(path)
     cls = _resolve_model_class(saved_class, model_class, classes, path)
     with torch.random.fork_rng(devices=[]):  # the random initial weights are overwritten: don't consume the RNG
         model = cls.from_config(config)
+    _adopt_dtypes(model, dtypes)  # before loading: float32 would round float64 weights
     if path.is_dir():
-        _load_safetensors(safetensors_torch, model, path / WEIGHTS_FILE)
+        _load_safetensors(safetensors_torch, model, weights)
     else:
         load_checkpoint(path, model=model, restore_rng=False)  # its config and weight checks apply
     return model.to(device).eval()
@@ -91,12 +112,15 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
 
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds
-    ``{"model_class": ..., "config": {...}, "format_version": 1, "torchformer_version": ...}``. Neither can run
-    code when read, and :func:`load_model` (or ``torchformer.load_model(directory)``) rebuilds the model from
-    them without the training script. Each file is replaced atomically (temporary file, then rename).
+    ``{"model_class": ..., "config": {...}, "format_version": 1, "torchformer_version": ...,
+    "weights_sha256": ...}``, the last the SHA-256 of ``model.safetensors``, which :func:`load_model` checks. Neither
+    can run code when read, and :func:`load_model` (or ``torchformer.load_model(directory)``) rebuilds the model
+    from them without the training script. Each file is replaced atomically (temporary file, then rename). The
+    weights keep their dtype (float16, bfloat16, ...).
 
-    Requires a :class:`~torchformer.models.TransformerModel` (``TypeError`` otherwise) and the optional
-    ``safetensors`` package (``ImportError`` saying how to install it otherwise).
+    Requires a :class:`~torchformer.models.TransformerModel` (``TypeError`` otherwise), a folder path that is not
+    empty (``""`` would mean the current folder) and not an existing file (``ValueError``/``NotADirectoryError``),
+    and the optional ``safetensors`` package (``ImportError`` saying how to install it otherwise).
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
@@ -104,10 +128,11 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
             f"model must be a torchformer TransformerModel (a model with a config to export), got "
             f"{type(target).__name__}; for other modules save the state_dict with save_checkpoint"
         )
-    safetensors_torch = _import_safetensors()
-    directory = Path(directory)
+    directory = _check_path(directory, "directory")
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"directory must be a folder to export the model to, got the file {directory}")
+    _check_parents(directory, "directory")
+    safetensors_torch = _import_safetensors()
     from torchformer import __version__  # imported here: torchformer/__init__.py imports this module
 
     description = {
@@ -116,8 +141,13 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
         "format_version": EXPORT_FORMAT_VERSION,
         "torchformer_version": __version__,
     }
-    # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
-    write_atomically(directory / WEIGHTS_FILE, lambda tmp: safetensors_torch.save_model(target, str(tmp)))
+
+    def write_weights(tmp: Path) -> None:
+        # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
+        safetensors_torch.save_model(target, str(tmp))
+        description["weights_sha256"] = _sha256(tmp)  # of the bytes written, before they are renamed into place
+
+    write_atomically(directory / WEIGHTS_FILE, write_weights)
     write_atomically(directory / CONFIG_FILE,
                       lambda tmp: tmp.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8"))
     return directory
@@ -160,13 +190,19 @@ def _check_model_class(cls: Any, name: str) -> None:
         raise TypeError(f"{name} must be a TransformerModel subclass (e.g. GTransformer), got {got}")
 
 
+def _check_path(path: object, name: str) -> Path:
+    """``path`` as a ``Path``; ``TypeError`` for other types, ``ValueError`` for ``""`` (the current folder)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(path).__name__} {path!r:.60}")
+    if os.fspath(path) in ("", b""):
+        raise ValueError(f"{name} must be a path, got an empty one (write '.' to mean the current folder)")
+    return Path(path)
+
+
 def _check_device(map_location: Any) -> torch.device:
     if not isinstance(map_location, (str, torch.device)):
         raise TypeError(f"map_location must be a device such as 'cpu' or 'cuda:0', got {map_location!r}")
-    try:
-        return resolve_device(map_location)  # also says so when the device does not exist on this machine
-    except ValueError as e:
-        raise ValueError(f"map_location: {e}") from None
+    return _resolve_device(map_location, "map_location")  # also says so when the device does not exist here
 
 
 def _import_safetensors() -> Any:
@@ -179,8 +215,9 @@ def _import_safetensors() -> Any:
     return safetensors.torch
 
 
-def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConfig]:
-    """The class name and config in ``directory/config.json``, written by :func:`export_model`."""
+def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConfig, Optional[str]]:
+    """The class name, the config and the weights' SHA-256 (``None`` if not recorded) in ``directory/config.json``,
+    written by :func:`export_model`."""
     file = directory / CONFIG_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{directory} holds no {CONFIG_FILE}; expected a folder written by export_model "
@@ -195,21 +232,96 @@ def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConf
     if version != EXPORT_FORMAT_VERSION:
         raise ValueError(f"{file} has format_version {version!r}; this torchformer reads version "
                          f"{EXPORT_FORMAT_VERSION} (a newer torchformer wrote it?)")
+    digest = data.get("weights_sha256")  # absent in folders exported by torchformer before it was recorded
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise ValueError(f"{file} has a weights_sha256 that is not a SHA-256 digest (64 hex digits): {digest!r:.80}")
     try:
-        return data.get("model_class"), TransformerConfig.from_dict(data["config"])
+        return data.get("model_class"), TransformerConfig.from_dict(data["config"]), digest
     except (TypeError, ValueError) as e:
         raise ValueError(f"{file} holds a config this version of torchformer cannot read: {e}") from e
 
 
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify_weights(file: Path, expected: str) -> None:
+    """Raise :class:`CheckpointError` naming ``file`` unless its SHA-256 is ``expected``."""
+    received = _sha256(file)
+    if received != expected:
+        raise CheckpointError(
+            f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., {CONFIG_FILE} "
+            f"records {expected[:16]}...); export the model again or restore the folder from a copy"
+        )
+
+
+# safetensors' names of the floating point dtypes (the header of a .safetensors file names each tensor's dtype).
+_SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _safetensors_dtypes(file: Path) -> dict[str, torch.dtype]:
+    """The dtype of every floating point tensor in ``file``, read from its header (the weights stay on disk)."""
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")  # the format: an 8-byte length, then a JSON header
+            header = json.loads(f.read(size)) if 0 < size < 1 << 30 else None
+    except (OSError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        return {}  # not a safetensors file: loading it says so
+    dtypes = {}
+    for name, info in header.items():
+        dtype = getattr(torch, _SAFETENSORS_FLOATS.get(info.get("dtype"), ""), None) if isinstance(info, dict) else None
+        if isinstance(dtype, torch.dtype):
+            dtypes[name] = dtype
+    return dtypes
+
+
+def _checkpoint_dtypes(path: Path) -> dict[str, torch.dtype]:
+    """The dtype of every floating point weight in a checkpoint file (memory-mapped: the weights stay on disk)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:  # noqa: BLE001 - load_checkpoint reads the file next and names what is wrong with it
+        return {}
+    state = ckpt.get("model", ckpt) if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict):
+        return {}
+    return {name: t.dtype for name, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+
+
+def _adopt_dtypes(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> None:
+    """Give ``model``'s floating point parameters and buffers the saved ``dtypes`` (by name), before loading.
+
+    Saved in one dtype (``model.half()``): the whole model is converted, buffers outside the state dict included,
+    as ``.half()`` did. Saved in several: each named tensor (wrapper prefixes such as ``_orig_mod.`` ignored).
+    """
+    kinds = set(dtypes.values())
+    if len(kinds) == 1:
+        (dtype,) = kinds
+        model.to(dtype)  # floating point tensors only: integer buffers keep their dtype
+        return
+    plain = {re.sub(r"^((_orig_mod|module)\.)+", "", name): dtype for name, dtype in dtypes.items()}
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in tensors:
+        dtype = plain.get(name)
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor.data = tensor.data.to(dtype)
+
+
 def _load_safetensors(safetensors_torch: Any, model: TransformerModel, file: Path) -> None:
     """Load ``file`` into ``model`` strictly: every weight present, none left over, every shape equal."""
-    if not file.is_file():
-        raise FileNotFoundError(f"no weights file {file}; expected one next to its {CONFIG_FILE} (see export_model)")
     from safetensors import SafetensorError
 
     try:
         # load_model (not load_file + load_state_dict) knows that a tied weight was stored under one name only.
         safetensors_torch.load_model(model, str(file), strict=True)
-    except (RuntimeError, SafetensorError) as e:
+    except SafetensorError as e:  # the file itself: empty, truncated, not a safetensors file
+        raise CheckpointError(f"{file} is not a readable safetensors file (damaged or truncated?): {e}") from e
+    except RuntimeError as e:  # missing, unexpected or mis-shaped weights
         raise ValueError(f"the weights in {file} do not fit the {type(model).__name__} built from its "
                          f"{CONFIG_FILE}: {e}") from e

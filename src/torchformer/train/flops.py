@@ -19,6 +19,10 @@ bfloat16 peak is about 989 TFLOP/s for an H100 SXM (and an H200) and 312 for an 
 
 from __future__ import annotations
 
+import math
+import numbers
+
+import numpy as np
 from torch import nn
 
 from torchformer._checks import check_int_at_least
@@ -65,6 +69,9 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
     Every :class:`~torchformer.nn.attention.MultiHeadAttention` inside counts as one attention layer of width
     ``heads * head_size``. Works on the module behind ``torch.compile`` too (the parameters are the same).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (e.g. a GTransformer), got {type(model).__name__} "
+                        f"{model!r:.60}")
     check_int_at_least(context, "context", 1)
     attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     attention_flops = sum(12 * m.heads * m.head_size * context for m in attention)
@@ -72,10 +79,17 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
 
 
 def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:
-    """Model FLOPs utilisation: the fraction of ``peak_tflops`` (TFLOP/s) that the training throughput needs."""
+    """Model FLOPs utilisation: the fraction of ``peak_tflops`` (TFLOP/s) that the training throughput needs.
+
+    All three must be finite real numbers (Python or NumPy), ``peak_tflops`` positive, the others ``>= 0``.
+    """
     for name, value in (("tokens_per_second", tokens_per_second), ("flops_per_token", flops_per_token)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not peak_tflops > 0:
-        raise ValueError(f"peak_tflops must be a positive number (TFLOP/s), got {peak_tflops!r}")
-    return tokens_per_second * flops_per_token / (peak_tflops * 1e12)
+        if not _is_real(value) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a number >= 0 (and finite), got {value!r}")
+    if not _is_real(peak_tflops) or not 0 < peak_tflops < math.inf:
+        raise ValueError(f"peak_tflops must be a positive number (TFLOP/s, finite), got {peak_tflops!r}")
+    return float(tokens_per_second) * float(flops_per_token) / (float(peak_tflops) * 1e12)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))

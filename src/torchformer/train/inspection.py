@@ -18,15 +18,17 @@ Shapes: b batch size, h heads, t queries, u keys (``t`` for self-attention, the 
 
 from __future__ import annotations
 
+import inspect
+import numbers
 import os
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.train.checkpoint import unwrap_model
+from torchformer.train.training import _check_png_path
 
 __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 
@@ -40,6 +42,8 @@ def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwar
     Run a full forward pass, not incremental decoding with caches: the replay sees only the new positions.
     Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0.
     """
+    if not callable(model):
+        raise TypeError(f"model must be a torch.nn.Module (callable), got {type(model).__name__}")
     if not isinstance(attention, MultiHeadAttention):
         raise TypeError(f"attention must be a SelfAttention or CrossAttention module, got {type(attention).__name__}")
     calls: list[tuple[tuple, dict]] = []
@@ -68,7 +72,8 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
     Works for any model with a ``self_attention_layers()`` method (:class:`~torchformer.models.CTransformer` and
     :class:`~torchformer.models.GTransformer` have one), also behind ``torch.compile``.
     ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
-    dropout should not change the captured input.
+    dropout should not change the captured input. ``mask`` is for models that take one (a classifier's padding
+    mask); a generator takes none (its causal mask is built in), and passing one is a ``TypeError`` saying so.
     """
     inner = unwrap_model(model)
     layers = inner.self_attention_layers() if callable(getattr(inner, "self_attention_layers", None)) else None
@@ -77,9 +82,22 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
             f"model must have a self_attention_layers() method (CTransformer and GTransformer do), got "
             f"{type(inner).__name__}; use capture_attention() for other models"
         )
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -len(layers) <= layer < len(layers):
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not -len(layers) <= layer < len(layers):
         raise ValueError(f"layer must be an int in [{-len(layers)}, {len(layers)}), got {layer!r}")
     call = (ids,) if mask is None else (ids, mask)
+    try:
+        inspect.signature(inner.forward).bind(*call)
+    except TypeError:
+        if mask is None:
+            raise TypeError(f"model ({type(inner).__name__}) cannot be called as model(ids); use capture_attention() "
+                            f"with the arguments its forward() takes") from None
+        raise TypeError(
+            f"mask must be None for a {type(inner).__name__}: its forward() takes no padding mask (a generator's "
+            f"causal mask is built in), got a {type(mask).__name__}; call attention_weights(model, ids)"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): let the call itself say what is wrong
+        pass
+    layer = int(layer)
     return capture_attention(inner, layers[layer], *call)
 
 
@@ -95,12 +113,20 @@ def plot_attention(
     ``x_labels[j]``. Returns ``True`` when written, ``False`` when matplotlib is not installed.
 
     Pass one head (``weights[0, head]``) or the mean over heads (``weights[0].mean(0)``). Nothing is assumed
-    about the values, so cross-attention and any other matrix work too.
+    about the values, so cross-attention and any other matrix work too. ``path`` must end in ``.png``; an existing
+    folder, an empty path or another suffix is a ``ValueError`` (matplotlib would otherwise write the picture
+    elsewhere, e.g. ``folder.png`` next to the folder).
     """
     if not isinstance(weights, Tensor) or weights.dim() != 2:
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
         raise ValueError(f"weights must be a 2-D (t, u) tensor, got {shape}")
+    if weights.dtype.is_complex:
+        raise TypeError(f"weights must hold real numbers, got dtype {weights.dtype}")
     t, u = weights.shape
+    if t == 0 or u == 0:
+        raise ValueError(f"weights must have at least one row and one column, got shape {(t, u)}")
+    x_labels, y_labels = _labels(x_labels, "x_labels"), _labels(y_labels, "y_labels")
+    path = _check_png_path(path, "path")
     if len(y_labels) != t or len(x_labels) != u:
         raise ValueError(
             f"weights has shape (t, u) = ({t}, {u}), so y_labels needs {t} labels and x_labels {u}; "
@@ -126,6 +152,13 @@ def plot_attention(
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, format="png")
     return True
+
+
+def _labels(labels: object, name: str) -> list:
+    """Tick labels as a list (a str counts as one label per character, as for a byte-level model's text)."""
+    if isinstance(labels, bytes) or not isinstance(labels, Iterable):
+        raise TypeError(f"{name} must be a sequence of labels, got {type(labels).__name__}")
+    return list(labels)

@@ -14,9 +14,12 @@ Shapes: n number of examples, c number of classes.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,12 +29,28 @@ from torchformer.train.training import autocast
 __all__ = ["ClassifierResult", "accuracy", "confusion_matrix", "evaluate_classifier", "format_confusion_matrix"]
 
 
+# Without num_classes the matrix is (largest id + 1)² cells: a stray huge id must not allocate terabytes.
+MAX_INFERRED_CLASSES = 10_000
+MAX_CELLS = 2**30  # 8 GiB of int64 counts: more than any confusion matrix anyone means to print
+
+
 def _as_labels(x: object, name: str) -> Tensor:
-    t = torch.as_tensor(x)
+    """``x`` (a 1-D tensor, array, list or other iterable of int class ids) as a CPU int64 tensor."""
+    expected = f"{name} must be a 1-D sequence of int class ids (a list, tensor or array)"
+    if not isinstance(x, Tensor):
+        if isinstance(x, (str, bytes, Mapping)) or not isinstance(x, Iterable):
+            raise TypeError(f"{expected}, got {type(x).__name__} {x!r:.60}")
+        if not isinstance(x, (np.ndarray, Sequence)):
+            x = list(x)  # a generator, a set, ...: torch.as_tensor reads sequences only
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # ["a"], [1, None], [2**70]
+            raise TypeError(f"{expected}, got {type(x).__name__} {x!r:.60} ({e})") from None
+    t = x
     if t.numel() == 0:
         t = t.long()  # torch.as_tensor([]) is float32; an empty list is still a list of labels
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() != 1:
-        raise TypeError(f"{name} must be a 1-D sequence of int class ids, got dtype {t.dtype}, shape {tuple(t.shape)}")
+        raise TypeError(f"{expected}, got dtype {t.dtype}, shape {tuple(t.shape)}")
     return t.long().cpu()
 
 
@@ -42,6 +61,12 @@ def _check_pair(predictions: object, targets: object) -> tuple[Tensor, Tensor]:
     if p.numel() == 0:
         raise ValueError("predictions must contain at least one example, got none")
     return p, t
+
+
+def _check_num_classes(num_classes: object) -> int:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return int(num_classes)
 
 
 def accuracy(predictions: Sequence[int] | Tensor, targets: Sequence[int] | Tensor) -> float:
@@ -57,14 +82,25 @@ def confusion_matrix(
 
     ``num_classes`` defaults to ``1 + the largest id seen``; give it so that a class that never occurs still gets
     its row and column. Rows sum to the class frequencies of ``targets``; the trace is the number correct.
+    Without ``num_classes`` an id of :data:`MAX_INFERRED_CLASSES` or more is refused (a stray large id would ask
+    for a matrix of its square: terabytes); with it, matrices of more than :data:`MAX_CELLS` cells are.
     """
     p, t = _check_pair(predictions, targets)
     low = min(p.min().item(), t.min().item())
     high = max(p.max().item(), t.max().item())
     if num_classes is None:
+        if high >= MAX_INFERRED_CLASSES:
+            raise ValueError(
+                f"the largest class id is {high}, so num_classes would default to {high + 1} (a matrix of "
+                f"{_cells(high + 1)}); pass num_classes=... if there really are that many classes (more than "
+                f"{MAX_INFERRED_CLASSES:,} are never inferred), or check the ids"
+            )
         num_classes = high + 1
-    elif isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    else:
+        num_classes = _check_num_classes(num_classes)
+        if num_classes * num_classes > MAX_CELLS:
+            raise ValueError(f"num_classes must be at most {math.isqrt(MAX_CELLS):,} (a matrix of num_classes² "
+                             f"cells), got {num_classes:,}: {_cells(num_classes)}")
     if low < 0 or high >= num_classes:
         raise ValueError(f"class ids must be in [0, {num_classes}), got ids from {low} to {high}")
     # Each (true, predicted) pair becomes one flat index; counting those counts the cells.
@@ -72,21 +108,45 @@ def confusion_matrix(
     return flat.view(num_classes, num_classes)
 
 
+def _cells(c: int) -> str:
+    return f"{c:,} x {c:,} int64 counts, {c * c * 8 / 2**30:,.1f} GiB"
+
+
 def format_confusion_matrix(matrix: Tensor, *, labels: Sequence[str] | None = None) -> str:
-    """A plain-text table of a confusion matrix, rows = true class, columns = predicted class."""
+    """A plain-text table of a confusion matrix, rows = true class, columns = predicted class.
+
+    Integer counts print as integers; a float matrix (e.g. normalised per row, ``m / m.sum(1, keepdim=True)``)
+    prints its values with 4 significant digits (whole numbers without decimals).
+    """
     if not isinstance(matrix, Tensor) or matrix.dim() != 2 or matrix.size(0) != matrix.size(1):
         shape = tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
         raise ValueError(f"matrix must be a square (c, c) tensor, got {shape}")
+    if matrix.dtype.is_complex:
+        raise TypeError(f"matrix must hold real numbers (counts or fractions), got dtype {matrix.dtype}")
     c = matrix.size(0)
-    labels = [str(i) for i in range(c)] if labels is None else [str(label) for label in labels]
+    if labels is None:
+        labels = [str(i) for i in range(c)]
+    elif isinstance(labels, (str, bytes)) or not isinstance(labels, Iterable):
+        # a str would be split into one label per character
+        raise TypeError(f"labels must be a sequence of {c} class names, got {type(labels).__name__} {labels!r:.60}")
+    else:
+        labels = [str(label) for label in labels]
     if len(labels) != c:
         raise ValueError(f"labels must name all {c} classes, got {len(labels)}")
-    cells = [[str(int(v)) for v in row] for row in matrix.tolist()]
+    cells = [[_format_count(v) for v in row] for row in matrix.tolist()]
     width = max(len(s) for s in [*labels, *(v for row in cells for v in row), "true \\ predicted"])
     lines = ["true \\ predicted".ljust(width) + "".join(f"  {label:>{width}}" for label in labels)]
     for label, row in zip(labels, cells):
         lines.append(f"{label:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
     return "\n".join(lines)
+
+
+def _format_count(v: float | int | bool) -> str:
+    if isinstance(v, float):
+        if v.is_integer():
+            return str(int(v))
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}"  # (nan and inf print as such)
+    return str(int(v))  # int, and bool as 0 / 1
 
 
 @dataclass
@@ -112,27 +172,106 @@ def evaluate_classifier(
     ``model(ids, mask)`` must return ``(b, c)`` log-probabilities. The loss is the mean negative log-likelihood
     per example (not per batch, so a smaller last batch weighs no more than its examples). With
     ``mixed_precision`` the forward pass runs under :func:`torchformer.train.training.autocast` (bf16 on CUDA only).
+    ``num_classes``, if given, must be the model's ``c``.
+
+    The inputs are checked as they come, each error naming the batch: a batch that is not a triple (``(ids,
+    labels)`` batches: yield ``(ids, None, labels)``), labels that are not 1-D integer class ids in ``[0, c)`` (one
+    per example), an output of the wrong shape. On the first batch the output must hold log-probabilities: NaN
+    means the weights are broken (did training diverge?), and a logsumexp over the classes far from 0 means the
+    model returns logits (apply ``log_softmax``).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(batches, (str, bytes, Tensor)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of (ids, mask, labels) batches (e.g. a ClassificationBatches "
+                        f"or a list), got {type(batches).__name__}")
+    if num_classes is not None:
+        num_classes = _check_num_classes(num_classes)
+    if not isinstance(mixed_precision, bool):
+        raise TypeError(f"mixed_precision must be a bool, got {type(mixed_precision).__name__} {mixed_precision!r}")
     was_training = model.training
     model.eval()
     total_loss, predictions, targets = 0.0, [], []
+    classes: int | None = None  # c, from the first output
+    checked = False  # whether an output's values have been checked (on the first non-empty batch)
     try:
-        for ids, mask, labels in batches:
+        for index, batch in enumerate(batches):
+            ids, mask, labels = _unpack(batch, index)
+            target = _as_labels(labels, f"labels (batch {index})")  # on the CPU: checked without waiting for a GPU
+            if ids.dim() >= 1 and target.numel() != ids.size(0):
+                raise ValueError(f"labels (batch {index}) must hold one class id per sequence of ids, "
+                                 f"{ids.size(0)}, got {target.numel()}")
             with autocast(ids.device, enabled=mixed_precision):
                 logprobs = model(ids, mask)
-            total_loss += F.nll_loss(logprobs.float(), labels, reduction="sum").item()
+            _check_output(logprobs, target, index, classes)
+            classes = logprobs.size(-1)
+            if num_classes is not None and num_classes != classes:
+                raise ValueError(f"num_classes is {num_classes}, but the model returns log-probabilities for "
+                                 f"{classes} classes; leave num_classes out, or pass {classes}")
+            if target.numel() and (target.min() < 0 or target.max() >= classes):
+                raise ValueError(f"labels (batch {index}) must be class ids in [0, {classes}) (the model has "
+                                 f"{classes} classes), got ids from {int(target.min())} to {int(target.max())}")
+            if not checked and target.numel():
+                _check_logprobs(logprobs)
+                checked = True
+            loss = F.nll_loss(logprobs.float(), target.to(logprobs.device), reduction="sum").item()
+            if math.isnan(loss):
+                raise ValueError(f"the model's output for batch {index} holds NaN: its weights or this batch's "
+                                 f"inputs are not finite (did training diverge?)")
+            total_loss += loss
             predictions.append(logprobs.argmax(dim=-1).cpu())
-            targets.append(labels.cpu())
+            targets.append(target)
     finally:
         model.train(was_training)
     if not predictions:
         raise ValueError("batches must yield at least one batch, got none")
     p, t = torch.cat(predictions), torch.cat(targets)
-    if num_classes is None:
-        num_classes = logprobs.size(-1)
+    if t.numel() == 0:
+        raise ValueError(f"batches must hold at least one example, got {len(predictions)} empty batch(es)")
     return ClassifierResult(
         loss=total_loss / t.numel(),
         accuracy=accuracy(p, t),
-        confusion=confusion_matrix(p, t, num_classes=num_classes),
+        confusion=confusion_matrix(p, t, num_classes=classes),
         count=t.numel(),
     )
+
+
+def _unpack(batch: object, index: int) -> tuple[Tensor, Tensor | None, object]:
+    """``(ids, mask, labels)`` of batch ``index``, or a ``ValueError``/``TypeError`` that names the batch."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+        got = f"a {type(batch).__name__} of {len(batch)} items" if isinstance(batch, (tuple, list)) else \
+            type(batch).__name__
+        raise ValueError(f"batches must yield (ids, mask, labels) triples (mask may be None: yield (ids, None, "
+                         f"labels) for unpadded batches), batch {index} is {got}")
+    ids, mask, labels = batch
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"ids (batch {index}) must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    return ids, mask, labels
+
+
+def _check_output(logprobs: object, target: Tensor, index: int, classes: int | None) -> None:
+    """The model's output for one batch: ``(b, c)``, one row per label, the same ``c`` as the batches before."""
+    b = target.numel()
+    if not isinstance(logprobs, Tensor) or logprobs.dim() != 2 or logprobs.size(0) != b:
+        shape = tuple(logprobs.shape) if isinstance(logprobs, Tensor) else type(logprobs).__name__
+        raise ValueError(f"the model's output for batch {index} must have shape (b, c) = ({b}, c), one row of class "
+                         f"log-probabilities per label, got {shape}")
+    if logprobs.size(1) == 0 or (classes is not None and logprobs.size(1) != classes):
+        raise ValueError(f"the model's output for batch {index} has {logprobs.size(1)} classes, expected "
+                         f"{classes if classes is not None else 'at least 1'}")
+    if not logprobs.is_floating_point():
+        raise TypeError(f"the model's output for batch {index} must be floating point log-probabilities, got dtype "
+                        f"{logprobs.dtype}")
+
+
+def _check_logprobs(logprobs: Tensor) -> None:
+    """Catch broken weights and logits instead of log-probabilities (on the first batch, as bits_per_byte does)."""
+    if logprobs.isnan().any() or logprobs.isposinf().any():  # (-inf is a fine log-probability: an impossible class)
+        raise ValueError("the model's output holds NaN or +inf log-probabilities: its weights are probably NaN or "
+                         "infinite (did training diverge?)")
+    drift = logprobs.float().logsumexp(-1).abs().max().item()
+    if not drift <= 0.1:
+        raise ValueError(
+            "model must return class log-probabilities (e.g. log_softmax of the logits): their logsumexp over the "
+            f"classes should be 0, got up to {drift:.3g} away from it"
+        )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
+import numbers
 import os
 import random
 from pathlib import Path
@@ -65,45 +66,94 @@ PathLike = Union[str, os.PathLike]
 
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
-    """``None`` or ``"auto"``: CUDA if available, else CPU. Otherwise the named device, checked to exist."""
-    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str):
-        try:
-            device = torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', ...; got {device!r} ({e})") from None
-    elif not isinstance(device, torch.device):
-        raise TypeError(f"device must be a str, torch.device or None, got {type(device).__name__}")
+    """``None`` or ``"auto"``: CUDA if available, else CPU. Otherwise the named device, checked to exist.
 
+    Refused with a ``ValueError`` naming the device: unknown names (``"gpu"``), devices this machine lacks
+    (``"cuda"`` without a GPU, ``"cuda:3"`` with two GPUs, ``"mps"`` off a Mac), ``"meta"`` (it holds no data, so
+    no model can run on it) and ``"cpu:N"`` for ``N != 0`` (torch ignores the index: all of the CPU is device 0).
+    """
+    return _resolve_device(device, "device")
+
+
+def _resolve_device(device: object, name: str) -> torch.device:
+    """:func:`resolve_device`, its errors naming the argument ``name`` (``map_location``, ...)."""
+    parsed = _parse_device(device, name)
+    if parsed is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    _check_available(parsed, name)
+    return parsed
+
+
+def _parse_device(device: object, name: str = "device") -> Optional[torch.device]:
+    """``device`` as a ``torch.device`` (``None`` for ``None``/``"auto"``), checked to be a device that can run a
+    model, but not checked to exist on this machine (:func:`_check_available` does that)."""
+    if device is None:
+        return None
+    if isinstance(device, str):
+        text = device.strip().lower()  # torch's device names are lower case, and " cpu" is no other device
+        if text == "auto":
+            return None
+        try:
+            device = torch.device(text)
+        except RuntimeError as e:
+            raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda', 'cuda:N', ...; got {device!r} ({e})") from None
+    elif not isinstance(device, torch.device):
+        raise TypeError(f"{name} must be a str, torch.device or None, got {type(device).__name__} {device!r}")
+    if device.type == "meta":
+        raise ValueError(f"{name} must be a device that can run a model, got {str(device)!r}: the meta device holds "
+                         f"shapes but no data; use 'cpu', 'cuda' or 'auto'")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"{name} must be 'cpu' (or 'cpu:0': there is one CPU device, whatever the cores), got "
+                         f"{str(device)!r}; did you mean 'cuda:{device.index}'?")
+    return device
+
+
+def _check_available(device: torch.device, name: str = "device") -> None:
+    """Raise ``ValueError`` naming ``device`` unless this machine can put tensors on it."""
+    if device.type == "cpu":
+        return
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
-                f"device {str(device)!r} was requested but CUDA is not available "
+                f"{name} {str(device)!r} was requested but CUDA is not available "
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use 'cpu' or 'auto'"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(
-                f"device {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+                f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) exist"
             )
-    elif device.type != "cpu":
-        backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
-        is_available = getattr(backend, "is_available", None)
-        if callable(is_available) and not is_available():
-            raise ValueError(f"device {str(device)!r} was requested but is not available on this machine")
-    return device
+        return
+    backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if callable(is_available) and not is_available():
+        raise ValueError(f"{name} {str(device)!r} was requested but is not available on this machine")
+    # Many device types are merely names to torch ("opengl", "xla" without torch_xla, "mkldnn", which is a CPU
+    # library): the one sure test is to place an empty tensor there.
+    try:
+        torch.empty(0, device=device)
+    except Exception as e:  # noqa: BLE001 - NotImplementedError, AssertionError, RuntimeError, ... by backend
+        reason = " ".join(str(e).split())[:160]
+        raise ValueError(f"{name} {str(device)!r} was requested but this torch cannot place tensors there "
+                         f"({type(e).__name__}: {reason}); use 'cpu', 'cuda' or 'auto'") from None
 
 
-def autocast(device: Union[torch.device, str], *, enabled: bool = True) -> ContextManager:
+def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) -> ContextManager:
     """Mixed precision for the forward pass: bfloat16 autocast on CUDA, a no-op elsewhere.
 
     bfloat16 has float32's exponent range, so unlike float16 it needs no loss scaling. On the CPU autocast is
     usually slower than float32, so it is off there.
+
+    ``device`` is read as :func:`resolve_device` reads it (``None``/``"auto"`` included), with the same errors;
+    with ``enabled=False`` it is only checked to be a valid name, so ``autocast("cuda", enabled=False)`` works on a
+    machine without a GPU.
     """
-    device = torch.device(device) if isinstance(device, str) else device
-    if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a torch.device or str, got {type(device).__name__}")
-    if enabled and device.type == "cuda":
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
+    parsed = _parse_device(device)
+    if not enabled:
+        return contextlib.nullcontext()
+    device = resolve_device(parsed)
+    if device.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -159,6 +209,8 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of parameter elements; parameters shared between layers (tied embeddings) count once."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(trainable_only, bool):
+        raise TypeError(f"trainable_only must be a bool, got {type(trainable_only).__name__} {trainable_only!r}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -166,17 +218,25 @@ class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite (:func:`check_finite_losses`)."""
 
 
-def check_finite_losses(losses: Sequence[float], steps: Sequence[int]) -> None:
+def check_finite_losses(losses: Iterable[float], steps: Iterable[int]) -> None:
     """Raise :class:`TrainingDiverged` naming the first step whose loss is NaN or infinite.
 
     Once the loss is NaN, every weight soon is too, and whatever fails next (an evaluation, a sampler) blames
     its input instead of the cause; so a training loop checks the losses it reads anyway (e.g. every few steps)
     and stops at once, before the next checkpoint would save the broken weights. ``losses[i]`` is the loss of
     ``steps[i]``.
+
+    ``losses``: any iterable of real numbers (Python or NumPy numbers, one-element tensors) or a 1-D tensor or
+    array; ``steps``: the same of integers (a ``range`` will do). Both are read once, so generators work too.
+    Anything else is a ``TypeError`` naming the argument.
     """
-    if len(losses) != len(steps):
-        raise ValueError(f"losses and steps must have the same length, got {len(losses)} and {len(steps)}")
-    for step, loss in zip(steps, losses):
+    loss_values = _real_values(losses, "losses", integer=False)
+    step_values = _real_values(steps, "steps", integer=True)
+    if len(loss_values) != len(step_values):
+        raise ValueError(
+            f"losses and steps must have the same length, got {len(loss_values)} and {len(step_values)}"
+        )
+    for step, loss in zip(step_values, loss_values):
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower learning rate, "
@@ -185,18 +245,55 @@ def check_finite_losses(losses: Sequence[float], steps: Sequence[int]) -> None:
             )
 
 
+def _real_values(values: object, name: str, *, integer: bool) -> list:
+    """``values`` (an iterable of real numbers, or a 1-D tensor/array) as a list of Python ints or floats."""
+    kind = "integers" if integer else "real numbers"
+    expected = f"{name} must be an iterable of {kind} (a list, range, generator, 1-D tensor or array)"
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        if values.ndim != 1:
+            raise TypeError(f"{expected}, got a {type(values).__name__} of shape {tuple(values.shape)}")
+        values = values.tolist()  # one conversion (and one wait for the GPU) for all of them
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{expected}, got {type(values).__name__} {values!r:.60}")
+    result = []
+    for i, value in enumerate(values):
+        number = _scalar(value)
+        if integer:
+            ok = isinstance(number, int) and not isinstance(number, bool)
+        else:
+            ok = isinstance(number, (int, float)) and not isinstance(number, bool)
+        if not ok:
+            raise TypeError(f"{expected}; {name}[{i}] is {type(value).__name__} {value!r:.60}")
+        result.append(number)
+    return result
+
+
+def _scalar(value: Any) -> Any:
+    """A one-element tensor or array, or a NumPy scalar, as the Python number it holds; anything else unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value
+    if isinstance(value, np.ndarray):
+        return value.item() if value.size == 1 else value
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 class CSVLogger:
     """Append rows of metrics to a CSV file, one row per :meth:`log` call, flushed immediately.
 
     The header is written when the file is new or empty. Opening an existing file appends to it (a resumed
     run continues the same file) after checking its header matches ``fieldnames``. Columns missing from a row
     are left empty, so metrics logged at different rates (training loss every step, validation every 1000)
-    can share a file. One-element tensors are logged as numbers.
+    can share a file. A cell holds a number (Python or NumPy, a one-element tensor or array: logged as the number
+    it holds), a str, or ``None`` (empty); anything else, a multi-element tensor or a list say, is a ``TypeError``
+    naming the column, since :func:`plot_curves` could not read it back. The file is UTF-8; an existing file that is
+    not is a ``ValueError`` naming it.
 
     ``resume_step``: the step a run (re)starts from. Rows of the existing file logged *after* it (column
     ``step_column``) are dropped first: a killed run may have logged past its last checkpoint, and the resumed
-    run logs those steps again. ``resume_step=0`` starts the log afresh. Rows whose step is not a number (or
-    empty) are kept.
+    run logs those steps again. ``resume_step=0`` starts the log afresh. Rows whose step is not a finite number
+    (empty, text, ``nan``, ``inf``: not a step) are kept, as they are.
     """
 
     def __init__(
@@ -207,9 +304,12 @@ class CSVLogger:
         resume_step: Optional[int] = None,
         step_column: str = "step",
     ) -> None:
-        if isinstance(fieldnames, str) or not all(isinstance(f, str) and f for f in fieldnames):
-            raise TypeError(f"fieldnames must be a sequence of non-empty str, got {fieldnames!r}")
-        self.fieldnames = list(fieldnames)
+        if isinstance(fieldnames, (str, bytes)) or not isinstance(fieldnames, Iterable):
+            raise TypeError(f"fieldnames must be a sequence of non-empty str, got {type(fieldnames).__name__} "
+                            f"{fieldnames!r}")
+        self.fieldnames = list(fieldnames)  # once: a generator can be read only once
+        if not all(isinstance(f, str) and f for f in self.fieldnames):
+            raise TypeError(f"fieldnames must be a sequence of non-empty str, got {self.fieldnames!r}")
         if not self.fieldnames or len(set(self.fieldnames)) != len(self.fieldnames):
             raise ValueError(f"fieldnames must be non-empty and unique, got {self.fieldnames}")
         if resume_step is not None and (isinstance(resume_step, bool) or not isinstance(resume_step, int)
@@ -217,17 +317,18 @@ class CSVLogger:
             raise ValueError(f"resume_step must be a non-negative int or None, got {resume_step!r}")
         if resume_step is not None and step_column not in self.fieldnames:
             raise ValueError(f"step_column {step_column!r} is not one of the fieldnames {self.fieldnames}")
-        self.path = Path(path)
+        self.path = _check_file_path(path, "path")
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-        existing = self._existing_header()
+        rows = _read_csv(self.path) if self.path.exists() and self.path.stat().st_size > 0 else None
+        existing = rows[0] if rows else None
         if existing is not None and existing != self.fieldnames:
             raise ValueError(
                 f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; "
                 f"use a new file or the same columns"
             )
         if existing is not None and resume_step is not None:
-            self._drop_rows_after(resume_step, step_column)
+            self._drop_rows_after(rows, resume_step, self.fieldnames.index(step_column))
         self._file = open(self.path, "a", newline="", encoding="utf-8")
         if existing is not None and not self._ends_with_newline():
             self._file.write("\n")  # a crash mid-row left a partial line; don't glue the next row onto it
@@ -236,31 +337,33 @@ class CSVLogger:
             self._writer.writeheader()
             self._file.flush()
 
-    def _drop_rows_after(self, step: int, column: str) -> None:
-        with open(self.path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-
-        def keep(row: dict) -> bool:
+    def _drop_rows_after(self, rows: list[list[str]], step: int, column: int) -> None:
+        def keep(row: list[str]) -> bool:
             try:
-                return float(row[column]) <= step
-            except (TypeError, ValueError):  # empty, missing or not a number: not ours to judge
+                value = float(row[column])
+            except (IndexError, ValueError):  # missing, empty or not a number: not ours to judge
                 return True
+            return not math.isfinite(value) or value <= step  # nan and inf are not steps either
 
         def write(tmp: Path) -> None:
             with open(tmp, "x", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, self.fieldnames, restval="")
-                writer.writeheader()
-                writer.writerows(row for row in rows if keep(row))
+                writer = csv.writer(f)
+                writer.writerow(self.fieldnames)
+                writer.writerows(row for row in rows[1:] if keep(row))  # kept rows as they were, extra cells too
 
         write_atomically(self.path, write)
 
     def log(self, **row: Any) -> None:
+        """Append one row: ``log(step=10, loss=2.31)``; columns not given stay empty."""
         if self._file.closed:
             raise ValueError(f"log() called after close() on the CSVLogger for {self.path}")
+        if not row:
+            raise ValueError(f"log() needs at least one column, e.g. log(step=1, loss=0.5); the columns of "
+                             f"{self.path} are {self.fieldnames}")
         unknown = [k for k in row if k not in self.fieldnames]
         if unknown:
             raise ValueError(f"unknown column(s) {unknown}; the columns of {self.path} are {self.fieldnames}")
-        row = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in row.items()}
+        row = {k: _cell(k, v) for k, v in row.items()}  # all checked before anything is written
         self._writer.writerow(row)
         self._file.flush()  # so the curves can be watched (and survive a crash) while training runs
 
@@ -273,16 +376,68 @@ class CSVLogger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _existing_header(self) -> Optional[list]:
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return None
-        with open(self.path, newline="", encoding="utf-8") as f:
-            return next(csv.reader(f), None)
-
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as f:
             f.seek(-1, os.SEEK_END)
             return f.read(1) in (b"\n", b"\r")
+
+
+def _cell(column: str, value: Any) -> Any:
+    """What :meth:`CSVLogger.log` writes for ``value``: a number, a str or ``None``; else a ``TypeError``."""
+    number = _scalar(value)
+    if number is None or isinstance(number, (str, int, float)):  # bool is an int
+        return number
+    if isinstance(number, numbers.Real):  # Fraction, Decimal: written as floats, which plot_curves reads
+        return float(number)
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value is number:
+        got = f"a {type(value).__name__} of shape {tuple(value.shape)}"
+    else:
+        got = f"{type(value).__name__} {value!r:.60}"
+    raise TypeError(f"column {column!r} must be a number, str, None or a one-element tensor, got {got}; log one "
+                    f"value per column (e.g. loss.mean().item())")
+
+
+def _read_csv(path: Path) -> list[list[str]]:
+    """The rows of the CSV file ``path`` (a ``ValueError`` naming it when it is not UTF-8 text)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of a name
+            return list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file (byte {e.start}: {e.reason}); CSV logs are UTF-8: "
+                         f"use a new file, or convert this one") from None
+    except csv.Error as e:  # e.g. a NUL byte: a binary file
+        raise ValueError(f"{path} is not a readable CSV file ({e}); use a new file") from None
+
+
+def _check_file_path(path: object, name: str) -> Path:
+    """``path`` as a ``Path``, refusing what cannot name a file: other types, ``""`` and existing folders."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a file path (str or os.PathLike), got {type(path).__name__} {path!r}")
+    if os.fspath(path) in ("", b""):
+        raise ValueError(f"{name} must be a file path, got an empty path")
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{name} must be a file path, got the existing folder {path}")
+    _check_parents(path, name)
+    return path
+
+
+def _check_parents(path: Path, name: str) -> None:
+    """Raise ``NotADirectoryError`` when a folder on the way to ``path`` is an existing file."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{name} {path} cannot be created: {parent} is a file, not a folder")
+            return
+
+
+def _check_png_path(path: object, name: str) -> Path:
+    """A file path ending in ``.png``: matplotlib picks the format from the suffix and appends ``.png`` to a name
+    without one, so the picture would not be at ``path``."""
+    path = _check_file_path(path, name)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{name} must name a .png file, got {str(path)!r}")
+    return path
 
 
 def plot_curves(
@@ -290,18 +445,38 @@ def plot_curves(
 ) -> bool:
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
-    Empty cells are skipped, so sparsely logged columns plot as their own points. Returns ``True`` when the
-    PNG was written and ``False`` when matplotlib is not installed.
+    Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
+    ``ValueError`` naming its column and line. ``png_path`` must end in ``.png`` (an existing folder is refused).
+    Returns ``True`` when the PNG was written and ``False`` when matplotlib is not installed.
     """
-    if isinstance(ys, str) or not ys:
+    if isinstance(ys, (str, bytes)) or not isinstance(ys, Iterable):
         raise ValueError(f"ys must be a non-empty sequence of column names, got {ys!r}")
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        columns = reader.fieldnames or []
-        absent = [c for c in [x, *ys] if c not in columns]
-        if absent:
-            raise ValueError(f"column(s) {absent} not in {csv_path}; its columns are {columns}")
-        rows = list(reader)
+    ys = list(ys)
+    if not ys or not all(isinstance(y, str) for y in [x, *ys]):
+        raise ValueError(f"x must be a column name and ys a non-empty sequence of them, got x={x!r}, ys={ys!r}")
+    csv_path = _check_file_path(csv_path, "csv_path")
+    png_path = _check_png_path(png_path, "png_path")
+    if not csv_path.is_file():
+        raise FileNotFoundError(f"csv_path {csv_path} does not exist (a CSVLogger writes it)")
+    lines = _read_csv(csv_path)
+    columns = lines[0] if lines else []
+    absent = [c for c in [x, *ys] if c not in columns]
+    if absent:
+        raise ValueError(f"column(s) {absent} not in {csv_path}; its columns are {columns}")
+
+    def number(line: int, column: str, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{csv_path}, line {line}: column {column!r} holds {text!r}, not a number; plot "
+                             f"only numeric columns") from None
+
+    index = {c: columns.index(c) for c in [x, *ys]}
+    curves = {}
+    for y in ys:
+        cells = [(i, row[index[x]], row[index[y]]) for i, row in enumerate(lines[1:], start=2)
+                 if max(index[x], index[y]) < len(row) and row[index[x]] != "" and row[index[y]] != ""]
+        curves[y] = [(number(i, x, a), number(i, y, b)) for i, a, b in cells]
 
     try:
         import matplotlib
@@ -314,9 +489,7 @@ def plot_curves(
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for y in ys:
-        present = [r for r in rows if r.get(x) not in (None, "") and r.get(y) not in (None, "")]
-        points = [(float(r[x]), float(r[y])) for r in present]
+    for y, points in curves.items():
         ax.plot([p[0] for p in points], [p[1] for p in points], label=y, marker="." if len(points) < 50 else None)
     ax.set_xlabel(x)
     if len(ys) == 1:
@@ -327,8 +500,8 @@ def plot_curves(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=100)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=100, format="png")
     return True
 
 
@@ -340,6 +513,12 @@ def progress(
     disable: bool = False,
 ):
     """A tqdm progress bar if tqdm is installed, else a silent stand-in with the same basic methods."""
+    if iterable is not None and not isinstance(iterable, Iterable):
+        raise TypeError(f"iterable must be an iterable or None, got {type(iterable).__name__}")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Real) or not total >= 0):
+        raise ValueError(f"total must be a number >= 0 or None, got {total!r}")
+    if desc is not None and not isinstance(desc, str):
+        raise TypeError(f"desc must be a str or None, got {type(desc).__name__} {desc!r}")
     try:
         from tqdm import tqdm
     except ImportError:

@@ -1,0 +1,133 @@
+"""Decoding refuses what it cannot do with an error that names it (torchformer.decoding), found by a hostile probe:
+models of the wrong kind, sampling arguments beam search would ignore, temperatures that overflow, rows with no
+possible token, and a cross-attention cache reused for another source."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, StaticCacheGenerator, generate
+from torchformer import beam_search, seq2seq_generate
+from torchformer.decoding.sampling import sample_next
+
+torch.manual_seed(0)
+G = GTransformer(16, 2, 1, 8, 20)
+C = CTransformer(16, 2, 1, 8, 20, 2)
+S = Seq2SeqTransformer(16, 2, 1, 8, 20, tgt_tokens=12, decoder_depth=1)
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: seq2seq_generate(G, PROMPT, 4, bos=1, eos=2), "seq2seq_generate needs an encoder-decoder model.*GTransformer"),
+    (lambda: generate(C, PROMPT, 4), "generate needs a decoder-only model.*CTransformer, a classifier"),
+    (lambda: generate(S, PROMPT, 4), "generate needs a decoder-only model.*Seq2SeqTransformer"),
+    (lambda: beam_search(C, PROMPT, 4, beam_size=2), "beam_search needs a decoder-only model"),
+    (lambda: StaticCacheGenerator(C), "StaticCacheGenerator needs a decoder-only model.*CTransformer"),
+    (lambda: StaticCacheGenerator(None), "StaticCacheGenerator needs a decoder-only model.*NoneType"),
+    (lambda: StaticCacheGenerator(G, compile="no"), "compile must be a bool, got 'no'"),
+])
+def test_the_wrong_kind_of_model_or_flag_is_named(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("extra", [{"temperature": 5.0}, {"top_k": 1}, {"top_p": 0.5},
+                                   {"generator": torch.Generator()}])
+def test_beam_search_refuses_sampling_arguments_it_would_ignore(extra):
+    with pytest.raises(ValueError, match="beam search \\(beam_size=3\\) keeps the most likely hypotheses"):
+        S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3, **extra)
+    S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3)  # without them it runs
+
+
+def test_a_tiny_temperature_is_greedy_not_an_overflow():
+    # Dividing the raw log-probabilities by 1e-40 overflowed to inf and NaN inside torch.multinomial.
+    logp = torch.log_softmax(torch.randn(4, 20, generator=torch.Generator().manual_seed(1)), dim=-1)
+    for temperature in (1e-40, 1e-300, 5e-324):
+        assert torch.equal(sample_next(logp, temperature=temperature), logp.argmax(-1))
+    G.eval()
+    assert torch.equal(G.generate(PROMPT, 3, temperature=1e-40), G.generate(PROMPT, 3, temperature=0.0))
+
+
+@pytest.mark.parametrize("temperature", [math.inf, math.nan, -1.0])
+def test_temperatures_that_are_no_temperature_are_refused(temperature):
+    with pytest.raises(ValueError, match="temperature must be a finite float >= 0"):
+        G.generate(PROMPT, 3, temperature=temperature)
+
+
+def test_rows_without_a_possible_token_are_named():
+    logp = torch.zeros(3, 4)
+    logp[2] = -math.inf
+    with pytest.raises(ValueError, match="row 2 of logp gives every token log-probability -inf"):
+        sample_next(logp)
+    with pytest.raises(ValueError, match="v >= 1, got \\(2, 0\\)"):
+        sample_next(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        sample_next(torch.tensor([[0.0, math.inf]]), temperature=0.0)
+
+
+def test_a_cross_attention_cache_is_bound_to_its_source():
+    # Decoding step by step with caches: a second source of the same length used to get the first one's keys.
+    S.eval()
+    src_a, src_b = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[7, 8, 9, 10]])
+    tgt = torch.tensor([[1, 5]])
+    caches = S.new_caches()
+    memory_a = S.encode(src_a)
+    S.decode(tgt[:, :1], memory_a, caches=caches, positions=torch.tensor([0]))
+    S.decode(tgt[:, 1:], memory_a, caches=caches, positions=torch.tensor([1]))  # the same source: fine
+    with pytest.raises(ValueError, match="holds the keys of another context"):
+        S.decode(tgt[:, 1:], S.encode(src_b), caches=caches, positions=torch.tensor([1]))
+    for cache in caches:
+        cache.reset()
+    memory_b = S.encode(src_b)
+    cached = [S.decode(tgt[:, :1], memory_b, caches=caches, positions=torch.tensor([0])),
+              S.decode(tgt[:, 1:], memory_b, caches=caches, positions=torch.tensor([1]))]
+    torch.testing.assert_close(torch.cat(cached, dim=1), S.decode(tgt, memory_b))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Module and model arguments the probe found accepted with a silently wrong meaning
+
+
+def test_module_flags_must_be_bools_and_positions_a_known_scheme():
+    from torchformer import AttentionMask, SelfAttention
+
+    for kwargs, error, match in [({"wide": "False"}, TypeError, "wide must be a bool, got 'False'"),
+                                 ({"causal": "no"}, TypeError, "causal must be a bool, got 'no'"),
+                                 ({"kqnorm": 1}, TypeError, "kqnorm must be a bool, got 1"),
+                                 ({"positions": "rotray"}, ValueError, "positions must be one of .*got 'rotray'"),
+                                 ({"positions": None}, ValueError, "positions must be one of .*got None")]:
+        with pytest.raises(error, match=match):
+            SelfAttention(16, 2, **kwargs)
+    q = torch.arange(4)
+    for window in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="window must be a positive int or None"):
+            AttentionMask(q, q, window=window)
+    with pytest.raises(TypeError, match="key_mask must have dtype torch.bool"):
+        AttentionMask(q, q, torch.ones(1, 4))
+
+
+def test_config_stores_plain_floats_so_checkpoints_can_hold_it(tmp_path):
+    np = pytest.importorskip("numpy")
+    from torchformer.train.checkpoint import save_checkpoint
+
+    model = GTransformer(16, 2, 1, 8, 20, dropout=np.float64(0.1))
+    assert type(model.config.dropout) is float
+    save_checkpoint(tmp_path / "c.pt", model=model, step=0)  # failed: "cannot save ... numpy.float64"
+
+
+def test_seq2seq_capacity_zero_and_empty_memory_are_errors():
+    with pytest.raises(ValueError, match="capacity must be a positive int .*got 0"):
+        S.new_caches(0)
+    with pytest.raises(ValueError, match="memory must hold at least one position"):
+        S.decode(torch.tensor([[1]]), torch.zeros(1, 0, 16))
+
+
+def test_first_pooling_refuses_padding_at_position_zero():
+    model = CTransformer(16, 2, 1, 8, 20, 2, pool="first")
+    ids = torch.tensor([[0, 5, 6], [5, 6, 7]])
+    with pytest.raises(ValueError, match=r"pool='first' classifies from position 0.*rows \[0\]"):
+        model(ids, torch.tensor([[False, True, True], [True, True, True]]))
+    model(ids, torch.tensor([[True, True, False], [True, True, True]]))  # padding on the right is fine

@@ -1,0 +1,111 @@
+"""Tests for torchformer.train.export: exported folders are checked for damage, and models keep their dtype."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from torchformer import GTransformer
+from torchformer.train.checkpoint import CheckpointError, save_checkpoint
+from torchformer.train.export import export_model, load_model
+
+
+def model(**options) -> GTransformer:
+    torch.manual_seed(0)
+    return GTransformer(16, 2, 2, 10, 20, **options).eval()
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_config_records_the_sha256_of_the_weights(tmp_path):
+    pytest.importorskip("safetensors")
+    folder = export_model(model(), tmp_path / "export")
+    recorded = json.loads((folder / "config.json").read_text())["weights_sha256"]
+    assert recorded == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_one_flipped_byte_in_the_weights_is_named(tmp_path):
+    pytest.importorskip("safetensors")
+    folder = export_model(model(), tmp_path / "export")
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) - 5] ^= 0x01  # in the last weight: the header still reads, the file still loads without the check
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{weights} is damaged: it is not the file export_model wrote"):
+        load_model(folder)
+    assert issubclass(CheckpointError, ValueError)
+
+
+def test_a_folder_exported_without_the_digest_still_loads(tmp_path):
+    pytest.importorskip("safetensors")
+    source = model()
+    folder = export_model(source, tmp_path / "export")
+    description = json.loads((folder / "config.json").read_text())
+    del description["weights_sha256"]  # as torchformer wrote it before recording the digest
+    (folder / "config.json").write_text(json.dumps(description))
+    assert same_weights(load_model(folder), source)
+    description["weights_sha256"] = 5
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="config.json has a weights_sha256 that is not a SHA-256 digest"):
+        load_model(folder)
+
+
+def test_a_weights_file_that_is_no_safetensors_file_is_named(tmp_path):
+    pytest.importorskip("safetensors")
+    folder = export_model(model(), tmp_path / "export")
+    description = json.loads((folder / "config.json").read_text())
+    del description["weights_sha256"]
+    (folder / "config.json").write_text(json.dumps(description))
+    (folder / "model.safetensors").write_bytes(b"\xff" * 100)
+    with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("how", ["export", "checkpoint"])
+def test_the_model_comes_back_in_its_dtype(dtype, how, tmp_path):
+    if how == "export":
+        pytest.importorskip("safetensors")
+    source = model(tie_weights=True).to(dtype)
+    path = export_model(source, tmp_path / "e") if how == "export" else save_checkpoint(tmp_path / "c.pt",
+                                                                                          model=source, step=0)
+    loaded = load_model(path)
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    assert same_weights(loaded, source)  # float64 weights exactly, not rounded through float32
+    assert loaded.head.toprobs.weight is loaded.embedding.tokens.weight  # still tied
+
+
+def test_parts_in_different_dtypes_keep_theirs(tmp_path):
+    pytest.importorskip("safetensors")
+    source = model()
+    source.head.half()
+    loaded = load_model(export_model(source, tmp_path / "e"))
+    assert loaded.head.toprobs.weight.dtype == torch.float16 and loaded.embedding.tokens.weight.dtype == torch.float32
+    assert same_weights(loaded, source)
+
+
+def test_paths_that_name_no_folder_are_refused(tmp_path, monkeypatch):
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="directory must be a path, got an empty one"):
+        export_model(model(), "")
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="directory must be a folder .*got the file"):
+        export_model(model(), tmp_path / "a_file")
+    with pytest.raises(NotADirectoryError, match="a_file is a file, not a folder"):
+        export_model(model(), tmp_path / "a_file" / "export")
+    with pytest.raises(TypeError, match="directory must be a path .*got NoneType"):
+        export_model(model(), None)
+    with pytest.raises(ValueError, match="path must be a path, got an empty one"):
+        load_model("")
+    with pytest.raises(TypeError, match="path must be a path .*got int"):
+        load_model(3)
+    with pytest.raises(ValueError, match="map_location must be a device that can run a model, got 'meta'"):
+        load_model(export_model(model(), tmp_path / "e"), map_location="meta")
