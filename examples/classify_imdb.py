@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer
+from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
     resolve_device, set_seed, warmup_cosine,
@@ -54,16 +54,6 @@ MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout"
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed")
 
 
-def writable_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder this process can write in, or one it can create."""
-    while not path.exists():
-        if path.is_symlink():  # a dangling link: mkdir would fail
-            return False
-        path = path.parent
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-
-
-POSITIVE_INT = (lambda v: v >= 1, "a positive int")
 # The valid values of each flag, checked before anything is loaded: {dest: (test, what the flag must be)}. A flag
 # that is None (not given, and no preset sets it) is not checked. --val-size is checked against the data later.
 CHECKS = {
@@ -76,8 +66,8 @@ CHECKS = {
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
     "data": (lambda v: Path(v).exists(), "an existing folder or file"),
-    "checkpoint": (lambda v: writable_folder(Path(v)), "a folder this user can write in or create (not a file)"),
-    "out": (lambda v: writable_folder(Path(v)), "a folder this user can write in or create (not a file)"),
+    "checkpoint": WRITABLE_FOLDER,
+    "out": WRITABLE_FOLDER,
 }
 
 
@@ -123,9 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for name, (valid, must) in CHECKS.items():
-        if getattr(args, name) is not None and not valid(getattr(args, name)):
-            p.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    check_flags(p, args, CHECKS)
     if args.embedding % args.heads:  # each head gets embedding // heads dimensions
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
     if args.stop_at is not None and args.checkpoint is None:

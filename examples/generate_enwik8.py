@@ -27,6 +27,7 @@ from torchformer import GTransformer
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
+from torchformer.train.cli import POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, load_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device,
@@ -58,17 +59,6 @@ COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
 MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny ones overflow): 0 means greedy
 
 
-def writable_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder this process can write in, or one it can create."""
-    while not path.exists():
-        if path.is_symlink():  # a dangling link: mkdir would fail
-            return False
-        path = path.parent
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-
-
-POSITIVE_INT = (lambda v: v >= 1, "a positive int")
-POSITIVE = (lambda v: 0 < v < math.inf, "a positive number")
 # The valid values of each flag, checked before anything runs: {dest: (test, what the flag must be)}. A flag
 # that is None (not given, and no preset sets it) is not checked.
 CHECKS = {
@@ -85,8 +75,8 @@ CHECKS = {
                     f"0 (greedy) or a number >= {MIN_TEMPERATURE:g}"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
     "data": (lambda v: v.is_file() and os.access(v, os.R_OK), "a readable file"),
-    "checkpoint": (writable_folder, "a folder this user can write in or create (not a file)"),
-    "out": (writable_folder, "a folder this user can write in or create (not a file)"),
+    "checkpoint": WRITABLE_FOLDER,
+    "out": WRITABLE_FOLDER,
 }
 
 
@@ -147,9 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
         if getattr(args, key) is None and not (key in ("num_batches", "minutes") and given_length):
             setattr(args, key, value)
-    for name, (valid, must) in CHECKS.items():
-        if getattr(args, name) is not None and not valid(getattr(args, name)):
-            p.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    check_flags(p, args, CHECKS)
     if args.embedding % args.heads:  # each head gets embedding // heads dimensions
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
     if args.kv_heads is not None and args.heads % args.kv_heads:  # each key/value head serves a group of heads

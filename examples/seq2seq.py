@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.models import Seq2SeqTransformer
+from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags
 from torchformer.train.training import resolve_device
 
 PAD, BOS, EOS, DIGIT0 = 0, 1, 2, 3  # token ids; digit d is DIGIT0 + d
@@ -107,22 +107,13 @@ def plot(weights, src_len: int, out_len: int, path: Path) -> None:
     print(f"wrote {path}")
 
 
-def writable_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder this process can write in, or one it can create."""
-    while not path.exists():
-        if path.is_symlink():  # a dangling link: mkdir would fail
-            return False
-        path = path.parent
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-
-
 # The valid values of each flag, checked before training: {dest: (test, what the flag must be)}. None is not given.
 CHECKS = {
-    "steps": (lambda v: v >= 1, "a positive int"),
+    "steps": POSITIVE_INT,
     "beam_size": (lambda v: v >= 1, "a positive int (1: greedy)"),
-    "threads": (lambda v: v >= 1, "a positive int"),
+    "threads": POSITIVE_INT,
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
-    "out": (writable_folder, "a folder this user can write in or create (not a file)"),
+    "out": WRITABLE_FOLDER,
 }
 
 
@@ -140,9 +131,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="CPU threads for PyTorch (default: its own choice; 1 is much faster on a busy machine)")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for cross_attention.png")
     args = parser.parse_args(argv)
-    for name, (valid, must) in CHECKS.items():
-        if getattr(args, name) is not None and not valid(getattr(args, name)):
-            parser.error(f"--{name.replace('_', '-')} must be {must}, got {getattr(args, name)}")
+    check_flags(parser, args, CHECKS)
     try:
         args.device = resolve_device(args.device)
     except (ValueError, TypeError) as e:
