@@ -36,3 +36,42 @@ def test_decoder_depth_and_stack_options():
     assert all(block.attention.causal for block in Encoder(TransformerConfig(16, 4, 2), causal=True).blocks)
     with pytest.raises(ValueError, match="depth must be a positive int, got 0"):
         TransformerConfig(16, 4, 0)
+
+
+@pytest.mark.parametrize("prenorm", [False, True])
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("chunks", [[4, 1, 1, 1], [4, 3], [1] * 7])
+def test_cached_decoding_of_a_left_padded_prompt_equals_recomputation(prenorm, impl, chunks):
+    """Prompts of different lengths, left-padded to one length, then decoded a few positions at a time with caches:
+    after the prompt every call has fewer queries than keys, and some of the cached keys are padding. Each call's
+    output equals the full causal pass over the whole sequence with the same mask, at every position: a padded
+    position sees no real key (left padding comes before every real token) and its attention gives exactly zero
+    in both. Row 2's prompt holds a single real token."""
+    from torchformer.decoding.cache import BlockCache
+
+    torch.manual_seed(0)
+    enc = Encoder(TransformerConfig(16, 4, 2, prenorm=prenorm, impl=impl), causal=True).double()
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    mask = torch.tensor([[True] * 7, [False, False] + [True] * 5, [False] * 3 + [True] * 4])
+    caches = [BlockCache(8) for _ in enc.blocks]
+    outs, start = [], 0
+    for n in chunks:
+        part = slice(start, start + n)
+        outs.append(enc(x[:, part], mask[:, part], positions=torch.arange(start, start + n), caches=caches))
+        start += n
+    full = enc(x, mask)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=1e-12)
+    # the real positions do not depend on the padding: row 1 alone, unpadded, at positions 0 .. 4
+    torch.testing.assert_close(full[1, 2:], enc(x[1:2, 2:])[0], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_decoder_target_padding_is_invisible(prenorm):
+    """Left padding of the target comes before every real token, so the causal rule alone would let the real
+    positions see it: the target mask must reach every block."""
+    torch.manual_seed(0)
+    dec = Decoder(TransformerConfig(16, 4, 2, prenorm=prenorm)).double()
+    x, ctx = torch.randn(2, 4, 16).double(), torch.randn(2, 3, 16).double()
+    padded = torch.cat([100 * torch.randn(2, 3, 16).double(), x], dim=1)
+    mask = torch.tensor([[False] * 3 + [True] * 4] * 2)
+    torch.testing.assert_close(dec(padded, ctx, mask)[:, 3:], dec(x, ctx))
