@@ -509,9 +509,10 @@ def test_cached_decoding_keeps_the_sliding_window(impl, kv_heads):
     assert not torch.allclose(out, make(16, 4, causal=True, impl=impl, kv_heads=kv_heads, dtype=torch.float64)(x))
 
 
-def test_attend_returns_no_weights_unless_asked():
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_attend_returns_no_weights_unless_asked(impl):
     """A subclass calling ``super().attend(q, k, v, mask)`` gets ``(out, None)`` (docs/extending.md)."""
-    att = make(16, 4, causal=True)
+    att = make(16, 4, causal=True, impl=impl)
     q = k = v = torch.randn(2, 4, 5, 4)
     mask = AttentionMask(torch.arange(5), torch.arange(5), causal=True, aligned=True)
     out, weights = att.attend(q, k, v, mask)

@@ -205,3 +205,46 @@ def test_top_p_of_one_and_top_k_of_the_vocabulary_keep_every_token():
     for options in (dict(top_p=1.0), dict(top_k=3), dict(top_k=50)):
         tokens = sample_next(logits, generator=torch.Generator().manual_seed(0), **options)
         assert set(tokens.tolist()) == {0, 1, 2}, options
+
+
+def test_an_attention_mask_is_not_causal_unless_asked():
+    positions = torch.arange(4)
+    assert AttentionMask(positions, positions).allowed() is None  # every key
+    assert AttentionMask(positions, positions, causal=True).allowed().tolist() == causal_mask(4).tolist()
+    key_mask = torch.tensor([[True, False, True, True]])
+    assert torch.equal(AttentionMask(positions, positions, key_mask).allowed(), key_mask[:, None, None, :])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_relative_bias_is_one_sided_exactly_when_attention_is_causal(causal):
+    """T5's buckets: a causal layer spends all of them on keys at or before the query, a bidirectional one half on
+    each side."""
+    for att in (SelfAttention(16, 4, causal=causal, positions="relative"),
+                TransformerBlock(TransformerConfig(16, 4, positions="relative"), causal=causal).attention):
+        assert att.relative.bidirectional is (not causal)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_impl_picks_the_function_that_computes_attention(impl, monkeypatch):
+    """``impl="reference"`` is plain matmul-softmax-matmul and never calls scaled_dot_product_attention (for
+    debugging, or where SDPA misbehaves); ``"sdpa"`` calls it unless the weights are asked for."""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
+    x = torch.randn(2, 5, 16)
+    for causal in (False, True):
+        for mask in (None, torch.tensor([[True] * 5, [True, True, True, False, False]])):
+            calls.clear()
+            SelfAttention(16, 4, causal=causal, impl=impl)(x, mask)
+            CrossAttention(16, 4, impl=impl)(x, x, mask)
+            assert len(calls) == (2 if impl == "sdpa" else 0)
+    calls.clear()
+    SelfAttention(16, 4, impl="sdpa")(x, return_weights=True)  # the weights come from the reference path
+    assert calls == []

@@ -171,6 +171,30 @@ def test_wide_heads_are_former_s_formula_scaled_by_the_full_embedding(impl, is_c
                                **EXACT)
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_kqnorm_normalises_queries_and_keys_per_head_before_the_scores(impl, wide):
+    """kqnorm written out: every head's query and key vectors (s components) go through their own LayerNorm
+    (gain and bias, eps 1e-5) before ``softmax(q k^T / sqrt(s)) v``; values are not normalised."""
+    torch.manual_seed(0)
+    att = SelfAttention(8, 2, wide=wide, causal=True, kqnorm=True, impl=impl).double()
+    with torch.no_grad():  # gains and biases that are not 1 and 0, so the test sees where each one goes
+        for norm in (att.qnorm, att.knorm):
+            norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+    x = inputs(1.0, 2, 5, 8)
+    s, h = att.head_size, att.heads
+    heads = []
+    for i in range(h):
+        rows = slice(i * s, (i + 1) * s)
+        q = F.layer_norm(x @ att.toqueries.weight[rows].T, (s,), att.qnorm.weight, att.qnorm.bias, eps=1e-5)
+        k = F.layer_norm(x @ att.tokeys.weight[rows].T, (s,), att.knorm.weight, att.knorm.bias, eps=1e-5)
+        v = x @ att.tovalues.weight[rows].T
+        scores = (q @ k.transpose(1, 2) / math.sqrt(s)).masked_fill(causal(5), -math.inf)
+        heads.append(scores.softmax(-1) @ v)
+    expected = torch.cat(heads, dim=-1) @ att.unifyheads.weight.T + att.unifyheads.bias
+    torch.testing.assert_close(att(x), expected, **EXACT)
+
+
 # ------------------------------------------------------------------------------------------------- blocks
 
 

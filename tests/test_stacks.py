@@ -75,3 +75,22 @@ def test_decoder_target_padding_is_invisible(prenorm):
     padded = torch.cat([100 * torch.randn(2, 3, 16).double(), x], dim=1)
     mask = torch.tensor([[False] * 3 + [True] * 4] * 2)
     torch.testing.assert_close(dec(padded, ctx, mask)[:, 3:], dec(x, ctx))
+
+
+def test_a_cached_decoder_projects_the_context_once():
+    """With caches, each block's cross-attention computes the context's keys and values on the first call and
+    reads them from its cache afterwards, with the same result as the uncached pass."""
+    from torchformer.decoding.cache import BlockCache
+
+    torch.manual_seed(0)
+    dec = Decoder(TransformerConfig(16, 4, 2)).double()
+    x, ctx = torch.randn(2, 5, 16).double(), torch.randn(2, 3, 16).double()
+    caches = [BlockCache(8) for _ in dec.blocks]
+    first = dec(x[:, :2], ctx, positions=torch.arange(2), caches=caches)
+    assert all(c.cross_attention.keys.shape == (2, 4, 3, 4) for c in caches)
+    projections = []
+    for block in dec.blocks:
+        block.cross_attention.tokeys.register_forward_hook(lambda *args: projections.append(1))
+    steps = [dec(x[:, i : i + 1], ctx, positions=torch.tensor([i]), caches=caches) for i in range(2, 5)]
+    assert projections == []  # no block projected the context again
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), dec(x, ctx), atol=1e-12, rtol=1e-12)
