@@ -538,3 +538,14 @@ def test_plain_self_attention_passes_no_mask_tensor():
         assert masks[-1].needs_tensor is False and masks[-1].aligned
     Recording(16, 4, causal=True)(x, random_mask(2, 5))
     assert masks[-1].needs_tensor is True
+
+
+def test_a_cross_attention_cache_refuses_another_context_on_its_very_next_call():
+    """The cache is bound to its source from the first call on (not only once it has been reused)."""
+    att = make_cross()
+    x = torch.randn(1, 1, 16).double()
+    first, other = torch.randn(1, 5, 16).double(), torch.randn(1, 5, 16).double()
+    cache = KVCache()
+    att(x, first, cache=cache)
+    with pytest.raises(ValueError, match="holds the keys of another context"):
+        att(x, other, cache=cache)

@@ -142,7 +142,7 @@ def test_causal_mask_is_boolean_and_square_by_default():
 
 def test_cross_attention_masks_have_no_distance():
     mask = AttentionMask(torch.arange(3), None)
-    with pytest.raises(ValueError, match="cross-attention keys have no positions in the queries' sequence"):
+    with pytest.raises(ValueError, match="^cross-attention keys have no positions in the queries' sequence"):
         mask.distance()
 
 
@@ -248,3 +248,28 @@ def test_impl_picks_the_function_that_computes_attention(impl, monkeypatch):
     calls.clear()
     SelfAttention(16, 4, impl="sdpa")(x, return_weights=True)  # the weights come from the reference path
     assert calls == []
+
+
+def test_a_decoder_block_gives_its_cross_attention_the_query_positions():
+    """A cross-attention variant (``DecoderBlock.cross_attention_class``) reads the same absolute positions as the
+    block's self-attention, with and without a cache."""
+    from torchformer.decoding.cache import BlockCache
+
+    seen = []
+
+    class Recording(CrossAttention):
+        def attend(self, q, k, v, mask, *, return_weights=False):
+            seen.append(mask.query_positions.clone())
+            return super().attend(q, k, v, mask, return_weights=return_weights)
+
+    class Block(DecoderBlock):
+        cross_attention_class = Recording
+
+    block = Block(TransformerConfig(16, 4))
+    x, context = torch.randn(2, 3, 16), torch.randn(2, 4, 16)
+    block(x, context)
+    block(x, context, positions=torch.tensor([5, 6, 7]))
+    cache = BlockCache(8)
+    block(x[:, :2], context, positions=torch.arange(2), cache=cache)
+    block(x[:, 2:], context, positions=torch.tensor([2]), cache=cache)
+    assert [p.tolist() for p in seen] == [[0, 1, 2], [5, 6, 7], [0, 1], [2]]

@@ -87,6 +87,24 @@ def test_temperature_towards_zero_becomes_greedy():
     assert sample_next(tie, temperature=0).item() == 1
 
 
+def test_the_smallest_temperatures_pick_each_row_s_argmax_without_overflow():
+    """Just above the smallest normal float32 (1.2e-38), logits / T overflow float32 unless each row is first
+    shifted by its own maximum; rows at very different levels must each keep their own most likely token."""
+    logits = torch.tensor([[5.0, 1.0, 0.0], [-300.0, -301.0, -299.0], [2.0, 4.0, 3.0]])
+    for temperature in (2e-38, 1e-30, 1e-6):
+        tokens = sample_next(logits, temperature=temperature, generator=torch.Generator().manual_seed(0))
+        assert tokens.tolist() == [0, 2, 1], temperature
+
+
+def test_double_precision_logits_are_sampled_in_double_precision():
+    """Only half precision is widened; float64 logits keep differences float32 cannot hold: at T = 1e-12 logits
+    1e-12 apart are e : 1 odds (token 1 drawn about 73% of the time), where float32 would see a tie (50%)."""
+    logits = torch.tensor([[1.0, 1.0 + 1e-12]], dtype=torch.float64)
+    counts = draw(logits, n=4000, temperature=1e-12)
+    assert_follows(counts, (logits[0] / 1e-12 - logits[0].max() / 1e-12).softmax(-1))
+    assert counts[1] > 2700, counts.tolist()
+
+
 def test_top_k_samples_the_tempered_distribution_renormalised_over_the_k_likeliest():
     assert_follows(draw(LOGITS, temperature=2.0, top_k=3), tempered(2.0, keep=[3, 1, 4]))
     assert_follows(draw(LOGITS, temperature=0.5, top_k=2), tempered(0.5, keep=[3, 1]))
@@ -173,3 +191,16 @@ def test_sampled_generation_stops_when_every_row_has_finished():
                       generator=torch.Generator().manual_seed(0))
     assert tokens.shape == (8, 12) and (tokens[:, 2:] == 1).all()
     assert model.calls == 1  # the prompt's pass; every row finished with its first token, so no more steps
+
+
+def test_nan_is_named_with_its_rows_whatever_the_vocabulary_size():
+    from torchformer.decoding.sampling import check_finite_logp
+
+    for v in (1, 3):
+        logp = torch.zeros(4, v)
+        logp[1, 0] = math.nan
+        logp[3, -1] = math.inf
+        with pytest.raises(ValueError, match=r"hold NaN or \+inf \(in 2 of 4 rows, the first at row 1\)"):
+            check_finite_logp(logp)
+        with pytest.raises(ValueError, match=r"in 2 of 8 rows, the first at row 1"):
+            check_finite_logp(torch.cat([logp, torch.zeros(4, v)]).view(2, 4, v))
