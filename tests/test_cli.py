@@ -6,8 +6,11 @@ import argparse
 import os
 
 import pytest
+import torch
 
-from torchformer.train.cli import POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, writable_folder
+from torchformer.train.cli import (
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, busy_cores, check_flags, choose_threads, preset_flags, writable_folder,
+)
 
 
 def test_writable_folder(tmp_path):
@@ -32,3 +35,56 @@ def test_check_flags_names_the_first_bad_flag(capsys, tmp_path):
         with pytest.raises(SystemExit) as info:
             check_flags(parser, argparse.Namespace(**{**vars(good), **bad}), checks)
         assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_preset_flags_appends_each_flags_default_or_what_each_preset_sets():
+    parser = argparse.ArgumentParser()
+    add = preset_flags(parser, {"cpu": {"steps": 2000, "lr": 0.005}, "gpu": {"lr": 0.001}})
+    add("--steps", type=int, help="training steps")
+    add("--lr", type=float, help="learning rate")
+    add("--clip", type=float, default=1.0, help="gradient norm")
+    add("--name", help="a label")
+    add("--hidden", type=int, default=3, help=argparse.SUPPRESS)
+    add("--fast", action="store_true", help="go fast")
+    add("--share", type=float, default=0.5, help="a share")
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["steps"] == "training steps (--preset cpu: 2000; --preset gpu: not set)"
+    assert helps["lr"] == "learning rate (--preset cpu: 0.005; --preset gpu: 0.001)"
+    assert helps["clip"] == "gradient norm (default: 1.0)"
+    assert helps["name"] == "a label" and helps["fast"] == "go fast"  # no default worth saying
+    assert helps["hidden"] == argparse.SUPPRESS
+    assert "(default: 0.5)" in parser.format_help()  # the text survives argparse's %-formatting
+
+
+def test_choose_threads_leaves_the_busy_cores_to_other_programs(monkeypatch):
+    import torchformer.train.cli as cli
+
+    assert choose_threads(3) == (3, "--threads")
+    cores = max(1, min(len(os.sched_getaffinity(0)), torch.get_num_threads()))
+    monkeypatch.setattr(cli, "busy_cores", lambda: 0.1)
+    assert choose_threads()[0] == cores
+    monkeypatch.setattr(cli, "busy_cores", lambda: 0.9 * cores)  # every core busy elsewhere: still one thread
+    threads, why = choose_threads()
+    assert threads == 1 and (cores == 1 or "busy with other programs" in why)
+    monkeypatch.setattr(cli, "busy_cores", lambda: None)  # no /proc/stat: torch's own choice
+    assert choose_threads()[0] == cores
+
+
+def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
+    """/proc/stat read twice: a child process spinning on one core shows as about one busy core."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat (not Linux)")
+    idle = busy_cores(0.3)
+    assert idle is not None and 0 <= idle <= os.cpu_count()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)  # let it start
+        assert busy_cores(0.5) >= 0.6
+    finally:
+        spinner.kill()
+        spinner.wait()

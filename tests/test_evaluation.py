@@ -243,3 +243,15 @@ def test_nan_output_is_named_as_divergence():
 
     with pytest.raises(ValueError, match="NaN or \\+inf.*did training diverge"):
         bits_per_byte(Diverged(), random_bytes(50), context=8)
+
+
+def test_a_progress_label_shows_a_bar_and_changes_nothing(capsys):
+    pytest.importorskip("tqdm")
+    data = torch.randint(0, 256, (2000,))
+    quiet = bits_per_byte(Bigram(), data, context=32, batch_size=8)
+    assert capsys.readouterr().err == ""
+    shown = bits_per_byte(Bigram(), data, context=32, batch_size=8, progress="validation")
+    err = capsys.readouterr().err
+    assert shown == quiet and "validation" in err and "100%" in err  # tqdm writes to stderr
+    with pytest.raises(TypeError, match="progress must be a label"):
+        bits_per_byte(Bigram(), data, context=32, progress=True)

@@ -1,6 +1,9 @@
-"""Tests for torchformer.train.metrics: accuracy, confusion matrix, and the evaluation loop."""
+"""Tests for torchformer.train.metrics: accuracy, confusion matrix, calibration, and the evaluation loop."""
 
 from __future__ import annotations
+
+import json
+import math
 
 import numpy as np
 import pytest
@@ -9,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchformer.train.metrics import accuracy, confusion_matrix, evaluate_classifier, format_confusion_matrix
+from torchformer.train.metrics import (
+    MAX_BINS, accuracy, calibration, confusion_matrix, evaluate_classifier, format_confusion_matrix,
+)
 
 pairs = st.integers(1, 4).flatmap(
     lambda c: st.lists(st.tuples(st.integers(0, c - 1), st.integers(0, c - 1)), min_size=1, max_size=60).map(
@@ -88,6 +93,12 @@ def test_evaluate_classifier_matches_a_manual_computation():
     assert result.loss == pytest.approx(nn.functional.nll_loss(logprobs, labels).item(), rel=1e-6)
     assert result.accuracy == pytest.approx((predictions == labels).float().mean().item())
     assert torch.equal(result.confusion, confusion_matrix(predictions, labels, num_classes=3))
+    # The calibration of the same predictions, as calibration() computes it from the probabilities.
+    expected = calibration(logprobs.exp(), labels)
+    assert result.calibration.ece == pytest.approx(expected.ece, abs=1e-6)
+    assert torch.equal(result.calibration.counts, expected.counts) and result.calibration.count == 7
+    right = (result.calibration.counts * result.calibration.accuracy.nan_to_num()).sum().item()
+    assert right / 7 == pytest.approx(result.accuracy)  # the bins' accuracies add up to the accuracy
     assert model.training  # the model's mode is restored
     with pytest.raises(ValueError, match="at least one batch"):
         evaluate_classifier(model, [])
@@ -186,3 +197,98 @@ def test_evaluate_classifier_names_bad_batches():
     with pytest.raises(TypeError, match="mixed_precision must be a bool, got str"):
         evaluate_classifier(model, [classifier_batch()], mixed_precision="no")
     assert evaluate_classifier(model, [(ids, mask, labels.tolist())]).count == 4  # a list of labels will do
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Calibration: is the model right as often as it is sure?
+
+
+def test_calibration_of_a_hand_computed_example():
+    # Two classes, so 5 bins of width 0.1 over [0.5, 1]. Each row's confidence (its larger probability), whether the
+    # likelier class is the target, and its bin:
+    #   0.55 right -> bin 0;  0.65 wrong -> bin 1;  0.85 right -> bin 3;  0.95 right, 0.97 wrong, 0.99 right -> bin 4
+    probabilities = torch.tensor([[0.55, 0.45], [0.35, 0.65], [0.05, 0.95], [0.97, 0.03], [0.15, 0.85],
+                                  [0.99, 0.01]], dtype=torch.float64)
+    cal = calibration(probabilities, [0, 0, 1, 1, 1, 0], bins=5)
+    assert cal.edges.tolist() == [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    assert cal.counts.tolist() == [1, 1, 0, 1, 3]
+    nan = math.nan
+    torch.testing.assert_close(cal.confidence, torch.tensor([0.55, 0.65, nan, 0.85, 0.97], dtype=torch.float64),
+                               equal_nan=True)
+    torch.testing.assert_close(cal.accuracy, torch.tensor([1, 0, nan, 1, 2 / 3], dtype=torch.float64),
+                               equal_nan=True)
+    # ECE = 1/6 |1 - 0.55| + 1/6 |0 - 0.65| + 1/6 |1 - 0.85| + 3/6 |2/3 - 0.97| = (0.45 + 0.65 + 0.15 + 0.91) / 6
+    assert cal.ece == pytest.approx(0.36, abs=1e-12)
+    assert cal.mean_confidence_right == pytest.approx((0.55 + 0.95 + 0.85 + 0.99) / 4)
+    assert cal.mean_confidence_wrong == pytest.approx((0.65 + 0.97) / 2)
+    assert cal.count == 6
+    as_json = json.loads(json.dumps(cal.to_dict()))  # plain numbers; an empty bin's figures are null, not NaN
+    assert as_json["bins"][2] == {"from": 0.7, "to": 0.8, "count": 0, "confidence": None, "accuracy": None}
+    assert as_json["bins"][4]["count"] == 3 and as_json["ece"] == pytest.approx(0.36)
+
+
+def test_calibration_bins_start_at_one_over_c():
+    # Three classes: 2 bins over [1/3, 1]. A confidence of exactly 1 is in the last bin, one a rounding error
+    # below 1/3 in the first.
+    cal = calibration(torch.tensor([[0.34, 0.33, 0.33], [0.1, 0.1, 0.8], [0.0, 1.0, 0.0]]), [2, 2, 0], bins=2)
+    torch.testing.assert_close(cal.edges, torch.tensor([1 / 3, 2 / 3, 1], dtype=torch.float64))
+    assert cal.counts.tolist() == [1, 2] and cal.accuracy.tolist() == [0.0, 0.5]
+    assert cal.ece == pytest.approx(1 / 3 * 0.34 + 2 / 3 * abs(0.5 - 0.9), abs=1e-6)
+    assert calibration(torch.tensor([[0.333, 0.333, 0.332]]), [0], bins=2).counts.tolist() == [1, 0]
+    assert math.isnan(calibration(torch.tensor([[0.9, 0.1]]), [0]).mean_confidence_wrong)  # no wrong answers
+    assert calibration(torch.tensor([[0.9, 0.1]]), [0], bins=1).counts.tolist() == [1]
+
+
+def loop_calibration(probabilities: list[list[float]], targets: list[int], bins: int) -> dict:
+    """The same figures one example at a time, from the formula: the reference for calibration()."""
+    n, c = len(probabilities), len(probabilities[0])
+    low, width = 1 / c, (1 - 1 / c) / bins
+    members = [[] for _ in range(bins)]  # (confidence, right) of the examples in each bin
+    for row, target in zip(probabilities, targets):
+        confidence = max(row)
+        k = min(bins - 1, max(0, math.floor((confidence - low) / width)))
+        members[k].append((confidence, row.index(confidence) == target))
+    ece = sum(len(m) / n * abs(sum(r for _, r in m) / len(m) - sum(x for x, _ in m) / len(m)) for m in members if m)
+    right = [x for m in members for x, r in m if r]
+    wrong = [x for m in members for x, r in m if not r]
+    return {"ece": ece, "counts": [len(m) for m in members], "right": sum(right) / len(right),
+            "wrong": sum(wrong) / len(wrong)}
+
+
+@pytest.mark.parametrize("c, bins", [(2, 10), (2, 1), (3, 4), (5, 15)])
+def test_calibration_matches_a_loop_over_the_examples(c, bins):
+    generator = torch.Generator().manual_seed(c * 100 + bins)
+    probabilities = (3 * torch.randn(300, c, generator=generator, dtype=torch.float64)).softmax(-1)
+    targets = torch.randint(0, c, (300,), generator=generator)
+    cal = calibration(probabilities, targets, bins=bins)
+    reference = loop_calibration(probabilities.tolist(), targets.tolist(), bins)
+    assert cal.ece == pytest.approx(reference["ece"], abs=1e-12)
+    assert cal.counts.tolist() == reference["counts"]
+    assert cal.mean_confidence_right == pytest.approx(reference["right"])
+    assert cal.mean_confidence_wrong == pytest.approx(reference["wrong"])
+    # The ECE is at least the gap between overall accuracy and overall confidence (a triangle inequality), at most 1.
+    confidence, predicted = probabilities.max(-1)
+    gap = abs((predicted == targets).double().mean() - confidence.mean()).item()
+    assert gap - 1e-12 <= cal.ece <= 1
+
+
+def test_calibration_names_bad_inputs():
+    good = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    for args, error, message in [
+        (([[0.9, 0.1]], [0]), TypeError, r"probabilities must be a \(n, c\) torch.Tensor .*got list"),
+        ((torch.tensor([[1, 0]]), [0]), TypeError, "probabilities must be floating point, got dtype torch.int64"),
+        ((torch.tensor([0.9, 0.1]), [0]), ValueError, r"shape \(n, c\) with n >= 1 examples and c >= 2 .*got \(2,\)"),
+        ((torch.ones(3, 1), [0, 0, 0]), ValueError, r"c >= 2 classes, got \(3, 1\)"),
+        ((torch.zeros(0, 2), []), ValueError, r"n >= 1 examples .*got \(0, 2\)"),
+        ((good.log(), [0, 1]), ValueError, r"must be in \[0, 1\], got values .*log-probabilities\? pass .exp\(\)"),
+        ((torch.tensor([[0.5, math.nan]]), [0]), ValueError, r"must be in \[0, 1\]"),
+        ((torch.tensor([[0.9, 0.1], [0.5, 0.6]]), [0, 0]), ValueError, "each row must sum to 1 .*row 1 summing to 1.1"),
+        ((good, [0]), ValueError, "targets must hold one class id per row of probabilities, 2, got 1"),
+        ((good, [0, 2]), ValueError, r"targets must be class ids in \[0, 2\), got ids from 0 to 2"),
+        ((good, [0.0, 1.0]), TypeError, "targets must be a 1-D sequence of int class ids"),
+    ]:
+        with pytest.raises(error, match=message):
+            calibration(*args)
+    for bins in (0, -1, True, 2.5, "10", MAX_BINS + 1):
+        with pytest.raises(ValueError, match=rf"bins must be an int in \[1, {MAX_BINS:,}\], got {bins!r}"):
+            calibration(good, [0, 1], bins=bins)

@@ -639,3 +639,36 @@ def test_progress_checks_its_arguments():
         progress(5)
     with pytest.raises(TypeError, match="desc must be a str or None, got int"):
         progress(range(2), desc=3)
+
+
+def test_plot_curves_labels_the_axis_and_marks_single_points(tmp_path, monkeypatch):
+    """What is drawn, read back from the figure before it is saved: the y label, the curves and the marks."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    csv_path = tmp_path / "log.csv"
+    with CSVLogger(csv_path, ["step", "train_bpb", "val_bpb"]) as log:
+        for step in range(1, 11):
+            log.log(step=step, train_bpb=3 / step, **({"val_bpb": 3.5 / step} if step % 5 == 0 else {}))
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))[1])
+    marks = {"test, whole split: 0.400": (10, 0.4)}
+    assert plot_curves(csv_path, tmp_path / "a.png", x="step", ys=["train_bpb", "val_bpb"], ylabel="bits per byte",
+                       marks=marks)
+    ax = drawn[-1].axes[0]
+    assert ax.get_ylabel() == "bits per byte" and ax.get_xlabel() == "step"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["train_bpb", "val_bpb", "test, whole split: 0.400"]
+    assert list(lines["val_bpb"].get_xdata()) == [5, 10]
+    assert (list(lines["test, whole split: 0.400"].get_xdata()), list(lines["test, whole split: 0.400"].get_ydata())
+            ) == ([10], [0.4])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(lines)
+    plot_curves(csv_path, tmp_path / "b.png", x="step", ys=["val_bpb"])
+    assert drawn[-1].axes[0].get_ylabel() == "val_bpb"  # one curve and no ylabel: the column names the axis
+
+    for bad in ({"a": (1,)}, {"a": ("x", 1)}, {3: (1, 2)}, {"a": (True, 1)}):
+        with pytest.raises(ValueError, match="marks must map labels"):
+            plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["val_bpb"], marks=bad)
+    with pytest.raises(TypeError, match="ylabel must be a str or None, got int 3"):
+        plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["val_bpb"], ylabel=3)

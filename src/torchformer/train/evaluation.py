@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import check_positive_int
+from torchformer.train.training import progress as progress_bar
 
 
 def _window_plan(n: int, length: int, stride: int) -> tuple[Tensor, Tensor]:
@@ -62,6 +63,7 @@ def bits_per_byte(
     windows: Optional[int] = None,
     seed: int = 0,
     device: Optional[Union[str, torch.device]] = None,
+    progress: Optional[str] = None,
 ) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
 
@@ -77,6 +79,8 @@ def bits_per_byte(
             estimate of the whole figure. Default: all.
         seed: which windows ``windows`` draws; the same seed draws the same windows on every call.
         device: where to run; default the device of the model's parameters (or of ``data``).
+        progress: show a progress bar with this label while scoring (when tqdm is installed; see
+            :func:`torchformer.train.training.progress`); default none. Scoring a whole split can take minutes.
 
     Returns:
         total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1`` (with ``windows``:
@@ -101,6 +105,8 @@ def bits_per_byte(
         check_positive_int(windows, "windows")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if progress is not None and not isinstance(progress, str):
+        raise TypeError(f"progress must be a label (str) or None, got {type(progress).__name__} {progress!r}")
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else data.device
@@ -125,8 +131,11 @@ def bits_per_byte(
     counted = 0
     was_training = model.training
     model.eval()
+    batches = range(0, len(starts), batch_size)
+    if progress is not None:
+        batches = progress_bar(batches, desc=progress)
     try:
-        for i in range(0, len(starts), batch_size):
+        for i in batches:
             windows = data[starts[i:i + batch_size, None] + offsets].long()  # (b, length + 1)
             inputs, targets = windows[:, :-1], windows[:, 1:]
             logp = model(inputs)

@@ -9,6 +9,10 @@ off-diagonal cells of a binary task shows a bias towards one class (e.g. calling
 :class:`~torchformer.data.ClassificationBatches` yields) and returns the mean loss, the accuracy and the confusion
 matrix in one pass.
 
+Accuracy also hides how far the model's *confidence* can be trusted. :func:`calibration` compares, in bins of
+confidence, how sure the model was with how often it was right (a model that says "90 %" should be right 9 times in
+10); :func:`evaluate_classifier` returns it too.
+
 Shapes: n number of examples, c number of classes.
 """
 
@@ -26,12 +30,21 @@ from torch import Tensor, nn
 
 from torchformer.train.training import autocast
 
-__all__ = ["ClassifierResult", "accuracy", "confusion_matrix", "evaluate_classifier", "format_confusion_matrix"]
+__all__ = [
+    "Calibration", "ClassifierResult", "accuracy", "calibration", "confusion_matrix", "evaluate_classifier",
+    "format_confusion_matrix",
+]
 
 
 # Without num_classes the matrix is (largest id + 1)² cells: a stray huge id must not allocate terabytes.
 MAX_INFERRED_CLASSES = 10_000
 MAX_CELLS = 2**30  # 8 GiB of int64 counts: more than any confusion matrix anyone means to print
+# More calibration bins than this hold too few examples each to estimate an accuracy (and a stray huge value would
+# allocate gigabytes of empty bins).
+MAX_BINS = 10_000
+CALIBRATION_BINS = 10  # the bins of the calibration that evaluate_classifier returns (a common choice)
+# Rows of probabilities sum to 1 only up to rounding, and bf16 keeps just 8 significant bits: allow 2 %.
+ROW_SUM_TOLERANCE = 0.02
 
 
 def _as_labels(x: object, name: str) -> Tensor:
@@ -150,13 +163,143 @@ def _format_count(v: float | int | bool) -> str:
 
 
 @dataclass
+class Calibration:
+    """What :func:`calibration` measured: how well a classifier's confidence matches how often it is right.
+
+    ``ece``: the expected calibration error, in [0, 1] (0: in every bin the mean confidence equals the accuracy).
+    ``edges`` ``(bins + 1,)`` float64: bin ``i`` holds the confidences in ``[edges[i], edges[i + 1])`` (the last bin
+    includes 1). Per bin, ``(bins,)``: ``counts`` (int64, examples), ``confidence`` (their mean confidence) and
+    ``accuracy`` (the fraction of them predicted right), both float64 and NaN in an empty bin.
+    ``mean_confidence_right`` / ``mean_confidence_wrong``: the mean confidence of the right and of the wrong answers
+    (NaN when there are none). ``count``: n, the number of examples.
+    """
+
+    ece: float
+    edges: Tensor
+    counts: Tensor
+    confidence: Tensor
+    accuracy: Tensor
+    mean_confidence_right: float
+    mean_confidence_wrong: float
+    count: int
+
+    def to_dict(self) -> dict:
+        """The same as plain Python numbers, for ``json.dumps``; what is undefined (NaN: an empty bin's confidence and
+        accuracy, the mean confidence of wrong answers when there are none) is ``None``, as JSON has no NaN."""
+
+        def number(v: float) -> float | None:
+            return None if math.isnan(v) else v
+
+        edges = self.edges.tolist()
+        return {
+            "ece": self.ece,
+            "mean_confidence_right": number(self.mean_confidence_right),
+            "mean_confidence_wrong": number(self.mean_confidence_wrong),
+            "count": self.count,
+            "bins": [
+                {"from": low, "to": high, "count": k, "confidence": number(conf), "accuracy": number(acc)}
+                for low, high, k, conf, acc in zip(edges, edges[1:], self.counts.tolist(), self.confidence.tolist(),
+                                                   self.accuracy.tolist())
+            ],
+        }
+
+
+def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins: int = 10) -> Calibration:
+    """How far a classifier's confidence is from its accuracy: is it right 90 % of the time when it says "90 %"?
+
+    ``probabilities`` ``(n, c)``: one distribution over the ``c`` classes per example (``model(x).exp()`` for a
+    model that returns log-probabilities); ``targets`` ``(n,)``: the true class ids. The prediction is the likeliest
+    class, and its **confidence** the probability given to it.
+
+    The examples are grouped by confidence into ``bins`` bins of equal width over **[1/c, 1]** (not [0, 1]): the
+    largest of ``c`` probabilities that sum to 1 is at least their mean, 1/c, so bins below 1/c would always be empty
+    (for two classes, half of them). A confidence a rounding error below 1/c counts in the first bin. In each bin B,
+    ``conf(B)`` is the mean confidence and ``acc(B)`` the fraction predicted right; the **expected calibration
+    error** is their gap, averaged over the examples::
+
+        ECE = sum over bins B of |B| / n * |acc(B) - conf(B)|
+
+    (Naeini et al., 2015; Guo et al., 2017, who bin [0, 1]: with that binning the figure can differ.) Under- and
+    overconfidence both raise it; the reliability diagram, ``accuracy`` against ``confidence`` per bin with the
+    diagonal, shows which. The ECE depends on ``bins``: more bins hold fewer examples each, and their noise adds to
+    it.
+
+    Raises ``TypeError`` for a ``probabilities`` that is not a floating-point tensor or ``targets`` that are not
+    int class ids, and ``ValueError`` for any other shape than ``(n, c)`` with ``n >= 1`` and ``c >= 2``, values
+    outside [0, 1] (or NaN), rows that do not sum to 1, ``targets`` of another length or outside ``[0, c)``, and
+    ``bins`` that is not an int in ``[1, MAX_BINS]``.
+    """
+    if not isinstance(probabilities, Tensor):
+        raise TypeError(f"probabilities must be a (n, c) torch.Tensor of class probabilities, got "
+                        f"{type(probabilities).__name__}")
+    if not probabilities.is_floating_point():
+        raise TypeError(f"probabilities must be floating point, got dtype {probabilities.dtype}")
+    if probabilities.dim() != 2 or probabilities.size(0) < 1 or probabilities.size(1) < 2:
+        raise ValueError(f"probabilities must have shape (n, c) with n >= 1 examples and c >= 2 classes, got "
+                         f"{tuple(probabilities.shape)}")
+    if isinstance(bins, bool) or not isinstance(bins, numbers.Integral) or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be an int in [1, {MAX_BINS:,}], got {bins!r}")
+    p = probabilities.detach().double().cpu()
+    n, c = p.shape
+    if not ((p >= 0) & (p <= 1)).all():  # (NaN fails both comparisons)
+        raise ValueError(f"probabilities must be in [0, 1], got values from {p.min().item():.4g} to "
+                         f"{p.max().item():.4g} (log-probabilities? pass .exp(); logits? pass .softmax(-1))")
+    sums = p.sum(dim=1)
+    worst = int((sums - 1).abs().argmax())
+    if abs(sums[worst].item() - 1) > ROW_SUM_TOLERANCE:
+        raise ValueError(f"probabilities: each row must sum to 1 (within {ROW_SUM_TOLERANCE}), got row {worst} "
+                         f"summing to {sums[worst].item():.4g}")
+    t = _as_labels(targets, "targets")
+    if t.numel() != n:
+        raise ValueError(f"targets must hold one class id per row of probabilities, {n}, got {t.numel()}")
+    if t.min() < 0 or t.max() >= c:
+        raise ValueError(f"targets must be class ids in [0, {c}), got ids from {int(t.min())} to {int(t.max())}")
+    confidence, predicted = p.max(dim=1)
+    return _binned(confidence, predicted == t, classes=c, bins=int(bins))
+
+
+def _binned(confidence: Tensor, correct: Tensor, *, classes: int, bins: int) -> Calibration:
+    """The :class:`Calibration` of ``confidence`` ``(n,)`` (float64) and ``correct`` ``(n,)`` (bool), unchecked."""
+    n, low = confidence.numel(), 1 / classes
+    # Equal widths from 1/c to 1, written so that an edge such as 0.6 comes out as 0.6, not 0.6000000000000001.
+    steps = torch.arange(bins + 1, dtype=torch.float64)
+    edges = (low * (bins - steps) + steps) / bins
+    # right=True: bin i holds edges[i] <= confidence < edges[i + 1]. Only the inner edges are given, so anything
+    # below edges[1] lands in bin 0 and anything from edges[-2] on (1 included) in the last bin.
+    index = torch.bucketize(confidence, edges[1:-1], right=True)  # (n,) bin of each example
+
+    def per_bin(values: Tensor) -> Tensor:  # (n,) -> (bins,) sums
+        return torch.zeros(bins, dtype=torch.float64).index_add_(0, index, values.double())
+
+    counts = torch.bincount(index, minlength=bins)
+    mean_confidence = per_bin(confidence) / counts  # 0 / 0 = NaN in an empty bin
+    accuracy_ = per_bin(correct) / counts
+    filled = counts > 0
+    ece = (counts[filled].double() / n * (accuracy_[filled] - mean_confidence[filled]).abs()).sum().item()
+    right, wrong = confidence[correct], confidence[~correct]
+    return Calibration(
+        ece=ece,
+        edges=edges,
+        counts=counts,
+        confidence=mean_confidence,
+        accuracy=accuracy_,
+        mean_confidence_right=right.mean().item() if right.numel() else math.nan,
+        mean_confidence_wrong=wrong.mean().item() if wrong.numel() else math.nan,
+        count=n,
+    )
+
+
+@dataclass
 class ClassifierResult:
-    """What :func:`evaluate_classifier` measured: mean loss (nats), accuracy, ``(c, c)`` confusion, count."""
+    """What :func:`evaluate_classifier` measured: mean loss (nats), accuracy, ``(c, c)`` confusion, count, and the
+    :func:`calibration` of its predictions in ``CALIBRATION_BINS`` bins (``None`` for a model of one class, which has
+    nothing to calibrate)."""
 
     loss: float
     accuracy: float
     confusion: Tensor
     count: int
+    calibration: Calibration | None = None
 
 
 @torch.no_grad()
@@ -172,7 +315,8 @@ def evaluate_classifier(
     ``model(ids, mask)`` must return ``(b, c)`` log-probabilities. The loss is the mean negative log-likelihood
     per example (not per batch, so a smaller last batch weighs no more than its examples). With
     ``mixed_precision`` the forward pass runs under :func:`torchformer.train.training.autocast` (bf16 on CUDA only).
-    ``num_classes``, if given, must be the model's ``c``.
+    ``num_classes``, if given, must be the model's ``c``. The result's ``calibration`` is :func:`calibration` of
+    the same predictions (their confidence is ``exp`` of the largest log-probability) in ``CALIBRATION_BINS`` bins.
 
     The inputs are checked as they come, each error naming the batch: a batch that is not a triple (``(ids,
     labels)`` batches: yield ``(ids, None, labels)``), labels that are not 1-D integer class ids in ``[0, c)`` (one
@@ -191,7 +335,7 @@ def evaluate_classifier(
         raise TypeError(f"mixed_precision must be a bool, got {type(mixed_precision).__name__} {mixed_precision!r}")
     was_training = model.training
     model.eval()
-    total_loss, predictions, targets = 0.0, [], []
+    total_loss, predictions, targets, confidences = 0.0, [], [], []
     classes: int | None = None  # c, from the first output
     checked = False  # whether an output's values have been checked (on the first non-empty batch)
     try:
@@ -220,6 +364,7 @@ def evaluate_classifier(
                                  f"inputs are not finite (did training diverge?)")
             total_loss += loss
             predictions.append(logprobs.argmax(dim=-1).cpu())
+            confidences.append(logprobs.float().amax(dim=-1).exp().cpu())  # the probability of each prediction
             targets.append(target)
     finally:
         model.train(was_training)
@@ -228,11 +373,15 @@ def evaluate_classifier(
     p, t = torch.cat(predictions), torch.cat(targets)
     if t.numel() == 0:
         raise ValueError(f"batches must hold at least one example, got {len(predictions)} empty batch(es)")
+    confidence = torch.cat(confidences).double()
+    # (A model of one class is always sure and always right: nothing to calibrate.)
+    calibrated = _binned(confidence, p == t, classes=classes, bins=CALIBRATION_BINS) if classes > 1 else None
     return ClassifierResult(
         loss=total_loss / t.numel(),
         accuracy=accuracy(p, t),
         confusion=confusion_matrix(p, t, num_classes=classes),
         count=t.numel(),
+        calibration=calibrated,
     )
 
 

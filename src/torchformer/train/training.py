@@ -23,7 +23,7 @@ import numbers
 import os
 import random
 from pathlib import Path
-from typing import Any, ContextManager, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, ContextManager, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -441,19 +441,35 @@ def _check_png_path(path: object, name: str) -> Path:
 
 
 def plot_curves(
-    csv_path: PathLike, png_path: PathLike, *, x: str, ys: Sequence[str], title: Optional[str] = None
+    csv_path: PathLike,
+    png_path: PathLike,
+    *,
+    x: str,
+    ys: Sequence[str],
+    title: Optional[str] = None,
+    ylabel: Optional[str] = None,
+    marks: Optional[Mapping[str, tuple[float, float]]] = None,
 ) -> bool:
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
     Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
-    ``ValueError`` naming its column and line. ``png_path`` must end in ``.png`` (an existing folder is refused).
-    Returns ``True`` when the PNG was written and ``False`` when matplotlib is not installed.
+    ``ValueError`` naming its column and line. ``ylabel`` names the y axis (give it whenever the curves share a
+    unit: say which); ``marks`` adds labelled single points, ``{"test: 1.26": (step, value)}``, e.g. a final figure.
+    ``png_path`` must end in ``.png`` (an existing folder is refused). Returns ``True`` when the PNG was written and
+    ``False`` when matplotlib is not installed.
     """
     if isinstance(ys, (str, bytes)) or not isinstance(ys, Iterable):
         raise ValueError(f"ys must be a non-empty sequence of column names, got {ys!r}")
     ys = list(ys)
     if not ys or not all(isinstance(y, str) for y in [x, *ys]):
         raise ValueError(f"x must be a column name and ys a non-empty sequence of them, got x={x!r}, ys={ys!r}")
+    if ylabel is not None and not isinstance(ylabel, str):
+        raise TypeError(f"ylabel must be a str or None, got {type(ylabel).__name__} {ylabel!r}")
+    marks = dict(marks or {})
+    for label, point in marks.items():
+        if not (isinstance(label, str) and isinstance(point, (tuple, list)) and len(point) == 2
+                and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in point)):
+            raise ValueError(f"marks must map labels (str) to (x, y) number pairs, got {label!r}: {point!r}")
     csv_path = _check_file_path(csv_path, "csv_path")
     png_path = _check_png_path(png_path, "png_path")
     if not csv_path.is_file():
@@ -491,10 +507,12 @@ def plot_curves(
     ax = fig.add_subplot()
     for y, points in curves.items():
         ax.plot([p[0] for p in points], [p[1] for p in points], label=y, marker="." if len(points) < 50 else None)
+    for label, (mx, my) in marks.items():
+        ax.plot([mx], [my], marker="*", markersize=12, linestyle="none", label=label)
     ax.set_xlabel(x)
-    if len(ys) == 1:
-        ax.set_ylabel(ys[0])
-    else:
+    if ylabel is not None or len(ys) == 1:
+        ax.set_ylabel(ylabel if ylabel is not None else ys[0])
+    if len(ys) > 1 or marks:
         ax.legend()
     ax.grid(alpha=0.3)
     if title:
