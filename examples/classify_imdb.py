@@ -1,13 +1,14 @@
 """Sentiment classification of IMDb movie reviews with a transformer encoder (CTransformer), end to end.
 
-    python examples/classify_imdb.py --data /work/shared/data --preset cpu          # train, report validation
-    python examples/classify_imdb.py --data /work/shared/data --preset cpu --final  # ... and the test set
+    python examples/classify_imdb.py --data path/to/dir --preset cpu          # train, report validation
+    python examples/classify_imdb.py --data path/to/dir --preset cpu --final  # ... and the test set
     python examples/classify_imdb.py --predict "A wonderful, moving film." --out runs/classify_imdb
 
 Reviews are tokenized (words, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
 padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
 are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
-have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). See docs/imdb.md.
+have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
+calibration (is the model right as often as it is sure?) goes to results.json and calibration.png. See docs/imdb.md.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
 from torchformer.train.inspection import attention_weights, plot_attention
-from torchformer.train.metrics import evaluate_classifier, format_confusion_matrix
+from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer
-from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags
+from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
     resolve_device, set_seed, warmup_cosine,
@@ -49,7 +50,9 @@ PRESETS = {
     "gpu": dict(num_epochs=3, batch_size=32, learn_rate=3e-3, embedding=64, vocab_size=20_000, max_length=2048,
                 heads=4, depth=1, max_pool=False, lr_warmup=5_000, dropout=0.1, tokenizer="word"),
 }
-MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout")
+MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout", "wide")
+# What a checkpoint written before a model flag existed was trained with.
+MODEL_DEFAULTS = {"wide": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed")
 
@@ -71,39 +74,72 @@ CHECKS = {
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    add = p.add_argument
+def flag(key: str, value) -> str:
+    """How a preset's setting would be typed: ``--max-length 512``, ``--max-pool`` or ``--no-max-pool``."""
+    name = key.replace("_", "-")
+    return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
+
+
+def preset_help(width: int = 100) -> str:
+    """The end of ``--help``: each preset as the flags it stands for, a flag and its value never split."""
+    lines = ["presets (the flags you do not give; an explicit flag always wins):"]
+    for name, preset in PRESETS.items():
+        line = f"  --preset {name} means"
+        for key, value in preset.items():
+            if len(line) + 1 + len(flag(key, value)) > width:
+                lines.append(line)
+                line = "   "
+            line += " " + flag(key, value)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # RawDescription: the preset list keeps its lines; the flags' help is wrapped to the terminal.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=preset_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = preset_flags(p, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
     add("-e", "--num-epochs", type=int, help="passes over the training reviews")
     add("-b", "--batch-size", type=int, help="reviews per batch")
     add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included (word tokenizer)")
     add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut)")
-    add("-H", "--heads", type=int, help="attention heads")
+    add("-H", "--heads", type=int, help="attention heads (-E must be divisible by -H, unless --wide)")
     add("-d", "--depth", type=int, help="transformer blocks")
     add("--max-pool", action=argparse.BooleanOptionalAction, help="max-pool over positions (else mean-pool)")
+    add("--wide", action="store_true", help="wide attention heads: each head sees the whole embedding, so -E need "
+        "not be divisible by -H (more parameters; docs/heads.md)")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
     add("--tokenizer", choices=("word", "byte"), help="words (vocabulary from the training split) or UTF-8 bytes")
     add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split, init and batches")
     add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
-    add("--preset", choices=tuple(PRESETS), help="defaults for a device (default: gpu on CUDA, else cpu)")
+    add("--preset", choices=tuple(PRESETS), help="defaults for the flags you do not give, listed below (default: gpu "
+        "on CUDA, else cpu)")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model")
-    add("--threads", type=int, help="torch CPU threads")
+    add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle, measured at "
+        "the start; the results do not depend on it, the speed does)")
     add("--data", help="folder with imdb_{train,test}.jsonl.gz, an aclImdb/ folder or aclImdb_v1.tar.gz")
     add("--download", action="store_true", help="without --data: fetch the official archive if it is missing")
     add("--val-size", type=int, default=5000, help="training reviews held out for validation")
     add("--eval-every", type=int, help="validate (and checkpoint) every N steps (default: once per epoch)")
     add("--checkpoint", help="folder for resumable checkpoints; with --predict also a checkpoint file")
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
-    add("--out", default="runs/classify_imdb", help="folder for the log, plots and final model")
+    add("--out", default="runs/classify_imdb", help="folder for the log, plots, results.json and final model")
     add("--predict", action="append", metavar="TEXT_OR_FILE",
-        help="classify this text (or each line of this file) with a trained model; repeatable")
+        help="classify this text (or each line of this file) with a trained model (OUT/model.pt, or --checkpoint); "
+             "repeatable")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.predict:
+    if args.predict:  # only --threads applies of the flags checked below
+        check_flags(p, args, {"threads": CHECKS["threads"]})
         return args
     try:
         device = resolve_device(args.device)
@@ -114,8 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     check_flags(p, args, CHECKS)
-    if args.embedding % args.heads:  # each head gets embedding // heads dimensions
-        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
+    if args.embedding % args.heads and not args.wide:  # each narrow head gets embedding // heads dimensions
+        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
+                f"each head then sees the whole embedding)")
     if args.stop_at is not None and args.checkpoint is None:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
@@ -126,7 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_model(config: dict, num_tokens: int) -> CTransformer:
     try:
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
-                            len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"])
+                            len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
+                            wide=config["wide"])
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
 
@@ -149,7 +187,8 @@ def check_resumable(ckpt: Path, args: argparse.Namespace) -> None:
     """
     try:
         extra = read_checkpoint(ckpt)["extra"]
-        saved = {**extra["config"], **extra.get("run", {})}  # checkpoints of earlier versions have no "run"
+        # Checkpoints of earlier versions have no "run", and no model flags added since (MODEL_DEFAULTS).
+        saved = {**MODEL_DEFAULTS, **extra["config"], **extra.get("run", {})}
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
@@ -166,10 +205,13 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 
 
 def predict(args: argparse.Namespace) -> None:
+    threads, _ = choose_threads(args.threads)
+    torch.set_num_threads(threads)
     source = Path(args.checkpoint) if args.checkpoint else Path(args.out) / "model.pt"
     path = latest_intact_checkpoint(source) if source.is_dir() else source
     if path is None or not path.is_file():
-        sys.exit(f"classify_imdb.py: error: no trained model at {source}; train first or pass --checkpoint")
+        sys.exit(f"classify_imdb.py: error: no trained model at {source}: train first (the final model goes to "
+                 f"--out), or pass --out or --checkpoint to point at one")
     try:  # the checkpoint holds the model's config, so the model is rebuilt from the file alone
         model = CTransformer.from_checkpoint(path)
     except ValueError as e:  # not a checkpoint, or one of another model
@@ -195,12 +237,19 @@ def predict(args: argparse.Namespace) -> None:
         print(f"{scores}  -> {CLASSES[max(range(len(p)), key=p.__getitem__)]}  | {text[:70]!r}")
 
 
+def evaluate(model, batches: ClassificationBatches, desc: str):
+    """:func:`evaluate_classifier` behind a progress bar: scoring the test set takes many seconds on a CPU."""
+    with progress(batches, total=len(batches), desc=desc) as bar:
+        return evaluate_classifier(model, bar)
+
+
 def train(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads, why = choose_threads(args.threads)  # PyTorch's default takes every core, also the ones in use
+    torch.set_num_threads(threads)
     set_seed(args.seed)
     device = resolve_device(args.device)
+    print(f"device: {device}" + (f", {threads} CPU thread(s) ({why})" if device.type == "cpu" else ""))
     out = Path(args.out)
     config = {k: getattr(args, k) for k in MODEL_KEYS}
     resume = None
@@ -278,7 +327,7 @@ def train(args: argparse.Namespace) -> dict:
 
     def validate():
         try:
-            return evaluate_classifier(fast, val_batches)
+            return evaluate(fast, val_batches, "validation")
         except ValueError as e:  # NaN or infinite outputs: a divergence the losses read so far did not show yet
             diverged(f"validation at step {step} failed: {e}. The training losses were finite: the last updates "
                      f"probably broke the weights. The usual remedies: a lower learning rate, a longer warmup, "
@@ -342,17 +391,28 @@ def train(args: argparse.Namespace) -> dict:
     for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])):
         if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, title=f"IMDb: {name}"):
             print("matplotlib is not installed: no plots")
-    return report(model, tokenizer, eval_set, batches, args, out, t_start)
+    if args.final:
+        print(f"tokenizing the {len(test):,} test reviews")
+    eval_batches = batches(test, False) if args.final else val_batches
+    return report(model, tokenizer, eval_set, eval_batches, args, out, t_start)
 
 
-def report(model, tokenizer, eval_set, batches, args, out: Path, t_start: float) -> dict:
-    """Accuracy and confusion matrix on the evaluation set, and a picture of one review's attention."""
+def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args, out: Path, t_start: float) -> dict:
+    """Accuracy, confusion matrix and calibration on the evaluation set, and a picture of one review's attention."""
     split = "test" if args.final else "validation"
-    result = evaluate_classifier(model, batches(eval_set, False))
+    result = evaluate(model, eval_batches, split)
     print(f"\n{split} accuracy {result.accuracy:.4f} on {result.count} reviews (loss {result.loss:.4f})")
     print(format_confusion_matrix(result.confusion, labels=CLASSES))
+    calibration = result.calibration
+    wrong = calibration.mean_confidence_wrong
+    print(f"calibration: expected calibration error {calibration.ece:.4f}; mean confidence "
+          f"{calibration.mean_confidence_right:.3f} when right, "
+          + ("no wrong answers" if math.isnan(wrong) else f"{wrong:.3f} when wrong"))
+    if not plot_reliability(calibration, out / "calibration.png", title=f"IMDb {split}: reliability diagram "
+                            f"(ECE {calibration.ece:.3f})"):
+        print("matplotlib is not installed: no calibration.png (pip install matplotlib)")
     # One short review (at least 20 tokens), cut to 48 tokens so the words stay legible.
-    encoded = encode(tokenizer, [t for t, _ in eval_set], args.max_length)
+    encoded = eval_batches.encoded  # (already tokenized and cut to --max)
     index = min((i for i, e in enumerate(encoded) if len(e) >= 20), key=lambda i: len(encoded[i]), default=0)
     ids, mask = pad_batch([encoded[index][:48]], device=next(model.parameters()).device)
     model.eval()
@@ -364,11 +424,45 @@ def report(model, tokenizer, eval_set, batches, args, out: Path, t_start: float)
                    title=f"last block, mean over heads; true {CLASSES[eval_set[index][1]]}, P(positive)={p_pos:.2f}")
     seconds = time.perf_counter() - t_start
     results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,
-               "confusion": result.confusion.tolist(), "wall_seconds": round(seconds, 1),
-               "cpu_seconds": round(time.process_time(), 1)}
+               "confusion": result.confusion.tolist(), "calibration": calibration.to_dict(),
+               "wall_seconds": round(seconds, 1), "cpu_seconds": round(time.process_time(), 1)}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"total time {seconds:.0f}s; outputs in {out}")
     return results
+
+
+def plot_reliability(calibration: Calibration, path: Path, *, title: str) -> bool:
+    """A reliability diagram: per confidence bin, the accuracy (a bar over the bin) and a dot at (mean confidence,
+    accuracy), against the diagonal, on which a perfectly calibrated model's dots would lie. Dots below it: the model
+    was surer than it was right (overconfident). Returns False without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    edges, counts = calibration.edges.tolist(), calibration.counts.tolist()
+    fig = Figure(figsize=(5.5, 5))
+    FigureCanvasAgg(fig)  # no pyplot: no global state, no window
+    ax = fig.add_subplot()
+    ax.plot([edges[0], 1], [edges[0], 1], color="gray", linestyle="--", label="perfectly calibrated")
+    for low, high, n, conf, acc in zip(edges, edges[1:], counts, calibration.confidence.tolist(),
+                                       calibration.accuracy.tolist()):
+        if n:  # an empty bin has no accuracy to draw
+            ax.bar(low, acc, width=high - low, align="edge", color="tab:blue", alpha=0.6, edgecolor="white")
+            ax.plot([conf], [acc], marker="o", color="tab:red", markersize=4)
+            ax.annotate(f"{n:,}", (low + (high - low) / 2, 0.01), ha="center", va="bottom", fontsize=7)
+    ax.plot([], [], marker="o", color="tab:red", linestyle="none", label="a bin's (mean confidence, accuracy)")
+    ax.set_xlim(edges[0], 1)
+    ax.set_ylim(0, 1.2)  # room for the legend above the bars
+    ax.set_yticks([i / 5 for i in range(6)])
+    ax.set_xlabel("confidence (probability of the predicted class)")
+    ax.set_ylabel("accuracy (bars; at their foot: the number of reviews)")
+    ax.set_title(title)
+    ax.legend(loc="upper center", ncol=2, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, format="png")
+    return True
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -2,6 +2,10 @@
 
     python examples/generate_enwik8.py                       # bundled 300 KB sample; cpu/gpu preset by device
     python examples/generate_enwik8.py -D enwik8.zip --preset gpu --compile --checkpoint runs/ckpt --final
+    python examples/generate_enwik8.py --generate "The history of " --length 500 --temperature 0.8
+
+Training always leaves the final model in ``--out`` (``model.pt``); ``--generate`` continues a prompt with it (or
+with the latest checkpoint in ``--checkpoint``) in seconds.
 
 The flags of Peter Bloem's ``former`` (experiments/generate.py) keep their meaning. ``--preset`` fills in every flag
 you do not give; an explicit flag always wins. See docs/enwik8.md and the "generate_enwik8.py" section of
@@ -18,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,7 +32,7 @@ from torchformer import GTransformer
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
-from torchformer.train.cli import POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags
+from torchformer.train.cli import POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, load_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device,
@@ -50,12 +55,23 @@ PRESETS = {
                 context=1024, dropout=0.0, kqnorm=True, positions="rotary", norm="rms", activation="swiglu",
                 test_every=2000, test_subset=100_000),
 }
+def flag(key: str, value) -> str:
+    """How a preset's setting would be typed: ``--num-batches 2000``, ``--kqnorm`` or ``--no-kqnorm``."""
+    name = key.replace("_", "-")
+    return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
+
+
+PRESET_HELP = "presets (an explicit flag always wins): " + "; ".join(
+    f"--preset {name} means " + " ".join(flag(key, value) for key, value in preset.items())
+    for name, preset in PRESETS.items())
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
-                "window")
+                "window", "wide")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
-                         "kv_heads": None, "window": None}
-COLUMNS = ["step", "loss", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
+                         "kv_heads": None, "window": None, "wide": False}
+# loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
+# of val_bpb, so that the two curves can be compared.
+COLUMNS = ["step", "loss", "train_bpb", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
 MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny ones overflow): 0 means greedy
 
 
@@ -71,6 +87,8 @@ CHECKS = {
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "gradient_clipping": (lambda v: 0 <= v < math.inf, "a number >= 0 (0: off)"),
     "sample_length": (lambda v: v >= 0, "an int >= 0 (0: no samples)"),
+    "top_k": POSITIVE_INT,
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "temperature": (lambda v: v == 0 or MIN_TEMPERATURE <= v < math.inf,
                     f"0 (greedy) or a number >= {MIN_TEMPERATURE:g}"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
@@ -81,8 +99,8 @@ CHECKS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add = p.add_argument
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=PRESET_HELP)
+    add = preset_flags(p, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
     add("-N", "--num-batches", type=int, help="optimizer steps to train for")
     add("--minutes", type=float, help="instead of -N: train for about this many minutes (-N is set from the "
                                       "measured speed of a few steps; evaluation time does not count)")
@@ -102,6 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--window", type=int, help="sliding-window attention: each byte sees the last N bytes (default: all)")
     add("--kqnorm", action=argparse.BooleanOptionalAction, help="layer-normalise keys and queries (fixes the "
         "scale of the attention logits, which can stabilise training at high learning rates)")
+    add("--wide", action="store_true", help="wide heads: each head sees the whole embedding (then -E need not be "
+        "divisible by -H; docs/heads.md)")
     add("--gradient-clipping", type=float, default=1.0, help="max gradient norm (0: off)")
     add("--test-every", type=int, help="evaluate, sample and checkpoint every N steps")
     add("--test-subset", type=int, help="bytes of the validation split scored while training: windows spread "
@@ -109,26 +129,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--test-batch-size", type=int, default=64, help="windows per batch when evaluating")
     add("--final", action="store_true", help="at the end, report bits per byte on the TEST split (else validation)")
     add("-D", "--data", type=Path, help="enwik8 (raw, .gz or .zip) or any byte file; default: cache, else sample")
-    add("--preset", choices=sorted(PRESETS), help="default: gpu on CUDA, else cpu")
+    add("--preset", choices=sorted(PRESETS), help="defaults for the flags you do not give, listed at the end "
+        "(default: gpu on CUDA, else cpu)")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model for training")
     add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
-    add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest intact one in it")
+    add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest intact one in it (with "
+        "--generate: sample from that one, or from this checkpoint file)")
     add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
     add("--out", type=Path, default=Path("runs/generate_enwik8"),
-        help="folder for the CSV log, the plot and results.json")
-    add("--sample-length", type=int, default=600, help="bytes to sample at each evaluation (0: none)")
-    add("--temperature", type=float, default=0.5, help="sampling temperature")
+        help="folder for the CSV log, the plot, results.json and the final model (model.pt)")
+    add("--generate", metavar="PROMPT", help="no training: continue PROMPT with the trained model (OUT/model.pt, or "
+        "--checkpoint) and print it")
+    add("--sample-length", "--length", type=int, default=600,
+        help="bytes to sample at each evaluation (0: none), or to generate with --generate")
+    add("--temperature", type=float, default=0.5, help="sampling temperature (0: greedy)")
+    add("--top-k", type=int, help="sample only from the k likeliest bytes (default: all)")
+    add("--top-p", type=float, help="sample only from the likeliest bytes that together hold this much "
+        "probability (nucleus sampling; default: all)")
     add("--peak-tflops", type=float, default=989.0, help="accelerator peak for MFU (989: H100 bf16 dense)")
-    add("--threads", type=int, help="torch CPU threads")
+    add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle, measured at "
+        "the start; the figures do not depend on it, the speed does)")
     add("--log-every", type=int, default=10, help="read the losses and log them every N steps")
     add("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: checkpoint at step N, then exit as if killed
     args = p.parse_args(argv)
 
+    if args.generate is not None:  # only the sampling flags apply
+        check_flags(p, args, {k: CHECKS[k] for k in ("sample_length", "temperature", "top_k", "top_p", "seed",
+                                                     "threads")})
+        if not args.generate:
+            p.error("--generate needs a non-empty prompt (the model continues it)")
+        if args.sample_length == 0:
+            p.error("--length must be a positive int with --generate, got 0")
     try:
         args.device = resolve_device(args.device)
     except (ValueError, TypeError) as e:
         p.error(f"--device: {e}")
+    if args.generate is not None:
+        return args
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
@@ -138,8 +176,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, key) is None and not (key in ("num_batches", "minutes") and given_length):
             setattr(args, key, value)
     check_flags(p, args, CHECKS)
-    if args.embedding % args.heads:  # each head gets embedding // heads dimensions
-        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
+    if args.embedding % args.heads and not args.wide:  # each narrow head gets embedding // heads dimensions
+        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
+                f"each head then sees the whole embedding)")
     if args.kv_heads is not None and args.heads % args.kv_heads:  # each key/value head serves a group of heads
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
@@ -150,7 +189,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load_data(path: Path | None):
     try:
         if path is not None:
-            return enwik8(path), str(path)
+            with warnings.catch_warnings(record=True) as caught:  # e.g. "not the official enwik8": say it plainly
+                warnings.simplefilter("always")
+                splits = enwik8(path)
+            for warning in caught:
+                print(f"note: {warning.message}", file=sys.stderr)
+            return splits, str(path)
         return enwik8(), str(default_root() / "enwik8")
     except ValueError as e:  # a damaged file, or a cached copy that is not the official one: the message names it
         sys.exit(f"error: {e}")
@@ -164,14 +208,40 @@ def load_data(path: Path | None):
         return enwik8_sample(), "bundled sample (enwik8_sample)"
 
 
+def decode(ids: torch.Tensor) -> str:
+    """Bytes as text; a byte-level model can emit invalid UTF-8 (e.g. half a character), shown as \ufffd."""
+    return bytes(ids.tolist()).decode("utf-8", errors="replace")
+
+
 def sample(model, data, args, generator) -> str:
     """Continue a random ``context``-byte seed from ``data`` by ``--sample-length`` bytes."""
     start = int(torch.randint(len(data) - args.context, (1,), generator=generator, device=generator.device))
     seed = data[start:start + args.context].long()[None].to(args.device)
     with autocast(args.device):
-        out = model.generate(seed, args.sample_length, temperature=args.temperature, generator=generator)
-    decode = lambda ids: bytes(ids.tolist()).decode("utf-8", errors="replace")  # noqa: E731
+        out = model.generate(seed, args.sample_length, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, generator=generator)
     return f"[{decode(seed[0])}]{decode(out[0, args.context:])}"
+
+
+def generate_mode(args) -> str:
+    """``--generate``: continue the prompt with the trained model and print it; no data is read, nothing trained."""
+    source = args.checkpoint or args.out / "model.pt"
+    path = latest_intact_checkpoint(source) if source.is_dir() else source
+    if path is None or not path.is_file():
+        sys.exit(f"error: no trained model at {source}: train first (the final model goes to --out, now "
+                 f"{args.out}), or pass --out or --checkpoint to point at one")
+    try:  # the file holds the model's config: the model is rebuilt from it alone
+        model = GTransformer.from_checkpoint(path, map_location=args.device)
+    except ValueError as e:  # not a checkpoint, damaged, or one of another model
+        sys.exit(f"error: {e}")
+    prompt = torch.tensor(list(args.generate.encode("utf-8")), device=args.device)[None]  # (1, t) byte ids
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    with autocast(args.device):
+        out = model.generate(prompt, args.sample_length, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, generator=generator)
+    text = decode(out[0])
+    print(text)
+    return text
 
 
 def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
@@ -248,15 +318,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def evaluate(model, data, args, windows=None) -> float:
+def evaluate(model, data, args, windows=None, progress=None) -> float:
     with autocast(args.device):
-        return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size, windows=windows)
+        return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size, windows=windows,
+                             progress=progress)
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> dict | str:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads, why = choose_threads(args.threads)
+    torch.set_num_threads(threads)
+    if args.generate is not None:
+        return generate_mode(args)
+    print(f"device: {args.device}" + (f", {threads} CPU thread(s) ({why})" if args.device.type == "cpu" else ""))
     set_seed(args.seed)
     (train, val, test), source = load_data(args.data)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
@@ -270,7 +344,8 @@ def main(argv=None) -> dict:
     try:
         model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
                              prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
-                             activation=args.activation, kv_heads=args.kv_heads, window=args.window).to(args.device)
+                             activation=args.activation, kv_heads=args.kv_heads, window=args.window,
+                             wide=args.wide).to(args.device)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
     flops = model_flops_per_token(model, context=args.context)
@@ -381,7 +456,8 @@ def main(argv=None) -> dict:
         if args.device.type == "cuda":
             stats["mfu"] = f"{mfu(speed, flops, peak_tflops=args.peak_tflops):.1%}"
         bar.set_postfix(stats)
-        rows = [dict(step=s, loss=value, lr=lr, tokens_per_s=round(speed), elapsed_s=round(elapsed, 1))
+        rows = [dict(step=s, loss=value, train_bpb=value / math.log(2), lr=lr, tokens_per_s=round(speed),
+                     elapsed_s=round(elapsed, 1))
                 for (s, _, lr), value in zip(pending, losses)]
         pending.clear()
 
@@ -423,16 +499,22 @@ def main(argv=None) -> dict:
 
     split, data = ("test", test) if args.final else ("validation", val)
     with divergence_checked(args.num_batches):
-        bpb = evaluate(model, data, args)
+        bpb = evaluate(model, data, args, progress=f"{split} bits/byte")
     result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
     log.close()
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    # The final model, always (with or without --checkpoint): --generate samples from it, load_model rebuilds it.
+    extra = {"config": {k: getattr(args, k) for k in ARCHITECTURE}, "result": result}
+    save_checkpoint(args.out / "model.pt", model=model, step=args.num_batches, extra=extra)
+    print(f"model: {args.out / 'model.pt'} (sample from it: --generate \"PROMPT\" --out {args.out})")
     if tb:
         tb.close()
-    if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["loss", "val_bpb"],
-                   title="enwik8: train loss (nats) and validation bits per byte"):
+    marks = {f"{split}, whole split: {bpb:.3f}": (args.num_batches, bpb)}
+    if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["train_bpb", "val_bpb"],
+                   ylabel="bits per byte", marks=marks,
+                   title="enwik8: training batches and validation estimate, in bits per byte"):
         print(f"curves: {args.out / 'loss.png'}")
     else:
         print("matplotlib is not installed: no plot (pip install matplotlib)")

@@ -6,9 +6,10 @@ therefore show an anti-diagonal. The data are generated on the fly; a fixed held
 
     python examples/seq2seq.py                      # CPU preset, a few minutes on 2 cores
     python examples/seq2seq.py --preset gpu --device cuda
+    python examples/seq2seq.py --decode 4740273327 --decode 123    # reverse strings with the trained model
 
-Prints exact-match accuracy on the held-out strings (greedy and beam search) and writes
-``cross_attention.png`` to ``--out`` when matplotlib is installed.
+Prints exact-match accuracy on the held-out strings (greedy and beam search) and writes to ``--out`` the trained
+model (``model.pt``, which ``--decode`` uses) and ``cross_attention.png`` when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.models import Seq2SeqTransformer
-from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags
+from torchformer.train.checkpoint import save_checkpoint
+from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
 from torchformer.train.training import resolve_device
 
 PAD, BOS, EOS, DIGIT0 = 0, 1, 2, 3  # token ids; digit d is DIGIT0 + d
@@ -117,21 +119,34 @@ CHECKS = {
 }
 
 
+PRESET_HELP = "presets: " + "; ".join(
+    f"--preset {name}: " + ", ".join(f"{key} {value}" for key, value in preset.items()) for name, preset in
+    PRESETS.items()) + " (emb: embedding size, depth: blocks in the encoder and in the decoder, len: digits per " \
+    "string, batch: strings per step, lr: peak learning rate of AdamW, test: held-out strings)"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                        help="model size, string lengths, steps and batch size (default: cpu)")
-    parser.add_argument("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', ...")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the initialisation and the training strings "
-                        "(the held-out strings use seed + 1; default: 0)")
-    parser.add_argument("--steps", type=int, default=None, help="override the preset's number of training steps")
-    parser.add_argument("--beam-size", type=int, default=4, help="beam width of the beam-search decoding "
-                        "(default: 4)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for PyTorch (default: its own choice; 1 is much faster on a busy machine)")
-    parser.add_argument("--out", type=Path, default=Path("."), help="directory for cross_attention.png")
+    parser = argparse.ArgumentParser(description=__doc__, epilog=PRESET_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = preset_flags(parser, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
+    add("--preset", choices=sorted(PRESETS), default="cpu",
+        help="model size, string lengths, steps and batch size, listed at the end")
+    add("--device", default="auto", help="'auto' (CUDA if available), 'cpu', 'cuda', ...")
+    add("--seed", type=int, default=0, help="seed for the initialisation and the training strings (the held-out "
+        "strings use seed + 1)")
+    add("--steps", type=int, default=None, help="training steps (batches of strings), instead of the preset's")
+    add("--beam-size", type=int, default=4, help="beam width of the beam-search decoding (1: greedy only)")
+    add("--threads", type=int, default=None, help="CPU threads for PyTorch (default: the cores other programs leave "
+        "idle, measured at the start; on a busy machine 1 is much faster than torch's own choice)")
+    add("--out", type=Path, default=Path("runs/seq2seq"), help="folder for the trained model (model.pt) and "
+        "cross_attention.png")
+    add("--decode", action="append", metavar="DIGITS", help="no training: reverse this digit string with the model "
+        "in --out, greedily and with beam search; repeatable")
     args = parser.parse_args(argv)
     check_flags(parser, args, CHECKS)
+    for digits in args.decode or []:
+        if not (digits.isascii() and digits.isdigit()):
+            parser.error(f"--decode takes a string of digits 0-9, got {digits!r}")
     try:
         args.device = resolve_device(args.device)
     except (ValueError, TypeError) as e:
@@ -139,14 +154,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> dict:
+def decode(args: argparse.Namespace) -> list[str]:
+    """``--decode``: reverse each given digit string with the trained model in ``--out``; print and return them."""
+    path = args.out / "model.pt"
+    if not path.is_file():
+        raise SystemExit(f"error: no trained model at {path}: train first (the model goes to --out), or pass "
+                         f"--out with the folder of a run")
+    try:  # the checkpoint holds the model's config: the model is rebuilt from the file alone
+        model = Seq2SeqTransformer.from_checkpoint(path, map_location=args.device).eval()
+    except ValueError as e:  # not a checkpoint, damaged, or one of another model
+        raise SystemExit(f"error: {e}")
+    longest = model.config.seq_length - 2  # the target holds BOS, the digits and EOS
+    lines = []
+    for digits in args.decode:
+        if len(digits) > longest:
+            raise SystemExit(f"error: --decode {digits}: the model in {path} was trained on strings of at most "
+                             f"{longest} digits, got {len(digits)}")
+        src = torch.tensor([[DIGIT0 + int(d) for d in digits]], device=args.device)  # (1, n)
+        greedy = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS)
+        beam = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS, beam_size=args.beam_size)
+        lines.append(f"{digits} -> {as_text(greedy[0])} (greedy), {as_text(beam[0])} (beam {args.beam_size})")
+        print(lines[-1])
+    return lines
+
+
+def main(argv=None) -> dict | list[str]:
     args = parse_args(argv)
+    threads, why = choose_threads(args.threads)
+    torch.set_num_threads(threads)
+    if args.decode:
+        return decode(args)
     cfg = dict(PRESETS[args.preset])
     if args.steps is not None:
         cfg["steps"] = args.steps
     device = args.device
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     started = time.time()
@@ -163,7 +204,8 @@ def main(argv=None) -> dict:
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg["steps"])))
     )
-    print(f"preset {args.preset}: {sum(p.numel() for p in model.parameters()):,} parameters, device {device}")
+    print(f"preset {args.preset}: {sum(p.numel() for p in model.parameters()):,} parameters, device {device}"
+          + (f", {threads} CPU thread(s) ({why})" if device.type == "cpu" else ""))
 
     for step in range(cfg["steps"]):
         src, mask, tgt = make_examples(cfg["batch"], cfg["min_len"], cfg["max_len"], gen)
@@ -194,6 +236,8 @@ def main(argv=None) -> dict:
     decoder_input = torch.cat([greedy.new_full((1, 1), BOS), greedy[row : row + 1, :length]], dim=1)
     weights = cross_attention_weights(model, src[row : row + 1], mask[row : row + 1], decoder_input)
     args.out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(args.out / "model.pt", model=model, step=cfg["steps"], extra={"preset": args.preset, **cfg})
+    print(f"model: {args.out / 'model.pt'} (reverse a string with it: --decode 12345 --out {args.out})")
     plot(weights, length, length + 1, args.out / "cross_attention.png")
     print(f"total wall time {time.time() - started:.0f} s")
     return {"greedy": exact_match(greedy, tgt), "beam": exact_match(beam, tgt)}

@@ -6,6 +6,7 @@ import csv
 import functools
 import importlib.util
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -221,6 +222,12 @@ def test_presets_fill_only_flags_not_given(script):
         (["-H", "4", "--kv-heads", "3"], "--kv-heads must divide --heads, got 3 and 4"),
         (["--window", "0"], "--window must be a positive int, got 0"),
         (["--device", "gpu"], "--device"),
+        (["--top-k", "0"], "--top-k must be a positive int, got 0"),
+        (["--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+        (["--generate", ""], "--generate needs a non-empty prompt"),
+        (["--generate", "x", "--length", "0"], "--length must be a positive int with --generate, got 0"),
+        (["--generate", "x", "--temperature", "-1"], "--temperature must be 0 (greedy)"),
+        (["-E", "100", "-H", "3"], "or pass --wide"),
     ],
 )
 def test_bad_flags_are_usage_errors_naming_the_flag(script, argv, message, tmp_path, capsys):
@@ -313,3 +320,74 @@ def test_a_foreign_file_in_the_checkpoint_folder_is_a_clear_error(script, corpus
     torch.save({"weight": torch.zeros(2)}, tmp_path / "ckpt" / "step_00000005.pt")  # a bare state_dict
     with pytest.raises(SystemExit, match="is not a checkpoint written by this script"):
         script.main(tiny(corpus, tmp_path, "--checkpoint", str(tmp_path / "ckpt")))
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_the_final_model_is_saved_and_generate_continues_a_prompt_with_it(script, corpus, tmp_path, capsys):
+    """Without --checkpoint the trained model still lands in --out; --generate rebuilds it from that file alone and
+    samples exactly what GTransformer.generate samples with the same seed."""
+    from torchformer.train.export import load_model
+
+    script.main(tiny(corpus, tmp_path, "-N", "10", "--dropout", "0.0"))
+    assert (tmp_path / "model.pt").is_file()
+    capsys.readouterr()
+    argv = ["--generate", "the cat", "--length", "30", "--temperature", "0.8", "--top-k", "20", "--out",
+            str(tmp_path), "--threads", "1", "--seed", "3"]
+    text = script.main(argv)
+    assert capsys.readouterr().out == text + "\n"
+    assert text.startswith("the cat") and script.main(argv) == text  # seeded: the same continuation again
+
+    model = load_model(tmp_path / "model.pt")
+    prompt = torch.tensor([list(b"the cat")])
+    ids = model.generate(prompt, 30, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(3))
+    assert text == bytes(ids[0].tolist()).decode("utf-8", errors="replace")
+    greedy = script.main([*argv[:6], "--temperature", "0", "--out", str(tmp_path), "--threads", "1"])
+    assert greedy != text  # the flags reach the sampler
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_generate_reads_the_latest_checkpoint_and_says_where_a_model_is_missing(script, corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="no trained model at .*model.pt: train first .*--out"):
+        script.main(["--generate", "x", "--out", str(tmp_path / "nothing"), "--threads", "1"])
+    script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(tmp_path / "ckpt"), "--stop-after", "5"))
+    text = script.main(["--generate", "a", "--length", "5", "--checkpoint", str(tmp_path / "ckpt"), "--threads", "1"])
+    assert text.startswith("a") and len(text) > 1
+    (tmp_path / "foreign.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match="error: .*foreign.pt"):
+        script.main(["--generate", "x", "--checkpoint", str(tmp_path / "foreign.pt"), "--threads", "1"])
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_the_log_holds_the_training_loss_in_bits_per_byte_too(script, corpus, tmp_path):
+    script.main(tiny(corpus, tmp_path, "-N", "10"))
+    rows = [r for r in read_log(tmp_path / "log.csv") if r["loss"]]
+    assert len(rows) == 10
+    for row in rows:  # nats / ln 2 = bits, and a byte-level model's loss per token is per byte
+        assert float(row["train_bpb"]) == pytest.approx(float(row["loss"]) / math.log(2), rel=1e-9)
+
+
+def test_a_non_enwik8_file_is_a_plain_note_not_a_python_warning(script, corpus, tmp_path, capsys):
+    script.load_data(corpus)
+    err = capsys.readouterr().err
+    assert err.startswith("note: ") and "not the 100,000,000 of the official enwik8" in err
+    assert "return enwik8" not in err  # no source line, as warnings.warn prints
+
+
+def test_help_shows_each_flags_default_and_what_the_presets_set(script, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    cpu, gpu = script.PRESETS["cpu"], script.PRESETS["gpu"]
+    assert f"--preset cpu: {cpu['num_batches']}; --preset gpu: not set" in help_text
+    assert f"--preset cpu: {cpu['embedding']}; --preset gpu: {gpu['embedding']}" in help_text
+    assert "(default: 600)" in help_text and "(default: 1.0)" in help_text  # --sample-length, --gradient-clipping
+    assert "--preset cpu means --num-batches 2000" in help_text and "--no-kqnorm" in help_text
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_wide_heads_train_when_the_embedding_is_not_divisible(script, corpus, tmp_path, capsys):
+    from torchformer.train.export import load_model
+
+    script.main(tiny(corpus, tmp_path, "-N", "2", "-E", "18", "-H", "4", "--wide"))
+    assert load_model(tmp_path / "model.pt").config.wide
+    assert "1 CPU thread(s) (--threads)" in capsys.readouterr().out  # the start-up line names the threads

@@ -1,4 +1,5 @@
-"""examples/classify_imdb.py end to end on a tiny synthetic IMDb: training, resuming, padding, --predict.
+"""examples/classify_imdb.py end to end on a tiny synthetic IMDb: training, resuming, padding, --predict, --help,
+--wide, progress bars and calibration.
 
 The corpus follows a trivially separable rule: positive reviews contain "great", negative ones "awful", amid
 random filler words. A working pipeline (tokenizer, padding masks, bucketing, model, optimizer) learns it in a
@@ -7,20 +8,24 @@ few seconds; a broken one stays near 50 %.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import gzip
 import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from torchformer.data.batching import pad_batch
+from torchformer.data.imdb_dataset import imdb
 from torchformer.data.tokenizers import tokenizer_from_state_dict
 from torchformer.train.checkpoint import read_checkpoint
 from torchformer.train.export import load_model
+from torchformer.train.metrics import calibration
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "classify_imdb.py"
 FILLER = "the a film movie plot actor scene story was is and it of to this that with but very quite".split()
@@ -79,7 +84,7 @@ def test_learns_the_rule_and_writes_its_outputs(trained):
     header = (trained / "log.csv").read_text().splitlines()[0].split(",")
     assert header == ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"]
     pytest.importorskip("matplotlib")
-    for name in ("loss.png", "accuracy.png", "attention.png"):
+    for name in ("loss.png", "accuracy.png", "attention.png", "calibration.png"):
         assert (trained / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -156,7 +161,8 @@ def test_clear_errors(script, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_home"))
     with pytest.raises(SystemExit, match="--data.*--download"):
         script.main(["--out", str(tmp_path / "out"), "--device", "cpu"])
-    with pytest.raises(SystemExit, match="no trained model"):
+    with pytest.raises(SystemExit, match=r"no trained model at .*untrained.model\.pt: train first \(the final model "
+                                         r"goes to --out\), or pass --out or --checkpoint to point at one"):
         script.main(["--predict", "fine", "--out", str(tmp_path / "untrained")])
     with pytest.raises(SystemExit):
         script.main(["-b", "0", "--device", "cpu"])
@@ -183,7 +189,7 @@ def test_clear_errors(script, tmp_path, monkeypatch):
         (["--lr-warmup", "-1"], "--lr-warmup must be an int >= 0, got -1"),
         (["--gradient-clipping", "nan"], "--gradient-clipping must be a number >= 0 (0: off), got nan"),
         (["--dropout", "1"], "--dropout must be a number in [0, 1), got 1.0"),
-        (["-E", "15", "-H", "2"], "--embedding must be divisible by --heads, got 15 and 2"),
+        (["-E", "15", "-H", "2"], "--embedding must be divisible by --heads, got 15 and 2 (or pass --wide"),
         (["--data", "{folder}/nowhere"], "--data must be an existing folder or file"),
         (["--data", "{folder}", "--download"], "--download"),
         (["--device", "gpu"], "--device"),
@@ -209,6 +215,7 @@ def test_val_size_must_leave_training_reviews(script, data_dir, tmp_path):
         (["-b", "8"], "--batch-size 16 (now 8)"),  # would skip the wrong batches and bend the schedule
         (["-E", "64"], "--embedding 32 (now 64)"),
         (["--max-pool"], "--max-pool False (now True)"),
+        (["--wide"], "--wide False (now True)"),  # other attention weights
         (["--tokenizer", "byte"], "--tokenizer word (now byte)"),  # the checkpoint's vocabulary would be used
         (["-V", "500"], "--vocab-size 64 (now 500)"),
         (["-e", "5", "-l", "3e-3"], "--num-epochs 4 (now 5), --learn-rate 0.01 (now 0.003)"),
@@ -245,3 +252,107 @@ def test_nan_weights_with_finite_losses_stop_at_the_validation(script, data_dir,
         script.main(tiny(data_dir, tmp_path, "--checkpoint", str(ckpt), "-l", "1e10", "--lr-warmup", "0",
                          "--gradient-clipping", "0", "--eval-every", "1"))
     assert not list(ckpt.glob("*.pt"))
+
+
+def test_help_says_what_each_preset_sets(script, capsys):
+    with pytest.raises(SystemExit) as info:
+        script.main(["--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal's width
+    assert "tokens kept per review (the rest is cut) (--preset cpu: 512; --preset gpu: 2048)" in text
+    assert "peak learning rate (Adam) (--preset cpu: 0.003; --preset gpu: 0.003)" in text
+    assert "(default: runs/classify_imdb)" in text and "(default: 5000)" in text
+    assert "default: the cores other programs leave idle" in text  # --threads
+    # The epilog: each preset as the flags it stands for, in a form that can be typed.
+    for name, preset in script.PRESETS.items():
+        assert f"--preset {name} means " + " ".join(script.flag(k, v) for k, v in preset.items()) in text
+    assert "--max-length 2048" in text and "--no-max-pool" in text
+    actions = script.build_parser()._actions
+    for action in actions:  # every flag says what it does
+        assert action.help and action.help != argparse.SUPPRESS, action.option_strings
+    assert set(script.PRESETS["cpu"]) <= {action.dest for action in actions}  # a preset sets flags only
+
+
+def test_embedding_and_heads_are_checked_before_any_data_is_read(script, data_dir, tmp_path, monkeypatch, capsys):
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were read before the flags were checked")
+
+    monkeypatch.setattr(script, "imdb", no_data)
+    with pytest.raises(SystemExit) as info:
+        script.main(tiny(data_dir, tmp_path, "-E", "100", "-H", "3"))
+    assert info.value.code == 2
+    assert "--embedding must be divisible by --heads, got 100 and 3 (or pass --wide" in capsys.readouterr().err
+
+
+def test_wide_heads_need_no_divisible_embedding_and_are_saved(script, data_dir, tmp_path, capsys):
+    script.main(tiny(data_dir, tmp_path, "-E", "30", "-H", "4", "--wide", "-e", "1"))
+    model = load_model(tmp_path / "model.pt")  # rebuilt from the file's config alone
+    assert (model.config.wide, model.config.emb, model.config.heads) == (True, 30, 4)
+    assert read_checkpoint(tmp_path / "model.pt")["extra"]["config"]["wide"] is True
+    capsys.readouterr()
+    script.main(["--predict", "a great film", "--out", str(tmp_path)])
+    assert "P(positive)=" in capsys.readouterr().out
+
+
+def test_predict_chooses_the_threads_and_checks_the_flag(script, trained, monkeypatch, capsys):
+    asked = []
+
+    def choose(requested):
+        asked.append(requested)
+        return 1, "spy"
+
+    monkeypatch.setattr(script, "choose_threads", choose)
+    script.main(["--predict", "a great film", "--out", str(trained)])
+    script.main(["--predict", "a great film", "--out", str(trained), "--threads", "1"])
+    assert asked == [None, 1]  # None: the script measures the idle cores
+    with pytest.raises(SystemExit) as info:
+        script.main(["--predict", "a great film", "--out", str(trained), "--threads", "0"])
+    assert info.value.code == 2 and "--threads must be a positive int, got 0" in capsys.readouterr().err
+
+
+def test_every_evaluation_shows_progress_and_calibration_needs_no_matplotlib(script, data_dir, tmp_path,
+                                                                             monkeypatch, capsys):
+    bars = []
+    real_progress = script.progress
+
+    def recording(*args, **kwargs):
+        bar = real_progress(*args, **kwargs)
+        bars.append((kwargs.get("desc"), kwargs.get("total"), bar))
+        return bar
+
+    monkeypatch.setattr(script, "progress", recording)
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if matplotlib were not installed
+    results = script.main(tiny(data_dir, tmp_path, "-e", "1", "--final"))
+    # 17 steps, validations at steps 7, 14 and 17 (60 reviews, 2 batches of 32), then the test split (120: 4 batches);
+    # each bar went through every batch.
+    assert [(desc, total, bar.n) for desc, total, bar in bars if desc != "train"] == \
+        [("validation", 2, 2)] * 3 + [("test", 4, 4)]
+    out, err = capsys.readouterr()
+    assert out.startswith("device: cpu, 1 CPU thread(s) (--threads)\n")
+    if importlib.util.find_spec("tqdm") is not None:  # tqdm draws the bars on stderr
+        assert "validation: 100%" in err and "test: 100%" in err
+    assert "no calibration.png" in out and not (tmp_path / "calibration.png").exists()
+    assert results["calibration"] == json.loads((tmp_path / "results.json").read_text())["calibration"]
+    assert "expected calibration error" in out
+
+
+def test_calibration_in_results_is_that_of_the_saved_model(trained, data_dir):
+    # Recomputed without the script: the saved model on every test review in one padded batch.
+    saved = json.loads((trained / "results.json").read_text())
+    model = load_model(trained / "model.pt").eval()
+    tokenizer = tokenizer_from_state_dict(read_checkpoint(trained / "model.pt")["extra"]["tokenizer"])
+    _, test = imdb(str(data_dir))
+    ids, mask = pad_batch([tokenizer.encode(text, max_length=model.config.seq_length) or [1] for text, _ in test])
+    with torch.no_grad():
+        probabilities = model(ids, mask).exp()
+    expected = calibration(probabilities, [label for _, label in test]).to_dict()
+    got = saved["calibration"]
+    assert got["count"] == 120 and [b["count"] for b in got["bins"]] == [b["count"] for b in expected["bins"]]
+    assert [(b["from"], b["to"]) for b in got["bins"]][0] == (0.5, 0.55)  # 10 bins over [1/2, 1]
+    assert got["ece"] == pytest.approx(expected["ece"], abs=1e-5)
+    for key in ("mean_confidence_right", "mean_confidence_wrong"):  # (None when there are no such answers)
+        assert got[key] == expected[key] or got[key] == pytest.approx(expected[key], abs=1e-5)
+    # The bins' accuracies add up to the accuracy printed with them.
+    right = sum(b["count"] * b["accuracy"] for b in got["bins"] if b["count"])
+    assert right / 120 == pytest.approx(saved["accuracy"])

@@ -35,6 +35,8 @@ def script():
         (["--seed", str(2**70)], "--seed must be an int in [0, 2**32)"),
         (["--seed", "-1"], "--seed must be an int in [0, 2**32), got -1"),
         (["--preset", "tpu"], "--preset"),
+        (["--decode", "12a"], "--decode takes a string of digits 0-9, got '12a'"),
+        (["--decode", ""], "--decode takes a string of digits 0-9, got ''"),
     ],
 )
 def test_bad_flags_are_usage_errors_naming_the_flag(script, argv, message, tmp_path, capsys):
@@ -50,10 +52,11 @@ def test_every_flag_has_help(script, capsys):
         script.parse_args(["--help"])
     options = capsys.readouterr().out.split("options:")[1]
     entries = re.split(r"\n  (?=-)", options.strip())  # "--seed SEED   seed for ...", one per flag
-    assert len(entries) == 8  # -h and the seven flags
+    assert len(entries) == 9  # -h and the eight flags
     for entry in entries:
         invocation, *text = re.split(r"\s{2,}", entry, maxsplit=1)
         assert text, f"{invocation} has no help text"
+    assert "(--preset cpu: 1500; --preset gpu: 6000)" in " ".join(options.split())  # --steps: what presets set
 
 
 def test_tiny_run_decodes_and_plots(script, tmp_path):
@@ -62,3 +65,30 @@ def test_tiny_run_decodes_and_plots(script, tmp_path):
     assert set(result) == {"greedy", "beam"} and all(0 <= v <= 1 for v in result.values())
     pytest.importorskip("matplotlib")
     assert (tmp_path / "cross_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_trained_model_is_saved_and_decode_reverses_strings_with_it(script, tmp_path, capsys):
+    """--decode rebuilds the model from --out/model.pt alone and prints what Seq2SeqTransformer.generate gives."""
+    import torch
+
+    from torchformer.train.export import load_model
+
+    script.main(["--steps", "3", "--threads", "1", "--device", "cpu", "--out", str(tmp_path)])
+    assert ", 1 CPU thread(s) (--threads)" in capsys.readouterr().out
+    lines = script.main(["--decode", "4740", "--decode", "12", "--beam-size", "2", "--out", str(tmp_path),
+                         "--threads", "1"])
+    assert capsys.readouterr().out.splitlines() == lines
+    model = load_model(tmp_path / "model.pt")
+    for digits, line in zip(["4740", "12"], lines):
+        src = torch.tensor([[script.DIGIT0 + int(d) for d in digits]])
+        greedy = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS)[0])
+        beam = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS, beam_size=2)[0])
+        assert line == f"{digits} -> {greedy} (greedy), {beam} (beam 2)"
+    with pytest.raises(SystemExit, match="trained on strings of at most 10 digits, got 11"):
+        script.main(["--decode", "1" * 11, "--out", str(tmp_path), "--threads", "1"])
+    with pytest.raises(SystemExit, match="no trained model at .*model.pt: train first"):
+        script.main(["--decode", "12", "--out", str(tmp_path / "none"), "--threads", "1"])
+
+
+def test_the_default_output_folder_is_under_runs(script):
+    assert script.parse_args([]).out == Path("runs/seq2seq")  # never the current folder (the repository root)
