@@ -61,12 +61,12 @@ def test_choose_threads_leaves_the_busy_cores_to_other_programs(monkeypatch):
 
     assert choose_threads(3) == (3, "--threads")
     cores = max(1, min(len(os.sched_getaffinity(0)), torch.get_num_threads()))
-    monkeypatch.setattr(cli, "busy_cores", lambda: 0.1)
+    monkeypatch.setattr(cli, "busy_cores", lambda **_: 0.1)
     assert choose_threads()[0] == cores
-    monkeypatch.setattr(cli, "busy_cores", lambda: 0.9 * cores)  # every core busy elsewhere: still one thread
+    monkeypatch.setattr(cli, "busy_cores", lambda **_: 0.9 * cores)  # every core busy elsewhere: still one thread
     threads, why = choose_threads()
     assert threads == 1 and (cores == 1 or "busy with other programs" in why)
-    monkeypatch.setattr(cli, "busy_cores", lambda: None)  # no /proc/stat: torch's own choice
+    monkeypatch.setattr(cli, "busy_cores", lambda **_: None)  # no /proc/stat: torch's own choice
     assert choose_threads()[0] == cores
 
 
@@ -88,3 +88,17 @@ def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_busy_cores_counts_only_the_cores_asked_about(monkeypatch):
+    """Core 1 fully busy and core 0 idle over the interval: 1 busy core in all, none among {0}, one among {1}."""
+    import torchformer.train.cli as cli
+
+    # ticks per core: user nice system idle iowait; between the two reads core 0 idles 100 ticks, core 1 works 100.
+    reads = iter([{0: [0, 0, 0, 0, 0], 1: [0, 0, 0, 0, 0]}, {0: [0, 0, 0, 100, 0], 1: [80, 0, 20, 0, 0]}] * 3)
+    monkeypatch.setattr(cli, "_cpu_times", lambda: next(reads))
+    assert busy_cores(0) == pytest.approx(1.0)
+    assert busy_cores(0, cpus=[0]) == pytest.approx(0.0)
+    assert busy_cores(0, cpus=[1]) == pytest.approx(1.0)
+    monkeypatch.setattr(cli, "_cpu_times", lambda: {})  # no per-core lines: unknown, not zero
+    assert busy_cores(0) is None

@@ -19,7 +19,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -82,14 +82,15 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
 
     ``requested`` (a ``--threads`` flag) wins. Otherwise the cores this process may run on, less the ones other
     programs keep busy right now (measured over a quarter of a second), and at least 1. PyTorch's own default uses
-    every core, and when something else runs on one of them its threads keep waiting for each other (measured in
-    examples/README.md, "Threads").
+    every core, and when something else runs on one of them its threads keep waiting for each other (measured by
+    ``benchmarks/threads.py``; examples/README.md, "Threads").
     """
     if requested is not None:
         return requested, "--threads"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cores = len(allowed) if allowed is not None else (os.cpu_count() or 1)
     cores = max(1, min(cores, torch.get_num_threads()))  # torch's default, or OMP_NUM_THREADS when set
-    busy = busy_cores()
+    busy = busy_cores(cpus=allowed)
     if busy is None:
         return cores, f"{cores} core(s); --threads overrides"
     threads = max(1, min(cores, round(cores - busy)))
@@ -98,26 +99,35 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     return threads, f"{cores} cores, {busy:.1f} busy with other programs; --threads overrides"
 
 
-def busy_cores(seconds: float = 0.25) -> Optional[float]:
-    """How many of the machine's cores other programs kept busy over the next ``seconds`` (this process sleeps
-    meanwhile), from Linux's ``/proc/stat``; ``None`` where it cannot be read.
+def _cpu_times() -> dict[int, list[int]]:
+    """Per core, the time it spent in each state since boot (Linux's ``/proc/stat``, lines ``cpuN user nice system
+    idle iowait ...``, in ticks)."""
+    with open("/proc/stat") as f:
+        return {int(line[3:].split()[0]): [int(v) for v in line.split()[1:]]
+                for line in f if line.startswith("cpu") and line[3].isdigit()}
 
-    ``/proc/stat``'s first line counts the time all cores spent in each state since boot; of the time that passes
-    while we sleep, the share not spent idle (or waiting for disks) is the work of other programs.
+
+def busy_cores(seconds: float = 0.25, *, cpus: Optional[Sequence[int]] = None) -> Optional[float]:
+    """How many of the cores ``cpus`` (default: all) other programs kept busy over the next ``seconds`` (this
+    process sleeps meanwhile), from Linux's ``/proc/stat``; ``None`` where it cannot be read.
+
+    Of the time that passes on a core while we sleep, the share it did not spend idle (or waiting for disks) is the
+    work of other programs; summed over the cores, it counts busy cores. Only the cores this process may run on
+    matter: a busy core it cannot use slows none of its threads.
     """
-
-    def times() -> list[int]:
-        with open("/proc/stat") as f:
-            return [int(v) for v in f.readline().split()[1:]]
-
     try:
-        before = times()
+        before = _cpu_times()
         time.sleep(seconds)
-        after = times()
-    except (OSError, ValueError):
+        after = _cpu_times()
+    except (OSError, ValueError, IndexError):
         return None
-    delta = [a - b for a, b in zip(after, before)]
-    total, idle = sum(delta), delta[3] + (delta[4] if len(delta) > 4 else 0)  # fields: user nice system idle iowait
-    if total <= 0:
+    chosen = [c for c in (before if cpus is None else cpus) if c in before and c in after]
+    if not chosen:
         return None
-    return (os.cpu_count() or 1) * (total - idle) / total
+    busy = 0.0
+    for c in chosen:
+        delta = [a - b for a, b in zip(after[c], before[c])]
+        total, idle = sum(delta), delta[3] + (delta[4] if len(delta) > 4 else 0)  # user nice system idle iowait
+        if total > 0:
+            busy += (total - idle) / total
+    return busy
