@@ -33,7 +33,9 @@ from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer
-from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
+from torchformer.train.cli import (
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+)
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
     resolve_device, set_seed, warmup_cosine,
@@ -74,29 +76,9 @@ CHECKS = {
 }
 
 
-def flag(key: str, value) -> str:
-    """How a preset's setting would be typed: ``--max-length 512``, ``--max-pool`` or ``--no-max-pool``."""
-    name = key.replace("_", "-")
-    return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
-
-
-def preset_help(width: int = 100) -> str:
-    """The end of ``--help``: each preset as the flags it stands for, a flag and its value never split."""
-    lines = ["presets (the flags you do not give; an explicit flag always wins):"]
-    for name, preset in PRESETS.items():
-        line = f"  --preset {name} means"
-        for key, value in preset.items():
-            if len(line) + 1 + len(flag(key, value)) > width:
-                lines.append(line)
-                line = "   "
-            line += " " + flag(key, value)
-        lines.append(line)
-    return "\n".join(lines)
-
-
 def build_parser() -> argparse.ArgumentParser:
     # RawDescription: the preset list keeps its lines; the flags' help is wrapped to the terminal.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=preset_help(),
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=preset_epilog(PRESETS),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = preset_flags(p, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
     add("-e", "--num-epochs", type=int, help="passes over the training reviews")
@@ -121,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model")
     add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle, measured at "
-        "the start; the results do not depend on it, the speed does)")
+        "the start). It changes the speed, and the rounding of sums: to reproduce a recorded figure "
+        "exactly, use its thread count")
     add("--data", help="folder with imdb_{train,test}.jsonl.gz, an aclImdb/ folder or aclImdb_v1.tar.gz")
     add("--download", action="store_true", help="without --data: fetch the official archive if it is missing")
     add("--val-size", type=int, default=5000, help="training reviews held out for validation")

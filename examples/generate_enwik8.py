@@ -32,7 +32,9 @@ from torchformer import GTransformer
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
-from torchformer.train.cli import POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
+from torchformer.train.cli import (
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+)
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, load_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device,
@@ -55,15 +57,7 @@ PRESETS = {
                 context=1024, dropout=0.0, kqnorm=True, positions="rotary", norm="rms", activation="swiglu",
                 test_every=2000, test_subset=100_000),
 }
-def flag(key: str, value) -> str:
-    """How a preset's setting would be typed: ``--num-batches 2000``, ``--kqnorm`` or ``--no-kqnorm``."""
-    name = key.replace("_", "-")
-    return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
 
-
-PRESET_HELP = "presets (an explicit flag always wins): " + "; ".join(
-    f"--preset {name} means " + " ".join(flag(key, value) for key, value in preset.items())
-    for name, preset in PRESETS.items())
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
                 "window", "wide")
@@ -99,7 +93,8 @@ CHECKS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=PRESET_HELP)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=preset_epilog(PRESETS),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add = preset_flags(p, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
     add("-N", "--num-batches", type=int, help="optimizer steps to train for")
     add("--minutes", type=float, help="instead of -N: train for about this many minutes (-N is set from the "
@@ -149,7 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "probability (nucleus sampling; default: all)")
     add("--peak-tflops", type=float, default=989.0, help="accelerator peak for MFU (989: H100 bf16 dense)")
     add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle, measured at "
-        "the start; the figures do not depend on it, the speed does)")
+        "the start). It changes the speed, and the rounding of sums: to reproduce a recorded figure "
+        "exactly, use its thread count")
     add("--log-every", type=int, default=10, help="read the losses and log them every N steps")
     add("--stop-after", type=int, help=argparse.SUPPRESS)  # tests: checkpoint at step N, then exit as if killed
     args = p.parse_args(argv)

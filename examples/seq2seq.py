@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 import time
 from pathlib import Path
 
@@ -119,10 +120,15 @@ CHECKS = {
 }
 
 
-PRESET_HELP = "presets: " + "; ".join(
-    f"--preset {name}: " + ", ".join(f"{key} {value}" for key, value in preset.items()) for name, preset in
-    PRESETS.items()) + " (emb: embedding size, depth: blocks in the encoder and in the decoder, len: digits per " \
-    "string, batch: strings per step, lr: peak learning rate of AdamW, test: held-out strings)"
+# The end of --help: the presets are settings of the script, not flags, so they are listed as such.
+PRESET_HELP = "\n".join([
+    "presets:",
+    *(textwrap.fill(f"--preset {name}: " + ", ".join(f"{key} {value}" for key, value in preset.items()), width=100,
+                    initial_indent="  ", subsequent_indent="    ") for name, preset in PRESETS.items()),
+    textwrap.fill("emb: embedding size, depth: blocks in the encoder and in the decoder, min_len/max_len: digits per "
+                  "string, batch: strings per step, lr: peak learning rate of AdamW, test: held-out strings",
+                  width=100, initial_indent="  ", subsequent_indent="  "),
+])
 
 
 def parse_args(argv=None) -> argparse.Namespace:

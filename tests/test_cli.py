@@ -102,3 +102,18 @@ def test_busy_cores_counts_only_the_cores_asked_about(monkeypatch):
     assert busy_cores(0, cpus=[1]) == pytest.approx(1.0)
     monkeypatch.setattr(cli, "_cpu_times", lambda: {})  # no per-core lines: unknown, not zero
     assert busy_cores(0) is None
+
+
+def test_preset_epilog_writes_each_preset_as_flags_without_splitting_one():
+    from torchformer.train.cli import as_flag, preset_epilog
+
+    assert as_flag("num_batches", 2000) == "--num-batches 2000"
+    assert as_flag("kqnorm", True) == "--kqnorm" and as_flag("kqnorm", False) == "--no-kqnorm"
+    presets = {"cpu": {f"option_number_{i}": i * 1000 for i in range(12)}, "gpu": {"minutes": 10.0, "wide": True}}
+    text = preset_epilog(presets, width=60)
+    lines = text.splitlines()
+    assert lines[0].startswith("presets") and all(len(line) <= 60 for line in lines[1:])
+    typed = " ".join(lines[1:]).split()
+    for i in range(12):  # every flag is followed by its own value, wherever the lines break
+        assert typed[typed.index(f"--option-number-{i}") + 1] == str(i * 1000)
+    assert lines[-1] == "  --preset gpu means --minutes 10.0 --wide"

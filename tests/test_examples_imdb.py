@@ -24,6 +24,7 @@ from torchformer.data.batching import pad_batch
 from torchformer.data.imdb_dataset import imdb
 from torchformer.data.tokenizers import tokenizer_from_state_dict
 from torchformer.train.checkpoint import read_checkpoint
+from torchformer.train.cli import as_flag
 from torchformer.train.export import load_model
 from torchformer.train.metrics import calibration
 
@@ -265,7 +266,7 @@ def test_help_says_what_each_preset_sets(script, capsys):
     assert "default: the cores other programs leave idle" in text  # --threads
     # The epilog: each preset as the flags it stands for, in a form that can be typed.
     for name, preset in script.PRESETS.items():
-        assert f"--preset {name} means " + " ".join(script.flag(k, v) for k, v in preset.items()) in text
+        assert f"--preset {name} means " + " ".join(as_flag(k, v) for k, v in preset.items()) in text
     assert "--max-length 2048" in text and "--no-max-pool" in text
     actions = script.build_parser()._actions
     for action in actions:  # every flag says what it does
@@ -356,3 +357,31 @@ def test_calibration_in_results_is_that_of_the_saved_model(trained, data_dir):
     # The bins' accuracies add up to the accuracy printed with them.
     right = sum(b["count"] * b["accuracy"] for b in got["bins"] if b["count"])
     assert right / 120 == pytest.approx(saved["accuracy"])
+
+
+def load_word_order_script():
+    spec = importlib.util.spec_from_file_location("word_order_imdb", SCRIPT.parent / "word_order_imdb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_word_order_script_scores_the_written_reviews_as_classify_imdb_did(trained, data_dir, tmp_path, capsys):
+    """examples/word_order_imdb.py: its accuracy on the reviews as written is the --final test accuracy of the run
+    (same model, same tokenization and cut); the shuffle keeps each review's tokens; the rule of the tiny corpus
+    ("great" or "awful" anywhere) ignores order, so the shuffled reviews are classified about as well."""
+    word_order = load_word_order_script()
+    result = word_order.main(["--data", str(data_dir), "--out", str(trained), "--threads", "1"])
+    assert result["reviews"] == 120
+    assert result["accuracy_as_written"] == pytest.approx(json.loads((trained / "results.json").read_text())["accuracy"])
+    assert result["accuracy_words_shuffled"] >= 0.9 and 0 <= result["predictions_changed"] <= 0.1
+    assert json.loads((trained / "word_order.json").read_text()) == json.loads(json.dumps(result))
+    assert "with each review's words shuffled" in capsys.readouterr().out
+
+    encoded = [[5, 6, 7, 8, 9, 10], [3], [4, 4, 2]]
+    once = word_order.shuffle_each(encoded, torch.Generator().manual_seed(0))
+    assert [sorted(a) for a in once] == [sorted(b) for b in encoded]  # the same tokens, as often
+    assert once == word_order.shuffle_each(encoded, torch.Generator().manual_seed(0))  # seeded
+    assert once[0] != encoded[0]
+    with pytest.raises(SystemExit, match="no trained model at .*model.pt"):
+        word_order.main(["--data", str(data_dir), "--out", str(tmp_path), "--threads", "1"])

@@ -8,8 +8,9 @@ A script lists the valid values of its flags as ``{dest: (test, what the flag mu
     args = parser.parse_args(argv)
     check_flags(parser, args, CHECKS)
 
-:func:`preset_flags` adds flags whose help says their default, or what each ``--preset`` sets them to, so ``--help``
-tells a user what a run will do without reading the source; :func:`choose_threads` picks the CPU threads.
+:func:`preset_flags` adds flags whose help says their default, or what each ``--preset`` sets them to, and
+:func:`preset_epilog` writes each preset out as flags, so ``--help`` tells a user what a run will do without reading
+the source; :func:`choose_threads` picks the CPU threads.
 """
 
 from __future__ import annotations
@@ -75,6 +76,29 @@ def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[
         return action
 
     return add
+
+
+def as_flag(key: str, value: Any) -> str:
+    """How a preset's setting is typed on the command line: ``--num-batches 2000``, ``--kqnorm``, ``--no-kqnorm``."""
+    name = key.replace("_", "-")
+    return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
+
+
+def preset_epilog(presets: Mapping[str, Mapping[str, Any]], *, width: int = 100) -> str:
+    """The end of a script's ``--help``: each preset written out as the flags it stands for, wrapped at ``width``
+    without ever splitting a flag from its value. Use it with ``argparse.RawDescriptionHelpFormatter``, which keeps
+    these lines as they are."""
+    lines = ["presets (the flags you do not give; an explicit flag always wins):"]
+    for name, preset in presets.items():
+        line = f"  --preset {name} means"
+        for key, value in preset.items():
+            typed = as_flag(key, value)
+            if len(line) + 1 + len(typed) > width:
+                lines.append(line)
+                line = "   "
+            line += " " + typed
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
