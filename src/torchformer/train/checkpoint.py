@@ -79,8 +79,9 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 _SAFE_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
 # Config fields that change how a model trains or computes, not what its weights mean: a checkpoint loads into a
-# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path).
-TRAINING_ONLY_FIELDS = ("dropout", "impl")
+# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
+# and activation checkpointing is a memory choice of the training run).
+TRAINING_ONLY_FIELDS = ("dropout", "impl", "checkpoint_blocks")
 
 
 class CheckpointError(ValueError):
@@ -252,9 +253,9 @@ def load_checkpoint(
     ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
-    configs must agree in every field except the training-time ones, ``dropout`` and ``impl``
-    (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is routinely evaluated
-    with dropout 0 or on the reference attention path. Other modules are checked by their weights' keys and shapes.
+    configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
+    ``checkpoint_blocks`` (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
+    routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing. Other modules are checked by their weights' keys and shapes.
 
     Raises ``FileNotFoundError`` for a missing file, :class:`CheckpointError` (a ``ValueError``) for a file that
     is empty, truncated, damaged (its integrity digest does not match) or not a checkpoint, and ``ValueError`` when
