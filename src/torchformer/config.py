@@ -63,6 +63,11 @@ class TransformerConfig:
         impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``) or ``"reference"`` (matmul-softmax-matmul).
         pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
         tie_weights: share the token embedding with the output layer of a generator.
+        checkpoint_blocks: activation checkpointing: while training, keep only each block's input and recompute
+            the activations inside the block in the backward pass (``torch.utils.checkpoint``, non-reentrant). Saves
+            memory (the activations of one block instead of all of them) for about a third more compute; the
+            results and gradients are the same, dropout included. A training-time choice, not architecture: a
+            checkpoint saved with it loads into a model without it. Never applies while decoding with a KV cache.
     """
 
     emb: int
@@ -87,6 +92,7 @@ class TransformerConfig:
     kv_heads: Optional[int] = None
     window: Optional[int] = None
     input_dim: Optional[int] = None
+    checkpoint_blocks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -95,7 +101,7 @@ class TransformerConfig:
                      "input_dim"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
-        for name in ("wide", "prenorm", "kqnorm", "tie_weights"):
+        for name in ("wide", "prenorm", "kqnorm", "tie_weights", "checkpoint_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.

@@ -136,6 +136,11 @@ class TransformerModel(nn.Module):
 
         return load_model(path, model_class=cls, map_location=map_location)
 
+    def transformer_blocks(self) -> list[nn.Module]:
+        """Every transformer block of the model, in the order they run: the units that FSDP shards one at a time
+        (:func:`torchformer.train.distributed.wrap_model`). Each model class lists its own."""
+        raise NotImplementedError(f"{type(self).__name__} must list its blocks in transformer_blocks()")
+
 
 class CTransformer(TransformerModel):
     """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
@@ -184,6 +189,9 @@ class CTransformer(TransformerModel):
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
         return [block.attention for block in self.encoder.blocks]
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        return list(self.encoder.blocks)
 
 
 class GTransformer(TransformerModel):
@@ -240,6 +248,9 @@ class GTransformer(TransformerModel):
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
         return [block.attention for block in self.blocks.blocks]
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        return list(self.blocks.blocks)
 
     def generate(
         self,
@@ -360,6 +371,9 @@ class Seq2SeqTransformer(TransformerModel):
         cross-attention sized by the encoder's output on the first step."""
         capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
         return [BlockCache(capacity) for _ in self.decoder.blocks]
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        return [*self.encoder.blocks, *self.decoder.blocks]
 
     def generate(
         self,

@@ -14,14 +14,23 @@ blocks the last block already normalised it.
 Both are built from a :class:`~torchformer.config.TransformerConfig`; ``block_class`` picks the block (a subclass
 for a variant, see ``docs/extending.md``).
 
+With ``config.checkpoint_blocks`` (activation checkpointing) each block's call goes through
+``torch.utils.checkpoint`` while training: the forward pass keeps only the block's inputs, and the backward pass runs
+the block again to get the activations it needs. Non-reentrant checkpointing replays the random number generator, so
+dropout draws the same masks both times and the gradients are those of the plain model. It is skipped when nothing
+needs gradients (evaluation, ``torch.no_grad``) and with KV caches: decoding writes the caches, and a recomputation
+would write them twice.
+
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from torchformer.config import TransformerConfig
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
@@ -29,6 +38,14 @@ from torchformer.nn.norms import make_norm
 
 if TYPE_CHECKING:
     from torchformer.decoding.cache import BlockCache
+
+
+def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
+    """``block(*args, cache=cache, **kwargs)``, through activation checkpointing when ``checkpointed`` and the call
+    is a training step (the block is in training mode, gradients are on, no KV cache)."""
+    if checkpointed and cache is None and block.training and torch.is_grad_enabled():
+        return checkpoint(block, *args, cache=None, use_reentrant=False, **kwargs)
+    return block(*args, cache=cache, **kwargs)
 
 
 class Encoder(nn.Module):
@@ -51,6 +68,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(block_class(config, causal=causal) for _ in range(config.depth))
         self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
+        self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(
         self,
@@ -61,7 +79,8 @@ class Encoder(nn.Module):
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, positions=positions, cache=None if caches is None else caches[i])
+            x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
+                          cache=None if caches is None else caches[i])
         return self.norm(x)
 
 
@@ -82,6 +101,7 @@ class Decoder(nn.Module):
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.blocks = nn.ModuleList(block_class(config) for _ in range(depth))
         self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
+        self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(
         self,
@@ -94,5 +114,6 @@ class Decoder(nn.Module):
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
         for i, block in enumerate(self.blocks):
-            x = block(x, context, mask, context_mask, positions=positions, cache=None if caches is None else caches[i])
+            x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
+                          cache=None if caches is None else caches[i])
         return self.norm(x)

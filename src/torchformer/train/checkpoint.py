@@ -79,8 +79,9 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 _SAFE_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
 # Config fields that change how a model trains or computes, not what its weights mean: a checkpoint loads into a
-# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path).
-TRAINING_ONLY_FIELDS = ("dropout", "impl")
+# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
+# and activation checkpointing is a memory choice of the training run).
+TRAINING_ONLY_FIELDS = ("dropout", "impl", "checkpoint_blocks")
 
 
 class CheckpointError(ValueError):
@@ -101,6 +102,16 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model.module
         else:
             return model
+
+
+def model_class(model: nn.Module) -> type:
+    """The class ``model`` was built as. FSDP2's ``fully_shard`` swaps a module's class for a generated subclass
+    (``FSDPGTransformer``), which no other process could rebuild: the class saved is the one it derives from."""
+    try:
+        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6, and only where torch.distributed is built
+    except ImportError:
+        return type(model)
+    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
 
 
 def checkpoint_path(directory: PathLike, step: int) -> Path:
@@ -204,27 +215,58 @@ def save_checkpoint(
     the checkpoint also holds ``"model_class"`` (its class name) and ``"config"`` (``model.config.to_dict()``).
     """
     path = _check_file_path(path)
+    target = unwrap_model(model)
+    payload = build_payload(
+        target, target.state_dict(), optimizer, None if optimizer is None else optimizer.state_dict(), scheduler,
+        step=step, extra=extra, generators=generators,
+    )
+    return write_payload(path, payload)
+
+
+def build_payload(
+    target: nn.Module,
+    model_state: Mapping[str, torch.Tensor],
+    optimizer: Optional[torch.optim.Optimizer],
+    optimizer_state: Optional[Mapping[str, Any]],
+    scheduler: Optional[Any],
+    *,
+    step: int,
+    extra: Optional[Mapping[str, Any]],
+    generators: Optional[Mapping[str, torch.Generator]],
+) -> dict:
+    """What a checkpoint file holds, from the states already taken: ``model_state`` of the unwrapped ``target``
+    and ``optimizer_state`` of ``optimizer`` (:mod:`torchformer.train.distributed_checkpoint` gathers them from
+    all processes first)."""
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
-    target = unwrap_model(model)
     payload = {
         "format_version": FORMAT_VERSION,
         "step": _check_step(step),
-        "model": target.state_dict(),
-        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "model": model_state,
+        "optimizer": optimizer_state,
         # The classes, so that loading Adam's state into SGD (which would fail at its first step) is refused.
         "optimizer_class": None if optimizer is None else type(optimizer).__name__,
         "scheduler": None if scheduler is None else scheduler.state_dict(),
         "scheduler_class": None if scheduler is None else type(scheduler).__name__,
         "extra": {} if extra is None else dict(extra),
         "rng": _capture_rng_state(),
-        "generators": {name: g.get_state() for name, g in _check_generators(generators).items()},
+        "generators": generator_states(generators),
     }
     if isinstance(target, TransformerModel):  # plain data, so weights_only loading reads it back
-        payload["model_class"] = type(target).__name__
+        payload["model_class"] = model_class(target).__name__
         payload["config"] = target.config.to_dict()
+    return payload
+
+
+def generator_states(generators: Optional[Mapping[str, torch.Generator]]) -> dict:
+    """``{name: state}`` of the named generators (checked)."""
+    return {name: g.get_state() for name, g in _check_generators(generators).items()}
+
+
+def write_payload(path: Path, payload: dict) -> Path:
+    """Check that ``payload`` loads with ``weights_only=True``, add its integrity digest, write it atomically."""
     _check_loadable(payload, "checkpoint")
-    payload["integrity"] = {"sha256": _digest(payload)}  # last: it covers everything above
+    payload = {**payload, "integrity": {"sha256": _digest(payload)}}  # last: it covers everything above
 
     def write(tmp: Path) -> None:
         with open(tmp, "xb") as f:
@@ -252,9 +294,9 @@ def load_checkpoint(
     ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
-    configs must agree in every field except the training-time ones, ``dropout`` and ``impl``
-    (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is routinely evaluated
-    with dropout 0 or on the reference attention path. Other modules are checked by their weights' keys and shapes.
+    configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
+    ``checkpoint_blocks`` (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
+    routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing. Other modules are checked by their weights' keys and shapes.
 
     Raises ``FileNotFoundError`` for a missing file, :class:`CheckpointError` (a ``ValueError``) for a file that
     is empty, truncated, damaged (its integrity digest does not match) or not a checkpoint, and ``ValueError`` when
@@ -268,24 +310,9 @@ def load_checkpoint(
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
-    _check_architecture(_saved_config(ckpt, path), ckpt.get("model_class"), target, path)
-    state = _match_state_dict(ckpt["model"], target, path)
+    state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
     states = {"optimizer": optimizer, "scheduler": scheduler}
-    for name, obj in states.items():
-        if obj is None:
-            continue
-        if ckpt.get(name) is None:
-            raise ValueError(f"{name} was given but the checkpoint {path} holds no {name} state")
-        saved_class = ckpt.get(f"{name}_class")  # absent in checkpoints written before 0.3
-        if saved_class is not None and saved_class != type(obj).__name__:
-            raise ValueError(f"checkpoint {path} holds the state of a {saved_class} {name}, but the {name} given is "
-                             f"a {type(obj).__name__}; use a {saved_class}, or leave the {name} out")
-    if optimizer is not None:
-        _check_optimizer_groups(ckpt["optimizer"], optimizer, path)
     generators, saved = _check_generators(generators), ckpt.get("generators", {})
-    for name in generators:
-        if name not in saved:
-            raise ValueError(f"generators[{name!r}] is not in the checkpoint {path}; it has {sorted(saved)}")
 
     target.load_state_dict(state)
     for name, obj in states.items():
@@ -296,6 +323,37 @@ def load_checkpoint(
     if restore_rng and "rng" in ckpt:
         _restore_rng_state(ckpt["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
+
+
+def check_payload(
+    ckpt: Mapping[str, Any],
+    path: Path,
+    target: nn.Module,
+    *,
+    optimizer: Optional[torch.optim.Optimizer],
+    scheduler: Optional[Any],
+    generators: Optional[Mapping[str, torch.Generator]],
+) -> dict:
+    """Everything :func:`load_checkpoint` checks before it changes anything; returns the model's state with any
+    wrapper prefixes stripped. Raises ``ValueError`` naming what does not fit."""
+    _check_architecture(_saved_config(ckpt, path), ckpt.get("model_class"), target, path)
+    state = _match_state_dict(ckpt["model"], target, path)
+    for name, obj in {"optimizer": optimizer, "scheduler": scheduler}.items():
+        if obj is None:
+            continue
+        if ckpt.get(name) is None:
+            raise ValueError(f"{name} was given but the checkpoint {path} holds no {name} state")
+        saved_class = ckpt.get(f"{name}_class")  # absent in checkpoints written before 0.3
+        if saved_class is not None and saved_class != type(obj).__name__:
+            raise ValueError(f"checkpoint {path} holds the state of a {saved_class} {name}, but the {name} given is "
+                             f"a {type(obj).__name__}; use a {saved_class}, or leave the {name} out")
+    if optimizer is not None:
+        _check_optimizer_groups(ckpt["optimizer"], optimizer, path)
+    saved = ckpt.get("generators", {})
+    for name in _check_generators(generators):
+        if name not in saved:
+            raise ValueError(f"generators[{name!r}] is not in the checkpoint {path}; it has {sorted(saved)}")
+    return state
 
 
 def read_checkpoint(path: PathLike) -> dict:

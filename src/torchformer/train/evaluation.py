@@ -20,6 +20,11 @@ seed, so every evaluation scores the same bytes and the curve is comparable over
 over the whole split, the result estimates the figure for the whole split; scoring only its first bytes does
 not (one stretch of text can be much easier or harder than the rest: the first 20,000 bytes of the enwik8
 validation split score 0.3 bits per byte lower than the whole of it).
+
+On several processes (:mod:`torchformer.train.distributed`), ``distributed=True`` shares the batches out: each
+process scores every ``world_size``-th batch, and the sums of bits and of scored bytes are added up over the
+processes. The result is the single-process figure exactly: each batch's sum is computed as one process would, and
+the per-batch sums are added with ``math.fsum`` (exactly rounded, so the order of addition does not matter).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import check_positive_int
+from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import progress as progress_bar
 
 
@@ -64,6 +70,7 @@ def bits_per_byte(
     seed: int = 0,
     device: Optional[Union[str, torch.device]] = None,
     progress: Optional[str] = None,
+    distributed: bool = False,
 ) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
 
@@ -81,6 +88,9 @@ def bits_per_byte(
         device: where to run; default the device of the model's parameters (or of ``data``).
         progress: show a progress bar with this label while scoring (when tqdm is installed; see
             :func:`torchformer.train.training.progress`); default none. Scoring a whole split can take minutes.
+        distributed: every process of the process group calls this with the same arguments and scores its
+            share of the batches; all return the figure of the whole data (see the module docstring). Without
+            a process group, the same as ``False``.
 
     Returns:
         total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1`` (with ``windows``:
@@ -105,6 +115,8 @@ def bits_per_byte(
         check_positive_int(windows, "windows")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be a bool, got {type(distributed).__name__} {distributed!r}")
     if progress is not None and not isinstance(progress, str):
         raise TypeError(f"progress must be a label (str) or None, got {type(progress).__name__} {progress!r}")
     if device is None:
@@ -127,29 +139,41 @@ def bits_per_byte(
     offsets = torch.arange(length + 1, device=device)
     positions = torch.arange(length, device=device)
 
-    total_nats = torch.zeros((), dtype=torch.float64, device=device)
-    counted = 0
+    batches = list(range(0, len(starts), batch_size))
+    nats = torch.zeros(len(batches), dtype=torch.float64)  # per batch: the sum of -log p over its scored bytes
+    counts = torch.zeros(len(batches), dtype=torch.long)
+    rank, world_size = rank_and_world_size() if distributed else (0, 1)
+    mine = range(rank, len(batches), world_size)
+    # Every process runs the same number of forward passes: an FSDP model gathers its parameters with all the
+    # processes in each one. A process whose share is one batch short scores its first batch again, unrecorded.
+    rounds = math.ceil(len(batches) / world_size)
+    plan = [*mine, *[None] * (rounds - len(mine))]
     was_training = model.training
     model.eval()
-    batches = range(0, len(starts), batch_size)
     if progress is not None:
-        batches = progress_bar(batches, desc=progress)
+        plan = progress_bar(plan, desc=progress)
     try:
-        for i in batches:
-            windows = data[starts[i:i + batch_size, None] + offsets].long()  # (b, length + 1)
-            inputs, targets = windows[:, :-1], windows[:, 1:]
+        for k in plan:
+            i = batches[0 if k is None else k]
+            rows = data[starts[i:i + batch_size, None] + offsets].long()  # (b, length + 1): a batch of windows
+            inputs, targets = rows[:, :-1], rows[:, 1:]
             logp = model(inputs)
             if i == 0:
                 _check_output(logp, inputs, data)
+            if k is None:
+                continue
             picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, length)
             scored = positions >= first[i:i + batch_size, None]
-            total_nats -= torch.where(scored, picked.double(), 0.0).sum()
-            counted += int(scored.sum())
+            nats[k] = -torch.where(scored, picked.double(), 0.0).sum().cpu()
+            counts[k] = int(scored.sum())
     finally:
         model.train(was_training)
+    if world_size > 1:  # each batch was scored by one process and is 0 elsewhere: the sums are exact
+        nats, counts = all_reduce_sum(nats), all_reduce_sum(counts)
+    total_nats, counted = math.fsum(nats.tolist()), int(counts.sum())
 
     assert windows is not None or counted == n - 1, (counted, n)  # every byte after the first, exactly once
-    return total_nats.item() / math.log(2) / counted
+    return total_nats / math.log(2) / counted
 
 
 def _check_output(logp: Tensor, inputs: Tensor, data: Tensor) -> None:

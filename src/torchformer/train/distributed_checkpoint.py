@@ -1,0 +1,142 @@
+"""Checkpoints of a model trained on several processes (DDP or FSDP2), that resume on any number of processes.
+
+A checkpoint here is one ordinary torchformer checkpoint file (:mod:`torchformer.train.checkpoint`): the *full*
+model and optimizer states, gathered from the shards onto the main process, which writes the file atomically with
+its SHA-256 digest and the model's config. Because the file holds whole tensors rather than ``world_size`` shards,
+a run on 2 processes resumes on 1 or 8, and :func:`~torchformer.train.export.load_model` or
+:func:`~torchformer.train.checkpoint.load_checkpoint` read its weights like any other checkpoint.
+
+Why one full file rather than ``torch.distributed.checkpoint``'s folder of shards: torchformer's models are small
+enough that the main process can hold a whole copy in CPU memory, and one file keeps every guarantee the library
+already gives (atomic writes, integrity digest, config check, ``latest_intact_checkpoint``). A model too large for
+one machine's CPU memory needs ``torch.distributed.checkpoint`` (each process writes its own shard) instead.
+
+Both functions are collective: every process calls them, with the same arguments. Gathering and scattering use
+``torch.distributed.checkpoint.state_dict`` (``get_state_dict``/``set_state_dict`` with ``full_state_dict=True``),
+PyTorch's own conversion between shards and full tensors. The optimizer state is stored keyed by parameter names,
+so it fits a model sharded in any way. Every process reads the file when loading: on several machines the folder
+must be shared (a network file system), as it must be for any resume.
+
+**Random number generators.** Each process has its own (the dropout masks of its share of the batch). The file
+holds every process's generator states; a run resumed on the same number of processes restores each process's own,
+so it continues exactly as the uninterrupted run would have. On another number of processes each one gets rank 0's
+states: training continues correctly, but the batches are split differently, so not bit for bit as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+)
+
+from torchformer.train.checkpoint import (
+    PathLike, _capture_rng_state, _check_file_path, _read_payload, _restore_rng_state, build_payload,
+    check_payload, generator_states, unwrap_model, write_payload,
+)
+from torchformer.train.distributed import rank_and_world_size
+
+
+def save_distributed_checkpoint(
+    path: PathLike,
+    *,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    step: int,
+    extra: Optional[Mapping[str, Any]] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+) -> Path:
+    """Gather the full model and optimizer states onto rank 0, which writes them to ``path`` atomically.
+
+    Every process must call it. ``model`` is the wrapped model (DDP, FSDP2, ``torch.compile``, or a plain module
+    in a single process); the arguments are those of :func:`~torchformer.train.checkpoint.save_checkpoint`. Returns
+    ``path`` on every process once the file is complete; if the write failed, every process raises.
+    """
+    path = _check_file_path(path)
+    target = unwrap_model(model)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
+    if optimizer is None:
+        model_state, optimizer_state = get_model_state_dict(target, options=options), None
+    else:
+        model_state, optimizer_state = get_state_dict(target, optimizer, options=options)
+    ranks = _gather({"rng": _capture_rng_state(), "generators": generator_states(generators)})
+    error = None
+    if ranks is not None:  # the main process
+        try:
+            payload = build_payload(target, model_state, optimizer, optimizer_state, scheduler, step=step,
+                                    extra=extra, generators=generators)
+            payload["ranks"] = ranks  # every process's generators, by rank
+            write_payload(path, payload)
+        except Exception as e:  # noqa: BLE001 - reported on every process below, so none waits forever
+            error = e
+    message = _broadcast(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RuntimeError(f"rank 0 could not save the checkpoint {path}: {message}")
+    return path
+
+
+def load_distributed_checkpoint(
+    path: PathLike,
+    *,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[Any] = None,
+    generators: Optional[Mapping[str, torch.Generator]] = None,
+    restore_rng: bool = True,
+) -> dict:
+    """Load a checkpoint of :func:`save_distributed_checkpoint` into a model on any number of processes.
+
+    Every process must call it (with the wrapped model, and the optimizer built after wrapping). Each process
+    reads the file, checks it as :func:`~torchformer.train.checkpoint.load_checkpoint` does (integrity,
+    architecture, keys and shapes, optimizer and scheduler classes) and takes its part of every tensor.
+    Returns ``{"step": int, "extra": dict, "world_size": int}``, ``world_size`` being that of the saving run.
+    """
+    path = Path(path)
+    ckpt = _read_payload(path, map_location="cpu", mmap=False, verify=True)
+    target = unwrap_model(model)
+    state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
+    if not isinstance(restore_rng, bool):
+        raise TypeError(f"restore_rng must be a bool, got {type(restore_rng).__name__} {restore_rng!r}")
+
+    options = StateDictOptions(full_state_dict=True)  # every process passes the whole state and keeps its shard
+    if optimizer is None:
+        set_model_state_dict(target, state, options=options)
+    else:
+        set_state_dict(target, optimizer, model_state_dict=state, optim_state_dict=ckpt["optimizer"], options=options)
+    if scheduler is not None:
+        scheduler.load_state_dict(ckpt["scheduler"])
+    ranks = ckpt.get("ranks") or [{"rng": ckpt["rng"], "generators": ckpt.get("generators", {})}]
+    rank, world_size = rank_and_world_size()
+    mine = ranks[rank] if len(ranks) == world_size else ranks[0]  # see the module docstring
+    for name, g in (generators or {}).items():
+        g.set_state(mine["generators"][name].cpu())
+    if restore_rng:
+        _restore_rng_state(mine["rng"])
+    return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks)}
+
+
+def _gather(obj: Any) -> Optional[list]:
+    """Every process's ``obj``, as a list by rank, on rank 0; ``None`` on the others."""
+    if not dist.is_initialized():
+        return [obj]
+    rank, world_size = rank_and_world_size()
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every process."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

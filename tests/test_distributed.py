@@ -1,0 +1,251 @@
+"""Training on two processes (gloo, CPU) gives what one process gives, and checkpoints move between world sizes.
+
+One 2-process job (``torch.multiprocessing``, spawned once for the module: each process costs seconds to start on
+one core) runs every multi-process scenario and writes what it found into a folder; the tests compare those files
+with single-process references computed here. The job has a deadline and a short collective timeout, so a broken
+rank fails the tests instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available in this build of torch", allow_module_level=True)
+
+from torchformer import GTransformer  # noqa: E402
+from torchformer.train.distributed import (  # noqa: E402
+    all_reduce_mean, all_reduce_sum, is_main_process, rank_and_world_size, setup_distributed, shard,
+    teardown_distributed, wrap_model,
+)
+from torchformer.train.distributed_checkpoint import (  # noqa: E402
+    load_distributed_checkpoint, save_distributed_checkpoint,
+)
+from torchformer.train.evaluation import bits_per_byte  # noqa: E402
+
+WORLD = 2
+DEADLINE = 150  # seconds for the whole job; a hung rank fails the tests after this
+
+
+def model(**options) -> GTransformer:
+    torch.manual_seed(0)  # the same initial weights in every process
+    return GTransformer(16, 2, 2, 8, 11, prenorm=True, **options)
+
+
+def batch(step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of a step: 4 sequences, inputs and next tokens; each rank takes 2 of them."""
+    g = torch.Generator().manual_seed(10 + step)
+    x = torch.randint(0, 11, (4, 9), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def rank_part(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    n = x.size(0) // world
+    return x[rank * n:(rank + 1) * n]
+
+
+def train_step(net, optimizer, step: int, rank: int = 0, world: int = 1) -> None:
+    x, y = (rank_part(t, rank, world) for t in batch(step))
+    optimizer.zero_grad()
+    F.nll_loss(net(x).transpose(1, 2), y).backward()
+    optimizer.step()
+
+
+def full_state(net) -> dict:
+    """The whole model's weights on rank 0 (gathered from the shards), {} elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def eval_data() -> torch.Tensor:
+    return torch.randint(0, 11, (60,), generator=torch.Generator().manual_seed(3))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The 2-process job
+
+
+def _worker(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    run = setup_distributed(device="cpu", timeout=timedelta(seconds=60))
+    assert (run.rank, run.world_size, run.backend, run.is_main) == (rank, world, "gloo", rank == 0)
+    assert rank_and_world_size() == (rank, world) and is_main_process() == (rank == 0)
+
+    def save(obj, name: str) -> None:
+        if run.is_main:
+            torch.save(obj, os.path.join(folder, name))
+
+    # DDP and FSDP2: one SGD step on each rank's half of the batch.
+    ddp = wrap_model(model(), strategy="ddp")
+    train_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.5), 0, rank, world)
+    save(ddp.module.state_dict(), "ddp.pt")
+    fsdp = wrap_model(model(), strategy="fsdp")
+    sharded = [type(p).__name__ for p in fsdp.parameters()]
+    train_step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.5), 0, rank, world)
+    save({"state": full_state(fsdp), "parameter_types": sharded}, "fsdp.pt")
+
+    # Sharded evaluation: 7 batches of 3 windows, so rank 1 has one batch fewer than rank 0.
+    bpb = bits_per_byte(fsdp, eval_data(), context=8, stride=4, batch_size=3, distributed=True)
+    save({"bpb": bpb, "sum": all_reduce_sum(torch.tensor([rank + 1.0])).item(), "mean": all_reduce_mean(rank * 2.0),
+          "shard": list(shard(list(range(5))))}, "metrics.pt")
+
+    # A checkpoint of a 2-process FSDP run after step 1, and the weights after step 2.
+    net = wrap_model(model(), strategy="fsdp")
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    train_step(net, opt, 0, rank, world)
+    save_distributed_checkpoint(os.path.join(folder, "two.pt"), model=net, optimizer=opt, step=1)
+    train_step(net, opt, 1, rank, world)
+    save(full_state(net), "two_then_step.pt")
+
+    # The other way round: a checkpoint written by one process (the test, beforehand), one step here.
+    net = wrap_model(model(), strategy="fsdp")
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    assert load_distributed_checkpoint(os.path.join(folder, "one.pt"), model=net, optimizer=opt)["world_size"] == 1
+    train_step(net, opt, 1, rank, world)
+    save(full_state(net), "one_then_step.pt")
+
+    # Exact resume on the same world size, dropout included: each rank draws its own masks (its own seed), so
+    # only restoring every rank's own generator states repeats the step exactly.
+    net = wrap_model(model(dropout=0.3), strategy="ddp")
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    torch.manual_seed(100 + rank)
+    train_step(net, opt, 0, rank, world)
+    path = os.path.join(folder, "dropout.pt")
+    save_distributed_checkpoint(path, model=net, optimizer=opt, step=1)
+    train_step(net, opt, 1, rank, world)
+    after = {k: v.clone() for k, v in net.module.state_dict().items()}
+    train_step(net, opt, 2, rank, world)  # move on, then come back
+    assert load_distributed_checkpoint(path, model=net, optimizer=opt)["step"] == 1
+    train_step(net, opt, 1, rank, world)
+    resumed = net.module.state_dict()
+    save({"same": all(torch.equal(after[k], resumed[k]) for k in after)}, "resume.pt")
+    teardown_distributed()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """Run the 2-process job once; the folder it wrote to."""
+    folder = tmp_path_factory.mktemp("distributed")
+    # The single-process checkpoint the job resumes from: one AdamW step on the whole batch.
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    train_step(net, opt, 0)
+    save_distributed_checkpoint(folder / "one.pt", model=net, optimizer=opt, step=1)
+
+    with socket.socket() as s:  # a free port for this job's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = torch.multiprocessing.start_processes(
+        _worker, args=(WORLD, port, str(folder)), nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {WORLD}-process job did not finish within {DEADLINE} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    return folder
+
+
+def reference(steps: int = 1, optimizer=lambda p: torch.optim.SGD(p, lr=0.5)) -> dict:
+    """One process trained on the whole batches."""
+    net = model()
+    opt = optimizer(net.parameters())
+    for step in range(steps):
+        train_step(net, opt, step)
+    return net.state_dict()
+
+
+def assert_same_weights(state: dict, expected: dict) -> None:
+    assert state.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(state[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The tests
+
+
+def test_ddp_step_equals_one_process_on_both_ranks_batches(job):
+    state = torch.load(job / "ddp.pt")
+    assert_same_weights(state, reference())
+    assert not torch.equal(state["head.toprobs.weight"], model().state_dict()["head.toprobs.weight"])  # it moved
+
+
+def test_fsdp_step_equals_one_process_and_its_gathered_state_equals_ddps(job):
+    fsdp = torch.load(job / "fsdp.pt")
+    assert set(fsdp["parameter_types"]) == {"DTensor"}  # really sharded
+    assert_same_weights(fsdp["state"], reference())
+    assert_same_weights(fsdp["state"], torch.load(job / "ddp.pt"))
+
+
+def test_sharded_evaluation_equals_one_process(job):
+    metrics = torch.load(job / "metrics.pt")
+    net = model()
+    net.load_state_dict(torch.load(job / "fsdp.pt")["state"])
+    assert metrics["bpb"] == bits_per_byte(net, eval_data(), context=8, stride=4, batch_size=3)
+    assert (metrics["sum"], metrics["mean"], metrics["shard"]) == (3.0, 1.0, [0, 2, 4])
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(job):
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    info = load_distributed_checkpoint(job / "two.pt", model=net, optimizer=opt)
+    assert (info["step"], info["world_size"]) == (1, 2)
+    train_step(net, opt, 1)
+    assert_same_weights(net.state_dict(), torch.load(job / "two_then_step.pt"))
+    assert_same_weights(net.state_dict(), reference(2, lambda p: torch.optim.AdamW(p, lr=0.01)))
+
+
+def test_a_one_process_checkpoint_resumes_on_two(job):
+    expected = reference(2, lambda p: torch.optim.AdamW(p, lr=0.01))
+    assert_same_weights(torch.load(job / "one_then_step.pt"), expected)
+
+
+def test_same_world_size_resumes_exactly_with_dropout(job):
+    assert torch.load(job / "resume.pt")["same"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A single process (no torchrun): the same calls work, and arguments are checked
+
+
+def test_single_process_without_torchrun(monkeypatch, tmp_path):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    run = setup_distributed(device="cpu")
+    assert (run.rank, run.world_size, run.backend, run.is_main, run.device) == (0, 1, None, True, torch.device("cpu"))
+    net = model()
+    assert wrap_model(net, strategy="fsdp") is net and wrap_model(net, strategy="ddp") is net
+    assert list(shard([1, 2, 3])) == [1, 2, 3] and all_reduce_mean(2.5) == 2.5
+    teardown_distributed()  # nothing to do
+
+
+def test_arguments_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="strategy must be 'ddp' or 'fsdp', got 'zero'"):
+        wrap_model(model(), strategy="zero")
+    with pytest.raises(TypeError, match="blocks must be given for a Linear"):
+        wrap_model(torch.nn.Linear(2, 2), strategy="fsdp")
+    with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu', got 'tpu'"):
+        setup_distributed(device="tpu")
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK must be an integer >= 0, got 'one'"):
+        setup_distributed(device="cpu")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"RANK must be below WORLD_SIZE \(2\), got 2"):
+        setup_distributed(device="cpu")
