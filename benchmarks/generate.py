@@ -16,6 +16,10 @@ warm-up and is not timed.
     python benchmarks/generate.py --compile
     python benchmarks/generate.py --device cuda --compile --mode reduce-overhead
 
+``--json PATH`` also writes the rows (tokens/s of each variant, the speed-ups, any token mismatches), the device
+and the torch version to a JSON file; ``--backend eager`` checks that the step compiles without the time inductor
+takes (no speed-up).
+
 All variants alternate within one process, so their ratios are meaningful even on a busy machine. Every variant
 should produce the tokens of the uncached run; the benchmark says so if one does not (in float32 a near-tie
 between two tokens of the random model can flip a greedy choice).
@@ -24,9 +28,12 @@ between two tokens of the random model can flip a greedy choice).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -58,9 +65,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: its choice)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled static-cache step")
     parser.add_argument("--mode", default=None, help="torch.compile mode for --compile (e.g. reduce-overhead)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend for --compile")
+    parser.add_argument("--json", type=Path, help="also write the rows, device and torch version to this JSON file")
     args = parser.parse_args()
     if args.mode is not None and not args.compile:
         parser.error("--mode is a torch.compile mode: use it with --compile")
+    if args.backend != "inductor" and not args.compile:
+        parser.error("--backend is a torch.compile backend: use it with --compile")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -75,6 +86,7 @@ def main() -> None:
     print("| context | prompt | " + " | ".join(f"{n} (tok/s)" for n in names) + " | cache / no cache | "
           + " | ".join(f"{n} / no cache" for n in names[2:]) + " |")
     print("|--:|--:|" + "--:|" * (2 * len(names) - 1))
+    rows = []
     for context in args.contexts:
         if args.new_tokens >= context:
             raise ValueError(f"--new-tokens must be smaller than every context, got {args.new_tokens} >= {context}")
@@ -87,11 +99,13 @@ def main() -> None:
             "static": lambda n: static.generate(prompt, n, temperature=0),
         }
         if args.compile:
-            compiled = StaticCacheGenerator(model, compile=True, mode=args.mode)
+            compiled = StaticCacheGenerator(model, compile=True, mode=args.mode, backend=args.backend)
             runs["compiled"] = lambda n: compiled.generate(prompt, n, temperature=0)
         reference = runs["no cache"](args.new_tokens)
+        agreement = {}
         for name, run in runs.items():  # warm-up (allocator, kernels, compilation) and a check of the tokens
             same = (run(args.new_tokens) == reference)[:, -args.new_tokens :].float().mean().item()
+            agreement[name] = same
             if same < 1:
                 print(f"note: {name} generated {100 * same:.1f} % of the uncached run's tokens (near-ties)")
         times: dict[str, list[float]] = {name: [] for name in runs}
@@ -101,6 +115,16 @@ def main() -> None:
         rate = {name: args.batch * args.new_tokens / statistics.median(t) for name, t in times.items()}
         print(f"| {context} | {prompt.size(1)} | " + " | ".join(f"{rate[n]:.1f}" for n in names) + " | "
               + " | ".join(f"{rate[n] / rate['no cache']:.1f}x" for n in names[1:]) + " |", flush=True)
+        rows.append({"context": context, "prompt": prompt.size(1), "batch": args.batch, "tok_s": rate,
+                     "speedup": {n: rate[n] / rate["no cache"] for n in names[1:]},
+                     "same_tokens_as_no_cache": agreement})
+    if args.json:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+            f"{platform.processor() or platform.machine()} CPU ({os.cpu_count()} cores)")
+        report = {"device": name, "torch": torch.__version__, "emb": args.emb, "heads": args.heads,
+                  "depth": args.depth, "new_tokens": args.new_tokens, "compile": args.compile, "mode": args.mode,
+                  "backend": args.backend if args.compile else None, "rows": rows}
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -496,7 +496,10 @@ def main(argv=None) -> dict | str:
     split, data = ("test", test) if args.final else ("validation", val)
     with divergence_checked(args.num_batches):
         bpb = evaluate(model, data, args, progress=f"{split} bits/byte")
-    result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical}
+    share = mfu(typical, flops, peak_tflops=args.peak_tflops) if typical and args.device.type == "cuda" else None
+    result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical,
+              "mfu": share, "peak_tflops": args.peak_tflops if share is not None else None,
+              "flops_per_token": flops, "parameters": count_parameters(model)}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
     log.close()

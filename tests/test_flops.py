@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchformer import GTransformer
-from torchformer.train.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token
+from torchformer.train.flops import (
+    flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_bf16_tflops,
+)
 
 # GTransformer(emb=8, heads=2, depth=2, seq_length=16, num_tokens=32), post-norm, counted on paper:
 #   attention: q, k, v 3 * 8 * 8 (no bias) + unifyheads 8 * 8 + 8          =  264
@@ -92,3 +94,38 @@ def test_model_must_be_a_module_and_mfu_numbers_finite():
     with pytest.raises(ValueError, match="peak_tflops must be a positive number .*got inf"):
         mfu(1.0, 10, peak_tflops=float("inf"))
     assert mfu(np.float32(1e12), np.int64(1), peak_tflops=np.float64(1.0)) == pytest.approx(1.0)  # NumPy numbers
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),  # SXM, the name torch reported on the H100 used so far
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),  # lower clocks: not the SXM figure although the name contains "H100"
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("nvidia  h100 pcie", 756.0),  # case and spacing do not matter
+        ("NVIDIA GeForce RTX 3090", None),  # unknown: the caller must give the peak
+        ("cpu", None),
+    ],
+)
+def test_peak_bf16_tflops_from_device_names(name, peak):
+    assert peak_bf16_tflops(name) == peak
+
+
+def test_peak_bf16_tflops_rejects_non_strings():
+    with pytest.raises(TypeError, match="device_name must be a str .*got int 0"):
+        peak_bf16_tflops(0)
+
+
+def test_nanogpt_count_of_a_gpt2_sized_model():
+    """The 12-layer, emb 768, context 1024 model of the GPU suite: 6N + 12 L H Q T, with N counted by hand."""
+    model = GTransformer(768, 12, 12, 1024, 256, prenorm=True)
+    # per block: q, k, v, unify 4 * 768^2 + 768 (unify bias); two norms 4 * 768; feed-forward 2 * 4 * 768^2 + 4 * 768
+    # + 768; output head 768 * 256 + 256, final norm 2 * 768 (pre-norm); lookup tables excluded.
+    block = 4 * 768**2 + 768 + 4 * 768 + 8 * 768**2 + 4 * 768 + 768
+    n = 12 * block + 768 * 256 + 256 + 2 * 768
+    assert matmul_parameters(model) == n
+    assert model_flops_per_token(model, context=1024) == 6 * n + 12 * 12 * 768 * 1024

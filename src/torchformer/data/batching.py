@@ -87,7 +87,22 @@ def pad_batch(
     # Row-major order of the True positions = the concatenation order of `flat`,
     # because each row's real tokens are a prefix of that row.
     ids[mask] = flat.long()
-    return ids.to(device), mask.to(device)
+    return _to_device(ids, device), _to_device(mask, device)
+
+
+def _to_device(x: Tensor, device: torch.device | str | None) -> Tensor:
+    """``x`` (on the CPU) moved to ``device`` without making the host wait for the GPU.
+
+    A plain ``x.to("cuda")`` from ordinary (pageable) memory waits until the GPU has finished all the work queued
+    before it, once per batch. From pinned (page-locked) memory the copy is queued like a kernel
+    (``non_blocking``); PyTorch keeps the pinned buffer alive until the copy has run.
+    """
+    if device is None:
+        return x
+    device = torch.device(device)
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def bucket_batches(
@@ -195,7 +210,7 @@ class ClassificationBatches:
                 pad=self.pad,
                 device=self.device,
             )
-            yield ids, mask, self.labels[indices].to(self.device)
+            yield ids, mask, _to_device(self.labels[indices], self.device)
 
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.batch_size)

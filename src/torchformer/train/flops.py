@@ -14,7 +14,8 @@ token table is tied to the output layer, where it is a real ``(e, v)`` matrix pr
 *Model FLOPs utilisation* (MFU, Chowdhery et al. 2022) divides the FLOPs the model needs per second,
 ``flops_per_token * tokens_per_second``, by the accelerator's peak. It deliberately ignores work the
 implementation adds (recomputation, padding), so it compares implementations fairly. For reference, the dense
-bfloat16 peak is about 989 TFLOP/s for an H100 SXM (and an H200) and 312 for an A100.
+bfloat16 peak is about 989 TFLOP/s for an H100 SXM (and an H200) and 312 for an A100; :func:`peak_bf16_tflops`
+reads it from a device's name.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import nn
 from torchformer._checks import check_int_at_least
 from torchformer.nn.attention import MultiHeadAttention
 
-__all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token"]
+__all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token", "peak_bf16_tflops"]
 
 
 def flops_per_token(*, params: int, layers: int, attention_width: int, context: int) -> int:
@@ -89,6 +90,36 @@ def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -
     if not _is_real(peak_tflops) or not 0 < peak_tflops < math.inf:
         raise ValueError(f"peak_tflops must be a positive number (TFLOP/s, finite), got {peak_tflops!r}")
     return float(tokens_per_second) * float(flops_per_token) / (float(peak_tflops) * 1e12)
+
+
+# Dense (no sparsity) bfloat16 tensor-core peaks from NVIDIA's data sheets, in TFLOP/s, keyed by a part of the name
+# that torch.cuda.get_device_name() reports. The first match wins, so the PCIe and NVL variants of a part, which
+# run at lower clocks, come before its SXM form (e.g. "NVIDIA H100 80GB HBM3"). An H200 has an H100's tensor cores.
+PEAK_BF16_TFLOPS = (
+    ("H200 NVL", 835.0),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+)
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The dense bfloat16 peak (TFLOP/s) of the accelerator called ``device_name``, or ``None`` if unknown.
+
+    ``device_name`` is what ``torch.cuda.get_device_name()`` reports, e.g. ``"NVIDIA H100 80GB HBM3"`` (989) or
+    ``"NVIDIA H200"`` (989); case and spacing are ignored. Pass an unknown device's peak to :func:`mfu` yourself.
+    """
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str (e.g. torch.cuda.get_device_name()), got "
+                        f"{type(device_name).__name__} {device_name!r:.60}")
+    squeezed = "".join(device_name.lower().split())
+    for part, peak in PEAK_BF16_TFLOPS:
+        if "".join(part.lower().split()) in squeezed:
+            return peak
+    return None
 
 
 def _is_real(value: object) -> bool:
