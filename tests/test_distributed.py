@@ -249,3 +249,20 @@ def test_arguments_are_checked(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"RANK must be below WORLD_SIZE \(2\), got 2"):
         setup_distributed(device="cpu")
+
+
+def test_fsdp_on_a_torch_without_fsdp2_is_a_clear_error(monkeypatch):
+    """torch < 2.6 has no public fully_shard: wrap_model says so, naming the torch version, even for one process."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_fsdp2(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "torch.distributed.fsdp" and "fully_shard" in (fromlist or ()):
+            raise ImportError("cannot import name 'fully_shard'")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", without_fsdp2)
+    with pytest.raises(RuntimeError, match=r"needs FSDP2 .*torch >= 2.6.*this is torch .*strategy='ddp'"):
+        wrap_model(model(), strategy="fsdp")
+    assert wrap_model(model(), strategy="ddp") is not None  # DDP needs no FSDP2

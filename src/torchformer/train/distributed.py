@@ -157,13 +157,13 @@ def wrap_model(
                             f"pass the modules FSDP should shard one by one (e.g. its transformer blocks)")
         blocks = model.transformer_blocks()
     blocks = list(blocks)
+    if strategy == "fsdp":
+        fully_shard, MixedPrecisionPolicy = _fsdp2()  # fails here, also for one process, on a torch without FSDP2
     if not dist.is_initialized():
         return model
     device = next(model.parameters()).device
     if strategy == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
 
     if mixed_precision and device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -205,6 +205,16 @@ def all_reduce_mean(value: float) -> float:
         raise ValueError(f"value must be a finite number, got {value!r}")
     _, world_size = rank_and_world_size()
     return all_reduce_sum(torch.tensor(float(value), dtype=torch.float64)).item() / world_size
+
+
+def _fsdp2():
+    """``(fully_shard, MixedPrecisionPolicy)``: FSDP2, public in ``torch.distributed.fsdp`` from torch 2.6 on."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError as e:
+        raise RuntimeError(f"strategy='fsdp' needs FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6), and "
+                           f"this is torch {torch.__version__}: upgrade torch, or use strategy='ddp'") from e
+    return fully_shard, MixedPrecisionPolicy
 
 
 def _device_type(device: object) -> str:
