@@ -8,7 +8,6 @@ rank fails the tests instead of hanging them.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
