@@ -12,7 +12,7 @@ Stages (``--stages all`` runs them in this order):
 * ``step-768``:    the same for a 12-layer, emb 768, context 1024 model (GPT-2 small's shape, byte vocabulary)
 * ``decode``:      tokens/s without cache, with the growing cache, and the compiled static step with CUDA graphs,
                    batch 1 and 16, contexts 256 and 1024
-* ``enwik8``:      ``examples/generate_enwik8.py --preset gpu --compile --minutes 8 --final`` on ``--enwik8-data``
+* ``enwik8``:      ``examples/generate_enwik8.py --preset gpu --compile --minutes 7.5 --final`` on ``--enwik8-data``
 * ``imdb``:        ``examples/classify_imdb.py --preset gpu --final`` on ``--imdb-data``
 * ``memory``:      peak memory and step time with and without activation checkpointing (``checkpoint_blocks``)
 
@@ -358,7 +358,7 @@ STAGES = {stage.name: stage for stage in [
     Stage("step-enwik8", "training step, the enwik8 GPU preset's model", 180, run_step),
     Stage("step-768", "training step, 12 layers, emb 768, context 1024", 210, run_step),
     Stage("decode", "decoding: no cache, cache, compiled static step with CUDA graphs", 240, run_decode),
-    Stage("enwik8", "enwik8 GPU preset, --minutes 8, test split", 560, run_enwik8),
+    Stage("enwik8", "enwik8 GPU preset, --minutes 7.5, test split", 535, run_enwik8),
     Stage("imdb", "IMDb GPU preset, test set", 300, run_imdb),
     Stage("memory", "peak memory with and without activation checkpointing", 240, run_memory),
 ]}
@@ -471,7 +471,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--budget", type=float, default=570.0, help="seconds this call may take (default: 570, one run "
                    "of 9.5 minutes)")
     p.add_argument("--enwik8-data", type=Path, help="data for the enwik8 stage (e.g. the Wikipedia stand-in)")
-    p.add_argument("--enwik8-minutes", type=float, default=8.0, help="training time of the enwik8 stage")
+    p.add_argument("--enwik8-minutes", type=float, default=7.5, help="training time of the enwik8 stage "
+                   "(default 7.5: the one 8-minute GPU run so far took 561 s in all, more than the 555 s a "
+                   "570 s budget leaves a command)")
     p.add_argument("--imdb-data", type=Path, help="folder with the IMDb data for the imdb stage")
     p.add_argument("--publish", type=Path, metavar="DIR", help="no stages: copy DIR/results.json into --page")
     p.add_argument("--page", type=Path, default=PAGE, help="the results page for --publish")
