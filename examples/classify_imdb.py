@@ -399,7 +399,6 @@ def train(args: argparse.Namespace) -> dict:
                 bar.close()
                 log.close()
                 print(f"stopped at step {step} (--stop-at); run again with the same --checkpoint to resume")
-                teardown_distributed()
                 return {}
     bar.close()
     log.close()
@@ -410,9 +409,7 @@ def train(args: argparse.Namespace) -> dict:
     if args.final:
         print(f"tokenizing the {len(test):,} test reviews")
     eval_batches = batches(test, False) if args.final else val_batches
-    results = report(model, tokenizer, eval_set, eval_batches, args, out, t_start, writes=run.is_main)
-    teardown_distributed()
-    return results
+    return report(model, tokenizer, eval_set, eval_batches, args, out, t_start, writes=run.is_main)
 
 
 def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args, out: Path, t_start: float, *,
@@ -500,7 +497,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predict:
         predict(args)
         return {}
-    return train(args)
+    results = train(args)
+    # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
+    # in its destructor (gloo).
+    teardown_distributed()
+    return results
 
 
 if __name__ == "__main__":

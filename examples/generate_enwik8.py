@@ -356,6 +356,14 @@ def main(argv=None) -> dict | str:
     torch.set_num_threads(threads)
     if args.generate is not None:
         return generate_mode(args)
+    result = train(args, threads, why)
+    # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
+    # in its destructor (gloo).
+    teardown_distributed()
+    return result
+
+
+def train(args, threads: int, why: str) -> dict:
     # Only the main process prints from here on; every process is seeded alike (the same initial weights).
     run = start_run(args.device, strategy=args.strategy, seed=args.seed)
     args.device = run.device  # under torchrun on CUDA: this process's GPU
@@ -525,7 +533,6 @@ def main(argv=None) -> dict | str:
                 tb.close()
             bar.close()
             log.close()
-            teardown_distributed()
             return {"step": step}
         tic = time.perf_counter()  # evaluation, sampling and saving do not count as training time
     bar.close()
@@ -554,8 +561,7 @@ def main(argv=None) -> dict | str:
     # The final model, always (with or without --checkpoint): --generate samples from it, load_model rebuilds it.
     extra = {"config": {k: getattr(args, k) for k in ARCHITECTURE}, "result": result}
     save_distributed_checkpoint(args.out / "model.pt", model=model, step=args.num_batches, extra=extra)
-    teardown_distributed()  # the rest is the main process's alone
-    if not run.is_main:
+    if not run.is_main:  # the rest is the main process's alone
         return result
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"model: {args.out / 'model.pt'} (sample from it: --generate \"PROMPT\" --out {args.out})")
