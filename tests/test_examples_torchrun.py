@@ -11,6 +11,7 @@ import csv
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,13 +74,20 @@ def torchrun(script: str, argv: list[str], logs: Path) -> str:
     return (logs / "stdout.txt").read_text()
 
 
+def rows(log: Path) -> list[tuple]:
+    """(step, loss, lr, val_bpb) of each training row of an enwik8 log."""
+    with open(log, newline="", encoding="utf-8") as f:
+        return [(r["step"], r["loss"], r["lr"], r["val_bpb"]) for r in csv.DictReader(f) if r["loss"]]
+
+
 def training_steps(log: Path) -> list[int]:
     with open(log, newline="", encoding="utf-8") as f:
         return [int(r["step"]) for r in csv.DictReader(f) if r.get("loss") or r.get("train_loss")]
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
-def test_enwik8_on_two_fsdp_processes_resumes_in_one_and_evaluates_as_one(corpus, tmp_path, capsys):
+def test_enwik8_on_two_fsdp_processes_resumes_exactly_on_two_and_in_one_and_evaluates_as_one(corpus, tmp_path,
+                                                                                              capsys):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     flags = [*enwik8_flags(corpus, out, "--checkpoint", str(ckpt), "-N", "4", "--test-every", "2")]
     printed = torchrun("generate_enwik8", [*flags, "--strategy", "fsdp", "--checkpoint-blocks"], tmp_path / "logs")
@@ -94,6 +102,16 @@ def test_enwik8_on_two_fsdp_processes_resumes_in_one_and_evaluates_as_one(corpus
     assert result["processes"] == 2
     _, val, _ = enwik8(corpus)
     assert bits_per_byte(load_model(out / "model.pt"), val, context=16, batch_size=64) == result["bpb"]
+
+    # Two processes resume the step-2 checkpoint exactly: the same losses, validations and final figure.
+    (tmp_path / "ckpt2").mkdir()
+    shutil.copy(ckpt / "step_00000002.pt", tmp_path / "ckpt2")
+    again = tmp_path / "again"
+    flags = enwik8_flags(corpus, again, "--checkpoint", str(tmp_path / "ckpt2"), "-N", "4", "--test-every", "2")
+    assert "at step 2" in torchrun("generate_enwik8", [*flags, "--strategy", "fsdp", "--checkpoint-blocks"],
+                                   tmp_path / "logs2")
+    assert rows(again / "log.csv") == rows(out / "log.csv")[2:]  # steps 3 and 4, to the last digit
+    assert json.loads((again / "results.json").read_text())["bpb"] == result["bpb"]
 
     # One process resumes the 2-process checkpoint and carries on counting.
     capsys.readouterr()
