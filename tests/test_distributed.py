@@ -289,6 +289,22 @@ def test_single_process_without_torchrun(monkeypatch, tmp_path):
     teardown_distributed()  # nothing to do
 
 
+def test_a_checkpoint_of_save_checkpoint_resumes_with_its_optimizer_state(tmp_path):
+    """save_checkpoint numbers the optimizer's parameters (an earlier version of a script wrote those): they are
+    named by the optimizer's order when loading, and the run continues as the uninterrupted one."""
+    from torchformer.train.checkpoint import save_checkpoint
+
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    train_step(net, opt, 0)
+    save_checkpoint(tmp_path / "plain.pt", model=net, optimizer=opt, step=1)
+    resumed = model()
+    resumed_opt = torch.optim.AdamW(resumed.parameters(), lr=0.01)
+    assert load_distributed_checkpoint(tmp_path / "plain.pt", model=resumed, optimizer=resumed_opt)["step"] == 1
+    train_step(resumed, resumed_opt, 1)
+    assert_same_weights(resumed.state_dict(), reference(2, lambda p: torch.optim.AdamW(p, lr=0.01)))
+
+
 def test_arguments_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="strategy must be 'ddp' or 'fsdp', got 'zero'"):
         wrap_model(model(), strategy="zero")
