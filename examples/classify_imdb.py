@@ -3,12 +3,17 @@
     python examples/classify_imdb.py --data path/to/dir --preset cpu          # train, report validation
     python examples/classify_imdb.py --data path/to/dir --preset cpu --final  # ... and the test set
     python examples/classify_imdb.py --predict "A wonderful, moving film." --out runs/classify_imdb
+    torchrun --standalone --nproc_per_node 2 examples/classify_imdb.py --data path/to/dir --preset gpu
 
 Reviews are tokenized (words, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
 padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
 are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
 have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
 calibration (is the model right as often as it is sure?) goes to results.json and calibration.png. See docs/imdb.md.
+
+Under ``torchrun``, ``-b`` is the global batch: each of N processes computes its share of every batch's reviews, the
+learning rate is not scaled, and evaluation is shared out too (the same figures as one process). Only the main
+process prints and writes files; docs/going-big.md says more.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.train.checkpoint import (
-    checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
-    remove_stale_temporaries, save_checkpoint,
+    checkpoint_path, latest_intact_checkpoint, prune_checkpoints, read_checkpoint, remove_stale_temporaries,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -36,9 +40,14 @@ from torchformer.models import CTransformer
 from torchformer.train.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
 )
+from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
+from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
+from torchformer.train.launch import (
+    NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
+)
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
-    resolve_device, set_seed, warmup_cosine,
+    resolve_device, warmup_cosine,
 )
 
 CLASSES = ("negative", "positive")
@@ -82,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = preset_flags(p, PRESETS)  # each flag's help ends with its default, or what each preset sets it to
     add("-e", "--num-epochs", type=int, help="passes over the training reviews")
-    add("-b", "--batch-size", type=int, help="reviews per batch")
+    add("-b", "--batch-size", type=int, help="reviews per batch, in all: under torchrun each of N processes computes "
+        "b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included (word tokenizer)")
@@ -102,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on CUDA, else cpu)")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model")
+    add("--strategy", choices=STRATEGIES, default="ddp", help="under torchrun: DDP (a whole model per process) or "
+        "FSDP2 (parameters, gradients and optimizer state sharded over the processes); one process: no effect")
+    add("--checkpoint-blocks", action="store_true", help="activation checkpointing: keep only each block's input "
+        "and recompute the rest in the backward pass (less memory, more compute; not --checkpoint)")
     add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle, measured at "
         "the start). It changes the speed, and the rounding of sums: to reproduce a recorded figure "
         "exactly, use its thread count")
@@ -143,11 +157,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_model(config: dict, num_tokens: int) -> CTransformer:
+def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer:
     try:
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
                             len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
-                            wide=config["wide"])
+                            wide=config["wide"], checkpoint_blocks=checkpoint_blocks)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
 
@@ -221,28 +235,33 @@ def predict(args: argparse.Namespace) -> None:
 
 
 def evaluate(model, batches: ClassificationBatches, desc: str):
-    """:func:`evaluate_classifier` behind a progress bar: scoring the test set takes many seconds on a CPU."""
+    """:func:`evaluate_classifier` behind a progress bar: scoring the test set takes many seconds on a CPU. Each
+    process scores its share of the batches; every process gets the figures of all of them."""
     with progress(batches, total=len(batches), desc=desc) as bar:
-        return evaluate_classifier(model, bar)
+        return evaluate_classifier(model, bar, distributed=True)
 
 
 def train(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     threads, why = choose_threads(args.threads)  # PyTorch's default takes every core, also the ones in use
     torch.set_num_threads(threads)
-    set_seed(args.seed)
-    device = resolve_device(args.device)
+    # Only the main process prints from here on; every process is seeded alike (the same split and initial weights).
+    run = start_run(resolve_device(args.device), strategy=args.strategy, seed=args.seed)
+    device = run.device  # under torchrun on CUDA: this process's GPU
     print(f"device: {device}" + (f", {threads} CPU thread(s) ({why})" if device.type == "cpu" else ""))
+    print(describe_run(run, strategy=args.strategy, batch_size=args.batch_size, unit="reviews",
+                       learn_rate=args.learn_rate))
     out = Path(args.out)
     config = {k: getattr(args, k) for k in MODEL_KEYS}
     resume = None
     if args.checkpoint:  # checked before the data are read
-        for path in remove_stale_temporaries(args.checkpoint):
+        for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")
         resume = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
     if resume is not None:
         check_resumable(resume, args)
-    out.mkdir(parents=True, exist_ok=True)
+    if run.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     try:
         train_all, test = imdb(args.data, download=args.download) if args.data is None else imdb(args.data)
     except FileNotFoundError as e:
@@ -272,8 +291,10 @@ def train(args: argparse.Namespace) -> dict:
     print(f"tokenized {len(train_set)} train / {len(val_set)} val reviews, vocabulary {len(tokenizer)}, "
           f"{time.perf_counter() - t_start:.0f}s")
 
-    model = build_model(config, len(tokenizer)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
+    model = build_model(config, len(tokenizer), args.checkpoint_blocks).to(device)
+    seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
+    wrapped = wrap_model(model, strategy=args.strategy)  # `model` stays the module (with FSDP2, sharded in place)
+    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)  # after wrapping
     per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
     warmup = min(args.lr_warmup // args.batch_size, total)
     sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=total)
@@ -281,19 +302,23 @@ def train(args: argparse.Namespace) -> dict:
     if resume is not None:
         # g comes back in its state at the start of the interrupted epoch; we replay its order and skip ahead.
         try:
-            step = load_checkpoint(resume, model=model, optimizer=opt, scheduler=sched,
-                                   generators={"batches": g})["step"]
+            state = load_distributed_checkpoint(resume, model=model, optimizer=opt, scheduler=sched,
+                                                generators={"batches": g})
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
+        step = state["step"]
         print(f"resumed from {resume} at step {step}")
-    fast = torch.compile(model) if args.compile else model
+        if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
+            print(f"note: {resume.name} was written by {state['world_size']} process(es), resumed on "
+                  f"{run.world_size}: the same batches and schedule, but not bit for bit the run it would have been")
+    fast = torch.compile(wrapped) if args.compile else wrapped
     print(f"{count_parameters(model):,} parameters, {total} steps on {device}")
 
     eval_every = args.eval_every or per_epoch
     extra = {"config": config, "run": {k: getattr(args, k) for k in RUN_KEYS}, "tokenizer": tokenizer.state_dict()}
     # A resumed run logs again the steps after its checkpoint: drop the rows a killed run wrote for them.
-    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
-                    resume_step=step)
+    log = (CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
+                     resume_step=step) if run.is_main else NoLog())  # only the main process writes files
 
     def diverged(message: str) -> None:
         bar.close()
@@ -301,12 +326,15 @@ def train(args: argparse.Namespace) -> dict:
                 if args.checkpoint and any(Path(args.checkpoint).glob("*.pt")) else "")
         sys.exit(f"error: {message} (flags -l, --lr-warmup, --gradient-clipping).{kept}")
 
-    def check_diverged(losses: list) -> None:  # losses of the steps up to `step`, read from the device anyway
-        values = torch.stack(losses).tolist()
+    def check_diverged(losses: list) -> torch.Tensor:
+        """The whole batches' losses of the steps up to `step` (each process holds its part), checked: every
+        process checks the same numbers, so all stop together."""
+        whole = average_over_processes(torch.stack(losses))
         try:
-            check_finite_losses(values, range(step - len(values) + 1, step + 1))
+            check_finite_losses(whole.tolist(), range(step - len(losses) + 1, step + 1))
         except TrainingDiverged as e:
             diverged(str(e))
+        return whole
 
     def validate():
         try:
@@ -329,8 +357,11 @@ def train(args: argparse.Namespace) -> dict:
             if i < skip:
                 continue
             fast.train()
+            share = share_batch(len(labels))  # this process's reviews of the batch (all of them for one process)
             with autocast(device):
-                loss = F.nll_loss(fast(ids, mask).float(), labels)
+                logp = fast(share.take(ids), share.take(mask))
+            # Its part of the batch's mean loss: averaged over the processes with the gradients, that mean.
+            loss = F.nll_loss(logp.float(), share.targets(labels), reduction="sum") / share.divisor
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if args.gradient_clipping > 0:
@@ -342,28 +373,28 @@ def train(args: argparse.Namespace) -> dict:
             tokens += mask.sum()
             bar.update(1)
             if step % 50 == 0:
-                check_diverged(running[-50:])
-                recent = torch.stack(running[-50:]).mean().item()
+                recent = check_diverged(running[-50:]).mean().item()
                 bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0], train_loss=recent,
                         seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
             if step % eval_every == 0 or step == total or step == args.stop_at:
-                check_diverged(running)
+                train_loss = check_diverged(running).mean().item()
                 val = validate()
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val.loss, val_accuracy=val.accuracy,
                         seconds=round(time.perf_counter() - t_start, 1))
-                train_loss = torch.stack(running).mean().item()
                 bar.write(f"step {step}: train loss {train_loss:.4f} (since last validation), "
                           f"val loss {val.loss:.4f}, val accuracy {val.accuracy:.4f}")
                 running, tokens, t_log = [], 0, time.perf_counter()
                 if args.checkpoint:
                     state = torch.Generator()  # the start state of the epoch a resumed run replays
                     state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
-                    save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
-                                    scheduler=sched, step=step, generators={"batches": state},
-                                    extra=extra)
-                    prune_checkpoints(args.checkpoint, keep=2)
+                    # Every process takes part (the states are gathered onto the main one, which writes the file).
+                    save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
+                                                scheduler=sched, step=step, generators={"batches": state},
+                                                extra=extra)
+                    if run.is_main:
+                        prune_checkpoints(args.checkpoint, keep=2)
             if step == args.stop_at:
                 bar.close()
                 log.close()
@@ -371,18 +402,23 @@ def train(args: argparse.Namespace) -> dict:
                 return {}
     bar.close()
     log.close()
-    save_checkpoint(out / "model.pt", model=model, step=step, extra=extra)
-    for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])):
+    save_distributed_checkpoint(out / "model.pt", model=model, step=step, extra=extra)
+    for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])) if run.is_main else ():
         if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, title=f"IMDb: {name}"):
             print("matplotlib is not installed: no plots")
     if args.final:
         print(f"tokenizing the {len(test):,} test reviews")
     eval_batches = batches(test, False) if args.final else val_batches
-    return report(model, tokenizer, eval_set, eval_batches, args, out, t_start)
+    return report(model, tokenizer, eval_set, eval_batches, args, out, t_start, writes=run.is_main)
 
 
-def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args, out: Path, t_start: float) -> dict:
-    """Accuracy, confusion matrix and calibration on the evaluation set, and a picture of one review's attention."""
+def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args, out: Path, t_start: float, *,
+           writes: bool = True) -> dict:
+    """Accuracy, confusion matrix and calibration on the evaluation set, and a picture of one review's attention.
+
+    Every process evaluates (an FSDP2 model runs on all of them at once); only the one that ``writes`` writes files,
+    after the final model.pt is saved.
+    """
     split = "test" if args.final else "validation"
     result = evaluate(model, eval_batches, split)
     print(f"\n{split} accuracy {result.accuracy:.4f} on {result.count} reviews (loss {result.loss:.4f})")
@@ -392,9 +428,23 @@ def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args
     print(f"calibration: expected calibration error {calibration.ece:.4f}; mean confidence "
           f"{calibration.mean_confidence_right:.3f} when right, "
           + ("no wrong answers" if math.isnan(wrong) else f"{wrong:.3f} when wrong"))
-    if not plot_reliability(calibration, out / "calibration.png", title=f"IMDb {split}: reliability diagram "
-                            f"(ECE {calibration.ece:.3f})"):
+    if writes and not plot_reliability(calibration, out / "calibration.png", title=f"IMDb {split}: reliability "
+                                       f"diagram (ECE {calibration.ece:.3f})"):
         print("matplotlib is not installed: no calibration.png (pip install matplotlib)")
+    if writes:  # one process draws it, with a whole copy of the model (an FSDP2 model's blocks are sharded)
+        plot_one_review(CTransformer.from_checkpoint(out / "model.pt"), tokenizer, eval_set, eval_batches, out)
+    seconds = time.perf_counter() - t_start
+    results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,
+               "confusion": result.confusion.tolist(), "calibration": calibration.to_dict(),
+               "wall_seconds": round(seconds, 1), "cpu_seconds": round(time.process_time(), 1)}
+    if writes:
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"total time {seconds:.0f}s; outputs in {out}")
+    return results
+
+
+def plot_one_review(model: CTransformer, tokenizer, eval_set, eval_batches: ClassificationBatches, out: Path) -> None:
+    """attention.png: the last block's attention (mean over heads) on one short review of the evaluation set."""
     # One short review (at least 20 tokens), cut to 48 tokens so the words stay legible.
     encoded = eval_batches.encoded  # (already tokenized and cut to --max)
     index = min((i for i, e in enumerate(encoded) if len(e) >= 20), key=lambda i: len(encoded[i]), default=0)
@@ -406,13 +456,6 @@ def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args
     words = [tokenizer.decode([i]) for i in ids[0].tolist()]
     plot_attention(weights, x_labels=words, y_labels=words, path=out / "attention.png",
                    title=f"last block, mean over heads; true {CLASSES[eval_set[index][1]]}, P(positive)={p_pos:.2f}")
-    seconds = time.perf_counter() - t_start
-    results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,
-               "confusion": result.confusion.tolist(), "calibration": calibration.to_dict(),
-               "wall_seconds": round(seconds, 1), "cpu_seconds": round(time.process_time(), 1)}
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"total time {seconds:.0f}s; outputs in {out}")
-    return results
 
 
 def plot_reliability(calibration: Calibration, path: Path, *, title: str) -> bool:
@@ -454,7 +497,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predict:
         predict(args)
         return {}
-    return train(args)
+    results = train(args)
+    # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
+    # in its destructor (gloo).
+    teardown_distributed()
+    return results
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python examples/generate_enwik8.py                       # bundled 300 KB sample; cpu/gpu preset by device
     python examples/generate_enwik8.py -D enwik8.zip --preset gpu --compile --checkpoint runs/ckpt --final
     python examples/generate_enwik8.py --generate "The history of " --length 500 --temperature 0.8
+    torchrun --standalone --nproc_per_node 8 examples/generate_enwik8.py -D enwik8.zip --preset gpu --strategy fsdp
 
 Training always leaves the final model in ``--out`` (``model.pt``); ``--generate`` continues a prompt with it (or
 with the latest checkpoint in ``--checkpoint``) in seconds.
@@ -10,6 +11,10 @@ with the latest checkpoint in ``--checkpoint``) in seconds.
 The flags of Peter Bloem's ``former`` (experiments/generate.py) keep their meaning. ``--preset`` fills in every flag
 you do not give; an explicit flag always wins. See docs/enwik8.md and the "generate_enwik8.py" section of
 examples/README.md for measured results.
+
+Under ``torchrun`` every process trains on its share of each batch: ``-b`` is the global batch (each of N processes
+computes ``b / N`` of its sequences) and the learning rate is not scaled, so the same flags take the same steps on
+any number of processes. Only the main process prints and writes files; docs/going-big.md says more.
 """
 
 from __future__ import annotations
@@ -35,10 +40,14 @@ from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
 )
+from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
+from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
+from torchformer.train.launch import (
+    NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
+)
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
-    latest_intact_checkpoint, load_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device,
-    save_checkpoint, set_seed, warmup_cosine,
+    latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, warmup_cosine,
 )
 from torchformer.train.checkpoint import read_checkpoint, remove_stale_temporaries
 
@@ -99,7 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("-N", "--num-batches", type=int, help="optimizer steps to train for")
     add("--minutes", type=float, help="instead of -N: train for about this many minutes (-N is set from the "
                                       "measured speed of a few steps; evaluation time does not count)")
-    add("-b", "--batch-size", type=int, help="sequences per micro-batch")
+    add("-b", "--batch-size", type=int, help="sequences per micro-batch, in all: under torchrun each of N processes "
+        "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
     add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
     add("-E", "--embedding", type=int, help="embedding size")
@@ -128,6 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default: gpu on CUDA, else cpu)")
     add("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     add("--compile", action="store_true", help="torch.compile the model for training")
+    add("--strategy", choices=STRATEGIES, default="ddp", help="under torchrun: DDP (a whole model per process) or "
+        "FSDP2 (parameters, gradients and optimizer state sharded over the processes); one process: no effect")
+    add("--checkpoint-blocks", action="store_true", help="activation checkpointing: keep only each block's input "
+        "and recompute the rest in the backward pass (less memory, about a third more compute; not --checkpoint)")
     add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
     add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest intact one in it (with "
         "--generate: sample from that one, or from this checkpoint file)")
@@ -252,10 +266,7 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
 
     def step() -> None:
         for _ in range(args.accumulate):
-            x, y = random_batches(train, context=args.context, batch_size=args.batch_size, generator=generator)
-            with autocast(args.device):
-                loss = F.nll_loss(net(x).float().flatten(0, 1), y.flatten())
-            loss.backward()
+            micro_loss(net, *micro_batch(train, args, generator), args).backward()
         if args.gradient_clipping > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
         probe.step()
@@ -269,7 +280,25 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
     for _ in range(steps):
         step()
     synchronize(args.device)
-    return (time.perf_counter() - tic) / steps
+    return all_reduce_mean((time.perf_counter() - tic) / steps)  # every process must choose the same -N
+
+
+def micro_batch(train: torch.Tensor, args, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """This process's rows of the next global micro-batch: ``(k, context)`` inputs and targets. Every process draws
+    the whole batch's windows (their starts: a few numbers) from its copy of the shared generator and keeps its
+    share, so the batches are the same on any number of processes (targets of repeated rows: ignored)."""
+    x, y = random_batches(train, context=args.context, batch_size=args.batch_size, generator=generator)
+    share = share_batch(args.batch_size)
+    return share.take(x), share.targets(y)
+
+
+def micro_loss(net, x: torch.Tensor, y: torch.Tensor, args) -> torch.Tensor:
+    """This process's part of the global micro-batch's mean loss, divided by ``--accumulate``: averaged over the
+    processes (as DDP and FSDP2 average gradients), the mean over the whole batch (one process: that mean)."""
+    with autocast(args.device):
+        logp = net(x)  # (k, t, 256) log-probabilities of the next byte
+    tokens = share_batch(args.batch_size).divisor * args.context
+    return F.nll_loss(logp.float().flatten(0, 1), y.flatten(), reduction="sum") / tokens / args.accumulate
 
 
 def check_resumable(ckpt: Path, args) -> None:
@@ -315,9 +344,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def evaluate(model, data, args, windows=None, progress=None) -> float:
+    """Bits per byte, each process scoring its share of the windows: every process gets the whole figure."""
     with autocast(args.device):
         return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size, windows=windows,
-                             progress=progress)
+                             progress=progress, distributed=True)
 
 
 def main(argv=None) -> dict | str:
@@ -326,8 +356,20 @@ def main(argv=None) -> dict | str:
     torch.set_num_threads(threads)
     if args.generate is not None:
         return generate_mode(args)
+    result = train(args, threads, why)
+    # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
+    # in its destructor (gloo).
+    teardown_distributed()
+    return result
+
+
+def train(args, threads: int, why: str) -> dict:
+    # Only the main process prints from here on; every process is seeded alike (the same initial weights).
+    run = start_run(args.device, strategy=args.strategy, seed=args.seed)
+    args.device = run.device  # under torchrun on CUDA: this process's GPU
     print(f"device: {args.device}" + (f", {threads} CPU thread(s) ({why})" if args.device.type == "cpu" else ""))
-    set_seed(args.seed)
+    print(describe_run(run, strategy=args.strategy, batch_size=args.batch_size, unit="sequences",
+                       learn_rate=args.learn_rate))
     (train, val, test), source = load_data(args.data)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
     # The periodic validation scores --test-subset bytes in windows spread over the whole split (bits_per_byte
@@ -341,15 +383,19 @@ def main(argv=None) -> dict | str:
         model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
                              prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
                              activation=args.activation, kv_heads=args.kv_heads, window=args.window,
-                             wide=args.wide).to(args.device)
+                             wide=args.wide, checkpoint_blocks=args.checkpoint_blocks).to(args.device)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
+    seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     flops = model_flops_per_token(model, context=args.context)
-    print(f"model: {count_parameters(model):,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
-    net = torch.compile(model) if args.compile else model
+    parameters = count_parameters(model)
+    print(f"model: {parameters:,} parameters, {flops / 1e6:.1f} MFLOPs per training token")
+    # `model` stays the module itself (with FSDP2, sharded in place): evaluation, sampling and checkpoints use it.
+    wrapped = wrap_model(model, strategy=args.strategy)
+    net = torch.compile(wrapped) if args.compile else wrapped
     ckpt = None
     if args.checkpoint:
-        for path in remove_stale_temporaries(args.checkpoint):
+        for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")
         ckpt = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
     if ckpt is not None:
@@ -358,9 +404,10 @@ def main(argv=None) -> dict | str:
         seconds = seconds_per_step(net, model, train, args)
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
-    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")
+    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
     sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup, args.num_batches), total_steps=args.num_batches)
-    # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them.
+    # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them. They are
+    # seeded alike on every process: each draws the same global batch and keeps its share (see micro_batch).
     # The batch generator lives on the device: drawing window starts on the CPU would mean a copy to the GPU,
     # and with it a wait for the GPU, at every step.
     batches = torch.Generator(device=args.device).manual_seed(args.seed)
@@ -370,26 +417,34 @@ def main(argv=None) -> dict | str:
     start, elapsed = 0, 0.0
     if ckpt is not None:
         try:
-            state = load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, generators=generators)
+            state = load_distributed_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched,
+                                                generators=generators)
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
         print(f"resumed from {ckpt} at step {start}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    try:  # rows a killed run logged after its last checkpoint are dropped: this run logs those steps again
-        log = CSVLogger(args.out / "log.csv", COLUMNS, resume_step=start)
-    except ValueError as e:  # a log.csv of an older version of this script, with other columns
-        sys.exit(f"error: {e}")
-    tb = tensorboard(args.out)
+        if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
+            print(f"note: {ckpt.name} was written by {state['world_size']} process(es), resumed on "
+                  f"{run.world_size}: the same batches and schedule, but not bit for bit the run it would have been")
+    log, tb = NoLog(), None  # only the main process writes files
+    if run.is_main:
+        args.out.mkdir(parents=True, exist_ok=True)
+        try:  # rows a killed run logged after its last checkpoint are dropped: this run logs those steps again
+            log = CSVLogger(args.out / "log.csv", COLUMNS, resume_step=start)
+        except ValueError as e:  # a log.csv of an older version of this script, with other columns
+            sys.exit(f"error: {e}")
+        tb = tensorboard(args.out)
 
     def save(step: int) -> None:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
             extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches,
                      "learn_rate": args.learn_rate}
-            save_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt, scheduler=sched,
-                            step=step, extra=extra, generators=generators)
-            prune_checkpoints(args.checkpoint, keep=2)
+            # Every process takes part (the states are gathered onto the main one, which writes the file).
+            save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
+                                        scheduler=sched, step=step, extra=extra, generators=generators)
+            if run.is_main:
+                prune_checkpoints(args.checkpoint, keep=2)
 
     def diverged(message: str) -> None:
         bar.close()
@@ -421,10 +476,7 @@ def main(argv=None) -> dict | str:
         net.train()
         loss_sum = torch.zeros((), device=args.device)
         for _ in range(args.accumulate):
-            x, y = random_batches(train, context=args.context, batch_size=args.batch_size, generator=batches)
-            with autocast(args.device):
-                logp = net(x)  # (b, t, 256) log-probabilities of the next byte
-            loss = F.nll_loss(logp.float().flatten(0, 1), y.flatten()) / args.accumulate
+            loss = micro_loss(net, *micro_batch(train, args, batches), args)
             loss.backward()
             loss_sum += loss.detach()
         if args.gradient_clipping > 0:
@@ -439,7 +491,8 @@ def main(argv=None) -> dict | str:
         checkpoint_now = evaluate_now or step == args.stop_after
         if not (checkpoint_now or step % args.log_every == 0):
             continue
-        losses = torch.stack([loss for _, loss, _ in pending]).tolist()  # waits for the GPU to finish
+        # The whole batch's losses (waits for the GPU to finish): every process checks the same numbers.
+        losses = average_over_processes(torch.stack([loss for _, loss, _ in pending])).tolist()
         try:  # before anything is evaluated or saved: the checkpoints on disk predate the divergence
             check_finite_losses(losses, [s for s, _, _ in pending])
         except TrainingDiverged as e:
@@ -450,7 +503,7 @@ def main(argv=None) -> dict | str:
         speeds.append(speed)
         stats = {"loss": f"{losses[-1]:.3f}", "tok/s": f"{speed:,.0f}"}
         if args.device.type == "cuda":
-            stats["mfu"] = f"{mfu(speed, flops, peak_tflops=args.peak_tflops):.1%}"
+            stats["mfu"] = f"{mfu(speed / run.world_size, flops, peak_tflops=args.peak_tflops):.1%}"  # per GPU
         bar.set_postfix(stats)
         rows = [dict(step=s, loss=value, train_bpb=value / math.log(2), lr=lr, tokens_per_s=round(speed),
                      elapsed_s=round(elapsed, 1))
@@ -463,7 +516,7 @@ def main(argv=None) -> dict | str:
                 say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
                     f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
                     f"over the split)")
-                if args.sample_length > 0:
+                if args.sample_length > 0:  # on every process: an FSDP2 model runs on all of them at once
                     say(f"sample (seed in brackets, temperature {args.temperature}):\n"
                         f"{sample(model, val, args, sampler)}\n")
         for row in rows:
@@ -490,23 +543,27 @@ def main(argv=None) -> dict | str:
     else:
         note = f"median {typical:,.0f} tokens/s"
         if args.device.type == "cuda":
-            note += f", MFU {mfu(typical, flops, peak_tflops=args.peak_tflops):.1%} of {args.peak_tflops:g} TFLOP/s"
+            per_gpu = mfu(typical / run.world_size, flops, peak_tflops=args.peak_tflops)
+            note += f", MFU {per_gpu:.1%} of {args.peak_tflops:g} TFLOP/s per GPU"
         print(f"training: {elapsed / 60:.1f} min, {note}")
 
     split, data = ("test", test) if args.final else ("validation", val)
     with divergence_checked(args.num_batches):
         bpb = evaluate(model, data, args, progress=f"{split} bits/byte")
-    share = mfu(typical, flops, peak_tflops=args.peak_tflops) if typical and args.device.type == "cuda" else None
+    share = (mfu(typical / run.world_size, flops, peak_tflops=args.peak_tflops)
+             if typical and args.device.type == "cuda" else None)
     result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical,
               "mfu": share, "peak_tflops": args.peak_tflops if share is not None else None,
-              "flops_per_token": flops, "parameters": count_parameters(model)}
+              "flops_per_token": flops, "parameters": parameters, "processes": run.world_size}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
     log.close()
-    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     # The final model, always (with or without --checkpoint): --generate samples from it, load_model rebuilds it.
     extra = {"config": {k: getattr(args, k) for k in ARCHITECTURE}, "result": result}
-    save_checkpoint(args.out / "model.pt", model=model, step=args.num_batches, extra=extra)
+    save_distributed_checkpoint(args.out / "model.pt", model=model, step=args.num_batches, extra=extra)
+    if not run.is_main:  # the rest is the main process's alone
+        return result
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"model: {args.out / 'model.pt'} (sample from it: --generate \"PROMPT\" --out {args.out})")
     if tb:
         tb.close()

@@ -21,7 +21,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch.distributed is not available in this build of torch", allow_module_level=True)
 
-from torchformer import GTransformer  # noqa: E402
+from torchformer import CTransformer, GTransformer  # noqa: E402
 from torchformer.train.distributed import (  # noqa: E402
     all_reduce_mean, all_reduce_sum, is_main_process, rank_and_world_size, setup_distributed, shard,
     teardown_distributed, wrap_model,
@@ -30,6 +30,7 @@ from torchformer.train.distributed_checkpoint import (  # noqa: E402
     load_distributed_checkpoint, save_distributed_checkpoint,
 )
 from torchformer.train.evaluation import bits_per_byte  # noqa: E402
+from torchformer.train.metrics import evaluate_classifier  # noqa: E402
 
 WORLD = 2
 DEADLINE = 150  # seconds for the whole job; a hung rank fails the tests after this
@@ -70,6 +71,28 @@ def eval_data() -> torch.Tensor:
     return torch.randint(0, 11, (60,), generator=torch.Generator().manual_seed(3))
 
 
+def classifier() -> CTransformer:
+    torch.manual_seed(0)
+    return CTransformer(16, 2, 2, 8, 11, 3)
+
+
+def classifier_batches() -> list:
+    """5 batches of 4, 3, 5, 2 and 4 padded sequences of 3 classes: rank 0 scores 3 of them, rank 1 only 2."""
+    g = torch.Generator().manual_seed(4)
+    batches = []
+    for b in (4, 3, 5, 2, 4):
+        lengths = torch.randint(1, 9, (b,), generator=g)
+        mask = torch.arange(8)[None] < lengths[:, None]  # (b, 8), True on real tokens
+        ids = torch.randint(1, 11, (b, 8), generator=g) * mask
+        batches.append((ids, mask, torch.randint(0, 3, (b,), generator=g)))
+    return batches
+
+
+def classifier_figures(result) -> dict:
+    return {"loss": result.loss, "accuracy": result.accuracy, "count": result.count,
+            "confusion": result.confusion.tolist(), "calibration": result.calibration.to_dict()}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The 2-process job
 
@@ -94,6 +117,21 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     sharded = [type(p).__name__ for p in fsdp.parameters()]
     train_step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.5), 0, rank, world)
     save({"state": full_state(fsdp), "parameter_types": sharded}, "fsdp.pt")
+
+    # FSDP2 with activation checkpointing: the blocks run again in the backward pass, and the step is the same.
+    checkpointed = wrap_model(model(checkpoint_blocks=True), strategy="fsdp")
+    calls = [0]
+    for block in checkpointed.transformer_blocks():
+        block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    train_step(checkpointed, torch.optim.SGD(checkpointed.parameters(), lr=0.5), 0, rank, world)
+    save({"state": full_state(checkpointed), "block_calls": calls[0]}, "fsdp_checkpointed.pt")
+
+    # Sharded classifier evaluation, uneven shares: a plain model on each process, and an FSDP2 one (whose
+    # processes must run the same number of forward passes: rank 1 replays a batch).
+    plain = evaluate_classifier(classifier(), classifier_batches(), distributed=True)
+    sharded_classifier = wrap_model(classifier(), strategy="fsdp")
+    fsdp_result = evaluate_classifier(sharded_classifier, classifier_batches(), distributed=True)
+    save({"plain": classifier_figures(plain), "fsdp": classifier_figures(fsdp_result)}, "classifier.pt")
 
     # Sharded evaluation: 7 batches of 3 windows, so rank 1 has one batch fewer than rank 0.
     bpb = bits_per_byte(fsdp, eval_data(), context=8, stride=4, batch_size=3, distributed=True)
@@ -200,6 +238,22 @@ def test_sharded_evaluation_equals_one_process(job):
     assert (metrics["sum"], metrics["mean"], metrics["shard"]) == (3.0, 1.0, [0, 2, 4])
 
 
+def test_fsdp_with_activation_checkpointing_takes_the_plain_fsdp_step(job):
+    checkpointed = torch.load(job / "fsdp_checkpointed.pt")
+    assert checkpointed["block_calls"] == 4  # depth 2, each block run again in the backward pass: it recomputed
+    assert_same_weights(checkpointed["state"], torch.load(job / "fsdp.pt")["state"])
+
+
+def test_sharded_classifier_evaluation_equals_one_process_in_every_figure(job):
+    """Each process scored its share (3 and 2 batches); loss, accuracy, confusion and calibration are the single
+    process's exactly (float64 sums of float32 confidences are exact, so their order does not matter)."""
+    expected = classifier_figures(evaluate_classifier(classifier(), classifier_batches()))
+    got = torch.load(job / "classifier.pt")
+    assert got["plain"] == expected
+    assert got["fsdp"] == expected
+    assert expected["count"] == 18 and sum(b["count"] for b in expected["calibration"]["bins"]) == 18
+
+
 def test_a_two_process_checkpoint_resumes_in_one_process(job):
     net = model()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
@@ -232,6 +286,22 @@ def test_single_process_without_torchrun(monkeypatch, tmp_path):
     assert wrap_model(net, strategy="fsdp") is net and wrap_model(net, strategy="ddp") is net
     assert list(shard([1, 2, 3])) == [1, 2, 3] and all_reduce_mean(2.5) == 2.5
     teardown_distributed()  # nothing to do
+
+
+def test_a_checkpoint_of_save_checkpoint_resumes_with_its_optimizer_state(tmp_path):
+    """save_checkpoint numbers the optimizer's parameters (an earlier version of a script wrote those): they are
+    named by the optimizer's order when loading, and the run continues as the uninterrupted one."""
+    from torchformer.train.checkpoint import save_checkpoint
+
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    train_step(net, opt, 0)
+    save_checkpoint(tmp_path / "plain.pt", model=net, optimizer=opt, step=1)
+    resumed = model()
+    resumed_opt = torch.optim.AdamW(resumed.parameters(), lr=0.01)
+    assert load_distributed_checkpoint(tmp_path / "plain.pt", model=resumed, optimizer=resumed_opt)["step"] == 1
+    train_step(resumed, resumed_opt, 1)
+    assert_same_weights(resumed.state_dict(), reference(2, lambda p: torch.optim.AdamW(p, lr=0.01)))
 
 
 def test_arguments_are_checked(monkeypatch):

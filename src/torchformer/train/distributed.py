@@ -103,7 +103,12 @@ def setup_distributed(
 
 
 def teardown_distributed() -> None:
-    """Wait for every process, then leave the process group (nothing to do for a single process)."""
+    """Wait for every process, then leave the process group (nothing to do for a single process).
+
+    Call it once the wrapped models are gone (say, after the function that trained returns): a DDP model freed
+    after its process group was destroyed holds the group's last reference, and destroying a gloo group from there
+    can deadlock (its thread waits for the interpreter lock that the destructor holds; seen with torch 2.13).
+    """
     if dist.is_initialized():
         dist.barrier()  # no process leaves while another may still talk to it (a save, a last all-reduce)
         dist.destroy_process_group()

@@ -110,7 +110,8 @@ def load_distributed_checkpoint(
     if optimizer is None:
         set_model_state_dict(target, state, options=options)
     else:
-        set_state_dict(target, optimizer, model_state_dict=state, optim_state_dict=ckpt["optimizer"], options=options)
+        set_state_dict(target, optimizer, model_state_dict=state, options=options,
+                       optim_state_dict=_keyed_by_name(ckpt["optimizer"], optimizer, target))
     if scheduler is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
     ranks = ckpt.get("ranks") or [{"rng": ckpt["rng"], "generators": ckpt.get("generators", {})}]
@@ -121,6 +122,24 @@ def load_distributed_checkpoint(
     if restore_rng:
         _restore_rng_state(mine["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks)}
+
+
+def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+    """An optimizer state keyed by parameter names, as ``set_state_dict`` takes it.
+
+    :func:`save_distributed_checkpoint` writes names already. A checkpoint of
+    :func:`~torchformer.train.checkpoint.save_checkpoint` (a single process's, e.g. of an earlier version of a
+    script) numbers the parameters instead, in the order the optimizer holds them: that order names them here.
+    """
+    numbered = [k for k in state["state"] if not isinstance(k, str)]
+    numbered += [k for group in state["param_groups"] for k in group["params"] if not isinstance(k, str)]
+    if not numbered:
+        return state
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {"state": {order[k]: v for k, v in state["state"].items()},
+            "param_groups": [{**group, "params": [order[k] for k in group["params"]]}
+                             for group in state["param_groups"]]}
 
 
 def _gather(obj: Any) -> Optional[list]:

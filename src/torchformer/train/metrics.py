@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import autocast
 
 __all__ = [
@@ -260,31 +261,52 @@ def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins:
 
 def _binned(confidence: Tensor, correct: Tensor, *, classes: int, bins: int) -> Calibration:
     """The :class:`Calibration` of ``confidence`` ``(n,)`` (float64) and ``correct`` ``(n,)`` (bool), unchecked."""
-    n, low = confidence.numel(), 1 / classes
-    # Equal widths from 1/c to 1, written so that an edge such as 0.6 comes out as 0.6, not 0.6000000000000001.
+    return _calibration_from_sums(_calibration_sums(confidence, correct, classes=classes, bins=bins),
+                                  classes=classes, bins=bins)
+
+
+def _edges(classes: int, bins: int) -> Tensor:
+    """``(bins + 1,)`` float64: equal widths from 1/c to 1, written so that an edge such as 0.6 comes out as 0.6,
+    not 0.6000000000000001."""
     steps = torch.arange(bins + 1, dtype=torch.float64)
-    edges = (low * (bins - steps) + steps) / bins
+    return (1 / classes * (bins - steps) + steps) / bins
+
+
+def _calibration_sums(confidence: Tensor, correct: Tensor, *, classes: int, bins: int) -> Tensor:
+    """Everything a :class:`Calibration` is computed from, as sums: ``(3 * bins + 4,)`` float64, per bin the
+    examples, their confidences and their right answers, then the confidences and numbers of the right and of the
+    wrong answers. Sums of several shares of the examples add up to the sums of all of them, which is how
+    :func:`evaluate_classifier` combines processes."""
     # right=True: bin i holds edges[i] <= confidence < edges[i + 1]. Only the inner edges are given, so anything
     # below edges[1] lands in bin 0 and anything from edges[-2] on (1 included) in the last bin.
-    index = torch.bucketize(confidence, edges[1:-1], right=True)  # (n,) bin of each example
+    index = torch.bucketize(confidence, _edges(classes, bins)[1:-1], right=True)  # (n,) bin of each example
 
     def per_bin(values: Tensor) -> Tensor:  # (n,) -> (bins,) sums
         return torch.zeros(bins, dtype=torch.float64).index_add_(0, index, values.double())
 
-    counts = torch.bincount(index, minlength=bins)
-    mean_confidence = per_bin(confidence) / counts  # 0 / 0 = NaN in an empty bin
-    accuracy_ = per_bin(correct) / counts
-    filled = counts > 0
-    ece = (counts[filled].double() / n * (accuracy_[filled] - mean_confidence[filled]).abs()).sum().item()
     right, wrong = confidence[correct], confidence[~correct]
+    tail = [right.sum(), right.numel(), wrong.sum(), wrong.numel()]
+    return torch.cat([torch.bincount(index, minlength=bins).double(), per_bin(confidence), per_bin(correct),
+                      torch.tensor(tail, dtype=torch.float64)])
+
+
+def _calibration_from_sums(sums: Tensor, *, classes: int, bins: int) -> Calibration:
+    """The :class:`Calibration` of the sums of :func:`_calibration_sums`."""
+    counts, confidence_sums, right_per_bin = sums[:bins], sums[bins:2 * bins], sums[2 * bins:3 * bins]
+    right_sum, right_n, wrong_sum, wrong_n = sums[3 * bins:].tolist()
+    n = int(counts.sum().item())
+    mean_confidence = confidence_sums / counts  # 0 / 0 = NaN in an empty bin
+    accuracy_ = right_per_bin / counts
+    filled = counts > 0
+    ece = (counts[filled] / n * (accuracy_[filled] - mean_confidence[filled]).abs()).sum().item()
     return Calibration(
         ece=ece,
-        edges=edges,
-        counts=counts,
+        edges=_edges(classes, bins),
+        counts=counts.long(),
         confidence=mean_confidence,
         accuracy=accuracy_,
-        mean_confidence_right=right.mean().item() if right.numel() else math.nan,
-        mean_confidence_wrong=wrong.mean().item() if wrong.numel() else math.nan,
+        mean_confidence_right=right_sum / right_n if right_n else math.nan,
+        mean_confidence_wrong=wrong_sum / wrong_n if wrong_n else math.nan,
         count=n,
     )
 
@@ -309,6 +331,7 @@ def evaluate_classifier(
     *,
     num_classes: int | None = None,
     mixed_precision: bool = True,
+    distributed: bool = False,
 ) -> ClassifierResult:
     """Evaluate ``model`` on every ``(ids, mask, labels)`` batch; the model is put in eval mode and restored after.
 
@@ -317,6 +340,16 @@ def evaluate_classifier(
     ``mixed_precision`` the forward pass runs under :func:`torchformer.train.training.autocast` (bf16 on CUDA only).
     ``num_classes``, if given, must be the model's ``c``. The result's ``calibration`` is :func:`calibration` of
     the same predictions (their confidence is ``exp`` of the largest log-probability) in ``CALIBRATION_BINS`` bins.
+
+    ``distributed=True``: every process of the process group (:mod:`torchformer.train.distributed`) calls this with
+    the same batches, in the same order, and scores every ``world_size``-th of them, starting at its rank; the sums
+    everything is computed from (per-batch losses, confusion counts, the calibration's per-bin sums) are added up
+    over the processes, and every process returns the figures of all the batches, equal to one process's: counts
+    are integers, each batch's loss is summed on one process only, and the confidences are float32 numbers whose
+    float64 sums are exact (each is a multiple of ``2**-(24 + ceil(log2 c))`` and below 1; exact while ``n * c``
+    stays below about ``2**29``), so the order of the additions does not matter. Every process runs the same number
+    of forward passes (an FSDP model gathers its parameters with all of them in each one): one whose share is a
+    batch short scores the first batch again, unrecorded. Without a process group, the same as ``False``.
 
     The inputs are checked as they come, each error naming the batch: a batch that is not a triple (``(ids,
     labels)`` batches: yield ``(ids, None, labels)``), labels that are not 1-D integer class ids in ``[0, c)`` (one
@@ -333,14 +366,22 @@ def evaluate_classifier(
         num_classes = _check_num_classes(num_classes)
     if not isinstance(mixed_precision, bool):
         raise TypeError(f"mixed_precision must be a bool, got {type(mixed_precision).__name__} {mixed_precision!r}")
+    if not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be a bool, got {type(distributed).__name__} {distributed!r}")
+    rank, world_size = rank_and_world_size() if distributed else (0, 1)
     was_training = model.training
     model.eval()
-    total_loss, predictions, targets, confidences = 0.0, [], [], []
+    losses: dict[int, float] = {}  # batch index -> summed loss, of this process's batches
+    predictions, targets, confidences = [], [], []
     classes: int | None = None  # c, from the first output
     checked = False  # whether an output's values have been checked (on the first non-empty batch)
+    first, seen = None, 0  # the first batch (replayed by a process whose share is short), the number of batches
     try:
         for index, batch in enumerate(batches):
             ids, mask, labels = _unpack(batch, index)
+            first, seen = first or (ids, mask), seen + 1
+            if index % world_size != rank:
+                continue
             target = _as_labels(labels, f"labels (batch {index})")  # on the CPU: checked without waiting for a GPU
             if ids.dim() >= 1 and target.numel() != ids.size(0):
                 raise ValueError(f"labels (batch {index}) must hold one class id per sequence of ids, "
@@ -362,25 +403,38 @@ def evaluate_classifier(
             if math.isnan(loss):
                 raise ValueError(f"the model's output for batch {index} holds NaN: its weights or this batch's "
                                  f"inputs are not finite (did training diverge?)")
-            total_loss += loss
+            losses[index] = loss
             predictions.append(logprobs.argmax(dim=-1).cpu())
             confidences.append(logprobs.float().amax(dim=-1).exp().cpu())  # the probability of each prediction
             targets.append(target)
+        if first is None:
+            raise ValueError("batches must yield at least one batch, got none")
+        for _ in range(math.ceil(seen / world_size) - len(losses)):  # see the docstring: the same passes everywhere
+            with autocast(first[0].device, enabled=mixed_precision):
+                classes = model(*first).size(-1)
     finally:
         model.train(was_training)
-    if not predictions:
-        raise ValueError("batches must yield at least one batch, got none")
-    p, t = torch.cat(predictions), torch.cat(targets)
-    if t.numel() == 0:
-        raise ValueError(f"batches must hold at least one example, got {len(predictions)} empty batch(es)")
-    confidence = torch.cat(confidences).double()
+    p, t = torch.cat([torch.zeros(0, dtype=torch.long), *predictions]), torch.cat([torch.zeros(0, dtype=torch.long),
+                                                                                     *targets])
+    # Each process's sums, added up over the processes (all_reduce_sum is the identity for one process).
+    per_batch = torch.zeros(seen, dtype=torch.float64)
+    per_batch[list(losses)] = torch.tensor(list(losses.values()), dtype=torch.float64)
+    per_batch = all_reduce_sum(per_batch)
+    confusion = all_reduce_sum(torch.bincount(t * classes + p, minlength=classes * classes).view(classes, classes))
+    count = int(confusion.sum())
+    if count == 0:
+        raise ValueError(f"batches must hold at least one example, got {seen} empty batch(es)")
     # (A model of one class is always sure and always right: nothing to calibrate.)
-    calibrated = _binned(confidence, p == t, classes=classes, bins=CALIBRATION_BINS) if classes > 1 else None
+    calibrated = None
+    if classes > 1:
+        confidence = torch.cat([torch.zeros(0), *confidences]).double()
+        sums = _calibration_sums(confidence, p == t, classes=classes, bins=CALIBRATION_BINS)
+        calibrated = _calibration_from_sums(all_reduce_sum(sums), classes=classes, bins=CALIBRATION_BINS)
     return ClassifierResult(
-        loss=total_loss / t.numel(),
-        accuracy=accuracy(p, t),
-        confusion=confusion_matrix(p, t, num_classes=classes),
-        count=t.numel(),
+        loss=sum(per_batch.tolist()) / count,  # added in batch order, as one process adds them
+        accuracy=int(confusion.trace()) / count,
+        confusion=confusion,
+        count=count,
         calibration=calibrated,
     )
 

@@ -27,6 +27,7 @@ from typing import Any, ContextManager, Iterable, Iterator, Mapping, Optional, S
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from torchformer.train.checkpoint import (
@@ -530,7 +531,11 @@ def progress(
     desc: Optional[str] = None,
     disable: bool = False,
 ):
-    """A tqdm progress bar if tqdm is installed, else a silent stand-in with the same basic methods."""
+    """A tqdm progress bar if tqdm is installed, else a silent stand-in with the same basic methods.
+
+    On several processes (``torch.distributed``) only the main one (rank 0) draws its bars: the others would write
+    the same bars over each other on the same terminal.
+    """
     if iterable is not None and not isinstance(iterable, Iterable):
         raise TypeError(f"iterable must be an iterable or None, got {type(iterable).__name__}")
     if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Real) or not total >= 0):
@@ -541,7 +546,8 @@ def progress(
         from tqdm import tqdm
     except ImportError:
         return _PlainProgress(iterable, total=total, desc=desc)
-    return tqdm(iterable, total=total, desc=desc, disable=disable, dynamic_ncols=True)
+    quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() > 0  # see the docstring
+    return tqdm(iterable, total=total, desc=desc, disable=disable or quiet, dynamic_ncols=True)
 
 
 class _PlainProgress:

@@ -1,0 +1,147 @@
+"""What a training script needs to run the same way as one process or as many under ``torchrun``.
+
+:mod:`torchformer.train.distributed` has the engines (process group, DDP, FSDP2, all-reduces); this module has the
+few decisions the example scripts share, so that each script stays a thin user of them:
+
+* :func:`start_run`: join the processes (or be the only one), seed every process alike (the same initial weights
+  everywhere), and keep the standard output of every process but the main one quiet: only rank 0 prints.
+* :func:`seed_each_process`: after the model is built, give each process its own stream of the global random
+  generators (its own dropout masks). Rank 0 keeps the stream it has, so one process runs exactly as before.
+* :func:`share_batch`: **the batch size is global.** Every process draws the same global batch (from generators
+  seeded alike) and computes its share of the rows: rows ``rank, rank + world_size, ...``. The shares are disjoint,
+  together they are the batch, and they follow from the seed and the rank alone. The loss is summed over a
+  process's rows and divided by ``batch_size / world_size``; averaging the gradients over the processes (what DDP
+  and FSDP2 do) then gives the gradient of the mean loss over the whole batch, as one process computes it. So the
+  same ``-b`` and learning rate take the same steps on any number of processes (up to the rounding of sums), and
+  the learning rate is never scaled.
+* :class:`NoLog`: what a process that writes nothing uses in place of a logger.
+
+A batch that does not divide evenly (the last, smaller batch of an IMDb epoch) gives some processes a row fewer;
+they compute a repeated row that counts for nothing instead (its target is ``IGNORE``), because every process must
+run a forward and backward pass of the same shape of program at every step for the collectives to meet.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchformer.train.distributed import (
+    STRATEGIES, DistributedRun, all_reduce_sum, rank_and_world_size, setup_distributed,
+)
+from torchformer.train.training import set_seed
+
+IGNORE = -100  # the target of a row that counts for nothing: F.nll_loss's default ignore_index
+
+
+def start_run(
+    device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None
+) -> DistributedRun:
+    """Join the processes ``torchrun`` started (or set up a single process), seed them all with ``seed``, and keep
+    every process but the main one from printing.
+
+    Args:
+        device: the device the script resolved (``--device``). Under ``torchrun`` on CUDA each process takes
+            ``cuda:LOCAL_RANK`` instead (the returned run's ``device``).
+        strategy: ``"ddp"`` or ``"fsdp"`` (checked here, before anything is loaded). On one process both are the
+            plain model.
+        seed: the same on every process, so that models built next get the same initial weights everywhere.
+        timeout: how long a collective waits for the other processes (see :func:`setup_distributed`).
+
+    The standard output of the other processes goes to ``os.devnull``; their standard error stays, so a failing
+    process still says why.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    run = setup_distributed(device=device.type, timeout=timeout)
+    set_seed(seed)
+    if not run.is_main:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    return run
+
+
+def seed_each_process(seed: int) -> None:
+    """Give each process its own stream of the global generators (Python's, NumPy's, torch's): its own dropout masks.
+
+    Call it after building the model (which must be identical everywhere). Rank ``r > 0`` is seeded from ``(seed,
+    r)`` by NumPy's ``SeedSequence`` (independent streams, reproducible from the seed and the rank); rank 0 keeps
+    the stream it has, so that a single process draws exactly what it drew before this function existed.
+    """
+    rank, _ = rank_and_world_size()
+    if rank > 0:
+        set_seed(int(np.random.SeedSequence(seed, spawn_key=(rank,)).generate_state(1)[0]))
+
+
+@dataclass(frozen=True)
+class BatchShare:
+    """This process's part of a global batch: ``rows`` ``(k,)`` to compute, of which ``real`` ``(k,)`` count, and
+    the ``divisor`` of the summed loss (``batch_size / world_size``). Every process gets the same ``k``."""
+
+    rows: Tensor
+    real: Tensor
+    divisor: float
+
+    def take(self, batch: Tensor) -> Tensor:
+        """This process's rows of ``batch`` ``(batch_size, ...)``: ``(k, ...)``."""
+        return batch[self.rows.to(batch.device)]
+
+    def targets(self, targets: Tensor) -> Tensor:
+        """This process's rows of ``targets`` ``(batch_size, ...)``, those of repeated rows set to :data:`IGNORE`."""
+        mine = self.take(targets)
+        real = self.real.to(mine.device).view(-1, *[1] * (mine.dim() - 1))
+        return torch.where(real, mine, IGNORE)
+
+
+def share_batch(batch_size: int) -> BatchShare:
+    """This process's share of a global batch of ``batch_size`` rows (see the module docstring).
+
+    Rows ``rank, rank + world_size, ...``; ``ceil(batch_size / world_size)`` of them on every process, the missing
+    ones repeats (of row ``index % batch_size``) that do not count. One process: all rows, in order, divisor
+    ``batch_size``, so ``F.nll_loss(..., reduction="sum") / divisor`` is exactly the mean loss of before.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    rank, world_size = rank_and_world_size()
+    index = torch.arange(rank, world_size * math.ceil(batch_size / world_size), world_size)
+    return BatchShare(rows=index % batch_size, real=index < batch_size, divisor=batch_size / world_size)
+
+
+def average_over_processes(values: Tensor) -> Tensor:
+    """The element-wise mean of ``values`` over the processes (``values`` itself for one process): the figures of
+    the whole batch from each process's part, e.g. losses read for the log or to check for a divergence."""
+    _, world_size = rank_and_world_size()
+    return all_reduce_sum(values) / world_size
+
+
+def describe_run(run: DistributedRun, *, strategy: str, batch_size: int, unit: str, learn_rate: float) -> str:
+    """The start-up line that says how the work is shared: processes, strategy, the global batch, the learning rate."""
+    if run.world_size == 1:
+        how = "1 process (start with torchrun for more; --strategy applies only then)"
+    else:
+        how = f"{run.world_size} processes ({strategy.upper()} over {run.backend})"
+    per = batch_size / run.world_size
+    share = f"{per:g}" if per == int(per) else f"{math.floor(per)} or {math.ceil(per)}"
+    return (f"processes: {how}; -b {batch_size} {unit} per step in all ({share} per process); learning rate "
+            f"{learn_rate:g}, not scaled (the step is the same on any number of processes)")
+
+
+class NoLog:
+    """In place of a :class:`~torchformer.train.training.CSVLogger` (or a TensorBoard writer) on a process that
+    writes nothing: it takes the same calls and keeps nothing."""
+
+    def log(self, **row: Any) -> None:
+        pass
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
