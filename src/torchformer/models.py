@@ -191,6 +191,7 @@ class CTransformer(TransformerModel):
         return [block.attention for block in self.encoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks, in the order they run."""
         return list(self.encoder.blocks)
 
 
@@ -250,6 +251,7 @@ class GTransformer(TransformerModel):
         return [block.attention for block in self.blocks.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The model's blocks, in the order they run."""
         return list(self.blocks.blocks)
 
     def generate(
@@ -373,6 +375,7 @@ class Seq2SeqTransformer(TransformerModel):
         return [BlockCache(capacity) for _ in self.decoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks, then the decoder's: the order they run in."""
         return [*self.encoder.blocks, *self.decoder.blocks]
 
     def generate(

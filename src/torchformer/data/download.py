@@ -116,6 +116,8 @@ def check_path(value: object, name: str) -> pathlib.Path:
 
 
 def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a real bool; a :class:`TypeError` naming ``name`` otherwise (a string such as
+    ``"no"`` would be truthy)."""
     # A flag given as a string ("no") would be truthy: refuse anything but a real bool.
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -230,7 +232,8 @@ def download(
     Args:
         url: where to fetch the file (``http(s)://``, ``file://``, anything ``urllib`` opens).
         dest: the final file path. Its folder is created if needed.
-        sha256, md5: expected hex digests.
+        sha256: the expected SHA-256 hex digest.
+        md5: the expected MD5 hex digest.
         size: the expected byte count, checked even when the server announces no Content-Length.
         opener: ``opener(url)`` returns a readable binary file-like object; the default is
             :func:`urllib.request.urlopen`. If the object has ``headers`` with a Content-Length,

@@ -299,11 +299,13 @@ def enwik8(
         splits: sizes of train/val/test. They are byte counts when they are whole numbers adding up
             to the file's length and relative sizes otherwise, so the default is the standard
             90M/5M/5M on enwik8 and 90/5/5 percent on any other file.
-        expected_size, md5: how the official file is recognised. A ``path`` of ``expected_size``
-            bytes must have this md5 (else :class:`ChecksumError`); ``md5=None`` skips the check.
-            A ``path`` of any other size is loaded with a warning that it is not enwik8. The cached
-            copy must have both.
-        url, opener, progress: passed to :func:`~torchformer.data.download.download`.
+        expected_size: with ``md5``, how the official file is recognised. A ``path`` of ``expected_size``
+            bytes must have this md5 (else :class:`ChecksumError`). A ``path`` of any other size is loaded
+            with a warning that it is not enwik8. The cached copy must have both.
+        md5: the official file's MD5 hex digest; ``md5=None`` skips the check.
+        url: passed to :func:`~torchformer.data.download.download`.
+        opener: passed to :func:`~torchformer.data.download.download`.
+        progress: passed to :func:`~torchformer.data.download.download`.
 
     Raises:
         DataFileError: the file is a damaged or truncated gzip/zip (the message names it).

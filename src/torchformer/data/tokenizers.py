@@ -159,7 +159,7 @@ class WordTokenizer:
         return _words(_check_text(text))
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
-        """Token ids of ``text``, unknown words as :attr:`UNK`, cut to ``max_length``.
+        """Token ids of ``text``, unknown words as ``UNK`` (id 1), cut to ``max_length``.
 
         An empty (or all-whitespace) text gives ``[]``; the batching code refuses
         empty sequences, so decide upstream what such a text should be.
@@ -196,6 +196,7 @@ class WordTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> WordTokenizer:
+        """Rebuild a tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
         _check_state(state, "word")
         if "vocab" not in state:
             raise ValueError(f"state has no 'vocab' (keys: {sorted(state)}); pass what state_dict() returned")
@@ -237,6 +238,7 @@ class ByteTokenizer:
         return [b + 1 for b in data]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """Ids back to text: id ``b + 1`` is byte ``b``, ``<pad>`` (id 0) is dropped, invalid UTF-8 reads U+FFFD."""
         data = bytearray()
         for i in _check_ids(ids):
             if not 0 <= i <= 256:
@@ -252,10 +254,12 @@ class ByteTokenizer:
         return f"{type(self).__name__}()"
 
     def state_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer: only its kind, since it has no vocabulary to store."""
         return {"kind": "byte"}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ByteTokenizer:
+        """Rebuild the tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
         _check_state(state, "byte")
         return cls()
 

@@ -206,9 +206,13 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, h * s)
 
     def project_queries(self, x: Tensor) -> Tensor:
+        """The queries of ``x`` ``(b, t, e)``, split into heads (and normalised with ``kqnorm``):
+        ``(b, h, t, s)``."""
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``y`` ``(b, u, e)``, split into the ``g`` key/value heads (``g = kv_heads``,
+        ``h`` without grouped-query attention): two ``(b, g, u, s)`` tensors; the keys normalised with ``kqnorm``."""
         k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, g, u, s)
         v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
         return k, v

@@ -106,6 +106,7 @@ class DecoderBlock(TransformerBlock):
         super().__init__(config, causal=True)
 
     def build_middle(self, config: TransformerConfig) -> None:
+        """The cross-attention and its norm, between self-attention and feed-forward."""
         self.cross_attention = self.cross_attention_class.from_config(config)
         self.norm_cross = make_norm(config.norm, config.emb)
 

@@ -79,6 +79,8 @@ class VectorEmbedding(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> VectorEmbedding:
+        """An embedding of ``config.input_dim``-dimensional feature vectors, with ``config``'s positions and
+        dropout."""
         return cls(config.input_dim, config.emb, config.seq_length,  # type: ignore[arg-type]
                    positions=config.positions, dropout=config.dropout)
 

@@ -123,6 +123,7 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> GatedFeedForward:
+        """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``."""
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

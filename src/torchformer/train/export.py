@@ -54,7 +54,8 @@ def load_model(
     """The model saved at ``path``, rebuilt from its stored config, weights loaded, in ``eval()`` mode.
 
     Args:
-        path: a checkpoint file written by :func:`save_checkpoint`, or a folder written by :func:`export_model`.
+        path: a checkpoint file written by :func:`~torchformer.train.checkpoint.save_checkpoint`, or a folder
+            written by :func:`export_model`.
         model_class: the class to build (``model_class.from_config(config)``): the saved class or a subclass of it.
             By default the saved class name is looked up in :data:`torchformer.models.MODEL_CLASSES` and ``classes``.
         classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: your own subclasses.
