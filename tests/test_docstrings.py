@@ -1,0 +1,56 @@
+"""Every public name has a docstring, and the API reference of the documentation site covers every public name.
+
+The public names are listed by ``docs/public_api.py``, which the site's build (``docs/mkdocs_hooks.py``) uses too:
+every name of ``torchformer.__all__`` and ``torchformer.data.__all__``, and the classes, functions and public
+methods defined by every non-private module. ``mkdocs build --strict`` fails on the same missing docstrings; this
+test says so without MkDocs installed.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import pathlib
+
+import pytest
+
+import torchformer
+import torchformer.data
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+spec = importlib.util.spec_from_file_location("public_api", DOCS / "public_api.py")
+public_api = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(public_api)
+
+
+def test_every_public_name_has_a_docstring():
+    assert public_api.missing_docstrings() == []
+
+
+def test_the_public_names_include_every_module_and_the_exported_names():
+    paths = {path for path, _ in public_api.public_objects()}
+    assert "torchformer.nn.attention.SelfAttention" in paths
+    assert "torchformer.nn.attention.MultiHeadAttention.from_config" in paths  # a classmethod
+    assert "torchformer.train.distributed.wrap_model" in paths
+    assert not any(part.startswith("_") for path in paths for part in path.split("."))  # no private name
+    modules = public_api.modules()
+    assert "torchformer.nn.norms" in modules and "torchformer._checks" not in modules
+
+
+@pytest.mark.parametrize("package", [torchformer, torchformer.data], ids=lambda p: p.__name__)
+def test_every_exported_name_has_a_page_in_the_api_reference(package):
+    # The site documents each name on the page of the module that defines it: that module must have a page and
+    # list the name.
+    for name in package.__all__:
+        value = getattr(package, name)
+        if inspect.ismodule(value):
+            continue
+        assert value.__module__ in public_api.modules(), f"{name}: defined in {value.__module__}, which has no page"
+        assert name in public_api.defined_names(value.__module__), f"{name} is not on {value.__module__}'s page"
+
+
+def test_a_name_without_a_docstring_is_reported(monkeypatch):
+    # The check itself: remove one docstring and it is named.
+    from torchformer.nn.norms import RMSNorm
+
+    monkeypatch.setattr(RMSNorm, "__doc__", None)
+    assert public_api.missing_docstrings() == ["torchformer.RMSNorm", "torchformer.nn.norms.RMSNorm"]
