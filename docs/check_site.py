@@ -5,10 +5,12 @@
     mkdocs build --strict                   # the site, into site/
     python docs/check_site.py               # serves site/ on 127.0.0.1, checks, saves docs/screenshots/*.png
 
-It checks three pages: the home page (and that the search index loads: a search for "rotary" lists results), a
-tutorial page with formulas (positions.md: the sinusoidal formula is typeset by MathJax as an SVG, no raw TeX is left
-on the page) and an API page (``SelfAttention`` lists its constructor's arguments). It exits 1 with the failed checks
-named. CI does not run it: CI machines have no browser. Screenshots go to docs/screenshots/ (git-ignored).
+It checks the home page (and that the search index loads: a search for "rotary" lists results), the tutorial pages
+with formulas (attention.md, positions.md, modern-blocks.md, relative-positions.md: every formula is typeset by
+MathJax as an SVG, no raw TeX is left on the page) and an API page (``SelfAttention``'s signature and its
+"Parameters" table list its constructor's arguments). It exits 1 with the failed checks named, and fails on any
+JavaScript error. CI does not run it: CI machines have no browser. Screenshots go to docs/screenshots/
+(git-ignored).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ import sys
 import threading
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The pages whose formulas are written as $$ math (attention, sinusoidal positions, RMSNorm, rotary).
+FORMULA_PAGES = ["attention", "positions", "modern-blocks", "relative-positions"]
+EVERY_FORMULA_TYPESET = (
+    "() => [...document.querySelectorAll('.arithmatex')].every(f => f.querySelector('mjx-container svg'))"
+)
 
 
 @contextlib.contextmanager
@@ -83,21 +90,23 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
             failures.append("search: no results for 'rotary' (the search index did not load)")
         page.screenshot(path=str(shots / "search.png"))
 
-        # 2. A tutorial page with a formula: MathJax must have replaced the TeX by an SVG.
-        page.goto(f"{base}/positions/")
-        try:
-            page.wait_for_selector(".arithmatex mjx-container svg", timeout=15000)
-        except Exception:
-            failures.append("positions page: no formula was typeset (no mjx-container svg)")
-        formulas = page.locator(".arithmatex")
-        raw = [text for text in formulas.all_inner_texts() if "\\frac" in text or "\\sin" in text]
-        if formulas.count() == 0 or raw:
-            failures.append(f"positions page: {formulas.count()} formulas, raw TeX still shown: {raw[:2]}")
-        print(f"positions page: {formulas.count()} formula(s), typeset by MathJax")
-        first = page.locator(".arithmatex").first
-        first.scroll_into_view_if_needed()
-        page.screenshot(path=str(shots / "formula-page.png"))
-        first.screenshot(path=str(shots / "formula.png"))
+        # 2. The tutorial pages with formulas: MathJax must have replaced every formula's TeX by an SVG.
+        for name in FORMULA_PAGES:
+            page.goto(f"{base}/{name}/")
+            formulas = page.locator(".arithmatex")
+            try:
+                page.wait_for_function(EVERY_FORMULA_TYPESET, timeout=15000)
+            except Exception:
+                failures.append(f"{name}: not every formula was typeset (no mjx-container svg)")
+            raw = [text for text in formulas.all_inner_texts() if "\\" in text]
+            if formulas.count() == 0 or raw:
+                failures.append(f"{name}: {formulas.count()} formulas, raw TeX still shown: {raw[:2]}")
+            print(f"{name}: {formulas.count()} formula(s), typeset by MathJax")
+            first = formulas.first
+            first.scroll_into_view_if_needed()
+            if name == "positions":
+                page.screenshot(path=str(shots / "formula-page.png"))
+            first.screenshot(path=str(shots / f"formula-{name}.png"))
 
         # 3. An API page: SelfAttention's section lists every argument of its constructor.
         page.goto(f"{base}/api/torchformer.nn.attention/")
@@ -105,14 +114,20 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
         if section.count() != 1:
             failures.append("API page: no section for torchformer.nn.attention.SelfAttention")
         else:
-            text = section.inner_text()
             names = [n for n in inspect.signature(SelfAttention.__init__).parameters if n != "self"]
-            missing = [n for n in names if n not in text]
-            if missing:
-                failures.append(f"API page: SelfAttention's arguments not listed: {missing}")
-            print(f"API page: SelfAttention lists its {len(names)} arguments ({', '.join(names)})")
+            # The "Parameters:" table of the class's own docstring (not a nested method's): one row per argument.
+            table = section.locator("> div.doc-contents").first.locator("table").first  # Material wraps tables
+            listed = [cell.strip() for cell in table.locator("tr.doc-section-item > td:first-child").all_inner_texts()]
+            if listed != names:
+                failures.append(f"API page: SelfAttention's parameter table lists {listed}, the signature {names}")
+            signature = section.locator(".doc-signature").first.inner_text()
+            if not all(name in signature for name in names):
+                failures.append(f"API page: SelfAttention's signature is incomplete: {signature!r}")
+            print(f"API page: SelfAttention's signature and parameter table list its {len(names)} arguments "
+                  f"({', '.join(listed)})")
             section.locator("h2").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / "api-page.png"))
+            table.screenshot(path=str(shots / "api-parameters.png"))
         if errors:
             failures.append(f"JavaScript errors: {errors}")
         browser.close()

@@ -10,8 +10,10 @@ import importlib
 import importlib.util
 import inspect
 import pathlib
+import re
 
 import pytest
+import torch
 
 import torchformer
 import torchformer.data
@@ -54,3 +56,40 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 
     monkeypatch.setattr(RMSNorm, "__doc__", None)
     assert public_api.missing_docstrings() == ["torchformer.RMSNorm", "torchformer.nn.norms.RMSNorm"]
+
+
+# The house style of a docstring (docs/index.md, "Shapes and docstrings"): a one-line summary, prose, then the
+# sections. ``Args:`` names every argument (a class: its constructor's), one per entry; a module has ``Shapes:``
+# (what ``forward`` takes and returns, in the letters b, t, u, e, h, s, ...); a function has ``Returns:``.
+SECTION = re.compile(r"^(\w[\w ]*):\n((?:(?: {4}.*)?\n)+)", re.M)
+ENTRY = re.compile(r"^ {4}(\*{0,2}\w+)(?: \([^)]*\))?:", re.M)
+
+
+def sections(doc: str) -> dict[str, str]:
+    return {title: body for title, body in SECTION.findall(inspect.cleandoc(doc) + "\n")}
+
+
+def arguments(value) -> list[str]:
+    function = value.__init__ if inspect.isclass(value) else value
+    names = []
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name == "self":
+            continue
+        star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
+        names.append(star + parameter.name)
+    return names
+
+
+@pytest.mark.parametrize("name", torchformer.__all__)
+def test_exported_docstrings_have_args_and_shapes_or_returns(name):
+    value = getattr(torchformer, name)
+    found = sections(value.__doc__)
+    expected = arguments(value)
+    if expected:
+        assert "Args" in found, f"{name}: no Args: section"
+        documented = ENTRY.findall(found["Args"])
+        assert sorted(documented) == sorted(expected), f"{name}: Args: lists {documented}, the signature {expected}"
+    if inspect.isclass(value) and issubclass(value, torch.nn.Module):
+        assert "Shapes" in found, f"{name}: a module without a Shapes: section"
+    if inspect.isfunction(inspect.unwrap(value)):
+        assert "Returns" in found, f"{name}: a function without a Returns: section"
