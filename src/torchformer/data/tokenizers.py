@@ -97,6 +97,9 @@ class WordTokenizer:
     Id 0 is ``<pad>``, id 1 is ``<unk>``, then the vocabulary words from most to
     least frequent (ties in alphabetical order, so a build is reproducible).
 
+    Args:
+        vocab: every token, in id order, ``<pad>`` and ``<unk>`` first (what :meth:`build` makes from texts).
+
     Example:
         >>> tok = WordTokenizer.build(["A fine film.", "A dull film!"], vocab_size=6)
         >>> tok.tokenize("A FINE<br />film!")
@@ -265,7 +268,14 @@ class ByteTokenizer:
 
 
 def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer:
-    """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``)."""
+    """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``).
+
+    Args:
+        state: what a tokenizer's ``state_dict()`` returned.
+
+    Returns:
+        A :class:`WordTokenizer` or a :class:`ByteTokenizer`.
+    """
     classes = {"word": WordTokenizer, "byte": ByteTokenizer}
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
