@@ -42,10 +42,9 @@ def api_page(module: str) -> str:
 
 
 def module_page_markdown(module: str) -> str:
-    if module.count(".") == 0 or public_api.defined_names(module) == [] and hasattr(
-            importlib.import_module(module), "__all__"):
-        # A package that only re-exports (torchformer, torchformer.data): its docstring; the names are documented
-        # on the pages of the modules that define them.
+    if hasattr(importlib.import_module(module), "__path__"):
+        # A package (torchformer, torchformer.nn, torchformer.data, ...): its docstring; the names it re-exports are
+        # documented on the pages of the modules that define them.
         return f"# `{module}`\n\n::: {module}\n    options:\n      members: false\n      show_root_heading: false\n"
     return f"# `{module}`\n\n::: {module}\n    options:\n      show_root_heading: false\n"
 
