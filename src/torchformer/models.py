@@ -115,6 +115,13 @@ class TransformerModel(nn.Module):
 
     ``model.config`` is plain data; checkpoints store it, so :meth:`from_checkpoint` rebuilds the model from its
     file alone and loading a checkpoint of another architecture is an error naming the differing fields.
+
+    Args:
+        config: the architecture; kept as ``model.config``.
+
+    Shapes:
+        Each model says what its ``forward`` takes and returns: :class:`CTransformer`, :class:`GTransformer`,
+        :class:`Seq2SeqTransformer`.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -149,6 +156,23 @@ class CTransformer(TransformerModel):
     and an optional padding mask ``(b, t)`` (True = real token) -> ``(b, num_classes)`` log-probabilities. With a
     mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
     ``max_pool=True``), ``"mean"`` or ``"first"``.
+
+    Give either the six numbers (former's positional arguments) and any other config field as a keyword, or a
+    whole ``config``.
+
+    Args:
+        emb: embedding size ``e``.
+        heads: number of attention heads ``h``.
+        depth: number of blocks.
+        seq_length: the longest sequence the model takes (learned positions know no more).
+        num_tokens: vocabulary size ``v`` (left out with ``input_dim``).
+        num_classes: number of classes ``c``.
+        config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
+        **options: any other field of :class:`~torchformer.config.TransformerConfig` (``prenorm=True``,
+            ``pool="mean"``, ``input_dim=d``, ...).
+
+    Shapes:
+        ``x`` ``(b, t)`` ids or ``(b, t, d)`` vectors, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -191,6 +215,7 @@ class CTransformer(TransformerModel):
         return [block.attention for block in self.encoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks, in the order they run."""
         return list(self.encoder.blocks)
 
 
@@ -200,6 +225,19 @@ class GTransformer(TransformerModel):
     ``forward(x, *, caches=None, positions=None)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at
     position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the
     embedding with the output layer. See :mod:`torchformer.decoding.generation` for sampling and beam search.
+
+    Args:
+        emb: embedding size ``e``.
+        heads: number of attention heads ``h``.
+        depth: number of blocks.
+        seq_length: the longest sequence the model takes (learned positions know no more).
+        num_tokens: vocabulary size ``v``.
+        config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
+        **options: any other field of :class:`~torchformer.config.TransformerConfig` (``positions="rotary"``,
+            ``tie_weights=True``, ...).
+
+    Shapes:
+        ``x`` ``(b, t)`` ids, ``positions`` ``(t,)`` -> ``(b, t, v)`` log-probabilities of the next token.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -250,6 +288,7 @@ class GTransformer(TransformerModel):
         return [block.attention for block in self.blocks.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The model's blocks, in the order they run."""
         return list(self.blocks.blocks)
 
     def generate(
@@ -299,6 +338,21 @@ class Seq2SeqTransformer(TransformerModel):
     ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
     ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
     left out.
+
+    Args:
+        emb: embedding size ``e``.
+        heads: number of attention heads ``h``.
+        depth: number of blocks.
+        seq_length: the longest sequence the model takes (learned positions know no more).
+        src_tokens: the source vocabulary size (the config's ``num_tokens``).
+        tgt_tokens: the target vocabulary size ``v``.
+        config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
+        **options: any other field of :class:`~torchformer.config.TransformerConfig` (``decoder_depth``,
+            ``input_dim``, ...).
+
+    Shapes:
+        ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
+        ``(b, t, v)`` log-probabilities of the next target token.
     """
 
     encoder_block_class: type[TransformerBlock] = TransformerBlock
@@ -373,6 +427,7 @@ class Seq2SeqTransformer(TransformerModel):
         return [BlockCache(capacity) for _ in self.decoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks, then the decoder's: the order they run in."""
         return [*self.encoder.blocks, *self.decoder.blocks]
 
     def generate(

@@ -124,6 +124,16 @@ def bucket_batches(
     examples meet in a batch. ``shuffle=False`` skips both shuffles (deterministic,
     for evaluation). ``generator`` makes the shuffles reproducible; without one,
     torch's global RNG is used, like ``DataLoader`` does.
+
+    Args:
+        lengths: the length of each example.
+        batch_size: indices per batch.
+        shuffle: shuffle the indices and the batches; ``False`` for a fixed order.
+        generator: makes the shuffles reproducible.
+        bucket_size_multiplier: how many batches' worth of indices are sorted by length together.
+
+    Returns:
+        The batches, each a list of indices.
     """
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("bucket_size_multiplier", bucket_size_multiplier)
@@ -147,6 +157,20 @@ class ClassificationBatches:
     ``ids`` and ``mask`` are ``(b, t)`` as from :func:`pad_batch`, ``labels`` is ``(b,)``
     int64. Batches are length-bucketed by :func:`bucket_batches`; each ``iter()``
     is a new epoch with a fresh shuffle drawn from ``generator``.
+
+    Args:
+        encoded: the token ids of each example.
+        labels: the class of each example.
+        batch_size: examples per batch (the last batch may be smaller).
+        max_length: examples are cut to this many tokens; ``None``: not cut.
+        shuffle: a new order every epoch; ``False`` for evaluation.
+        generator: makes the shuffles reproducible.
+        device: where the batches go (default: the CPU).
+        pad: the padding id.
+
+    Shapes:
+        Each batch: ``ids`` ``(b, t)`` int64, ``mask`` ``(b, t)`` bool (True for real tokens), ``labels`` ``(b,)``
+        int64, where ``t`` is the longest example of the batch.
 
     Example:
         >>> data = ClassificationBatches([[5, 6, 7], [8], [9, 9]], [1, 0, 1], batch_size=2)

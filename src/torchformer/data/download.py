@@ -52,6 +52,13 @@ class ChecksumError(ValueError):
 
     Attributes ``path``, ``algorithm`` (``"sha256"``, ``"md5"`` or ``"size"``), ``expected``, ``received`` and
     ``advice`` hold the details.
+
+    Args:
+        path: the file.
+        algorithm: ``"sha256"``, ``"md5"`` or ``"size"``.
+        expected: the expected digest (or size).
+        received: the file's digest (or size).
+        advice: what to do about it; the message ends with it.
     """
 
     def __init__(self, path: PathLike, algorithm: str, expected: str, received: str, advice: str = "") -> None:
@@ -73,6 +80,12 @@ class DataFileError(ValueError):
 
     The message reads ``"{path}[, line {line}]: {problem}. {advice}"``; the same parts are attributes. The
     low-level error (``EOFError``, ``zipfile.BadZipFile``, ``UnicodeDecodeError``, ...) is kept as ``__cause__``.
+
+    Args:
+        path: the file.
+        problem: what is wrong with it.
+        advice: what to do about it.
+        line: the line of the file where the problem is, if there is one.
     """
 
     def __init__(self, path: PathLike, problem: str, advice: str = "", line: Optional[int] = None) -> None:
@@ -116,6 +129,8 @@ def check_path(value: object, name: str) -> pathlib.Path:
 
 
 def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a real bool; a :class:`TypeError` naming ``name`` otherwise (a string such as
+    ``"no"`` would be truthy)."""
     # A flag given as a string ("no") would be truthy: refuse anything but a real bool.
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -123,7 +138,11 @@ def check_bool(value: object, name: str) -> bool:
 
 
 def default_root() -> pathlib.Path:
-    """The folder where datasets are cached: ``$TORCHFORMER_HOME`` or ``~/.cache/torchformer``."""
+    """The folder where datasets are cached: ``$TORCHFORMER_HOME`` or ``~/.cache/torchformer``.
+
+    Returns:
+        The folder, as a :class:`pathlib.Path` (it may not exist yet).
+    """
     env = os.environ.get("TORCHFORMER_HOME")
     if env:
         return pathlib.Path(env).expanduser()
@@ -140,7 +159,15 @@ def _new_hash(algorithm: str):
 
 
 def file_digest(path: PathLike, algorithm: str = "sha256") -> str:
-    """Hex digest of the file at ``path``, read in chunks so that large files need little memory."""
+    """Hex digest of the file at ``path``, read in chunks so that large files need little memory.
+
+    Args:
+        path: the file.
+        algorithm: any name :func:`hashlib.new` knows (``"sha256"``, ``"md5"``, ...).
+
+    Returns:
+        The hex digest, a ``str``.
+    """
     h = _new_hash(algorithm)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -183,6 +210,13 @@ def verify(
     The size is checked first: it costs nothing, while a digest reads the whole file. With no ``size``, ``sha256``
     or ``md5`` there is nothing to check and the call does nothing. ``advice`` replaces the error's default
     advice (say how *this* file is repaired).
+
+    Args:
+        path: the file.
+        sha256: the expected SHA-256 hex digest, or ``None``.
+        md5: the expected MD5 hex digest, or ``None``.
+        size: the expected size in bytes, or ``None``.
+        advice: replaces the error's default advice.
     """
     expected = _expected_digests(sha256, md5)
     _check_size(size)
@@ -230,7 +264,8 @@ def download(
     Args:
         url: where to fetch the file (``http(s)://``, ``file://``, anything ``urllib`` opens).
         dest: the final file path. Its folder is created if needed.
-        sha256, md5: expected hex digests.
+        sha256: the expected SHA-256 hex digest.
+        md5: the expected MD5 hex digest.
         size: the expected byte count, checked even when the server announces no Content-Length.
         opener: ``opener(url)`` returns a readable binary file-like object; the default is
             :func:`urllib.request.urlopen`. If the object has ``headers`` with a Content-Length,
@@ -241,6 +276,9 @@ def download(
     downloading if it passes; if it fails, a warning says so and it is downloaded again. With none of the three
     given, an existing ``dest`` is trusted. Leftover temporary files of earlier, killed downloads of ``dest`` are
     removed first (see :func:`_remove_stale_temporaries`).
+
+    Returns:
+        ``dest``, as a :class:`pathlib.Path`.
 
     Raises:
         ChecksumError: the downloaded bytes do not have the expected size or digest.

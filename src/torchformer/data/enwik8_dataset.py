@@ -63,7 +63,11 @@ _ZIP_ERRORS = (*DAMAGED_DATA_ERRORS, NotImplementedError, RuntimeError)
 
 
 def sample_path() -> pathlib.Path:
-    """Path of the bundled sample: the first 299,994 bytes of enwik8, gzipped (see SAMPLE_LICENSE.md)."""
+    """Path of the bundled sample: the first 299,994 bytes of enwik8, gzipped (see SAMPLE_LICENSE.md).
+
+    Returns:
+        The path of the bundled ``sample_enwik8.gz``.
+    """
     return pathlib.Path(__file__).with_name("sample_enwik8.gz")
 
 
@@ -90,6 +94,12 @@ def load_text_bytes(path: PathLike) -> Tensor:
     raises :class:`~torchformer.data.download.DataFileError` naming the file, and so does a file
     named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
     otherwise be read as text).
+
+    Args:
+        path: the file (plain, gzip or zip).
+
+    Returns:
+        A 1-D ``torch.uint8`` tensor of the (decompressed) bytes.
     """
     path = check_path(path, "path")
     if path.is_dir():
@@ -299,11 +309,16 @@ def enwik8(
         splits: sizes of train/val/test. They are byte counts when they are whole numbers adding up
             to the file's length and relative sizes otherwise, so the default is the standard
             90M/5M/5M on enwik8 and 90/5/5 percent on any other file.
-        expected_size, md5: how the official file is recognised. A ``path`` of ``expected_size``
-            bytes must have this md5 (else :class:`ChecksumError`); ``md5=None`` skips the check.
-            A ``path`` of any other size is loaded with a warning that it is not enwik8. The cached
-            copy must have both.
-        url, opener, progress: passed to :func:`~torchformer.data.download.download`.
+        expected_size: with ``md5``, how the official file is recognised. A ``path`` of ``expected_size``
+            bytes must have this md5 (else :class:`ChecksumError`). A ``path`` of any other size is loaded
+            with a warning that it is not enwik8. The cached copy must have both.
+        md5: the official file's MD5 hex digest; ``md5=None`` skips the check.
+        url: passed to :func:`~torchformer.data.download.download`.
+        opener: passed to :func:`~torchformer.data.download.download`.
+        progress: passed to :func:`~torchformer.data.download.download`.
+
+    Returns:
+        ``(train, val, test)``, 1-D ``torch.uint8`` tensors of bytes.
 
     Raises:
         DataFileError: the file is a damaged or truncated gzip/zip (the message names it).
@@ -353,6 +368,12 @@ def enwik8_sample(*, splits: Sequence[float] = (90, 5, 5)) -> tuple[Tensor, Tens
     """The bundled 299,994-byte start of enwik8, split 90/5/5 percent (by default) into uint8 tensors.
 
     Good for smoke tests and demos on any machine; far too small for results worth reporting.
+
+    Args:
+        splits: relative sizes of train, validation and test.
+
+    Returns:
+        ``(train, val, test)``, 1-D ``torch.uint8`` tensors of bytes.
     """
     return _split(load_text_bytes(sample_path()), splits, sample_path())
 
@@ -370,6 +391,16 @@ def random_batches(
     Returns ``(inputs, targets)``, both ``(batch_size, context)`` int64 on ``device`` (default:
     ``data``'s device), with ``targets[i, j] = data[start_i + j + 1]``: each target is the byte
     that follows the corresponding input. Start positions are uniform over every window that fits.
+
+    Args:
+        data: a 1-D tensor of bytes (or token ids).
+        context: the window length ``t``.
+        batch_size: the number of windows ``b``.
+        generator: makes the start positions reproducible.
+        device: where the batches go (default: ``data``'s device).
+
+    Returns:
+        ``(inputs, targets)``, both ``(b, t)`` int64.
     """
     if not isinstance(data, Tensor):
         raise TypeError(f"data must be a 1-D torch.Tensor, got {type(data).__name__}")

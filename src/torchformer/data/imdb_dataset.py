@@ -199,6 +199,14 @@ def train_val_split(
     The choice of validation examples depends only on ``len(examples)`` and ``seed``,
     so a run can be reproduced exactly. Both parts keep the input's relative order
     (for IMDb: sorted by label), so shuffle when batching.
+
+    Args:
+        examples: the examples to split.
+        val_size: how many go to the validation part.
+        seed: which ones; the same seed gives the same split.
+
+    Returns:
+        ``(train, val)``, two lists.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")

@@ -97,6 +97,9 @@ class WordTokenizer:
     Id 0 is ``<pad>``, id 1 is ``<unk>``, then the vocabulary words from most to
     least frequent (ties in alphabetical order, so a build is reproducible).
 
+    Args:
+        vocab: every token, in id order, ``<pad>`` and ``<unk>`` first (what :meth:`build` makes from texts).
+
     Example:
         >>> tok = WordTokenizer.build(["A fine film.", "A dull film!"], vocab_size=6)
         >>> tok.tokenize("A FINE<br />film!")
@@ -159,7 +162,7 @@ class WordTokenizer:
         return _words(_check_text(text))
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
-        """Token ids of ``text``, unknown words as :attr:`UNK`, cut to ``max_length``.
+        """Token ids of ``text``, unknown words as ``UNK`` (id 1), cut to ``max_length``.
 
         An empty (or all-whitespace) text gives ``[]``; the batching code refuses
         empty sequences, so decide upstream what such a text should be.
@@ -196,6 +199,7 @@ class WordTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> WordTokenizer:
+        """Rebuild a tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
         _check_state(state, "word")
         if "vocab" not in state:
             raise ValueError(f"state has no 'vocab' (keys: {sorted(state)}); pass what state_dict() returned")
@@ -237,6 +241,7 @@ class ByteTokenizer:
         return [b + 1 for b in data]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """Ids back to text: id ``b + 1`` is byte ``b``, ``<pad>`` (id 0) is dropped, invalid UTF-8 reads U+FFFD."""
         data = bytearray()
         for i in _check_ids(ids):
             if not 0 <= i <= 256:
@@ -252,16 +257,25 @@ class ByteTokenizer:
         return f"{type(self).__name__}()"
 
     def state_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer: only its kind, since it has no vocabulary to store."""
         return {"kind": "byte"}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ByteTokenizer:
+        """Rebuild the tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
         _check_state(state, "byte")
         return cls()
 
 
 def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer:
-    """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``)."""
+    """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``).
+
+    Args:
+        state: what a tokenizer's ``state_dict()`` returned.
+
+    Returns:
+        A :class:`WordTokenizer` or a :class:`ByteTokenizer`.
+    """
     classes = {"word": WordTokenizer, "byte": ByteTokenizer}
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")

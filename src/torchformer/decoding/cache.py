@@ -182,6 +182,7 @@ class BlockCache:
         self.cross_attention = KVCache()
 
     def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does."""
         self.self_attention.reorder(index)
         self.cross_attention.reorder(index)
 

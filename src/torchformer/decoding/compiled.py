@@ -115,12 +115,16 @@ class StaticCacheGenerator(generation.EagerStep):
         return self._kept[key]
 
     def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+        """The caches for a new sequence of ``prompt``'s batch size, emptied: allocated once per shape and reused,
+        so the compiled step sees the same buffers every time."""
         caches = self._state(prompt)[0]
         for cache in caches:  # a new sequence: what the previous call wrote is forgotten, the memory kept
             cache.reset()
         return caches
 
     def inputs(self, prompt: Tensor) -> tuple[Tensor, Tensor]:
+        """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into: allocated once per
+        shape, at a fixed address, so the compiled step sees the same inputs every time."""
         _, token, position = self._state(prompt)
         return token, position
 

@@ -306,19 +306,32 @@ def generate(
     return_logprobs: bool = False,
     step: Optional[EagerStep] = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Extend ``prompt`` ``(b, t)`` by ``max_new_tokens`` tokens; returns ``(b, t + max_new_tokens)`` token ids.
+    """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
     The returned sequences start with the whole prompt, but the model only ever sees the last ``model.seq_length``
-    tokens (see the module docstring for what happens past the context). Sampling is controlled by
-    ``temperature``, ``top_k`` and ``top_p`` as in :func:`sample_next`; ``temperature=0`` is greedy. Once a row
-    emits ``eos`` the rest of it is ``eos``, and decoding stops when every row has finished. ``use_cache=False``
-    recomputes the whole window for every token (slow; the same tokens). ``generator`` makes sampling
-    reproducible. With ``return_logprobs=True`` also returns ``(b, max_new_tokens, v)``: the model's
-    log-probabilities (before temperature, top-k and top-p) from which each new token was chosen. ``step``: how
-    one cached step runs (default :class:`EagerStep`; a compiled one is
-    :class:`~torchformer.decoding.compiled.StaticCacheGenerator`).
+    tokens (see the module docstring for what happens past the context). Once a row emits ``eos`` the rest of it is
+    ``eos``, and decoding stops when every row has finished.
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
+
+    Args:
+        model: a generator (a :class:`~torchformer.models.GTransformer`, or a model with its interface).
+        prompt: the token ids to continue.
+        max_new_tokens: how many tokens to add.
+        temperature: divides the log-probabilities before sampling, as in :func:`sample_next`; ``0`` is greedy.
+        top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
+        top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
+        eos: the end-of-sequence id, or ``None`` for none.
+        use_cache: ``False`` recomputes the whole window for every token (slow; the same tokens).
+        generator: a :class:`torch.Generator` that makes sampling reproducible.
+        return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from which
+            each new token was chosen.
+        step: how one cached step runs (default :class:`EagerStep`; a compiled one is
+            :class:`~torchformer.decoding.compiled.StaticCacheGenerator`).
+
+    Returns:
+        The token ids ``(b, t + max_new_tokens)`` for a prompt ``(b, t)``; with ``return_logprobs``, also the
+        log-probabilities ``(b, max_new_tokens, v)``.
     """
     config = decoder_config(model, "generate")
     prompt = _check_prompt(prompt, "prompt", config.num_tokens)
@@ -345,16 +358,28 @@ def beam_search(
     eos: Optional[int] = None,
     use_cache: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Beam search from ``prompt`` ``(b, t)``: the best sequences ``(b, t + max_new_tokens)`` and their scores ``(b,)``.
+    """Beam search from ``prompt``: the best sequence of each prompt, and its score.
 
     Each of the ``b`` prompts keeps ``beam_size`` hypotheses. At every step each hypothesis is extended by every
     token, and the ``beam_size`` best extensions survive. A hypothesis that emits ``eos`` is finished: it stays in
     the beam, padded with ``eos``, and competes with its final score.
 
     The score of a sequence is ``sum(log p(generated tokens)) / length ** length_penalty``, where ``length`` counts
-    the generated tokens up to and including the first ``eos`` (all ``max_new_tokens`` if none). With
-    ``length_penalty=0`` it is the total log-probability, which favours short sequences when ``eos`` can end them;
-    1 (the default) is the mean log-probability per token. ``beam_size=1`` is greedy decoding.
+    the generated tokens up to and including the first ``eos`` (all ``max_new_tokens`` if none).
+
+    Args:
+        model: a generator (a :class:`~torchformer.models.GTransformer`, or a model with its interface).
+        prompt: the token ids to continue.
+        max_new_tokens: how many tokens to add.
+        beam_size: hypotheses kept per prompt; ``1`` is greedy decoding.
+        length_penalty: ``0`` scores by the total log-probability, which favours short sequences when ``eos`` can
+            end them; ``1`` (the default) by the mean log-probability per token.
+        eos: the end-of-sequence id, or ``None`` for none.
+        use_cache: ``False`` recomputes the whole window for every token (slow; the same result).
+
+    Returns:
+        ``(sequences, scores)``: the best sequences ``(b, t + max_new_tokens)`` for a prompt ``(b, t)``, and their
+        scores ``(b,)``.
     """
     config = decoder_config(model, "beam_search")
     prompt = _check_prompt(prompt, "prompt", config.num_tokens)
@@ -384,17 +409,34 @@ def seq2seq_generate(
     use_cache: bool = True,
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
-    """Translate ``src`` ``(b, u)`` with an encoder-decoder model; returns target ids ``(b, max_len)``. A model
-    built with ``input_dim=d`` takes a source of feature vectors ``(b, u, d)`` instead of ids.
+    """Translate ``src`` with an encoder-decoder model: greedy, sampled or beam-searched target ids.
 
     The encoder runs once. The decoder starts from ``bos`` and produces up to ``max_len`` tokens (``bos`` is not
     part of the result); after ``eos`` a row is padded with ``eos``. With the cache, the decoder's self-attention
     writes one position per step and its cross-attention computes the encoder's keys and values once.
-    ``beam_size=1`` samples (``temperature=0``, the default, is greedy; ``top_k``/``top_p``/``generator`` as in
-    :func:`sample_next`); ``beam_size > 1`` runs :func:`beam_search`'s algorithm and returns the best hypothesis.
+    ``beam_size=1`` samples (``temperature=0``, the default, is greedy); ``beam_size > 1`` runs
+    :func:`beam_search`'s algorithm and returns the best hypothesis.
 
     With learned positions the decoder sees at most ``model.config.seq_length`` target positions, so ``max_len``
     may be at most that (the last generated token is never fed back); sinusoidal or no positions have no limit.
+
+    Args:
+        model: an encoder-decoder (a :class:`~torchformer.models.Seq2SeqTransformer`).
+        src: the source: token ids, or feature vectors for a model built with ``input_dim=d``.
+        max_len: the most target tokens to produce.
+        bos: the id the decoder starts from.
+        eos: the end-of-sequence id.
+        src_mask: True for real source tokens; ``None``: all are real.
+        beam_size: ``1`` samples; more runs a beam search with that many hypotheses.
+        temperature: as in :func:`sample_next`; ``0`` (the default) is greedy.
+        top_k: as in :func:`sample_next`.
+        top_p: as in :func:`sample_next`.
+        length_penalty: as in :func:`beam_search`.
+        use_cache: ``False`` recomputes every position at every step (slow; the same result).
+        generator: a :class:`torch.Generator` that makes sampling reproducible.
+
+    Returns:
+        Target ids ``(b, max_len)`` for a source ``(b, u)`` (ids) or ``(b, u, d)`` (vectors), ``src_mask`` ``(b, u)``.
     """
     config = decoder_config(model, "seq2seq_generate", encoder_decoder=True)
     if config.input_dim is None:

@@ -23,6 +23,8 @@ __all__ = ["check_finite_logp", "check_sampling", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
+    """Check the sampling options and raise a :class:`ValueError` naming the bad one: ``temperature`` a finite
+    float >= 0 (0 is greedy), ``top_k`` None or a positive int, ``top_p`` None or a float in (0, 1]."""
     if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
             or not math.isfinite(temperature)):
         raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got {temperature!r}")

@@ -137,6 +137,10 @@ class MultiHeadAttention(nn.Module):
 
     :meth:`from_config` builds one from a :class:`~torchformer.config.TransformerConfig`; that is how blocks
     build theirs, so a subclass with the same keyword arguments plugs into every model.
+
+    Shapes:
+        Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)`` (``g = kv_heads``), outputs ``(b, t, e)``;
+        :class:`SelfAttention` and :class:`CrossAttention` say what their ``forward`` takes.
     """
 
     def __init__(
@@ -206,9 +210,13 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, h * s)
 
     def project_queries(self, x: Tensor) -> Tensor:
+        """The queries of ``x`` ``(b, t, e)``, split into heads (and normalised with ``kqnorm``):
+        ``(b, h, t, s)``."""
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``y`` ``(b, u, e)``, split into the ``g`` key/value heads (``g = kv_heads``,
+        ``h`` without grouped-query attention): two ``(b, g, u, s)`` tensors; the keys normalised with ``kqnorm``."""
         k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, g, u, s)
         v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
         return k, v
@@ -254,8 +262,7 @@ class MultiHeadAttention(nn.Module):
 class SelfAttention(MultiHeadAttention):
     """Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
 
-    ``forward(x, mask=None, *, positions=None, cache=None, return_weights=False)`` maps ``x`` ``(b, t, e)`` to
-    ``(b, t, e)``.
+    ``forward(x, mask=None, *, positions=None, cache=None, return_weights=False)``:
 
     * ``mask``: optional bool ``(b, t)``, ``True`` for real tokens. Padding keys (``False``) get zero weight, so
       padding never changes the output at real positions. A query whose keys are all masked gets a zero vector.
@@ -263,10 +270,25 @@ class SelfAttention(MultiHeadAttention):
     * ``cache``: a :class:`~torchformer.decoding.cache.KVCache` for incremental decoding. ``x`` then holds only
       the new positions (``positions`` must be given); their keys and values are written into the cache and the
       queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
-    * ``return_weights=True`` returns ``(out, weights)`` with ``weights`` ``(b, h, t, u)`` (the reference path;
-      ``u = t``, or the cache's ``c`` slots).
+    * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
     Inputs are not checked here (the models check theirs once, at their boundary): pass the documented shapes.
+
+    Args:
+        emb: embedding size ``e`` of the inputs and outputs.
+        heads: number of heads ``h``.
+        wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
+        causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder, a generator).
+        dropout: dropout on the attention weights (training only).
+        kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
+        impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
+        positions: ``"rotary"``, ``"alibi"``, ``"relative"`` (positions inside attention) or ``"none"``.
+        kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
+        window: sliding-window attention: a query sees only keys less than ``window`` positions away.
+
+    Shapes:
+        ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
+        or the cache's ``c`` slots).
     """
 
     def forward(
@@ -306,15 +328,26 @@ class SelfAttention(MultiHeadAttention):
 class CrossAttention(MultiHeadAttention):
     """Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
 
-    This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None)`` maps
-    ``x`` ``(b, t, e)`` and ``context`` ``(b, u, e)`` to ``(b, t, e)``; ``context_mask`` ``(b, u)`` marks real
-    context tokens. Cross-attention is never causal: every query may see the whole context (``causal`` is not
-    an argument).
+    This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None)``: ``context_mask``
+    marks real context tokens. Cross-attention is never causal: every query may see the whole context (``causal``
+    is not an argument).
 
     With a ``cache`` (a :class:`~torchformer.decoding.cache.KVCache`), the keys and values of ``context`` are
     computed on the first call and reused afterwards, since the context does not change while the decoder generates.
     The cache remembers that context (by identity, as ``cache.source``): a later call with another context tensor
     is an error, since the cached keys would silently belong to the old one. Reset the cache for a new context.
+
+    Args:
+        emb: embedding size ``e`` of the inputs, the context and the outputs.
+        heads: number of heads ``h``.
+        wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
+        dropout: dropout on the attention weights (training only).
+        kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
+        impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
+        kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,

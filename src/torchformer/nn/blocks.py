@@ -54,6 +54,9 @@ class TransformerBlock(nn.Module):
 
     ``mask`` ``(b, t)`` marks real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
     :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``.
     """
 
     attention_class: type[MultiHeadAttention] = SelfAttention
@@ -96,8 +99,16 @@ class TransformerBlock(nn.Module):
 class DecoderBlock(TransformerBlock):
     """Causal self-attention, cross-attention to ``context``, feed-forward: the block of a decoder.
 
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``x`` ``(b, t, e)`` and
-    ``context`` ``(b, u, e)`` -> ``(b, t, e)``. ``context_mask`` ``(b, u)`` marks real context tokens.
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``mask`` and
+    ``context_mask`` mark real target and context tokens; ``cache`` is a
+    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding.
+
+    Args:
+        config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)``,
+        ``positions`` ``(t,)`` -> ``(b, t, e)``.
     """
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
@@ -106,6 +117,7 @@ class DecoderBlock(TransformerBlock):
         super().__init__(config, causal=True)
 
     def build_middle(self, config: TransformerConfig) -> None:
+        """The cross-attention and its norm, between self-attention and feed-forward."""
         self.cross_attention = self.cross_attention_class.from_config(config)
         self.norm_cross = make_norm(config.norm, config.emb)
 

@@ -32,6 +32,10 @@ class TokenEmbedding(nn.Module):
         max_len: positions a learned position table holds (``seq_length``).
         positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
         dropout: dropout on the sum of token and position vectors.
+
+    Shapes:
+        ``forward(x, positions=None)``: ids ``x`` ``(b, t)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
+        ``(b, t, e)``.
     """
 
     def __init__(
@@ -66,6 +70,10 @@ class VectorEmbedding(nn.Module):
 
     The features are used as they come: normalise them beforehand (per feature, over the training set) as for
     any linear model, or the largest feature dominates the first steps of training.
+
+    Shapes:
+        ``forward(x, positions=None)``: ``x`` ``(b, t, d)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
+        ``(b, t, e)``.
     """
 
     def __init__(
@@ -79,6 +87,8 @@ class VectorEmbedding(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> VectorEmbedding:
+        """An embedding of ``config.input_dim``-dimensional feature vectors, with ``config``'s positions and
+        dropout."""
         return cls(config.input_dim, config.emb, config.seq_length,  # type: ignore[arg-type]
                    positions=config.positions, dropout=config.dropout)
 

@@ -63,6 +63,9 @@ class FeedForward(nn.Module):
 
     The layers are ``net.0`` (``W1``), ``net.1`` (the nonlinearity), ``net.2`` (dropout) and ``net.3`` (``W2``);
     checkpoints name the weights that way.
+
+    Shapes:
+        ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
     """
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0) -> None:
@@ -107,6 +110,9 @@ class GatedFeedForward(nn.Module):
         ff_mult: the plain network's hidden size as a multiple of ``e``; this one's is 2/3 of it.
         activation: ``"swiglu"`` or ``"geglu"``.
         dropout: dropout on the hidden layer (the product).
+
+    Shapes:
+        ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
     """
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "swiglu", dropout: float = 0.0) -> None:
@@ -123,6 +129,7 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> GatedFeedForward:
+        """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``."""
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -24,11 +24,20 @@ from torchformer.config import POOLING
 
 
 class ClassifierHead(nn.Module):
-    """``forward(x, mask=None)``: ``(b, t, e) -> (b, c)`` class log-probabilities.
+    """The output head of a classifier: pool the positions, then class log-probabilities.
 
-    ``pool="max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the vector at
-    position 0 (a ``[CLS]``-style token; position 0 must then be a real token). With ``"max"`` or ``"mean"``, a
-    sequence with no real token at all pools to the zero vector.
+    ``forward(x, mask=None)`` pools the vectors of the real positions (``mask``: True for real tokens) into one and
+    maps it to ``c`` log-probabilities. With ``"max"`` or ``"mean"``, a sequence with no real token at all pools to
+    the zero vector.
+
+    Args:
+        emb: the embedding size ``e``.
+        num_classes: the number of classes ``c``.
+        pool: ``"max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the
+            vector at position 0 (a ``[CLS]``-style token; position 0 must then be a real token).
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
     """
 
     def __init__(self, emb: int, num_classes: int, pool: str = "max") -> None:
@@ -61,10 +70,17 @@ def log_probabilities(logits: Tensor) -> Tensor:
 
 
 class GeneratorHead(nn.Module):
-    """``forward(x)``: ``(b, t, e) -> (b, t, v)`` log-probabilities of the next token at every position.
+    """The output head of a generator: log-probabilities of the next token at every position.
 
-    Pass ``tie_to=embedding`` (an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e``) to share its weight;
-    the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first logits have unit scale.
+    Args:
+        emb: the embedding size ``e``.
+        num_tokens: the vocabulary size ``v``.
+        tie_to: an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e`` whose weight this layer shares (weight
+            tying); the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first
+            logits have unit scale. ``None``: a weight of its own.
+
+    Shapes:
+        ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
     """
 
     def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:

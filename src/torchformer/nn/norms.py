@@ -33,6 +33,9 @@ class RMSNorm(nn.Module):
         emb: the size ``e`` of the last dimension.
         eps: added to ``mean(x^2)`` so a zero vector gives zeros instead of 0/0. ``1e-5``, as
             :class:`torch.nn.LayerNorm`'s default, so that switching ``norm`` changes one thing only.
+
+    Shapes:
+        ``forward(x)``: ``(..., e)`` -> ``(..., e)``, typically ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, *, eps: float = 1e-5) -> None:

@@ -44,7 +44,18 @@ def default_positions(x: Tensor) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """Adds the fixed sinusoidal position encoding of Vaswani et al.; no parameters, works for any length."""
+    """Adds the fixed sinusoidal position encoding of Vaswani et al.; no parameters, works for any length.
+
+    Dimensions ``2i`` and ``2i + 1`` of position ``p`` get ``sin(p / 10000^(2i/e))`` and ``cos(p / 10000^(2i/e))``
+    (:func:`sinusoidal_table`).
+
+    Args:
+        emb: the embedding size ``e``.
+
+    Shapes:
+        ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
+        ``(b, t, e)``, ``x`` plus the encoding of each position.
+    """
 
     def __init__(self, emb: int) -> None:
         super().__init__()
@@ -63,6 +74,14 @@ class LearnedPositions(nn.Module):
 
     Positions are not checked here (on a GPU that would wait for the device): the models check them at their
     boundary and raise a ``ValueError`` for positions at or beyond ``max_len``.
+
+    Args:
+        emb: the embedding size ``e``.
+        max_len: how many positions have a vector (a model's ``seq_length``).
+
+    Shapes:
+        ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
+        ``(b, t, e)``, ``x`` plus the vector of each position.
     """
 
     def __init__(self, emb: int, max_len: int) -> None:

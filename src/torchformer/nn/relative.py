@@ -64,6 +64,8 @@ class Rotary(AttentionPositions):
         self.head_size, self.base = head_size, base
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)``, each pair of coordinates rotated by its
+        position's angle: ``(b, h, t, s)``."""
         pair = torch.arange(self.head_size // 2, device=x.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
         theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
         # float64 for the angles: p * theta loses digits in float32 once p is in the thousands.
@@ -101,6 +103,8 @@ class ALiBi(AttentionPositions):
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (h,)
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
+        """ALiBi's bias ``-m_h |i - j|`` ``(h, t, u)`` for the mask's query and key positions (``None`` without
+        key positions)."""
         if mask.key_positions is None:
             return None
         distance = mask.distance().abs().to(self.slopes.dtype)  # (t, u)
@@ -135,7 +139,8 @@ class RelativeBias(AttentionPositions):
     Args:
         heads: ``h``.
         bidirectional: separate buckets for keys before and after the query (encoders); False for causal layers.
-        num_buckets, max_distance: T5's defaults, 32 and 128.
+        num_buckets: how many buckets of distances; T5's default, 32.
+        max_distance: distances from this one on share the last bucket; T5's default, 128.
 
     Unlike T5, which shares one table across layers, every attention layer learns its own.
     """
@@ -147,6 +152,8 @@ class RelativeBias(AttentionPositions):
         nn.init.zeros_(self.table.weight)  # start as plain attention; training finds which distances matter
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
+        """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)`` (``None`` without key
+        positions)."""
         if mask.key_positions is None:
             return None
         bucket = relative_bucket(mask.distance(), bidirectional=self.bidirectional, num_buckets=self.num_buckets,

@@ -56,6 +56,10 @@ class Encoder(nn.Module):
         config: the architecture; ``config.depth`` blocks.
         causal: causal self-attention (a generator's stack).
         block_class: the block to stack (default :class:`~torchformer.nn.blocks.TransformerBlock`).
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``; ``caches`` holds one
+        :class:`~torchformer.decoding.cache.BlockCache` per block.
     """
 
     def __init__(
@@ -94,6 +98,10 @@ class Decoder(nn.Module):
     Args:
         config: the architecture; ``config.decoder_depth`` blocks (``config.depth`` if that is None).
         block_class: the block to stack (default :class:`~torchformer.nn.blocks.DecoderBlock`).
+
+    Shapes:
+        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)`` ->
+        ``(b, t, e)``.
     """
 
     def __init__(self, config: TransformerConfig, *, block_class: type[DecoderBlock] = DecoderBlock) -> None:

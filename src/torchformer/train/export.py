@@ -54,11 +54,15 @@ def load_model(
     """The model saved at ``path``, rebuilt from its stored config, weights loaded, in ``eval()`` mode.
 
     Args:
-        path: a checkpoint file written by :func:`save_checkpoint`, or a folder written by :func:`export_model`.
+        path: a checkpoint file written by :func:`~torchformer.train.checkpoint.save_checkpoint`, or a folder
+            written by :func:`export_model`.
         model_class: the class to build (``model_class.from_config(config)``): the saved class or a subclass of it.
             By default the saved class name is looked up in :data:`torchformer.models.MODEL_CLASSES` and ``classes``.
         classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: your own subclasses.
         map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
+
+    Returns:
+        The model (a :class:`~torchformer.models.TransformerModel`), in ``eval()`` mode.
 
     The global random generators are left as they were (building a model draws its initial weights from them), so
     loading a model in the middle of a seeded script does not change its later random numbers. A folder needs the
@@ -121,6 +125,13 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     Requires a :class:`~torchformer.models.TransformerModel` (``TypeError`` otherwise), a folder path that is not
     empty (``""`` would mean the current folder) and not an existing file (``ValueError``/``NotADirectoryError``),
     and the optional ``safetensors`` package (``ImportError`` saying how to install it otherwise).
+
+    Args:
+        model: a trained :class:`~torchformer.models.TransformerModel` (or a compiled or wrapped one).
+        directory: the folder to write; created if needed.
+
+    Returns:
+        The folder, as a :class:`pathlib.Path`.
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):

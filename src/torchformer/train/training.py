@@ -369,6 +369,7 @@ class CSVLogger:
         self._file.flush()  # so the curves can be watched (and survive a crash) while training runs
 
     def close(self) -> None:
+        """Close the file (the rows written so far are on disk)."""
         self._file.close()
 
     def __enter__(self) -> CSVLogger:
