@@ -138,10 +138,10 @@ class NoLog:
     writes nothing: it takes the same calls and keeps nothing."""
 
     def log(self, **row: Any) -> None:
-        pass
+        """Take a row, as :meth:`CSVLogger.log <torchformer.train.training.CSVLogger.log>` does, and drop it."""
 
     def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        """Take a scalar, as TensorBoard's ``SummaryWriter.add_scalar`` does, and drop it."""
 
     def close(self) -> None:
-        pass
+        """Nothing to close."""
