@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -201,6 +202,13 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
 
 
+def looks_like_a_path(text: str) -> bool:
+    """One word with a folder separator or a text file's ending: a file name, not a review."""
+    word = text.strip()
+    return bool(word) and not any(c.isspace() for c in word) and (
+        "/" in word or os.sep in word or word.lower().endswith((".txt", ".csv", ".tsv", ".jsonl", ".json", ".gz")))
+
+
 def predict(args: argparse.Namespace) -> None:
     threads, _ = choose_threads(args.threads)
     torch.set_num_threads(threads)
@@ -217,6 +225,9 @@ def predict(args: argparse.Namespace) -> None:
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
         if not (len(item) < 4096 and Path(item).is_file()):
+            if looks_like_a_path(item):  # a misspelt file name would otherwise be classified as a review
+                sys.exit(f"classify_imdb.py: error: --predict {item}: no such file (a review to classify as it is "
+                         f"has words separated by spaces)")
             texts.append(item)
             continue
         try:
@@ -272,6 +283,8 @@ def train(args: argparse.Namespace) -> dict:
         sys.exit(f"classify_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
                  f"got {args.val_size}")
     train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
+    print(f"tokenizing {len(train_set):,} training and {len(val_set):,} validation reviews ({args.tokenizer} "
+          f"tokenizer)")  # several seconds on a CPU
 
     if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
         tokenizer = saved_tokenizer(resume)
@@ -288,7 +301,7 @@ def train(args: argparse.Namespace) -> dict:
 
     g = torch.Generator().manual_seed(args.seed)  # batch order; saved in checkpoints
     train_batches, val_batches = batches(train_set, True, g), batches(val_set, False)
-    print(f"tokenized {len(train_set)} train / {len(val_set)} val reviews, vocabulary {len(tokenizer)}, "
+    print(f"tokenized {len(train_set):,} train / {len(val_set):,} val reviews, vocabulary {len(tokenizer):,}, "
           f"{time.perf_counter() - t_start:.0f}s")
 
     model = build_model(config, len(tokenizer), args.checkpoint_blocks).to(device)
@@ -403,8 +416,11 @@ def train(args: argparse.Namespace) -> dict:
     bar.close()
     log.close()
     save_distributed_checkpoint(out / "model.pt", model=model, step=step, extra=extra)
-    for name, ys in (("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])) if run.is_main else ():
-        if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, title=f"IMDb: {name}"):
+    plots = (("loss", ["train_loss", "val_loss"], "loss (nats per review: mean negative log-likelihood)"),
+             ("accuracy", ["val_accuracy"], "validation accuracy (fraction of reviews right)"))
+    for name, ys, ylabel in plots if run.is_main else ():
+        if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, ylabel=ylabel,
+                           title=f"IMDb: {name}"):
             print("matplotlib is not installed: no plots")
     if args.final:
         print(f"tokenizing the {len(test):,} test reviews")
@@ -421,7 +437,7 @@ def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args
     """
     split = "test" if args.final else "validation"
     result = evaluate(model, eval_batches, split)
-    print(f"\n{split} accuracy {result.accuracy:.4f} on {result.count} reviews (loss {result.loss:.4f})")
+    print(f"\n{split} accuracy {result.accuracy:.4f} on {result.count:,} reviews (loss {result.loss:.4f})")
     print(format_confusion_matrix(result.confusion, labels=CLASSES))
     calibration = result.calibration
     wrong = calibration.mean_confidence_wrong

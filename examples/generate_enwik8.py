@@ -218,6 +218,12 @@ def load_data(path: Path | None):
         return enwik8_sample(), "bundled sample (enwik8_sample)"
 
 
+def data_name(source: str) -> str:
+    """What the plot calls the data: the file's name ("enwik8.zip", "enwik8_prefix.gz", ...) or the bundled sample,
+    so that a picture of a run on other data is never mistaken for an enwik8 result."""
+    return source if source.startswith("bundled") else Path(source).name
+
+
 def decode(ids: torch.Tensor) -> str:
     """Bytes as text; a byte-level model can emit invalid UTF-8 (e.g. half a character), shown as \ufffd."""
     return bytes(ids.tolist()).decode("utf-8", errors="replace")
@@ -238,6 +244,9 @@ def generate_mode(args) -> str:
     source = args.checkpoint or args.out / "model.pt"
     path = latest_intact_checkpoint(source) if source.is_dir() else source
     if path is None or not path.is_file():
+        if args.checkpoint is not None:
+            sys.exit(f"error: no checkpoint at {source} (--checkpoint): pass the folder of a run started with "
+                     f"--checkpoint, or a checkpoint file, or leave it out to use the final model in --out")
         sys.exit(f"error: no trained model at {source}: train first (the final model goes to --out, now "
                  f"{args.out}), or pass --out or --checkpoint to point at one")
     try:  # the file holds the model's config: the model is rebuilt from it alone
@@ -554,7 +563,7 @@ def train(args, threads: int, why: str) -> dict:
              if typical and args.device.type == "cuda" else None)
     result = {"step": args.num_batches, "split": split, "bpb": bpb, "elapsed_s": elapsed, "tokens_per_s": typical,
               "mfu": share, "peak_tflops": args.peak_tflops if share is not None else None,
-              "flops_per_token": flops, "parameters": parameters, "processes": run.world_size}
+              "flops_per_token": flops, "parameters": parameters, "processes": run.world_size, "data": source}
     print(f"{split} bits per byte: {result['bpb']:.4f} on all {len(data):,} bytes "
           f"(after {args.num_batches} steps, {elapsed / 60:.1f} min of training)")
     log.close()
@@ -570,7 +579,7 @@ def train(args, threads: int, why: str) -> dict:
     marks = {f"{split}, whole split: {bpb:.3f}": (args.num_batches, bpb)}
     if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["train_bpb", "val_bpb"],
                    ylabel="bits per byte", marks=marks,
-                   title="enwik8: training batches and validation estimate, in bits per byte"):
+                   title=f"{data_name(source)}: training batches and validation estimate, in bits per byte"):
         print(f"curves: {args.out / 'loss.png'}")
     else:
         print("matplotlib is not installed: no plot (pip install matplotlib)")

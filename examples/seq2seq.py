@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.models import Seq2SeqTransformer
-from torchformer.train.checkpoint import save_checkpoint
+from torchformer.train.checkpoint import read_checkpoint, save_checkpoint
 from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
 from torchformer.train.training import resolve_device
 
@@ -171,15 +171,20 @@ def decode(args: argparse.Namespace) -> list[str]:
     except ValueError as e:  # not a checkpoint, damaged, or one of another model
         raise SystemExit(f"error: {e}")
     longest = model.config.seq_length - 2  # the target holds BOS, the digits and EOS
+    # The shortest strings it saw (the run's settings are in the checkpoint); it never learned to reverse fewer.
+    shortest = read_checkpoint(path)["extra"].get("min_len", 1)
     lines = []
     for digits in args.decode:
-        if len(digits) > longest:
-            raise SystemExit(f"error: --decode {digits}: the model in {path} was trained on strings of at most "
-                             f"{longest} digits, got {len(digits)}")
+        if not shortest <= len(digits) <= longest:
+            raise SystemExit(f"error: --decode {digits}: the model in {path} was trained on strings of {shortest} "
+                             f"to {longest} digits, got {len(digits)}")
         src = torch.tensor([[DIGIT0 + int(d) for d in digits]], device=args.device)  # (1, n)
         greedy = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS)
-        beam = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS, beam_size=args.beam_size)
-        lines.append(f"{digits} -> {as_text(greedy[0])} (greedy), {as_text(beam[0])} (beam {args.beam_size})")
+        line = f"{digits} -> {as_text(greedy[0])} (greedy)"
+        if args.beam_size > 1:
+            beam = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS, beam_size=args.beam_size)
+            line += f", {as_text(beam[0])} (beam {args.beam_size})"
+        lines.append(line)
         print(lines[-1])
     return lines
 

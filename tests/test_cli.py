@@ -47,6 +47,7 @@ def test_preset_flags_appends_each_flags_default_or_what_each_preset_sets():
     add("--hidden", type=int, default=3, help=argparse.SUPPRESS)
     add("--fast", action="store_true", help="go fast")
     add("--share", type=float, default=0.5, help="a share")
+    add("--seed", type=int, default=0, help="a seed")
     helps = {a.dest: a.help for a in parser._actions}
     assert helps["steps"] == "training steps (--preset cpu: 2000; --preset gpu: not set)"
     assert helps["lr"] == "learning rate (--preset cpu: 0.005; --preset gpu: 0.001)"
@@ -54,12 +55,15 @@ def test_preset_flags_appends_each_flags_default_or_what_each_preset_sets():
     assert helps["name"] == "a label" and helps["fast"] == "go fast"  # no default worth saying
     assert helps["hidden"] == argparse.SUPPRESS
     assert "(default: 0.5)" in parser.format_help()  # the text survives argparse's %-formatting
+    assert helps["seed"] == "a seed (default: 0)"  # 0 is a default worth saying (though 0 == False)
 
 
 def test_choose_threads_leaves_the_busy_cores_to_other_programs(monkeypatch):
     import torchformer.train.cli as cli
 
-    assert choose_threads(3) == (3, "--threads")
+    assert choose_threads(1) == (1, "--threads")
+    usable = len(os.sched_getaffinity(0))
+    assert "more than the" in choose_threads(usable + 1)[1]  # oversubscribed: said so
     cores = max(1, min(len(os.sched_getaffinity(0)), torch.get_num_threads()))
     monkeypatch.setattr(cli, "busy_cores", lambda **_: 0.1)
     assert choose_threads()[0] == cores

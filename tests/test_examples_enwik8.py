@@ -90,7 +90,9 @@ def test_final_reports_test_split_and_learns(script, corpus, tmp_path):
     result = script.main(args)
     assert result["split"] == "test"
     assert 0 < result["bpb"] < 6.0  # a uniform guess over the 256 byte values costs 8 bits per byte
-    assert json.loads((tmp_path / "results.json").read_text())["bpb"] == result["bpb"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["bpb"] == result["bpb"] and saved["data"] == str(corpus)  # which data the figure is of
+    assert script.data_name(str(corpus)) == "tiny.txt" and script.data_name("bundled sample (x)").startswith("bundled")
     assert (tmp_path / "loss.png").stat().st_size > 0
 
 
@@ -349,6 +351,8 @@ def test_the_final_model_is_saved_and_generate_continues_a_prompt_with_it(script
 def test_generate_reads_the_latest_checkpoint_and_says_where_a_model_is_missing(script, corpus, tmp_path, capsys):
     with pytest.raises(SystemExit, match="no trained model at .*model.pt: train first .*--out"):
         script.main(["--generate", "x", "--out", str(tmp_path / "nothing"), "--threads", "1"])
+    with pytest.raises(SystemExit, match=r"no checkpoint at .*nockpt \(--checkpoint\)"):  # says what was given
+        script.main(["--generate", "x", "--checkpoint", str(tmp_path / "nockpt"), "--threads", "1"])
     script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(tmp_path / "ckpt"), "--stop-after", "5"))
     text = script.main(["--generate", "a", "--length", "5", "--checkpoint", str(tmp_path / "ckpt"), "--threads", "1"])
     assert text.startswith("a") and len(text) > 1

@@ -153,6 +153,12 @@ def test_predict_prints_class_probabilities(script, trained, tmp_path, capsys):
     # --checkpoint may name the checkpoint folder of the run as well: same model, same output.
     script.main(["--predict", "a great film, great actor", "--checkpoint", str(trained / "ckpt")])
     assert capsys.readouterr().out.strip() == lines[0]
+    # A misspelt file name is an error, not a review (its "words" would be classified with confidence).
+    for name in ("reviewz.txt", str(tmp_path / "nosuchfile"), "data/new_reviews.csv"):
+        with pytest.raises(SystemExit, match="no such file"):
+            script.main(["--predict", name, "--out", str(trained)])
+    script.main(["--predict", "Great.", "--out", str(trained)])  # one word without a path's marks is a review
+    assert "-> " in capsys.readouterr().out
 
 
 def test_clear_errors(script, tmp_path, monkeypatch):

@@ -75,17 +75,21 @@ def test_the_trained_model_is_saved_and_decode_reverses_strings_with_it(script, 
 
     script.main(["--steps", "3", "--threads", "1", "--device", "cpu", "--out", str(tmp_path)])
     assert ", 1 CPU thread(s) (--threads)" in capsys.readouterr().out
-    lines = script.main(["--decode", "4740", "--decode", "12", "--beam-size", "2", "--out", str(tmp_path),
+    lines = script.main(["--decode", "4740", "--decode", "123", "--beam-size", "2", "--out", str(tmp_path),
                          "--threads", "1"])
     assert capsys.readouterr().out.splitlines() == lines
     model = load_model(tmp_path / "model.pt")
-    for digits, line in zip(["4740", "12"], lines):
+    for digits, line in zip(["4740", "123"], lines):
         src = torch.tensor([[script.DIGIT0 + int(d) for d in digits]])
         greedy = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS)[0])
         beam = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS, beam_size=2)[0])
         assert line == f"{digits} -> {greedy} (greedy), {beam} (beam 2)"
-    with pytest.raises(SystemExit, match="trained on strings of at most 10 digits, got 11"):
+    with pytest.raises(SystemExit, match="trained on strings of 3 to 10 digits, got 11"):
         script.main(["--decode", "1" * 11, "--out", str(tmp_path), "--threads", "1"])
+    with pytest.raises(SystemExit, match="trained on strings of 3 to 10 digits, got 2"):  # shorter: never learned
+        script.main(["--decode", "12", "--out", str(tmp_path), "--threads", "1"])
+    assert script.main(["--decode", "123", "--beam-size", "1", "--out", str(tmp_path), "--threads", "1"])[0].endswith(
+        "(greedy)")  # beam 1 is greedy: said once
     with pytest.raises(SystemExit, match="no trained model at .*model.pt: train first"):
         script.main(["--decode", "12", "--out", str(tmp_path / "none"), "--threads", "1"])
 

@@ -71,7 +71,7 @@ def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[
             action.help += " (" + "; ".join(
                 f"--preset {name}: {shown(by_preset[name]) if name in by_preset else 'not set'}"
                 for name in presets) + ")"
-        elif action.default not in (None, False, argparse.SUPPRESS):
+        elif not (action.default is None or action.default is False or action.default == argparse.SUPPRESS):  # 0 == False
             action.help += f" (default: {shown(action.default)})"
         return action
 
@@ -109,10 +109,12 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     every core, and when something else runs on one of them its threads keep waiting for each other (measured by
     ``benchmarks/threads.py``; examples/README.md, "Threads").
     """
-    if requested is not None:
-        return requested, "--threads"
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     cores = len(allowed) if allowed is not None else (os.cpu_count() or 1)
+    if requested is not None:
+        if requested > cores:  # more threads than cores: they take turns, and every parallel step waits
+            return requested, f"--threads; more than the {cores} core(s) this process may use: expect it to be slower"
+        return requested, "--threads"
     cores = max(1, min(cores, torch.get_num_threads()))  # torch's default, or OMP_NUM_THREADS when set
     busy = busy_cores(cpus=allowed)
     if busy is None:

@@ -182,8 +182,9 @@ def _resolve_model_class(
     if model_class is not None and model_class is not TransformerModel:
         _check_model_class(model_class, "model_class")
         if saved is not None and not is_or_extends(model_class, saved):
-            raise ValueError(f"{path} holds a {saved}; model_class {model_class.__name__} is not {saved} or a "
-                             f"subclass of it")
+            raise ValueError(f"{path} holds a {saved}, and a {model_class.__name__} was asked for: a "
+                             f"{model_class.__name__} cannot be built from it (it is another kind of model; the class "
+                             f"asked for must be {saved} or a subclass of it)")
         return model_class
     if saved is None:
         raise ValueError(f"{path} does not say which model class it holds; pass model_class=... (e.g. GTransformer)")
