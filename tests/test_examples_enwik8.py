@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -12,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "generate_enwik8.py"
@@ -19,10 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "generate_enwik8.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("generate_enwik8", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 
 from torchformer.data.batching import pad_batch
@@ -32,11 +33,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "classify_imdb.py"
 FILLER = "the a film movie plot actor scene story was is and it of to this that with but very quite".split()
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("classify_imdb", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_classify_script():
+    return load_script(SCRIPT)
 
 
 def review(rng: random.Random, label: int) -> str:
@@ -59,7 +57,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script()
+    return load_classify_script()
 
 
 def tiny(data_dir: Path, out: Path, *extra: str) -> list[str]:
@@ -366,10 +364,7 @@ def test_calibration_in_results_is_that_of_the_saved_model(trained, data_dir):
 
 
 def load_word_order_script():
-    spec = importlib.util.spec_from_file_location("word_order_imdb", SCRIPT.parent / "word_order_imdb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT.parent / "word_order_imdb.py")
 
 
 def test_word_order_script_scores_the_written_reviews_as_classify_imdb_did(trained, data_dir, tmp_path, capsys):

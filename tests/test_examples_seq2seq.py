@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "seq2seq.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("seq2seq_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "seq2seq_example")
 
 
 @pytest.mark.parametrize(

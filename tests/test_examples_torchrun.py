@@ -8,7 +8,6 @@ and the whole group is killed, instead of the test hanging.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 
 dist = pytest.importorskip("torch.distributed")
@@ -41,10 +41,7 @@ TIMEOUT = 120  # seconds for one torchrun job: 2 processes on one core take abou
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "examples" / f"{name}.py")
 
 
 def torchrun(script: str, argv: list[str], logs: Path) -> str:

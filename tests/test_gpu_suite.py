@@ -4,7 +4,6 @@ rare GPU runs; its reports, time budget, skips, publishing; and the batch-size s
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import random
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 
 
@@ -20,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, name)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ operation, torch's included, and the same comparison is made.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 import sys
 import warnings
@@ -20,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 
 import torchformer
@@ -35,10 +35,7 @@ READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("generate_enwik8_syncs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "generate_enwik8_syncs")
 
 
 @pytest.fixture(scope="module")
