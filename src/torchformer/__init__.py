@@ -37,7 +37,7 @@ from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.train.export import export_model, load_model
 from torchformer.train.evaluation import bits_per_byte
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "AttentionMask",
