@@ -21,6 +21,7 @@ def test_the_shares_of_a_batch_are_disjoint_and_together_the_batch(monkeypatch, 
     real = [int(row) for s in shares for row, counts in zip(s.rows, s.real) if counts]
     assert sorted(real) == list(range(batch_size))  # each row of the batch exactly once
     assert {s.divisor for s in shares} == {batch_size / world}
+    assert not any(s.whole for s in shares)  # a part of the batch: gathered
 
     # Summed over the real rows and divided by the divisor, the processes' losses average to the batch's mean.
     logp = torch.randn(batch_size, 3).log_softmax(-1)
@@ -33,6 +34,7 @@ def test_one_process_takes_the_whole_batch_in_order():
     share = launch.share_batch(6)
     x = torch.arange(12).view(6, 2)
     assert torch.equal(share.take(x), x) and torch.equal(share.targets(x), x) and share.divisor == 6
+    assert share.whole and share.take(x) is x and share.targets(x) is x  # no copy on every step
     logp, y = torch.randn(6, 4).log_softmax(-1), torch.randint(0, 4, (6,))
     assert torch.equal(F.nll_loss(logp, y, reduction="sum") / share.divisor, F.nll_loss(logp, y))  # bit for bit
     assert torch.equal(launch.average_over_processes(torch.tensor([1.5, 2.0])), torch.tensor([1.5, 2.0]))

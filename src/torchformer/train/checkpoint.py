@@ -296,7 +296,8 @@ def load_checkpoint(
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
     configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
     ``checkpoint_blocks`` (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
-    routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing. Other modules are checked by their weights' keys and shapes.
+    routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing.
+    Other modules are checked by their weights' keys and shapes.
 
     Raises ``FileNotFoundError`` for a missing file, :class:`CheckpointError` (a ``ValueError``) for a file that
     is empty, truncated, damaged (its integrity digest does not match) or not a checkpoint, and ``ValueError`` when

@@ -88,13 +88,19 @@ class BatchShare:
     rows: Tensor
     real: Tensor
     divisor: float
+    whole: bool = False  # the whole batch, in order (one process): nothing to gather or copy
 
     def take(self, batch: Tensor) -> Tensor:
-        """This process's rows of ``batch`` ``(batch_size, ...)``: ``(k, ...)``."""
+        """This process's rows of ``batch`` ``(batch_size, ...)``: ``(k, ...)`` (``batch`` itself for one process,
+        with no gather and no index copied to the device on every step)."""
+        if self.whole:
+            return batch
         return batch[self.rows.to(batch.device)]
 
     def targets(self, targets: Tensor) -> Tensor:
         """This process's rows of ``targets`` ``(batch_size, ...)``, those of repeated rows set to :data:`IGNORE`."""
+        if self.whole:
+            return targets
         mine = self.take(targets)
         real = self.real.to(mine.device).view(-1, *[1] * (mine.dim() - 1))
         return torch.where(real, mine, IGNORE)
@@ -111,7 +117,8 @@ def share_batch(batch_size: int) -> BatchShare:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     rank, world_size = rank_and_world_size()
     index = torch.arange(rank, world_size * math.ceil(batch_size / world_size), world_size)
-    return BatchShare(rows=index % batch_size, real=index < batch_size, divisor=batch_size / world_size)
+    return BatchShare(rows=index % batch_size, real=index < batch_size, divisor=batch_size / world_size,
+                      whole=world_size == 1)
 
 
 def average_over_processes(values: Tensor) -> Tensor:
