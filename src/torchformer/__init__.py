@@ -9,13 +9,14 @@ Where each concept lives:
   :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding` (token ids or feature vectors),
   :mod:`~torchformer.nn.norms` (LayerNorm, RMSNorm), :mod:`~torchformer.nn.feedforward` (plain and gated
   feed-forward networks), :mod:`~torchformer.nn.blocks`, :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads`
-  (classifier and generator output heads)
-* :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, built from a config
+  (classifier, generator and masked-language-model output heads)
+* :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, ``MLMTransformer``, built
+  from a config
 * :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
   :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
   encoder-decoder decoding), :mod:`~torchformer.decoding.compiled` (the compiled one-token step)
 * :mod:`torchformer.train`: experiment support: checkpoints, schedules, logging, metrics, FLOPs, bits per byte,
-  attention maps
+  attention maps, masked-language-model pretraining
 * :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
 """
 
@@ -24,12 +25,12 @@ from torchformer.config import TransformerConfig
 from torchformer.decoding.cache import BlockCache, KVCache
 from torchformer.decoding.compiled import StaticCacheGenerator
 from torchformer.decoding.generation import beam_search, generate, seq2seq_generate
-from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
+from torchformer.models import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
-from torchformer.nn.heads import ClassifierHead, GeneratorHead
+from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.masks import AttentionMask
 from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
@@ -54,6 +55,8 @@ __all__ = [
     "GTransformer",
     "KVCache",
     "LearnedPositions",
+    "MaskedLMHead",
+    "MLMTransformer",
     "MultiHeadAttention",
     "RMSNorm",
     "SelfAttention",

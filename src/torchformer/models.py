@@ -8,6 +8,9 @@ or pass a whole config (``GTransformer(config=config)``, :meth:`TransformerModel
 * :class:`CTransformer`: token ids ``(b, t)`` -> class log-probabilities ``(b, c)``.
 * :class:`GTransformer`: token ids ``(b, t)`` -> log-probabilities of the next token ``(b, t, v)``, causally.
 * :class:`Seq2SeqTransformer`: source ids ``(b, u)`` and target ids ``(b, t)`` -> ``(b, t, v_tgt)``.
+* :class:`MLMTransformer`: token ids ``(b, t)`` -> log-probabilities of the original token at every position
+  ``(b, t, v)``: a masked-language model (BERT), pretrained to start a classifier from
+  (:meth:`CTransformer.load_encoder`).
 
 With ``input_dim=d`` in the config, the classifier's input and the encoder-decoder's source are feature vectors
 ``(b, t, d)`` (audio frames, say) instead of token ids, projected by a linear layer
@@ -40,7 +43,7 @@ from torchformer.decoding.cache import BlockCache
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
-from torchformer.nn.heads import ClassifierHead, GeneratorHead
+from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.stacks import Decoder, Encoder
 
 
@@ -209,6 +212,109 @@ class CTransformer(TransformerModel):
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
         h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
         return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
+
+    def self_attention_layers(self) -> list[MultiHeadAttention]:
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        return [block.attention for block in self.encoder.blocks]
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks, in the order they run."""
+        return list(self.encoder.blocks)
+
+    def load_encoder(self, pretrained: TransformerModel) -> None:
+        """Start from a pretrained encoder: copy the embedding and the encoder of ``pretrained`` into this model.
+
+        The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. ``pretrained`` is
+        usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
+        every field that shapes the encoder or changes what it computes; the fields of the head and of training
+        (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``, ...) may differ.
+
+        Args:
+            pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
+                and dtype).
+
+        Raises:
+            TypeError: ``pretrained`` is not a torchformer model.
+            ValueError: the configurations differ in an encoder field (each one is named), or ``pretrained`` has no
+                encoder of this layout (a generator's blocks are causal and are called ``blocks``).
+        """
+        if not isinstance(pretrained, TransformerModel):
+            raise TypeError(f"pretrained must be a torchformer model (e.g. an MLMTransformer), got "
+                            f"{type(pretrained).__name__}")
+        differ = [d for d in pretrained.config.differences(self.config) if d.split(":")[0] not in FINE_TUNING_FIELDS]
+        if differ:
+            raise ValueError(f"the pretrained {type(pretrained).__name__}'s encoder differs from this classifier's "
+                             f"(pretrained vs classifier): {'; '.join(differ)}")
+        parts = ("embedding.", "encoder.")
+        state = {k: v for k, v in pretrained.state_dict().items() if k.startswith(parts)}
+        wanted = {k for k in self.state_dict() if k.startswith(parts)}
+        if set(state) != wanted:
+            missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
+            raise ValueError(f"the pretrained {type(pretrained).__name__} has no encoder of this classifier's layout: "
+                             f"missing {missing[:5]}, unexpected {extra[:5]}")
+        self.load_state_dict(state, strict=False)  # strict=False: the head is not in state, on purpose
+
+
+# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads', and training's.
+FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "tgt_tokens", "decoder_depth", "dropout", "impl",
+                                "checkpoint_blocks"})
+
+
+class MLMTransformer(TransformerModel):
+    """Masked language model (BERT): a bidirectional encoder that predicts the hidden tokens of its input.
+
+    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)``, some of them replaced by a ``[MASK]`` id
+    (:func:`torchformer.train.masked_lm.mask_tokens`), and an optional padding mask ``(b, t)`` (True = real token)
+    -> log-probabilities ``(b, t, num_tokens)`` of the original token at every position. Unlike a
+    :class:`GTransformer`, every position sees the whole sequence (no causal mask). Train with
+    :func:`~torchformer.train.masked_lm.masked_lm_loss`, which counts the masked positions only; then start a
+    classifier of the same configuration from it with :meth:`CTransformer.load_encoder`. The embedding and the
+    encoder are named as in :class:`CTransformer`; the head is a :class:`~torchformer.nn.heads.MaskedLMHead`, tied
+    to the embedding with ``tie_weights=True`` (as BERT).
+
+    Args:
+        emb: embedding size ``e``.
+        heads: number of attention heads ``h``.
+        depth: number of blocks.
+        seq_length: the longest sequence the model takes (learned positions know no more).
+        num_tokens: vocabulary size ``v``, ``[MASK]`` included.
+        config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
+        **options: any other field of :class:`~torchformer.config.TransformerConfig` (``tie_weights=True``,
+            ``prenorm=True``, ...).
+
+    Shapes:
+        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, t, v)`` log-probabilities.
+    """
+
+    block_class: type[TransformerBlock] = TransformerBlock
+
+    def __init__(
+        self,
+        emb: Optional[int] = None,
+        heads: Optional[int] = None,
+        depth: Optional[int] = None,
+        seq_length: Optional[int] = None,
+        num_tokens: Optional[int] = None,
+        *,
+        config: Optional[TransformerConfig] = None,
+        **options: Any,
+    ) -> None:
+        given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
+        config = build_config("MLMTransformer", config, given, options)
+        config.require("MLMTransformer", "seq_length", "num_tokens")
+        # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
+        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim")
+        super().__init__(config)
+        self.embedding = TokenEmbedding.from_config(config)
+        self.encoder = Encoder(config, block_class=self.block_class)
+        tie = self.embedding.tokens if config.tie_weights else None
+        self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight)
+        positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
+        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
+        return self.head(self.encoder(h, mask, positions=positions))  # (b, t, e) -> (b, t, v)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
@@ -458,5 +564,5 @@ class Seq2SeqTransformer(TransformerModel):
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
 MODEL_CLASSES: dict[str, type[TransformerModel]] = {
-    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer)
+    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer, MLMTransformer)
 }

@@ -4,6 +4,8 @@
   class log-probabilities. With a padding mask it pools over real tokens only, so padding cannot change the result.
 * :class:`GeneratorHead` maps every position to log-probabilities over the vocabulary (the next token). Its weight
   matrix can be *tied* to the token embedding (Press & Wolf 2017): the same vectors read tokens in and write them out.
+* :class:`MaskedLMHead` predicts the hidden token at every position of a masked-language model (BERT): a small
+  transform, then a generator head tied to the embedding.
 
 Both return log-probabilities (``log_softmax``), as ``former`` does; train with :func:`torch.nn.functional.nll_loss`.
 The log-probabilities are at least float32, also for a half-precision model or under autocast on any device: in
@@ -103,3 +105,44 @@ class GeneratorHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return log_probabilities(self.toprobs(x))
+
+
+class MaskedLMHead(nn.Module):
+    """The output head of a masked-language model (BERT): at every position, log-probabilities of the original token.
+
+    A linear layer, GELU and LayerNorm transform each vector first; then the logits are its dot products with the
+    rows of the token embedding (when tied), scaled by ``e ** -0.5``, plus a bias per token. The transform gives the
+    prediction room of its own: the encoder's last vectors are what a classifier fine-tuned later reads, and need
+    not lie in the embedding's space; it is discarded with the head when the encoder is fine-tuned. Tying means that
+    every masked prediction trains the embedding rows of the whole vocabulary, not only of the tokens in the batch.
+
+    Why the scale, when :class:`GeneratorHead` instead re-initialises a tied embedding with small entries: the
+    LayerNorm's output and the embedding rows both have unit-variance entries, so their dot product has variance
+    ``e``, and ``e ** -0.5`` brings the first logits to unit scale. Shrinking the embedding would do the same for the
+    logits, but the input would then be a small token vector next to unit-variance learned position vectors, and
+    a tiny masked model measured in ``tests/test_masked_lm.py`` then never learns to read the tokens.
+
+    Args:
+        emb: the embedding size ``e``.
+        num_tokens: the vocabulary size ``v``.
+        tie_to: the :class:`~torch.nn.Embedding` (``v`` rows of size ``e``) whose weight is also the output matrix
+            (kept as it is). ``None``: an output matrix of its own, initialised as an embedding (unit variance).
+
+    Shapes:
+        ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
+    """
+
+    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.emb = check_positive_int(emb, "emb")
+        check_positive_int(num_tokens, "num_tokens")
+        if tie_to is not None and tuple(tie_to.weight.shape) != (num_tokens, emb):
+            raise ValueError(f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
+                             f"got {tuple(tie_to.weight.shape)}")
+        self.transform = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.LayerNorm(emb))
+        self.weight = tie_to.weight if tie_to is not None else nn.Parameter(torch.randn(num_tokens, emb))  # (v, e)
+        self.bias = nn.Parameter(torch.zeros(num_tokens))
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = F.linear(self.transform(x), self.weight) * self.emb**-0.5 + self.bias  # (b, t, e) -> (b, t, v)
+        return log_probabilities(logits)
