@@ -3,6 +3,7 @@
     python examples/classify_imdb.py --data path/to/dir --preset cpu          # train, report validation
     python examples/classify_imdb.py --data path/to/dir --preset cpu --final  # ... and the test set
     python examples/classify_imdb.py --predict "A wonderful, moving film." --out runs/classify_imdb
+    python examples/classify_imdb.py --data path/to/dir --pretrained runs/pretrain_imdb/pretrained.pt --final
     torchrun --standalone --nproc_per_node 2 examples/classify_imdb.py --data path/to/dir --preset gpu
 
 Reviews are tokenized (words, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
@@ -10,6 +11,10 @@ padding mask makes padding invisible to attention and pooling. 5,000 training re
 are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
 have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
 calibration (is the model right as often as it is sure?) goes to results.json and calibration.png. See docs/imdb.md.
+
+``--pretrained`` starts the encoder from a masked-language model pretrained by ``examples/pretrain_imdb.py`` (on the
+unlabelled reviews, without the test and validation reviews): the model's size, the tokenizer and its vocabulary
+come from that file, and only the classifier head starts from scratch.
 
 Under ``torchrun``, ``-b`` is the global batch: each of N processes computes its share of every batch's reviews, the
 learning rate is not scaled, and evaluation is shared out too (the same figures as one process). Only the main
@@ -37,7 +42,7 @@ from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
-from torchformer.models import CTransformer
+from torchformer.models import CTransformer, MLMTransformer
 from torchformer.train.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
 )
@@ -66,7 +71,10 @@ MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout"
 # What a checkpoint written before a model flag existed was trained with.
 MODEL_DEFAULTS = {"wide": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
-RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed")
+RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
+            "pretrained")
+# What --pretrained decides (the pretrained model's flags): giving one of them as well is an error.
+PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size")
 
 
 # The valid values of each flag, checked before anything is loaded: {dest: (test, what the flag must be)}. A flag
@@ -81,6 +89,7 @@ CHECKS = {
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
     "data": (lambda v: Path(v).exists(), "an existing folder or file"),
+    "pretrained": (lambda v: Path(v).is_file(), "an existing file (pretrained.pt of examples/pretrain_imdb.py)"),
     "checkpoint": WRITABLE_FOLDER,
     "out": WRITABLE_FOLDER,
 }
@@ -127,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--checkpoint", help="folder for resumable checkpoints; with --predict also a checkpoint file")
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
     add("--out", default="runs/classify_imdb", help="folder for the log, plots, results.json and final model")
+    add("--pretrained", metavar="FILE", help="start the encoder from this masked-language model (pretrained.pt of "
+        "examples/pretrain_imdb.py); -E, -H, -d, -M, --tokenizer and -V come from it")
     add("--predict", action="append", metavar="TEXT_OR_FILE",
         help="classify this text (or each line of this file) with a trained model (OUT/model.pt, or --checkpoint); "
              "repeatable")
@@ -143,6 +154,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         device = resolve_device(args.device)
     except (ValueError, TypeError) as e:
         p.error(f"--device: {e}")
+    if args.pretrained is not None:
+        check_flags(p, args, {"pretrained": CHECKS["pretrained"]})
+        take_pretrained_flags(p, args)
     preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -156,6 +170,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.download and args.data is not None:
         p.error("--download fetches the archive into the cache: give it without --data")
     return args
+
+
+def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Set the model flags from the ``--pretrained`` file; refuse one given too, or another train/validation split."""
+    def flag(key: str) -> str:
+        return "--" + key.replace("_", "-")
+
+    given = [flag(k) for k in PRETRAINED_KEYS + ("wide",) if getattr(args, k) not in (None, False)]
+    if given:
+        p.error(f"--pretrained sets the model and the tokenizer: leave out {', '.join(given)}")
+    try:
+        extra = read_checkpoint(args.pretrained)["extra"]
+        run, mask_id = extra["run"], extra["mask_id"]
+        tokenizer_from_state_dict(extra["tokenizer"])
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        p.error(f"--pretrained {args.pretrained}: not a model written by examples/pretrain_imdb.py "
+                f"({type(e).__name__}: {e})")
+    # The encoder has read the training split's reviews, never the validation ones: only the same split keeps the
+    # validation figures honest.
+    for key in ("seed", "val_size"):
+        if run[key] != getattr(args, key):
+            p.error(f"--pretrained {args.pretrained} was pretrained without the validation split of {flag(key)} "
+                    f"{run[key]}; got {flag(key)} {getattr(args, key)}: use the same, or the validation reviews may "
+                    f"be among those it read")
+    for key in PRETRAINED_KEYS:
+        setattr(args, key, run[key])
 
 
 def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer:
@@ -288,6 +328,8 @@ def train(args: argparse.Namespace) -> dict:
 
     if resume is not None:  # the vocabulary travels with the checkpoint, so a resumed run uses the very same one
         tokenizer = saved_tokenizer(resume)
+    elif args.pretrained:  # the vocabulary the encoder was pretrained with (built from the same training reviews)
+        tokenizer = saved_tokenizer(Path(args.pretrained))
     elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
         tokenizer = WordTokenizer.build([text for text, _ in train_set], args.vocab_size)
     else:
@@ -304,7 +346,16 @@ def train(args: argparse.Namespace) -> dict:
     print(f"tokenized {len(train_set):,} train / {len(val_set):,} val reviews, vocabulary {len(tokenizer):,}, "
           f"{time.perf_counter() - t_start:.0f}s")
 
-    model = build_model(config, len(tokenizer), args.checkpoint_blocks).to(device)
+    # With --pretrained the vocabulary has one more id, the [MASK] of pretraining (never in a review).
+    num_tokens = len(tokenizer) + 1 if args.pretrained else len(tokenizer)
+    model = build_model(config, num_tokens, args.checkpoint_blocks)
+    if args.pretrained and resume is None:  # a resumed run has the fine-tuned weights in its checkpoint
+        try:
+            model.load_encoder(MLMTransformer.from_checkpoint(args.pretrained))
+        except ValueError as e:
+            sys.exit(f"classify_imdb.py: error: --pretrained {args.pretrained}: {e}")
+        print(f"encoder and embedding from {args.pretrained}")
+    model = model.to(device)
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     wrapped = wrap_model(model, strategy=args.strategy)  # `model` stays the module (with FSDP2, sharded in place)
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)  # after wrapping

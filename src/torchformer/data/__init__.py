@@ -4,6 +4,8 @@
   :class:`DataFileError`, the package's error for a damaged or malformed data file.
 * :mod:`torchformer.data.enwik8_dataset`: enwik8 bytes for character-level language modelling, random batches.
 * :mod:`torchformer.data.imdb_dataset`: the IMDb Large Movie Review Dataset (Maas et al. 2011).
+* :mod:`torchformer.data.imdb_unlabelled`: its 50,000 unlabelled reviews for pretraining, and de-duplication
+  against the reviews a model is evaluated on.
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
 * :mod:`torchformer.data.batching`: padding with masks and length bucketing.
 """
@@ -12,6 +14,7 @@ from torchformer.data.batching import ClassificationBatches, bucket_batches, pad
 from torchformer.data.download import ChecksumError, DataFileError, default_root, download, file_digest, verify
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
 
 __all__ = [
@@ -21,12 +24,14 @@ __all__ = [
     "DataFileError",
     "WordTokenizer",
     "bucket_batches",
+    "deduplicate",
     "default_root",
     "download",
     "enwik8",
     "enwik8_sample",
     "file_digest",
     "imdb",
+    "imdb_unlabelled",
     "load_text_bytes",
     "pad_batch",
     "random_batches",

@@ -1,0 +1,308 @@
+"""Masked-language-model pretraining (BERT) of a transformer encoder on IMDb's unlabelled reviews.
+
+    python examples/pretrain_imdb.py --data path/to/dir --preset cpu           # -> runs/pretrain_imdb/pretrained.pt
+    python examples/classify_imdb.py --data path/to/dir --pretrained runs/pretrain_imdb/pretrained.pt --final
+
+The corpus is IMDb's 50,000 unlabelled reviews plus the training reviews (without the validation split), after
+removing every review that also occurs in the test set or the validation split, and every repeat: the classifier
+fine-tuned afterwards is evaluated on reviews the pretrained encoder has never read. The vocabulary (``--tokenizer
+word``) is built from the training reviews only, as ``classify_imdb.py`` builds it, and saved with the model, so
+the classifier reads text exactly as the encoder did. The split uses ``--seed`` and ``--val-size`` like
+``classify_imdb.py``, which refuses a pretrained file of another split.
+
+Each step masks 15 % of the real tokens (80 % ``[MASK]``, 10 % a random token, 10 % kept), and the model learns to
+predict the originals (:mod:`torchformer.train.masked_lm`). The masked-token accuracy and loss on the validation
+reviews (masked the same way every time) are logged; checkpoints resume exactly. One process (no torchrun).
+See docs/imdb.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from torchformer.data.batching import ClassificationBatches
+from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
+from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer
+from torchformer.models import MLMTransformer
+from torchformer.train.checkpoint import (
+    checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
+    remove_stale_temporaries, save_checkpoint,
+)
+from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags
+from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
+from torchformer.train.training import (
+    CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
+    resolve_device, warmup_cosine,
+)
+
+PRESETS = {
+    # Sized for the 90-minute CPU budget of docs/imdb.md: twice the classifier preset's width and depth, half its
+    # review length (the cost of a step grows with the tokens in it).
+    "cpu": dict(num_epochs=2, batch_size=32, learn_rate=1e-3, embedding=128, heads=4, depth=2, max_length=256,
+                vocab_size=20_000, lr_warmup=50_000, dropout=0.1, tokenizer="word"),
+    "gpu": dict(num_epochs=10, batch_size=64, learn_rate=5e-4, embedding=256, heads=8, depth=4, max_length=512,
+                vocab_size=20_000, lr_warmup=200_000, dropout=0.1, tokenizer="word"),
+}
+# Must match to resume a checkpoint: they fix the model, the corpus, the vocabulary and the schedule.
+RESUME_KEYS = ("embedding", "heads", "depth", "max_length", "dropout", "tokenizer", "vocab_size", "batch_size",
+               "num_epochs", "learn_rate", "lr_warmup", "mask_rate", "val_size", "seed")
+
+CHECKS = {
+    **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
+                     "eval_every", "stop_at", "threads"), POSITIVE_INT),
+    "vocab_size": (lambda v: v >= 3, "an int >= 3 (<pad>, <unk> and at least one word)"),
+    "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),
+    "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
+    "mask_rate": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "data": (lambda v: Path(v).exists(), "an existing folder"),
+    "checkpoint": WRITABLE_FOLDER,
+    "out": WRITABLE_FOLDER,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=preset_epilog(PRESETS),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = preset_flags(p, PRESETS)
+    add("-e", "--num-epochs", type=int, help="passes over the pretraining corpus")
+    add("-b", "--batch-size", type=int, help="reviews per batch")
+    add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
+    add("-E", "--embedding", type=int, help="embedding size")
+    add("-H", "--heads", type=int, help="attention heads")
+    add("-d", "--depth", type=int, help="transformer blocks")
+    add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut); "
+        "the classifier fine-tuned from it takes the same")
+    add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included ([MASK] is one more)")
+    add("--tokenizer", choices=("word", "byte"), help="words (vocabulary from the training split) or UTF-8 bytes")
+    add("--lr-warmup", type=int, help="warm the learning rate up over this many *reviews*")
+    add("--dropout", type=float, help="dropout rate")
+    add("--mask-rate", type=float, default=0.15, help="the fraction of real tokens the model predicts in each step")
+    add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split (the same as "
+        "classify_imdb.py's), the initial weights, the batches and the masks")
+    add("--val-size", type=int, default=5000, help="training reviews held out for validation (as classify_imdb.py)")
+    add("--preset", choices=tuple(PRESETS), help="defaults for the flags you do not give, listed below (default: gpu "
+        "on CUDA, else cpu)")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    add("--threads", type=int, help="torch CPU threads (default: the cores other programs leave idle)")
+    add("--data", required=True, help="folder with imdb_{train,test,unsup}.jsonl.gz, an aclImdb/ folder, or the "
+        "official archive's folder")
+    add("--eval-every", type=int, help="validate (and checkpoint) every N steps (default: 4 times per epoch)")
+    add("--checkpoint", help="folder for resumable checkpoints")
+    add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
+    add("--out", default="runs/pretrain_imdb", help="folder for pretrained.pt, the log, the plot and results.json")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        p.error("pretraining runs in one process; start it with python, not torchrun")
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, TypeError) as e:
+        p.error(f"--device: {e}")
+    for key, value in PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    check_flags(p, args, CHECKS)
+    if args.embedding % args.heads:
+        p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
+    if args.stop_at is not None and args.checkpoint is None:
+        p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
+    return args
+
+
+def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], dict]:
+    """(pretraining texts, training-split texts, validation texts, what de-duplication removed)."""
+    try:
+        train_all, test = imdb(args.data)
+        unlabelled = imdb_unlabelled(args.data)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"pretrain_imdb.py: error: {e}")
+    if args.val_size >= len(train_all):
+        sys.exit(f"pretrain_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
+                 f"got {args.val_size}")
+    train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
+    train_texts, val_texts = [t for t, _ in train_set], [t for t, _ in val_set]
+    kept = deduplicate(unlabelled + train_texts, exclude=[t for t, _ in test] + val_texts)
+    removed = {"unlabelled": len(unlabelled), "training_split": len(train_texts),
+               "overlapping_test_or_validation": kept.overlapping, "repeats": kept.repeated, "kept": len(kept.texts)}
+    return kept.texts, train_texts, val_texts, removed
+
+
+def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]  # an empty review: one <unk>
+
+
+def check_resumable(path: Path, args: argparse.Namespace) -> None:
+    try:
+        saved = read_checkpoint(path)["extra"]["run"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"cannot resume: {path} is not a checkpoint written by this script ({type(e).__name__}: {e})")
+    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {getattr(args, k)})" for k in RESUME_KEYS
+               if saved.get(k) != getattr(args, k)]
+    if changed:
+        sys.exit(f"cannot resume: {path} was trained with {', '.join(changed)}; use the same flags, or a new "
+                 f"--checkpoint folder")
+
+
+@torch.no_grad()
+def validate(model, batches: ClassificationBatches, *, mask_id: int, rate: float, seed: int) -> tuple[float, float]:
+    """Masked-token loss and accuracy on the validation reviews, masked alike at every evaluation (a fixed seed)."""
+    model.eval()
+    g = torch.Generator(device=batches.device or "cpu").manual_seed(seed)
+    total = correct = count = 0.0
+    for ids, mask, _ in batches:
+        m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=rate, generator=g)
+        log_probs = model(m.inputs, mask).float()
+        n = int(m.chosen.sum())
+        total += masked_lm_loss(log_probs, m.targets).item() * n
+        correct += int((log_probs.argmax(-1) == m.targets)[m.chosen].sum())
+        count += n
+    return total / max(count, 1), correct / max(count, 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    threads, why = choose_threads(args.threads)
+    torch.set_num_threads(threads)
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    print(f"device: {device}" + (f", {threads} CPU thread(s) ({why})" if device.type == "cpu" else ""))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    resume = None
+    if args.checkpoint:
+        for path in remove_stale_temporaries(args.checkpoint):
+            print(f"removed {path.name}, left by a save that was interrupted")
+        resume = latest_intact_checkpoint(args.checkpoint)
+    if resume is not None:
+        check_resumable(resume, args)
+
+    print("reading the reviews and removing those the classifier is evaluated on")
+    texts, train_texts, val_texts, removed = corpus(args)
+    print(f"corpus: {removed['unlabelled']:,} unlabelled + {removed['training_split']:,} training reviews, less "
+          f"{removed['overlapping_test_or_validation']:,} that occur in the test set or the validation split and "
+          f"{removed['repeats']:,} repeats: {removed['kept']:,} reviews")
+    if args.tokenizer == "word":  # from the training split only, exactly as classify_imdb.py builds it
+        tokenizer = WordTokenizer.build(train_texts, args.vocab_size)
+    else:
+        tokenizer = ByteTokenizer()
+    mask_id = len(tokenizer)  # [MASK]: one id past the tokenizer's vocabulary
+    print(f"tokenizing {len(texts):,} pretraining and {len(val_texts):,} validation reviews")
+    g = torch.Generator().manual_seed(args.seed)  # batch order
+    train_batches = ClassificationBatches(encode(tokenizer, texts, args.max_length), [0] * len(texts),
+                                          batch_size=args.batch_size, generator=g, device=device)
+    val_batches = ClassificationBatches(encode(tokenizer, val_texts, args.max_length), [0] * len(val_texts),
+                                        batch_size=2 * args.batch_size, shuffle=False, device=device)
+
+    model = MLMTransformer(args.embedding, args.heads, args.depth, args.max_length, mask_id + 1, tie_weights=True,
+                           dropout=args.dropout).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
+    per_epoch = len(train_batches)
+    total = args.num_epochs * per_epoch
+    sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup // args.batch_size, total), total_steps=total)
+    masks = torch.Generator(device=device).manual_seed(args.seed + 1)  # which tokens each step masks
+    step = 0
+    if resume is not None:
+        try:
+            state = load_checkpoint(resume, model=model, optimizer=opt, scheduler=sched,
+                                    generators={"batches": g, "masks": masks})
+        except ValueError as e:
+            sys.exit(f"cannot resume: {e}")
+        step = state["step"]
+        print(f"resumed from {resume} at step {step}")
+    print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer):,} + [MASK], {total} steps "
+          f"({args.num_epochs} epochs of {per_epoch})")
+
+    run = {k: getattr(args, k) for k in RESUME_KEYS}
+    extra = {"run": run, "tokenizer": tokenizer.state_dict(), "mask_id": mask_id, "corpus": removed}
+    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
+                    resume_step=step)
+    eval_every = args.eval_every or max(1, per_epoch // 4)
+    bar = progress(total=total, desc="pretrain")
+    bar.update(step)
+    running, t_log, tokens = [], time.perf_counter(), 0
+    val_loss = val_accuracy = float("nan")
+    for epoch in range(step // per_epoch, args.num_epochs):
+        epoch_state = g.get_state()
+        skip = step - epoch * per_epoch
+        for i, (ids, mask, _) in enumerate(train_batches):
+            if i < skip:
+                continue
+            model.train()
+            m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=args.mask_rate,
+                            generator=masks)
+            with autocast(device):
+                log_probs = model(m.inputs, mask)
+            loss = masked_lm_loss(log_probs.float(), m.targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            running.append(loss.detach())
+            tokens += mask.sum()
+            bar.update(1)
+            if step % 50 == 0:
+                recent = torch.stack(running[-50:])
+                try:
+                    check_finite_losses(recent.tolist(), range(step - len(recent) + 1, step + 1))
+                except TrainingDiverged as e:
+                    bar.close()
+                    sys.exit(f"error: {e} (flags -l, --lr-warmup)")
+                bar.set_postfix(loss=f"{recent.mean().item():.3f}",
+                                tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
+                log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0],
+                        train_loss=recent.mean().item(), seconds=round(time.perf_counter() - t_start, 1))
+                tokens, t_log = 0, time.perf_counter()
+            if step % eval_every == 0 or step == total or step == args.stop_at:
+                val_loss, val_accuracy = validate(model, val_batches, mask_id=mask_id, rate=args.mask_rate,
+                                                  seed=args.seed)
+                log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val_loss, val_accuracy=val_accuracy,
+                        seconds=round(time.perf_counter() - t_start, 1))
+                bar.write(f"step {step}: train loss {torch.stack(running).mean().item():.4f}, masked-token val loss "
+                          f"{val_loss:.4f}, accuracy {val_accuracy:.4f}")
+                running, tokens, t_log = [], 0, time.perf_counter()
+                if args.checkpoint:
+                    batch_state = torch.Generator()  # the start state of the epoch a resumed run replays
+                    batch_state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
+                    save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
+                                    scheduler=sched, step=step, generators={"batches": batch_state, "masks": masks},
+                                    extra=extra)
+                    prune_checkpoints(args.checkpoint, keep=2)
+            if step == args.stop_at:
+                bar.close()
+                log.close()
+                print(f"stopped at step {step} (--stop-at); run again with the same --checkpoint to resume")
+                return {}
+    bar.close()
+    log.close()
+    save_checkpoint(out / "pretrained.pt", model=model, step=step, extra=extra)
+    if not plot_curves(out / "log.csv", out / "loss.png", x="step", ys=["train_loss", "val_loss"],
+                       ylabel="masked-token loss (nats)", title="IMDb masked-language-model pretraining"):
+        print("matplotlib is not installed: no plot")
+    seconds = time.perf_counter() - t_start
+    results = {"corpus": removed, "steps": step, "val_masked_loss": val_loss, "val_masked_accuracy": val_accuracy,
+               "wall_seconds": round(seconds, 1), "threads": threads, "device": str(device), "run": run}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"pretrained model: {out / 'pretrained.pt'}; masked-token val accuracy {val_accuracy:.4f}; "
+          f"total time {seconds:.0f}s")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""IMDb's 50,000 unlabelled reviews, for pretraining, and the de-duplication that keeps the evaluation honest.
+
+The IMDb archive has, besides the labelled train and test reviews, a folder ``aclImdb/train/unsup/`` of 50,000
+reviews without a rating (files ``[id]_0.txt``). They come from the same site and the same years, so they are
+in-domain text for self-supervised pretraining (Dai & Le 2015 pretrain an LSTM on them; BERT-style masked
+language modelling does the same for a transformer: :mod:`torchformer.train.masked_lm`).
+
+One catch: the same review was often posted under several titles, and some of those copies landed in different
+folders. 269 reviews of the official *test* set (and 373 of the training set) occur verbatim among the unlabelled
+ones. A model pretrained on them would have read test reviews before it is tested on them, so
+:func:`deduplicate` removes every pretraining text that also occurs in the texts to be kept unseen (the test set
+and the validation split), and the repeats within the corpus itself.
+
+:func:`imdb_unlabelled` reads the same three forms as :func:`~torchformer.data.imdb_dataset.imdb`: the official
+archive, an extracted ``aclImdb/`` folder (or its parent), or a folder with ``imdb_unsup.jsonl.gz`` (one JSON object
+per line with ``"text"`` and ideally ``"id"``). Damaged files raise
+:class:`~torchformer.data.download.DataFileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
+from torchformer.data.imdb_dataset import ARCHIVE_NAME, _decode
+
+__all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled"]
+
+UNLABELLED_JSONL = "imdb_unsup.jsonl.gz"
+# ".../train/unsup/[id]_0.txt": an unlabelled review carries no rating, hence the 0.
+_UNSUP_MEMBER = re.compile(r"(?:.*/)?train/unsup/(\d+)_0\.txt")
+
+
+def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
+    """The unlabelled IMDb reviews, in the order of their ids, raw (``<br />`` tags included).
+
+    Args:
+        path: a folder with ``imdb_unsup.jsonl.gz``, that file itself, an ``aclImdb/`` folder (or its parent), or
+            the official archive ``aclImdb_v1.tar.gz``.
+
+    Returns:
+        the review texts (50,000 for the official data), sorted by id.
+
+    Raises:
+        FileNotFoundError: none of the accepted forms is at ``path``.
+        DataFileError: the file is damaged or malformed (the message names the file and line), or holds no review.
+    """
+    path = check_path(path, "path")
+    source = _find(path)
+    if source is None:
+        raise FileNotFoundError(f"no unlabelled IMDb reviews at '{path}': expected a folder with {UNLABELLED_JSONL}, "
+                                f"that file, an aclImdb/ folder with train/unsup/, or {ARCHIVE_NAME}")
+    if source.name.endswith(".jsonl.gz"):
+        rows = _read_jsonl(source)
+    elif source.is_file():
+        rows = _read_tar(source)
+    else:
+        rows = []
+        for entry in os.scandir(source):
+            match = _UNSUP_MEMBER.fullmatch(f"train/unsup/{entry.name}")
+            if match is not None and entry.is_file():
+                rows.append((int(match[1]), _decode(Path(entry.path).read_bytes(), Path(entry.path))))
+    if not rows:
+        raise DataFileError(source, "holds no unlabelled review", "Copy it again from the official archive.")
+    rows.sort(key=lambda row: row[0])
+    return [text for _, text in rows]
+
+
+def _find(path: Path) -> Path | None:
+    """The jsonl file, the ``unsup/`` folder or the archive that ``path`` names or holds."""
+    if path.is_file():
+        return path if path.name.endswith(".jsonl.gz") or tarfile.is_tarfile(path) else None
+    if not path.is_dir():
+        return None
+    for candidate in (path / UNLABELLED_JSONL, path / "train" / "unsup", path / "aclImdb" / "train" / "unsup",
+                      path / ARCHIVE_NAME):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, str]]:
+    rows = []
+    try:
+        with gzip.open(path, "rb") as f:
+            for line_number, raw in enumerate(f, start=1):
+                line = _decode(raw, path, line=line_number)
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataFileError(path, f"is not valid JSON ({error})", "Fix or remove that line.",
+                                        line=line_number) from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise DataFileError(path, f"expected a JSON object with a string 'text', got {line[:80]!r}",
+                                        "Fix or remove that line.", line=line_number)
+                review_id = record.get("id", line_number)  # without ids, the order of the lines
+                if type(review_id) is not int:
+                    raise DataFileError(path, f"id must be an int, got {review_id!r}", "Fix or remove that line.",
+                                        line=line_number)
+                rows.append((review_id, record["text"]))
+    except DAMAGED_DATA_ERRORS as err:
+        if not is_damaged_data(err):
+            raise
+        raise DataFileError(path, f"is not a valid gzip file: damaged or truncated ({type(err).__name__}: {err})",
+                            "Copy it again.") from err
+    return rows
+
+
+def _read_tar(path: Path) -> list[tuple[int, str]]:
+    rows = []
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                match = _UNSUP_MEMBER.fullmatch(member.name)
+                if match is None or not member.isfile():
+                    continue
+                handle = tar.extractfile(member)
+                assert handle is not None  # a regular file has contents
+                rows.append((int(match[1]), _decode(handle.read(), path, where=f"member {member.name} ")))
+            while tar.fileobj.read(1 << 20):  # read to the end, where gzip keeps its CRC (see imdb_dataset)
+                pass
+    except DAMAGED_DATA_ERRORS as err:
+        if not is_damaged_data(err):
+            raise
+        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
+    return rows
+
+
+@dataclass(frozen=True)
+class Deduplicated:
+    """What :func:`deduplicate` kept and how many texts it removed, for each reason.
+
+    Args:
+        texts: the texts kept, in their original order.
+        overlapping: texts removed because they occur in ``exclude`` (every copy counts).
+        repeated: further copies of a kept text, removed (the first copy stays).
+    """
+
+    texts: list[str]
+    overlapping: int
+    repeated: int
+
+
+def deduplicate(texts: Iterable[str], *, exclude: Iterable[str]) -> Deduplicated:
+    """Remove every text that also occurs in ``exclude``, and every repeat of a text, keeping the order.
+
+    Texts are compared exactly (character for character): this removes verbatim copies, which is what the IMDb
+    folders share; a review re-posted with one word changed is not caught.
+
+    Args:
+        texts: the pretraining corpus.
+        exclude: texts the model must not have seen (the test reviews, the validation split).
+
+    Returns:
+        a :class:`Deduplicated`: the texts kept and the counts removed.
+    """
+    unseen = set(_strings(exclude, "exclude"))
+    kept, seen = [], set()
+    overlapping = repeated = 0
+    for text in _strings(texts, "texts"):
+        if text in unseen:
+            overlapping += 1
+        elif text in seen:
+            repeated += 1
+        else:
+            seen.add(text)
+            kept.append(text)
+    return Deduplicated(kept, overlapping, repeated)
+
+
+def _strings(texts: Iterable[str], name: str) -> Iterable[str]:
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{name} must be an iterable of texts (e.g. a list of str), got a single {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
+        yield text

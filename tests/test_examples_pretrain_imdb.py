@@ -1,0 +1,172 @@
+"""examples/pretrain_imdb.py end to end on a tiny synthetic IMDb, and classify_imdb.py --pretrained fine-tuning it.
+
+The unlabelled file plants copies of test and validation reviews, and repeats: none of them may reach the
+pretraining corpus, and the counts the script reports must be exactly the planted ones.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from script_loader import ROOT, load_script
+
+from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.tokenizers import tokenizer_from_state_dict
+from torchformer.train.checkpoint import read_checkpoint
+
+FILLER = "the a film movie plot actor scene story was is and it of to this that with but very quite".split()
+VAL_SIZE, SEED = 40, 1
+
+
+def review(rng: random.Random, label: int) -> str:
+    words = [rng.choice(FILLER) for _ in range(rng.randint(4, 30))]
+    words.insert(rng.randint(0, len(words)), "great" if label else "awful")
+    return " ".join(words) + rng.choice([".", "!", " <br /><br />"])
+
+
+def write(path: Path, records: list[dict]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("imdb")
+    rng = random.Random(0)
+    train = [{"text": review(rng, i % 2), "label": i % 2, "id": i} for i in range(200)]
+    test = [{"text": review(rng, i % 2), "label": i % 2, "id": i} for i in range(60)]
+    write(folder / "imdb_train.jsonl.gz", train)
+    write(folder / "imdb_test.jsonl.gz", test)
+    # 150 fresh unlabelled reviews, then planted: 3 test reviews (one of them twice), 2 repeats of fresh ones.
+    unsup = [review(rng, rng.randint(0, 1)) for _ in range(150)]
+    unsup += [test[0]["text"], test[1]["text"], test[1]["text"], test[2]["text"], unsup[0], unsup[1]]
+    write(folder / "imdb_unsup.jsonl.gz", [{"text": t, "id": i} for i, t in enumerate(unsup)])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretrain():
+    return load_script(ROOT / "examples" / "pretrain_imdb.py")
+
+
+@pytest.fixture(scope="module")
+def classify():
+    return load_script(ROOT / "examples" / "classify_imdb.py")
+
+
+def tiny(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data", str(data_dir), "--out", str(out), "--device", "cpu", "--threads", "1", "-E", "32", "-H", "2",
+            "-d", "1", "-M", "32", "-b", "16", "-e", "2", "-l", "3e-3", "--lr-warmup", "64", "-V", "40",
+            "--val-size", str(VAL_SIZE), "--eval-every", "5", *extra]
+
+
+@pytest.fixture(scope="module")
+def pretrained(pretrain, data_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pretrain")
+    pretrain.main(tiny(data_dir, out))
+    return out
+
+
+def test_the_corpus_leaves_out_test_and_validation_reviews_and_repeats(pretrain, data_dir, pretrained):
+    train, test = imdb(data_dir)
+    train_split, val = train_val_split(train, val_size=VAL_SIZE, seed=SEED)
+    args = pretrain.parse_args(tiny(data_dir, pretrained))
+    texts, _, _, removed = pretrain.corpus(args)
+    held_out = {t for t, _ in test} | {t for t, _ in val}
+    assert not held_out & set(texts)
+    assert len(set(texts)) == len(texts)
+    # The 160 train-split reviews are all distinct and new; of the unlabelled ones, 4 rows copy test reviews and
+    # 2 repeat earlier ones.
+    assert removed == {"unlabelled": 156, "training_split": 160, "overlapping_test_or_validation": 4, "repeats": 2,
+                       "kept": 150 + 160}
+    results = json.loads((pretrained / "results.json").read_text())
+    assert results["corpus"] == removed and results["steps"] == 2 * 20  # 310 reviews in batches of 16, 2 epochs
+
+
+def test_the_pretrained_file_holds_the_model_vocabulary_and_mask_id(pretrained, data_dir):
+    saved = read_checkpoint(pretrained / "pretrained.pt")
+    tokenizer = tokenizer_from_state_dict(saved["extra"]["tokenizer"])
+    assert saved["model_class"] == "MLMTransformer"
+    assert saved["extra"]["mask_id"] == len(tokenizer) and saved["config"].num_tokens == len(tokenizer) + 1
+    # The vocabulary is the training split's, as classify_imdb.py builds it: never the test reviews'.
+    assert len(tokenizer) <= 40
+
+
+def test_resume_reproduces_the_uninterrupted_run(pretrain, data_dir, pretrained, tmp_path):
+    argv = tiny(data_dir, tmp_path / "out", "--checkpoint", str(tmp_path / "ckpt"))
+    assert pretrain.main(argv + ["--stop-at", "13"]) == {}
+    pretrain.main(argv)
+    resumed = torch.load(tmp_path / "out" / "pretrained.pt", weights_only=True)["model"]
+    whole = torch.load(pretrained / "pretrained.pt", weights_only=True)["model"]
+    assert resumed.keys() == whole.keys()
+    for key in whole:
+        assert torch.equal(resumed[key], whole[key]), key
+
+
+def test_a_classifier_fine_tunes_from_the_pretrained_encoder(classify, data_dir, pretrained, tmp_path, capsys):
+    out = tmp_path / "clf"
+    argv = ["--data", str(data_dir), "--out", str(out), "--device", "cpu", "--threads", "1", "-b", "16", "-e", "4",
+            "-l", "1e-2", "--lr-warmup", "64", "--val-size", str(VAL_SIZE), "--pretrained",
+            str(pretrained / "pretrained.pt"), "--final"]
+    results = classify.main(argv)
+    assert "encoder and embedding from" in capsys.readouterr().out
+    assert results["accuracy"] >= 0.95, results
+    saved = read_checkpoint(out / "model.pt")
+    source = read_checkpoint(pretrained / "pretrained.pt")
+    assert saved["extra"]["tokenizer"] == source["extra"]["tokenizer"]  # the pretrained vocabulary, not a new one
+    encoder_fields = ("emb", "heads", "depth", "seq_length", "num_tokens")
+    assert all(getattr(saved["config"], f) == getattr(source["config"], f) for f in encoder_fields)
+
+
+def test_a_pretrained_run_starts_from_exactly_the_pretrained_weights(classify, data_dir, pretrained, tmp_path,
+                                                                     monkeypatch):
+    # Record the classifier's weights right after the script loads the encoder, before any fine-tuning step.
+    snapshot = {}
+    original = classify.CTransformer.load_encoder
+
+    def spy(self, source):
+        original(self, source)
+        snapshot.update({k: v.clone() for k, v in self.state_dict().items()})
+
+    monkeypatch.setattr(classify.CTransformer, "load_encoder", spy)
+    classify.main(["--data", str(data_dir), "--out", str(tmp_path / "o"), "--device", "cpu", "--threads", "1",
+                   "-b", "16", "-e", "1", "--val-size", str(VAL_SIZE), "--pretrained",
+                   str(pretrained / "pretrained.pt"), "--checkpoint", str(tmp_path / "c"), "--stop-at", "1"])
+    source = torch.load(pretrained / "pretrained.pt", weights_only=True)["model"]
+    encoder = [k for k in snapshot if k.startswith(("embedding.", "encoder."))]
+    assert len(encoder) > 10 and any(k.startswith("head.") for k in snapshot)
+    for key in encoder:
+        assert torch.equal(snapshot[key], source[key]), key
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-E", "64"], "leave out --embedding"),
+    (["--seed", "2"], "--seed 1"),
+    (["--val-size", "30"], "--val-size 40"),
+])
+def test_pretrained_flag_errors_name_the_flag(classify, data_dir, pretrained, tmp_path, capsys, extra, message):
+    argv = ["--data", str(data_dir), "--out", str(tmp_path), "--pretrained", str(pretrained / "pretrained.pt"),
+            "--val-size", str(VAL_SIZE), *extra]
+    with pytest.raises(SystemExit):
+        classify.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_file_of_another_script_is_not_a_pretrained_model(classify, data_dir, tmp_path, capsys):
+    other = tmp_path / "x.pt"
+    torch.save({"model": {}}, other)
+    with pytest.raises(SystemExit):
+        classify.main(["--data", str(data_dir), "--out", str(tmp_path), "--pretrained", str(other)])
+    assert "not a model written by examples/pretrain_imdb.py" in capsys.readouterr().err
+
+
+def test_pretraining_refuses_torchrun(pretrain, data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit):
+        pretrain.main(tiny(data_dir, tmp_path))
+    assert "one process" in capsys.readouterr().err
