@@ -5,16 +5,19 @@
 * :mod:`torchformer.data.enwik8_dataset`: enwik8 bytes for character-level language modelling, random batches.
 * :mod:`torchformer.data.imdb_dataset`: the IMDb Large Movie Review Dataset (Maas et al. 2011).
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
+* :mod:`torchformer.data.bpe`: byte-level BPE learned from the training texts (the optional ``tokenizers`` package).
 * :mod:`torchformer.data.batching`: padding with masks and length bucketing.
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
+from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import ChecksumError, DataFileError, default_root, download, file_digest, verify
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
 
 __all__ = [
+    "BPETokenizer",
     "ByteTokenizer",
     "ChecksumError",
     "ClassificationBatches",
