@@ -11,6 +11,7 @@ Where each concept lives:
   feed-forward networks), :mod:`~torchformer.nn.blocks`, :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads`
   (classifier and generator output heads)
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, built from a config
+* :mod:`torchformer.baselines`: ``LSTMClassifier``, the recurrent baseline a classifier is compared against
 * :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
   :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
   encoder-decoder decoding), :mod:`~torchformer.decoding.compiled` (the compiled one-token step)
