@@ -222,6 +222,8 @@ def test_encode_and_decode_reject_bad_arguments(tok):
         tok.normalize(["a", "b"])
     with pytest.raises(ValueError, match=r"text is not valid Unicode: lone surrogate '\\ud800' at index 2"):
         tok.encode("ab\ud800c")
+    with pytest.raises(ValueError, match=r"at index 9 "):  # of the text as given, before <br /> became a space
+        tok.encode("a<br />b \ud800")
     with pytest.raises(ValueError, match=rf"ids must be in \[0, {len(tok)}\), got {len(tok)}"):
         tok.decode([5, len(tok)])
     with pytest.raises(ValueError, match=r"ids must be in \[0, \d+\), got -1"):

@@ -66,16 +66,18 @@ def _normalize(text: str, lowercase: bool) -> str:
     return text.lower() if lowercase else text
 
 
-def _unicode_error(text: str, name: str) -> ValueError | None:
-    """A clear error if ``text`` holds a lone surrogate (no UTF-8 bytes; tokenizers' own error says not where)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        return ValueError(
-            f"{name} is not valid Unicode: lone surrogate {text[err.start]!r} at index {err.start} has no UTF-8 "
-            f"bytes (clean the text first)"
-        )
-    return None
+def _check_unicode(text: str, name: str) -> str:
+    """``text``, if it is valid Unicode; a lone surrogate (no UTF-8 bytes) is an error naming where it is, which the
+    one tokenizers raises would not say."""
+    if not text.isascii():  # a flag CPython keeps on every str: free to read
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{name} is not valid Unicode: lone surrogate {text[err.start]!r} at index {err.start} has no UTF-8 "
+                f"bytes (clean the text first)"
+            ) from None
+    return text
 
 
 class BPETokenizer:
@@ -160,7 +162,7 @@ class BPETokenizer:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
-            normalized.append(_normalize(text, lowercase))
+            normalized.append(_normalize(_check_unicode(text, f"texts[{i}]"), lowercase))
 
         tokenizer = tk.Tokenizer(tk.models.BPE())
         # ByteLevel: a text becomes bytes, each shown as a printable character, after a GPT-2 style split into words
@@ -175,14 +177,7 @@ class BPETokenizer:
             initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),  # every byte, even those the texts lack
             show_progress=False,  # a library does not draw on the terminal
         )
-        try:
-            tokenizer.train_from_iterator(normalized, trainer=trainer)
-        except (TypeError, UnicodeError):  # what tokenizers raises for a lone surrogate; find it and name it
-            for i, text in enumerate(normalized):
-                error = _unicode_error(text, f"texts[{i}]")
-                if error is not None:
-                    raise error from None
-            raise
+        tokenizer.train_from_iterator(normalized, trainer=trainer)
         return cls(tokenizer, lowercase=lowercase)
 
     def normalize(self, text: str) -> str:
@@ -210,15 +205,9 @@ class BPETokenizer:
         Returns:
             The ids, each in ``[1, len(self))``.
         """
-        normalized = _normalize(_check_text(text), self.lowercase)
+        normalized = _normalize(_check_unicode(_check_text(text), "text"), self.lowercase)
         _check_max_length(max_length)
-        try:
-            ids = self._tokenizer.encode(normalized).ids
-        except (TypeError, UnicodeError):
-            error = _unicode_error(normalized, "text")
-            if error is not None:
-                raise error from None
-            raise
+        ids = self._tokenizer.encode(normalized).ids
         return ids if max_length is None else ids[:max_length]
 
     def decode(self, ids: Iterable[int]) -> str:
