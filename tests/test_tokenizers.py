@@ -132,7 +132,7 @@ def test_state_dict_round_trips_through_json_and_torch_save(tok, tmp_path):
 
 def test_state_dict_validation():
     with pytest.raises(ValueError, match="kind"):
-        tokenizer_from_state_dict({"kind": "bpe"})
+        tokenizer_from_state_dict({"kind": "sentencepiece"})
     with pytest.raises(ValueError, match="kind='word'"):
         WordTokenizer.from_state_dict({"kind": "byte"})
     with pytest.raises(ValueError, match="must start with"):

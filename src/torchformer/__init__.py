@@ -12,6 +12,7 @@ Where each concept lives:
   (classifier, generator and masked-language-model output heads)
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, ``MLMTransformer``, built
   from a config
+* :mod:`torchformer.baselines`: ``LSTMClassifier``, the recurrent baseline a classifier is compared against
 * :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
   :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
   encoder-decoder decoding), :mod:`~torchformer.decoding.compiled` (the compiled one-token step)

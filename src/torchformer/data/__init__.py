@@ -7,10 +7,12 @@
 * :mod:`torchformer.data.imdb_unlabelled`: its 50,000 unlabelled reviews for pretraining, and de-duplication
   against the reviews a model is evaluated on.
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
+* :mod:`torchformer.data.bpe`: byte-level BPE learned from the training texts (the optional ``tokenizers`` package).
 * :mod:`torchformer.data.batching`: padding with masks and length bucketing.
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
+from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import ChecksumError, DataFileError, default_root, download, file_digest, verify
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -18,6 +20,7 @@ from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
 from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
 
 __all__ = [
+    "BPETokenizer",
     "ByteTokenizer",
     "ChecksumError",
     "ClassificationBatches",

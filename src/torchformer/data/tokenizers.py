@@ -10,7 +10,10 @@ Two deliberately simple schemes, both with id 0 reserved for padding:
   byte ``b`` gets id ``b + 1``. No vocabulary to build and nothing is ever
   unknown, at the price of sequences several times longer.
 
-Both save to a ``state_dict()`` of plain lists, strings and ints, which survives
+A third, :class:`~torchformer.data.bpe.BPETokenizer` (byte-level BPE, subwords learned from the
+training texts), lives in :mod:`torchformer.data.bpe`: it needs the optional ``tokenizers`` package.
+
+All three save to a ``state_dict()`` of plain lists, strings and ints, which survives
 ``json.dump`` and ``torch.save``/``torch.load(weights_only=True)``; use
 :func:`tokenizer_from_state_dict` to get the right class back.
 
@@ -26,7 +29,10 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
+
+if TYPE_CHECKING:
+    from torchformer.data.bpe import BPETokenizer
 
 __all__ = ["WordTokenizer", "ByteTokenizer", "tokenizer_from_state_dict"]
 
@@ -267,16 +273,19 @@ class ByteTokenizer:
         return cls()
 
 
-def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer:
+def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BPETokenizer:
     """Rebuild whichever tokenizer wrote ``state`` (dispatch on ``state["kind"]``).
 
     Args:
         state: what a tokenizer's ``state_dict()`` returned.
 
     Returns:
-        A :class:`WordTokenizer` or a :class:`ByteTokenizer`.
+        A :class:`WordTokenizer`, a :class:`ByteTokenizer` or a :class:`~torchformer.data.bpe.BPETokenizer`
+        (which needs the ``tokenizers`` package: ``pip install "torchformer[bpe]"``).
     """
-    classes = {"word": WordTokenizer, "byte": ByteTokenizer}
+    from torchformer.data.bpe import BPETokenizer  # here: that module builds on this one
+
+    classes = {"word": WordTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
     kind = state.get("kind")
