@@ -103,9 +103,9 @@ def draw_norm_placement(path: pathlib.Path, quick: bool = False) -> str:
     from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
     check_block_wiring()
-    figure = new_figure(8.6, 7.6)
+    figure = new_figure(7.8, 7.0)
     axes = figure.subplots(1, 2)
-    box_w, box_h = 2.5, 0.5
+    box_w, box_h = 2.9, 0.5
 
     def arrow(ax, start, end, **style):
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=11, lw=1.2, color="#333333",
@@ -119,20 +119,20 @@ def draw_norm_placement(path: pathlib.Path, quick: bool = False) -> str:
         ax.add_patch(FancyBboxPatch((-box_w / 2, y - height / 2), box_w, height, boxstyle="round,pad=0.02,rounding_size=0.08",
                                     fc=PART_COLOURS[kind], ec="#555555", lw=1))
         if code:
-            ax.text(0, y + 0.07, label, ha="center", va="center", fontsize=9.5)
-            ax.text(0, y - 0.14, code, ha="center", va="center", fontsize=7.5, family="monospace", color="#444444")
+            ax.text(0, y + 0.08, label, ha="center", va="center", fontsize=10.5)
+            ax.text(0, y - 0.14, code, ha="center", va="center", fontsize=8.5, family="monospace", color="#444444")
         else:
-            ax.text(0, y, label, ha="center", va="center", fontsize=8.5, color="#444444")
+            ax.text(0, y, label, ha="center", va="center", fontsize=9, color="#444444")
 
     def plus(ax, y):
         ax.add_patch(Circle((0, y), 0.2, fc="white", ec="#333333", lw=1.2))
         ax.text(0, y - 0.01, "+", ha="center", va="center", fontsize=13)
 
-    def skip(ax, y_from, y_plus, x_side=-1.75):
+    def skip(ax, y_from, y_plus, x_side=-1.9):
         """The residual path: leaves the main line at y_from, rejoins it at the + at y_plus."""
         line(ax, [(0, y_from), (x_side, y_from), (x_side, y_plus)])
         arrow(ax, (x_side, y_plus), (-0.2, y_plus))
-        ax.text(x_side - 0.1, (y_from + y_plus) / 2, "residual\n(identity)", ha="right", va="center", fontsize=7.5,
+        ax.text(x_side - 0.1, (y_from + y_plus) / 2, "residual\n(identity)", ha="right", va="center", fontsize=8.5,
                 color="#666666")
 
     def sublayer(ax, y0, prenorm, part, part_code, kind, norm_code):
@@ -166,37 +166,37 @@ def draw_norm_placement(path: pathlib.Path, quick: bool = False) -> str:
 
     for ax, prenorm in zip(axes, (False, True)):
         ax.text(0, 0.0, "x  (b, t, e)", ha="center", va="center", fontsize=9)
-        ax.text(0, -0.3, "from the embedding or the previous block", ha="center", va="center", fontsize=7.5,
+        ax.text(0, -0.3, "from the embedding or the previous block", ha="center", va="center", fontsize=8.5,
                 color="#666666")
         y = sublayer(ax, 0.2, prenorm, "self-attention", "attention", "attention", "norm1")
         y = sublayer(ax, y, prenorm, "feed-forward", "ff", "ff", "norm2")
         top = y + 0.35
         line(ax, [(0, y), (0, top)])
         # The block repeats depth times; a bracket on the right says so.
-        ax.plot([1.55, 1.7, 1.7, 1.55], [0.35, 0.35, top, top], color="#888888", lw=1)
-        ax.text(1.8, (0.35 + top) / 2, "one block,\nrepeated\nconfig.depth\ntimes", ha="left", va="center",
-                fontsize=8, color="#666666")
+        ax.plot([1.65, 1.8, 1.8, 1.65], [0.35, 0.35, top, top], color="#888888", lw=1)
+        ax.text(1.9, (0.35 + top) / 2, "one block,\nrepeated\nconfig.depth\ntimes", ha="left", va="center",
+                fontsize=8.5, color="#666666")
         if prenorm:
             final_y = top + 0.75
             arrow(ax, (0, top), (0, final_y - box_h / 2))
             box(ax, final_y, "final norm", "Encoder/Decoder.norm", "final")
             ax.text(box_w / 2 + 0.12, final_y, "once per stack,\nafter the last block:\nthe stream was\nnever normalised",
-                    ha="left", va="center", fontsize=7.5, color="#666666")
+                    ha="left", va="center", fontsize=8.5, color="#666666")
             out_y = final_y + 1.05
             arrow(ax, (0, final_y + box_h / 2), (0, out_y - 0.15))
         else:
             out_y = top + 0.75 + 1.05
             arrow(ax, (0, top), (0, out_y - 0.15))
             ax.text(0.12, top + 0.9, "Encoder/Decoder.norm is nn.Identity:\nthe last block already normalised",
-                    ha="left", va="center", fontsize=7.5, color="#666666")
+                    ha="left", va="center", fontsize=8.5, color="#666666")
         ax.text(0, out_y, "the stack's output  (b, t, e)", ha="center", va="center", fontsize=9)
         title = ("pre-norm   (prenorm=True)" if prenorm else "post-norm   (prenorm=False, default)")
-        ax.set_title(title, fontsize=11)
+        ax.set_title(title, fontsize=11.5)
         formula = ("h = x + drop(attention(norm1(x)))\ny = h + drop(ff(norm2(h)))" if prenorm
                    else "h = norm1(x + drop(attention(x)))\ny = norm2(h + drop(ff(h)))")
-        ax.text(0, -0.95, formula, ha="center", va="center", fontsize=8.5, family="monospace", multialignment="left")
-        ax.set_xlim(-3.0, 3.0)
-        ax.set_ylim(-1.35, out_y + 0.3)
+        ax.text(0, -1.0, formula, ha="center", va="center", fontsize=9.5, family="monospace", multialignment="left")
+        ax.set_xlim(-3.2, 3.5)
+        ax.set_ylim(-1.4, out_y + 0.3)
         ax.set_aspect("equal")
         ax.axis("off")
     figure.subplots_adjust(left=0.01, right=0.99, top=0.95, bottom=0.01, wspace=0.05)
@@ -225,28 +225,29 @@ def draw_masks(path: pathlib.Path, quick: bool = False) -> str:
     panels = [
         ("causal=True\n(causal_mask(6))", causal),
         ("padding: key_mask\n(True = real token)", padding[0, 0].expand(t, t)),
-        ("causal=True and key_mask", both[0, 0]),
+        ("causal=True and key_mask\n(both at once)", both[0, 0]),
     ]
 
-    figure = new_figure(10.2, 4.2)
+    figure = new_figure(8.2, 3.9)
     axes = figure.subplots(1, 3)
     colours = ListedColormap(["#f2f2f2", "#4c72b0"])  # False: masked, True: may attend
     labels = [f"{i} {token}" for i, token in enumerate(tokens)]
-    for ax, (title, allowed) in zip(axes, panels):
+    for k, (ax, (title, allowed)) in enumerate(zip(axes, panels)):
         ax.imshow(allowed.int().numpy(), cmap=colours, vmin=0, vmax=1)
-        ax.set_xticks(range(t), labels, rotation=90, fontsize=8)
-        ax.set_yticks(range(t), labels, fontsize=8)
+        ax.set_xticks(range(t), labels, rotation=90, fontsize=9)
+        ax.set_yticks(range(t), labels, fontsize=9)
         ax.set_xticks([i - 0.5 for i in range(1, t)], minor=True)
         ax.set_yticks([i - 0.5 for i in range(1, t)], minor=True)
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="minor", length=0)
-        ax.set_xlabel("key j (attended to)", fontsize=9)
-        ax.set_ylabel("query i (attending)", fontsize=9)
-        ax.set_title(title, fontsize=9.5)
+        ax.set_xlabel("key j (attended to)", fontsize=10)
+        if k == 0:  # the rows are the same in every panel: one label is enough
+            ax.set_ylabel("query i (attending)", fontsize=10)
+        ax.set_title(title, fontsize=10)
     figure.legend(handles=[Patch(fc="#4c72b0", label="may attend"), Patch(fc="#f2f2f2", ec="#bbbbbb",
                                                                           label="masked: weight exactly 0")],
-                  loc="lower center", ncol=2, fontsize=9, frameon=False)
-    figure.subplots_adjust(left=0.09, right=0.99, top=0.88, bottom=0.3, wspace=0.5)
+                  loc="lower center", ncol=2, fontsize=10, frameon=False)
+    figure.subplots_adjust(left=0.13, right=0.99, top=0.86, bottom=0.3, wspace=0.55)
     save(figure, path)
     return "from AttentionMask.allowed()"
 
@@ -284,7 +285,7 @@ def draw_heads(path: pathlib.Path, quick: bool = False) -> str:
     emb, heads, t = 6, 3, 5  # small enough to draw every component; the shapes are those of a (1, 5, 6) input
     rows = [(False, head_shapes(emb, heads, False, t)), (True, head_shapes(emb, heads, True, t))]
     cell = 0.32
-    figure = new_figure(11.0, 7.6)
+    figure = new_figure(8.4, 6.6)
     ax = figure.add_axes([0.0, 0.0, 1.0, 1.0])
 
     def column(x, y_top, colours, hatch=None):
@@ -297,24 +298,26 @@ def draw_heads(path: pathlib.Path, quick: bool = False) -> str:
     def arrow(x0, x1, y, label):
         ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=12, lw=1.2,
                                      color="#333333", shrinkA=0, shrinkB=0))
-        ax.text((x0 + x1) / 2, y + 0.12, label, ha="center", va="bottom", fontsize=8.5, family="monospace")
+        ax.text((x0 + x1) / 2, y + 0.12, label, ha="center", va="bottom", fontsize=9, family="monospace")
 
     def shape(x, y, text):
-        ax.text(x, y, text, ha="center", va="top", fontsize=8, family="monospace", color="#333333")
+        ax.text(x, y, text, ha="center", va="top", fontsize=8.5, family="monospace", color="#333333")
 
     def fmt(symbols, numbers):
         return f"({symbols})\n= {numbers}"
 
-    y_top = 11.6
+    y_top = 11.9
     for wide, shapes in rows:
         s = shapes["s"][0]
         inner = heads * s  # e (narrow) or h * e (wide)
         mid = y_top - inner * cell / 2  # vertical centre of the tallest column of this row
-        title = (f"wide heads (wide=True): every head gets its own projection of all e = {emb} dimensions: s = e = "
-                 f"{s}, h*s = {inner}" if wide else
-                 f"narrow heads (default): one projection to e = {emb} dimensions, cut into h = {heads} pieces of "
-                 f"s = e/h = {s}")
-        ax.text(0.25, y_top + 0.55, title, fontsize=10.5, weight="bold", va="bottom")
+        title, detail = (
+            ("wide heads (wide=True)", f"every head gets its own projection of all e = {emb} dimensions: s = e = {s}, "
+                                       f"h*s = {inner}") if wide else
+            ("narrow heads (default)", f"one projection to e = {emb} dimensions, cut into h = {heads} pieces of "
+                                       f"s = e/h = {s}"))
+        ax.text(0.25, y_top + 0.95, title, fontsize=11, weight="bold", va="bottom")
+        ax.text(0.25, y_top + 0.5, detail, fontsize=10, va="bottom")
         label_y = y_top - inner * cell - 0.15
 
         # x: one position's e-vector.
@@ -338,7 +341,7 @@ def draw_heads(path: pathlib.Path, quick: bool = False) -> str:
         for k in range(heads):
             column(x2 + k * (cell + 0.12), mid + s * cell / 2, [HEAD_COLOURS[k]] * s)
             ax.text(x2 + k * (cell + 0.12) + cell / 2, mid + s * cell / 2 + 0.05, f"{k + 1}", ha="center",
-                    va="bottom", fontsize=8, color=HEAD_COLOURS[k])
+                    va="bottom", fontsize=9, color=HEAD_COLOURS[k])
         split_w = heads * (cell + 0.12)
         shape(x2 + split_w / 2, label_y, fmt("b, h, t, s", shapes["split"]))
 
@@ -350,25 +353,25 @@ def draw_heads(path: pathlib.Path, quick: bool = False) -> str:
         shape(x3 + split_w / 2, label_y, fmt("b, h, t, s", shapes["split"]))
 
         # merge_heads: concatenated again, head by head.
-        x4 = x3 + split_w + 1.45
+        x4 = x3 + split_w + 1.7
         arrow(x3 + split_w + 0.05, x4 - 0.1, mid, "merge_heads")
         column(x4, y_top, colours, hatch="////")
         shape(x4 + cell / 2, label_y, fmt("b, t, h*s", shapes["merged"]))
 
         # unifyheads mixes all heads' components back into e.
-        x5 = x4 + 2.6
+        x5 = x4 + 2.45
         w_out, w_in = shapes["unifyheads"]
         arrow(x4 + cell + 0.1, x5 - 0.1, mid, f"unifyheads\nLinear {w_in}->{w_out}")
         column(x5, mid + emb * cell / 2, ["#6b6b6b"] * emb)
         shape(x5 + cell / 2, label_y, fmt("b, t, e", shapes["out"]))
         ax.text(x5 + cell / 2, mid + emb * cell / 2 + 0.08, "output", ha="center", va="bottom", fontsize=10)
 
-        y_top = label_y - 1.65
-    ax.text(0.25, 0.55, "One position of one sequence; the queries are shown, keys and values are projected and split "
-            "the same way (tokeys, tovalues).\nHatched: attention outputs. Shapes for a batch of b = 1 sequence of "
-            "t = 5 positions; e embedding size, h heads, s head size.", fontsize=8.5, color="#444444", va="center")
-    ax.set_xlim(0, 15.0)
-    ax.set_ylim(0, 12.6)
+        y_top = label_y - 2.3
+    ax.text(0.25, -0.05, "One position of one sequence. The queries are shown; keys and values are projected and split "
+            "the same way\n(tokeys, tovalues). Hatched: attention outputs. Shapes for a batch of b = 1 sequence of "
+            "t = 5 positions;\ne embedding size, h heads, s head size.", fontsize=9, color="#444444", va="center")
+    ax.set_xlim(-0.3, 15.0)
+    ax.set_ylim(-0.8, 13.5)
     ax.axis("off")
     save(figure, path)
     return "shapes from running SelfAttention"
@@ -381,11 +384,11 @@ def draw_sinusoids(path: pathlib.Path, quick: bool = False) -> str:
     """The sinusoidal table (positions x dimensions) and a few of its columns as curves."""
     t, emb = 100, 64
     table = sinusoidal_table(torch.arange(t), emb)  # (t, e)
-    figure = new_figure(9.6, 4.4)
+    figure = new_figure(8.2, 4.1)
     left, right = figure.subplots(1, 2, gridspec_kw=dict(width_ratios=[1.15, 1]))
     image = left.imshow(table.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     figure.colorbar(image, ax=left, fraction=0.05, pad=0.02)
-    left.set_xlabel(f"dimension (0 .. {emb - 1}); pair i = dimensions 2i, 2i+1")
+    left.set_xlabel("dimension d (d = 2i and 2i+1 share a wavelength)", fontsize=9.5)
     left.set_ylabel("position p")
     left.set_title(f"sinusoidal_table(arange({t}), {emb})", fontsize=10, family="monospace")
     shown = 50  # enough for the slow columns to show their direction, few enough to see the fast one as a wave
@@ -394,12 +397,12 @@ def draw_sinusoids(path: pathlib.Path, quick: bool = False) -> str:
         wavelength = 2 * torch.pi * 10000 ** (2 * pair / emb)
         # Dots: the table exists at integer positions only (dimension 0 turns by a whole radian per position).
         right.plot(range(shown), table[:shown, dim].numpy(), color=colour, lw=1.1, marker=".", markersize=4,
-                   label=f"dimension {dim} (sin), wavelength {wavelength:.1f}")
+                   label=f"d = {dim}: wavelength {wavelength:.1f}")
     right.set_xlabel("position p")
     right.set_ylabel("value")
     right.set_ylim(-1.1, 1.1)
-    right.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
-    right.set_title(f"four columns of the table, positions 0 .. {shown - 1}", fontsize=10)
+    right.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    right.set_title(f"four sine columns, positions 0 .. {shown - 1}", fontsize=10)
     figure.tight_layout()
     save(figure, path)
     return f"{t} positions x {emb} dimensions"
@@ -464,24 +467,25 @@ def draw_reversal_attention(path: pathlib.Path, quick: bool = False) -> str:
     finally:
         torch.set_num_threads(threads)
 
-    figure = new_figure(9.4, 4.6)
+    figure = new_figure(8.2, 4.5)
     axes = figure.subplots(1, 2)
     source = [str(d) for d in example[0].tolist()]
     written = [str(d) for d in example.flip(1)[0].tolist()]
     for ax, (shown, mirrored, accuracy), title in zip(axes, (before, after),
                                                      ("before training", f"after {steps} training steps")):
         image = ax.imshow(shown.numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        ax.set_xticks(range(N), [f"{d}\n{j}" for j, d in enumerate(source)], fontsize=8)
-        ax.set_yticks(range(N), [f"{i}: writes {d}" for i, d in enumerate(written)], fontsize=8)
-        ax.set_xlabel("key: source digit and its position", fontsize=9)
-        ax.set_ylabel("query: output position", fontsize=9)
+        ax.set_xticks(range(N), [f"{d}\n{j}" for j, d in enumerate(source)], fontsize=9)
+        ax.set_yticks(range(N), [f"{i}: writes {d}" for i, d in enumerate(written)], fontsize=9)
+        ax.set_xlabel("key: source digit, position", fontsize=9.5)
+        ax.set_ylabel("query: output position", fontsize=9.5)
         ax.set_title(f"{title}\n500 held-out strings: mean weight {mirrored:.2f} on the\n"
-                     f"mirrored position, {accuracy:.1%} of digits right", fontsize=9)
-    colourbar = figure.add_axes([0.9, 0.14, 0.018, 0.64])
-    figure.colorbar(image, cax=colourbar, label="attention weight (mean over the 4 heads)")
+                     f"mirrored position, {accuracy:.1%} of digits right", fontsize=9.5)
+    figure.subplots_adjust(left=0.12, right=0.87, top=0.77, bottom=0.15, wspace=0.55)
+    box = axes[1].get_position()  # the colour bar as tall as the heat map beside it
+    colourbar = figure.add_axes([box.x1 + 0.025, box.y0, 0.018, box.height])
+    figure.colorbar(image, cax=colourbar, label="weight (mean of the 4 heads)")
     figure.suptitle(f"cross-attention of a 1-block Seq2SeqTransformer reversing {''.join(source)} -> "
-                    f"{''.join(written)}", fontsize=10)
-    figure.subplots_adjust(left=0.1, right=0.88, top=0.78, bottom=0.14, wspace=0.45)
+                    f"{''.join(written)}", fontsize=10.5, y=0.97)
     save(figure, path)
     return (f"{steps} steps in {seconds:.1f} s on one thread; mean weight on the mirrored source position "
             f"{before[1]:.3f} -> {after[1]:.3f}, digits right {before[2]:.1%} -> {after[2]:.1%} "
