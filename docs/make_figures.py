@@ -116,8 +116,9 @@ def draw_norm_placement(path: pathlib.Path, quick: bool = False) -> str:
         ax.plot(xs, ys, color="#333333", lw=1.2, solid_capstyle="butt")
 
     def box(ax, y, label, code, kind, height=box_h):
-        ax.add_patch(FancyBboxPatch((-box_w / 2, y - height / 2), box_w, height, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                    fc=PART_COLOURS[kind], ec="#555555", lw=1))
+        ax.add_patch(FancyBboxPatch((-box_w / 2, y - height / 2), box_w, height,
+                                    boxstyle="round,pad=0.02,rounding_size=0.08", fc=PART_COLOURS[kind],
+                                    ec="#555555", lw=1))
         if code:
             ax.text(0, y + 0.08, label, ha="center", va="center", fontsize=10.5)
             ax.text(0, y - 0.14, code, ha="center", va="center", fontsize=8.5, family="monospace", color="#444444")
@@ -180,8 +181,8 @@ def draw_norm_placement(path: pathlib.Path, quick: bool = False) -> str:
             final_y = top + 0.75
             arrow(ax, (0, top), (0, final_y - box_h / 2))
             box(ax, final_y, "final norm", "Encoder/Decoder.norm", "final")
-            ax.text(box_w / 2 + 0.12, final_y, "once per stack,\nafter the last block:\nthe stream was\nnever normalised",
-                    ha="left", va="center", fontsize=8.5, color="#666666")
+            ax.text(box_w / 2 + 0.12, final_y, "once per stack,\nafter the last block:\nthe stream was\n"
+                    "never normalised", ha="left", va="center", fontsize=8.5, color="#666666")
             out_y = final_y + 1.05
             arrow(ax, (0, final_y + box_h / 2), (0, out_y - 0.15))
         else:
@@ -311,11 +312,12 @@ def draw_heads(path: pathlib.Path, quick: bool = False) -> str:
         s = shapes["s"][0]
         inner = heads * s  # e (narrow) or h * e (wide)
         mid = y_top - inner * cell / 2  # vertical centre of the tallest column of this row
-        title, detail = (
-            ("wide heads (wide=True)", f"every head gets its own projection of all e = {emb} dimensions: s = e = {s}, "
-                                       f"h*s = {inner}") if wide else
-            ("narrow heads (default)", f"one projection to e = {emb} dimensions, cut into h = {heads} pieces of "
-                                       f"s = e/h = {s}"))
+        if wide:
+            title = "wide heads (wide=True)"
+            detail = f"every head gets its own projection of all e = {emb} dimensions: s = e = {s}, h*s = {inner}"
+        else:
+            title = "narrow heads (default)"
+            detail = f"one projection to e = {emb} dimensions, cut into h = {heads} pieces of s = e/h = {s}"
         ax.text(0.25, y_top + 0.95, title, fontsize=11, weight="bold", va="bottom")
         ax.text(0.25, y_top + 0.5, detail, fontsize=10, va="bottom")
         label_y = y_top - inner * cell - 0.15
@@ -433,7 +435,9 @@ def draw_reversal_attention(path: pathlib.Path, quick: bool = False) -> str:
     """Train a one-block encoder-decoder to reverse digit strings; plot its cross-attention before and after."""
     steps = 3 if quick else 300
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the figure is the same on any machine: one thread, one seed
+    # One thread and fixed seeds: a rerun with the same torch build draws the same figure (more threads may add up
+    # floats in another order, and the last digits would drift).
+    torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
         model = Seq2SeqTransformer(64, 4, 1, N, V, V + 1)  # emb, heads, depth, seq_length, src_tokens, tgt_tokens
