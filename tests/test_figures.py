@@ -50,7 +50,7 @@ def test_only_draws_the_named_figures(figures, tmp_path):
 def test_every_figure_is_checked_in_and_shown():
     # Without matplotlib: read the names from the script's text, not by importing it.
     names = re.findall(r'^    "([\w-]+)": draw_', (DOCS / "make_figures.py").read_text(), re.M)
-    assert len(names) == 5, names
+    assert names, "no figure names found in make_figures.py (FIGURES changed shape?)"
     shown = referenced_images()
     for name in names:
         path = DOCS / "images" / f"{name}.png"
