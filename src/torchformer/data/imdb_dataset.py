@@ -4,6 +4,10 @@
 (1, rated 7-10 stars), split 25,000 / 25,000 into an official train and test set.
 It is the classic "does the model read a whole paragraph?" benchmark: reviews
 average about 230 words, and the sentiment is often carried by a few words far apart.
+(Measured on the 25,000 training reviews: 231.5 words separated by white space once
+the ``<br />`` line breaks are removed, median 173; in tokens of the library's
+:class:`~torchformer.data.tokenizers.WordTokenizer`, which also counts punctuation
+marks, 269.9, median 201.)
 
 :func:`imdb` reads any of three on-disk forms and returns exactly the same
 ``(text, label)`` pairs, in the same order, from each:
