@@ -6,7 +6,7 @@
     python examples/classify_imdb.py --data path/to/dir --pretrained runs/pretrain_imdb/pretrained.pt --final
     torchrun --standalone --nproc_per_node 2 examples/classify_imdb.py --data path/to/dir --preset gpu
 
-Reviews are tokenized (words, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
+Reviews are tokenized (words, byte-level BPE subwords, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
 padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
 are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
 have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
@@ -14,7 +14,8 @@ calibration (is the model right as often as it is sure?) goes to results.json an
 
 ``--pretrained`` starts the encoder from a masked-language model pretrained by ``examples/pretrain_imdb.py`` (on the
 unlabelled reviews, without the test and validation reviews): the model's size, the tokenizer and its vocabulary
-come from that file, and only the classifier head starts from scratch.
+come from that file, and only the classifier head starts from scratch. ``--model lstm`` trains the recurrent
+baseline instead (a bidirectional LSTM, :class:`~torchformer.baselines.LSTMClassifier`) through the same pipeline.
 
 Under ``torchrun``, ``-b`` is the global batch: each of N processes computes its share of every batch's reviews, the
 learning rate is not scaled, and evaluation is shared out too (the same figures as one process). Only the main
@@ -35,11 +36,13 @@ import torch
 import torch.nn.functional as F
 
 from torchformer.train.checkpoint import (
-    checkpoint_path, latest_intact_checkpoint, prune_checkpoints, read_checkpoint, remove_stale_temporaries,
+    checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
+    remove_stale_temporaries,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
-from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_from_state_dict
+from torchformer.baselines import LSTMClassifier, LSTMConfig
+from torchformer.data.tokenizers import build_tokenizer, tokenizer_from_state_dict
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer, MLMTransformer
@@ -67,9 +70,9 @@ PRESETS = {
     "gpu": dict(num_epochs=3, batch_size=32, learn_rate=3e-3, embedding=64, vocab_size=20_000, max_length=2048,
                 heads=4, depth=1, max_pool=False, lr_warmup=5_000, dropout=0.1, tokenizer="word"),
 }
-MODEL_KEYS = ("embedding", "heads", "depth", "max_length", "max_pool", "dropout", "wide")
+MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", "dropout", "wide", "hidden")
 # What a checkpoint written before a model flag existed was trained with.
-MODEL_DEFAULTS = {"wide": False}
+MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
             "pretrained")
@@ -88,6 +91,7 @@ CHECKS = {
     "gradient_clipping": (lambda v: 0 <= v < math.inf, "a number >= 0 (0: off)"),
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "hidden": POSITIVE_INT,
     "data": (lambda v: Path(v).exists(), "an existing folder or file"),
     "pretrained": (lambda v: Path(v).is_file(), "an existing file (pretrained.pt of examples/pretrain_imdb.py)"),
     "checkpoint": WRITABLE_FOLDER,
@@ -115,7 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
-    add("--tokenizer", choices=("word", "byte"), help="words (vocabulary from the training split) or UTF-8 bytes")
+    add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (both learned from the "
+        "training split; -V sets the vocabulary size, at least 257 for bpe, which needs pip install "
+        "\"torchformer[bpe]\"), or UTF-8 bytes")
+    add("--model", choices=("transformer", "lstm"), default="transformer", help="the transformer classifier, or the "
+        "recurrent baseline: a bidirectional LSTM with -d layers of --hidden units over -E-dimensional embeddings "
+        "(-H, --wide and --checkpoint-blocks do not apply)")
+    add("--hidden", type=int, help="LSTM units per direction (--model lstm; default: -E)")
     add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split, init and batches")
     add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
     add("--preset", choices=tuple(PRESETS), help="defaults for the flags you do not give, listed below (default: gpu "
@@ -162,9 +172,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     check_flags(p, args, CHECKS)
-    if args.embedding % args.heads and not args.wide:  # each narrow head gets embedding // heads dimensions
+    if args.embedding % args.heads and not args.wide and args.model == "transformer":  # each narrow head gets embedding // heads dimensions
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
                 f"each head then sees the whole embedding)")
+    if args.model == "lstm" and (args.pretrained or args.wide or args.checkpoint_blocks):
+        p.error("--model lstm does not take --pretrained, --wide or --checkpoint-blocks (they are transformer options)")
+    if args.hidden is not None and args.model != "lstm":
+        p.error("--hidden sets the LSTM's size: it needs --model lstm")
     if args.stop_at is not None and args.checkpoint is None:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
@@ -198,13 +212,32 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         setattr(args, key, run[key])
 
 
-def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer:
+def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer | LSTMClassifier:
     try:
+        if config["model"] == "lstm":
+            return LSTMClassifier.from_config(lstm_config(config, num_tokens))
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
                             len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
                             wide=config["wide"], checkpoint_blocks=checkpoint_blocks)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
+
+
+def lstm_config(config: dict, num_tokens: int) -> LSTMConfig:
+    return LSTMConfig(num_tokens, len(CLASSES), emb=config["embedding"], hidden=config["hidden"] or config["embedding"],
+                      layers=config["depth"], dropout=config["dropout"], pool="max" if config["max_pool"] else "mean")
+
+
+def load_classifier(path: Path) -> CTransformer | LSTMClassifier:
+    """The trained model in a checkpoint of this script: a transformer rebuilds itself from the config the file holds;
+    the LSTM from the flags in its extra."""
+    saved = read_checkpoint(path)
+    config = {**MODEL_DEFAULTS, **saved["extra"]["config"]}
+    if config["model"] != "lstm":
+        return CTransformer.from_checkpoint(path)
+    model = build_model(config, len(tokenizer_from_state_dict(saved["extra"]["tokenizer"])))
+    load_checkpoint(path, model=model, restore_rng=False)
+    return model
 
 
 def saved_tokenizer(path: Path):
@@ -238,7 +271,8 @@ def check_resumable(ckpt: Path, args: argparse.Namespace) -> None:
 
 
 def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    # An empty review would be an all-padding row (nothing to attend to): give it one unknown token instead.
+    # An empty review would be an all-padding row (nothing to attend to): give it one token instead (id 1: <unk> for
+    # words, a byte for the byte and BPE tokenizers; IMDb has no empty review, and --predict refuses one).
     return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
 
 
@@ -257,11 +291,11 @@ def predict(args: argparse.Namespace) -> None:
     if path is None or not path.is_file():
         sys.exit(f"classify_imdb.py: error: no trained model at {source}: train first (the final model goes to "
                  f"--out), or pass --out or --checkpoint to point at one")
+    tokenizer = saved_tokenizer(path)  # first: it says whether this script wrote the file
     try:  # the checkpoint holds the model's config, so the model is rebuilt from the file alone
-        model = CTransformer.from_checkpoint(path)
-    except ValueError as e:  # not a checkpoint, or one of another model
-        sys.exit(f"classify_imdb.py: error: {e}")
-    tokenizer = saved_tokenizer(path)
+        model = load_classifier(path)
+    except (KeyError, ValueError) as e:  # not a checkpoint, or one of another model
+        sys.exit(f"classify_imdb.py: error: {path} holds no model of this script ({type(e).__name__}: {e})")
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
         if not (len(item) < 4096 and Path(item).is_file()):
@@ -277,7 +311,8 @@ def predict(args: argparse.Namespace) -> None:
     if not texts or not all(t.strip() for t in texts):
         sys.exit("classify_imdb.py: error: --predict needs a non-empty review text "
                  "(or a file with one review per line)")
-    ids, mask = pad_batch(encode(tokenizer, texts, model.config.seq_length))
+    max_length = {**MODEL_DEFAULTS, **read_checkpoint(path)["extra"]["config"]}["max_length"]
+    ids, mask = pad_batch(encode(tokenizer, texts, max_length))
     with torch.no_grad():
         probs = model.eval()(ids, mask).exp()
     for text, p in zip(texts, probs.tolist()):
@@ -330,10 +365,11 @@ def train(args: argparse.Namespace) -> dict:
         tokenizer = saved_tokenizer(resume)
     elif args.pretrained:  # the vocabulary the encoder was pretrained with (built from the same training reviews)
         tokenizer = saved_tokenizer(Path(args.pretrained))
-    elif args.tokenizer == "word":  # built from the training part only: the vocabulary must not peek at val/test
-        tokenizer = WordTokenizer.build([text for text, _ in train_set], args.vocab_size)
-    else:
-        tokenizer = ByteTokenizer()
+    else:  # words and BPE learn from the training part only: the vocabulary must not peek at val/test
+        try:
+            tokenizer = build_tokenizer(args.tokenizer, [text for text, _ in train_set], vocab_size=args.vocab_size)
+        except (ImportError, ValueError) as e:  # no tokenizers package; -V below 257 for BPE
+            sys.exit(f"classify_imdb.py: error: --tokenizer {args.tokenizer} -V {args.vocab_size}: {e}")
     eval_set = test if args.final else val_set
 
     def batches(examples, shuffle, generator=None):
@@ -357,7 +393,8 @@ def train(args: argparse.Namespace) -> dict:
         print(f"encoder and embedding from {args.pretrained}")
     model = model.to(device)
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
-    wrapped = wrap_model(model, strategy=args.strategy)  # `model` stays the module (with FSDP2, sharded in place)
+    # FSDP2 shards a transformer block by block, the LSTM as one piece.
+    wrapped = wrap_model(model, strategy=args.strategy, blocks=[] if args.model == "lstm" else None)  # `model` stays the module (with FSDP2, sharded in place)
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)  # after wrapping
     per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
     warmup = min(args.lr_warmup // args.batch_size, total)
@@ -498,7 +535,8 @@ def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args
     if writes and not plot_reliability(calibration, out / "calibration.png", title=f"IMDb {split}: reliability "
                                        f"diagram (ECE {calibration.ece:.3f})"):
         print("matplotlib is not installed: no calibration.png (pip install matplotlib)")
-    if writes:  # one process draws it, with a whole copy of the model (an FSDP2 model's blocks are sharded)
+    if writes and args.model == "transformer":  # one process draws it, with a whole copy of the model (an FSDP2
+        # model's blocks are sharded); the LSTM has no attention to draw
         plot_one_review(CTransformer.from_checkpoint(out / "model.pt"), tokenizer, eval_set, eval_batches, out)
     seconds = time.perf_counter() - t_start
     results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,

@@ -6,7 +6,7 @@
 The corpus is IMDb's 50,000 unlabelled reviews plus the training reviews (without the validation split), after
 removing every review that also occurs in the test set or the validation split, and every repeat: the classifier
 fine-tuned afterwards is evaluated on reviews the pretrained encoder has never read. The vocabulary (``--tokenizer
-word``) is built from the training reviews only, as ``classify_imdb.py`` builds it, and saved with the model, so
+word`` or ``bpe``) is built from the training reviews only, as ``classify_imdb.py`` builds it, and saved with the model, so
 the classifier reads text exactly as the encoder did. The split uses ``--seed`` and ``--val-size`` like
 ``classify_imdb.py``, which refuses a pretrained file of another split.
 
@@ -30,7 +30,7 @@ import torch
 from torchformer.data.batching import ClassificationBatches
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
-from torchformer.data.tokenizers import ByteTokenizer, WordTokenizer
+from torchformer.data.tokenizers import build_tokenizer
 from torchformer.models import MLMTransformer
 from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut); "
         "the classifier fine-tuned from it takes the same")
     add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included ([MASK] is one more)")
-    add("--tokenizer", choices=("word", "byte"), help="words (vocabulary from the training split) or UTF-8 bytes")
+    add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (learned from the "
+        "training split, as classify_imdb.py learns them), or UTF-8 bytes")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many *reviews*")
     add("--dropout", type=float, help="dropout rate")
     add("--mask-rate", type=float, default=0.15, help="the fraction of real tokens the model predicts in each step")
@@ -196,10 +197,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"corpus: {removed['unlabelled']:,} unlabelled + {removed['training_split']:,} training reviews, less "
           f"{removed['overlapping_test_or_validation']:,} that occur in the test set or the validation split and "
           f"{removed['repeats']:,} repeats: {removed['kept']:,} reviews")
-    if args.tokenizer == "word":  # from the training split only, exactly as classify_imdb.py builds it
-        tokenizer = WordTokenizer.build(train_texts, args.vocab_size)
-    else:
-        tokenizer = ByteTokenizer()
+    try:  # from the training split only, exactly as classify_imdb.py builds it
+        tokenizer = build_tokenizer(args.tokenizer, train_texts, vocab_size=args.vocab_size)
+    except (ImportError, ValueError) as e:  # no tokenizers package; -V below 257 for BPE
+        sys.exit(f"pretrain_imdb.py: error: --tokenizer {args.tokenizer} -V {args.vocab_size}: {e}")
     mask_id = len(tokenizer)  # [MASK]: one id past the tokenizer's vocabulary
     print(f"tokenizing {len(texts):,} pretraining and {len(val_texts):,} validation reviews")
     g = torch.Generator().manual_seed(args.seed)  # batch order

@@ -386,3 +386,39 @@ def test_word_order_script_scores_the_written_reviews_as_classify_imdb_did(train
     assert once[0] != encoded[0]
     with pytest.raises(SystemExit, match="no trained model at .*model.pt"):
         word_order.main(["--data", str(data_dir), "--out", str(tmp_path), "--threads", "1"])
+
+
+# -M 160 for BPE: with 43 merges most words are several pieces, and a cut at 32 tokens would often drop the word
+# that carries the label.
+@pytest.mark.parametrize("extra", [["--model", "lstm", "--hidden", "24"], ["--tokenizer", "bpe", "-V", "300", "-M", "160"]],
+                         ids=["lstm", "bpe"])
+def test_the_lstm_baseline_and_bpe_run_through_the_same_pipeline(script, data_dir, tmp_path, capsys, extra):
+    pytest.importorskip("tokenizers") if "bpe" in extra else None
+    out = tmp_path / "run"
+    results = script.main(tiny(data_dir, out, "--final", *extra))
+    assert results["split"] == "test" and results["accuracy"] >= 0.95, results
+    saved = read_checkpoint(out / "model.pt")
+    assert saved["extra"]["config"]["model"] == extra[1] if extra[0] == "--model" else saved["extra"]["config"]
+    tokenizer = tokenizer_from_state_dict(saved["extra"]["tokenizer"])
+    assert type(tokenizer).__name__ == ("BPETokenizer" if "bpe" in extra else "WordTokenizer")
+    # --predict rebuilds the model from the file, an LSTM too, and agrees with the model that was evaluated.
+    capsys.readouterr()
+    script.main(["--predict", "a great film", "--predict", "an awful film", "--out", str(out)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "-> positive" in lines[0] and "-> negative" in lines[1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "lstm", "--wide"], "--model lstm does not take"),
+    (["--hidden", "8"], "--hidden sets the LSTM's size: it needs --model lstm"),
+    (["--hidden", "0", "--model", "lstm"], "--hidden must be a positive int"),
+])
+def test_lstm_flag_errors(script, tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        script.main([*argv, "--device", "cpu", "--data", str(tmp_path)])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_lstm_takes_an_embedding_that_heads_do_not_divide(script, data_dir, tmp_path):
+    results = script.main(tiny(data_dir, tmp_path, "--model", "lstm", "-E", "15", "-H", "2", "-e", "1"))
+    assert results["count"] == 60

@@ -253,3 +253,14 @@ def test_byte_tokenizer_names_a_lone_surrogate():
     # json.loads('"\\ud800"') gives such a str: it is not valid Unicode and has no UTF-8 bytes.
     with pytest.raises(ValueError, match=r"text is not valid Unicode: lone surrogate '\\ud800' at index 2"):
         ByteTokenizer().encode("ab\ud800c")
+
+
+def test_build_tokenizer_makes_each_kind_from_the_training_texts():
+    from torchformer.data.tokenizers import build_tokenizer
+
+    texts = ["a good film", "a bad film"] * 5
+    word = build_tokenizer("word", texts, vocab_size=10)
+    assert isinstance(word, WordTokenizer) and word.decode(word.encode("a good film")) == "a good film"
+    assert isinstance(build_tokenizer("byte", texts, vocab_size=10), ByteTokenizer)
+    with pytest.raises(ValueError, match="kind must be one of 'word', 'bpe', 'byte'"):
+        build_tokenizer("char", texts, vocab_size=10)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 if TYPE_CHECKING:
     from torchformer.data.bpe import BPETokenizer
 
-__all__ = ["WordTokenizer", "ByteTokenizer", "tokenizer_from_state_dict"]
+__all__ = ["WordTokenizer", "ByteTokenizer", "build_tokenizer", "tokenizer_from_state_dict"]
 
 # IMDb reviews mark line breaks with HTML tags; they would otherwise become the
 # most frequent "words" of the corpus. Replaced by a space so the words on either
@@ -292,3 +292,31 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
     if kind not in classes:
         raise ValueError(f"state['kind'] must be one of {sorted(classes)}, got {kind!r}")
     return classes[kind].from_state_dict(state)
+
+
+TOKENIZERS = ("word", "bpe", "byte")
+
+
+def build_tokenizer(kind: str, texts: Sequence[str], *, vocab_size: int) -> WordTokenizer | ByteTokenizer | BPETokenizer:
+    """A tokenizer of ``kind``, its vocabulary learned from ``texts`` (for ``"word"`` and ``"bpe"``).
+
+    Pass the *training* texts only: a vocabulary that has seen the validation or test texts leaks them.
+
+    Args:
+        kind: ``"word"`` (:class:`WordTokenizer`), ``"bpe"`` (:class:`~torchformer.data.bpe.BPETokenizer`, needs
+            the ``tokenizers`` package) or ``"byte"`` (:class:`ByteTokenizer`, which learns nothing).
+        texts: the texts to learn the vocabulary from.
+        vocab_size: the vocabulary size, padding included (ignored for bytes).
+
+    Returns:
+        the tokenizer.
+    """
+    if kind == "word":
+        return WordTokenizer.build(texts, vocab_size)
+    if kind == "bpe":
+        from torchformer.data.bpe import BPETokenizer  # here: that module builds on this one
+
+        return BPETokenizer.build(texts, vocab_size)
+    if kind == "byte":
+        return ByteTokenizer()
+    raise ValueError(f"kind must be one of {', '.join(map(repr, TOKENIZERS))}, got {kind!r}")
