@@ -166,11 +166,11 @@ def validate(model, batches: ClassificationBatches, *, mask_id: int, rate: float
     total = correct = count = 0.0
     for ids, mask, _ in batches:
         m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=rate, generator=g)
-        log_probs = model(m.inputs, mask).float()
-        n = int(m.chosen.sum())
-        total += masked_lm_loss(log_probs, m.targets).item() * n
-        correct += int((log_probs.argmax(-1) == m.targets)[m.chosen].sum())
-        count += n
+        log_probs = model(m.inputs, mask, select=m.chosen).float()  # (n, v): the chosen positions only
+        targets = m.targets[m.chosen]
+        total += masked_lm_loss(log_probs, targets).item() * len(targets)
+        correct += int((log_probs.argmax(-1) == targets).sum())
+        count += len(targets)
     return total / max(count, 1), correct / max(count, 1)
 
 
@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
             model.train()
             m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=args.mask_rate,
                             generator=masks)
-            with autocast(device):
-                log_probs = model(m.inputs, mask)
-            loss = masked_lm_loss(log_probs.float(), m.targets)
+            with autocast(device):  # the vocabulary's log-probabilities only where the loss needs them
+                log_probs = model(m.inputs, mask, select=m.chosen)  # (n, v)
+            loss = masked_lm_loss(log_probs.float(), m.targets[m.chosen])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

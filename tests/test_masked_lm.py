@@ -212,3 +212,19 @@ def test_mlm_refuses_fields_it_does_not_use():
         MLMTransformer(16, 2, 2, 10, 40, num_classes=2)
     with pytest.raises(ValueError, match="num_tokens"):
         MLMTransformer(16, 2, 2, 10)
+
+
+def test_selecting_the_chosen_positions_gives_their_rows_and_the_same_loss():
+    torch.manual_seed(10)
+    model = MLMTransformer(16, 2, 2, 10, 40, tie_weights=True).eval()
+    tokens = torch.randint(1, 39, (4, 10))
+    mask = torch.ones(4, 10, dtype=torch.bool)
+    mask[1, 6:] = False
+    m = mask_tokens(tokens, mask, mask_id=39, num_tokens=40, rate=0.5, generator=torch.Generator().manual_seed(0))
+    full, selected = model(m.inputs, mask), model(m.inputs, mask, select=m.chosen)
+    assert selected.shape == (int(m.chosen.sum()), 40)
+    torch.testing.assert_close(selected, full[m.chosen], rtol=0, atol=1e-6)
+    torch.testing.assert_close(masked_lm_loss(selected, m.targets[m.chosen]), masked_lm_loss(full, m.targets),
+                               rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="select"):
+        model(m.inputs, mask, select=m.chosen[:, :5])

@@ -283,7 +283,8 @@ class MLMTransformer(TransformerModel):
             ``prenorm=True``, ...).
 
     Shapes:
-        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, t, v)`` log-probabilities.
+        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, t, v)`` log-probabilities; with ``select`` ``(b, t)``,
+        ``(n, v)`` for its ``n`` True positions.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -310,11 +311,17 @@ class MLMTransformer(TransformerModel):
         tie = self.embedding.tokens if config.tie_weights else None
         self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, select: Optional[Tensor] = None) -> Tensor:
+        """``(b, t) -> (b, t, v)``; with ``select`` (bool ``(b, t)``, e.g. :attr:`MaskedTokens.chosen
+        <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
+        row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
+        the vocabulary (``e * v`` per position) is most of the cost of a small model."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight)
+        if select is not None:
+            check_mask(select, "select", tuple(x.shape))
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
-        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
-        return self.head(self.encoder(h, mask, positions=positions))  # (b, t, e) -> (b, t, v)
+        h = self.encoder(self.embedding(x, positions), mask, positions=positions)  # (b, t) -> (b, t, e)
+        return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""

@@ -114,15 +114,17 @@ def masked_lm_loss(log_probs: Tensor, targets: Tensor) -> Tensor:
     """The mean cross-entropy (nats) of the original tokens at the chosen positions; the others do not count.
 
     Args:
-        log_probs: the model's log-probabilities at every position (:class:`~torchformer.models.MLMTransformer`).
-        targets: :attr:`MaskedTokens.targets`: an id where a token was chosen, :data:`IGNORE` elsewhere.
+        log_probs: the model's log-probabilities at every position (:class:`~torchformer.models.MLMTransformer`),
+            or at the chosen ones only (its ``select=chosen``).
+        targets: :attr:`MaskedTokens.targets`: an id where a token was chosen, :data:`IGNORE` elsewhere; or, with
+            log-probabilities of the chosen positions only, ``targets[chosen]``.
 
     Returns:
         a scalar: the mean over chosen positions, or a zero that still has a gradient if none was chosen (so a
         training step never divides by zero).
 
     Shapes:
-        ``log_probs`` ``(b, t, v)``, ``targets`` ``(b, t)`` -> ``()``.
+        ``log_probs`` ``(b, t, v)`` and ``targets`` ``(b, t)``, or ``(n, v)`` and ``(n,)`` -> ``()``.
     """
-    total = F.nll_loss(log_probs.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    total = F.nll_loss(log_probs.flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="sum")
     return total / (targets != IGNORE).sum().clamp(min=1)
