@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("matplotlib is not installed: no plot")
     seconds = time.perf_counter() - t_start
     results = {"corpus": removed, "steps": step, "val_masked_loss": val_loss, "val_masked_accuracy": val_accuracy,
-               "wall_seconds": round(seconds, 1), "cpu_seconds": round(time.process_time(), 1), "threads": threads, "device": str(device), "run": run}
+               "wall_seconds": round(seconds, 1), "cpu_seconds": round(time.process_time(), 1), "threads": threads,
+               "device": str(device), "run": run}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"pretrained model: {out / 'pretrained.pt'}; masked-token val accuracy {val_accuracy:.4f}; "
           f"total time {seconds:.0f}s")
