@@ -6,8 +6,8 @@
     python examples/classify_imdb.py --data path/to/dir --pretrained runs/pretrain_imdb/pretrained.pt --final
     torchrun --standalone --nproc_per_node 2 examples/classify_imdb.py --data path/to/dir --preset gpu
 
-Reviews are tokenized (words, byte-level BPE subwords, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and batched by length; the
-padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
+Reviews are tokenized (words, byte-level BPE subwords, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and
+batched by length; the padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen by a seeded split)
 are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
 have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
 calibration (is the model right as often as it is sure?) goes to results.json and calibration.png. See docs/imdb.md.
@@ -172,7 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     check_flags(p, args, CHECKS)
-    if args.embedding % args.heads and not args.wide and args.model == "transformer":  # each narrow head gets embedding // heads dimensions
+    # Each narrow head gets embedding // heads dimensions (the LSTM has no heads).
+    if args.embedding % args.heads and not args.wide and args.model == "transformer":
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
                 f"each head then sees the whole embedding)")
     if args.model == "lstm" and (args.pretrained or args.wide or args.checkpoint_blocks):
@@ -394,7 +395,8 @@ def train(args: argparse.Namespace) -> dict:
     model = model.to(device)
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     # FSDP2 shards a transformer block by block, the LSTM as one piece.
-    wrapped = wrap_model(model, strategy=args.strategy, blocks=[] if args.model == "lstm" else None)  # `model` stays the module (with FSDP2, sharded in place)
+    # `model` stays the module (with FSDP2, sharded in place)
+    wrapped = wrap_model(model, strategy=args.strategy, blocks=[] if args.model == "lstm" else None)
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)  # after wrapping
     per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
     warmup = min(args.lr_warmup // args.batch_size, total)

@@ -6,8 +6,8 @@
 The corpus is IMDb's 50,000 unlabelled reviews plus the training reviews (without the validation split), after
 removing every review that also occurs in the test set or the validation split, and every repeat: the classifier
 fine-tuned afterwards is evaluated on reviews the pretrained encoder has never read. The vocabulary (``--tokenizer
-word`` or ``bpe``) is built from the training reviews only, as ``classify_imdb.py`` builds it, and saved with the model, so
-the classifier reads text exactly as the encoder did. The split uses ``--seed`` and ``--val-size`` like
+word`` or ``bpe``) is built from the training reviews only, as ``classify_imdb.py`` builds it, and saved with the
+model, so the classifier reads text exactly as the encoder did. The split uses ``--seed`` and ``--val-size`` like
 ``classify_imdb.py``, which refuses a pretrained file of another split.
 
 Each step masks 15 % of the real tokens (80 % ``[MASK]``, 10 % a random token, 10 % kept), and the model learns to
@@ -36,7 +36,9 @@ from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
     remove_stale_temporaries, save_checkpoint,
 )
-from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags
+from torchformer.train.cli import (
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+)
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,

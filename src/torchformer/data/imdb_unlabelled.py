@@ -179,7 +179,8 @@ def deduplicate(texts: Iterable[str], *, exclude: Iterable[str]) -> Deduplicated
 
 def _strings(texts: Iterable[str], name: str) -> Iterable[str]:
     if isinstance(texts, (str, bytes)):
-        raise TypeError(f"{name} must be an iterable of texts (e.g. a list of str), got a single {type(texts).__name__}")
+        raise TypeError(f"{name} must be an iterable of texts (e.g. a list of str), got a single "
+                        f"{type(texts).__name__}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
