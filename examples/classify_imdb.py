@@ -7,10 +7,11 @@
     torchrun --standalone --nproc_per_node 2 examples/classify_imdb.py --data path/to/dir --preset gpu
 
 Reviews are tokenized (words, byte-level BPE subwords, or UTF-8 bytes), cut to ``--max`` tokens, padded with 0 and
-batched by length; the padding mask makes padding invisible to attention and pooling. 5,000 training reviews
-(chosen by a seeded split) are held out for validation; the official 25k test set is read only with ``--final``. Flags keep the meaning they
-have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The evaluated split's
-calibration (is the model right as often as it is sure?) goes to results.json and calibration.png. See docs/imdb.md.
+batched by length; the padding mask makes padding invisible to attention and pooling. 5,000 training reviews (chosen
+by a seeded split) are held out for validation; the official 25k test set is read only with ``--final``. Flags keep
+the meaning they have in Peter Bloem's ``former`` (``--lr-warmup`` counts training *examples*, as there). The
+evaluated split's calibration (is the model right as often as it is sure?) goes to results.json and calibration.png.
+See docs/imdb.md.
 
 ``--pretrained`` starts the encoder from a masked-language model pretrained by ``examples/pretrain_imdb.py`` (on the
 unlabelled reviews, without the test and validation reviews): the model's size, the tokenizer and its vocabulary
