@@ -124,7 +124,7 @@ class StaticCacheGenerator(generation.EagerStep):
             prompt: the token ids about to be decoded, ``(n, t)``: its rows and device pick the kept caches.
 
         Returns:
-            One :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
         """
         caches = self._state(prompt)[0]
         for cache in caches:  # a new sequence: what the previous call wrote is forgotten, the memory kept

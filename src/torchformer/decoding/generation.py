@@ -105,7 +105,7 @@ class EagerStep:
                 shape: the caches allocate on their first write), used by subclasses that keep caches per shape.
 
         Returns:
-            One :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
         """
         return self.model.new_caches()
 

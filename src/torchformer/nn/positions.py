@@ -143,7 +143,7 @@ def make_positions(kind: str, emb: int, max_len: int) -> nn.Module:
         max_len: how many positions a ``"learned"`` table has (the model's ``seq_length``); unused otherwise.
 
     Returns:
-        A :class:`LearnedPositions`, a :class:`SinusoidalPositions` or a :class:`NoPositions`; each maps
+        The module to add: a :class:`LearnedPositions`, :class:`SinusoidalPositions` or :class:`NoPositions`; each maps
         ``x`` ``(b, t, e)`` and ``positions`` ``(t,)`` to ``(b, t, e)``.
 
     Raises:

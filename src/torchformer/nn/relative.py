@@ -254,7 +254,8 @@ def attention_positions(kind: str, *, heads: int, head_size: int, causal: bool) 
         causal: whether the layer is causal: a causal layer's relative bias has buckets for past keys only.
 
     Returns:
-        A :class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias` or plain :class:`AttentionPositions`.
+        The scheme's module: a :class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias` or plain
+        :class:`AttentionPositions`.
     """
     if kind == "rotary":
         return Rotary(head_size)
