@@ -58,14 +58,15 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
     assert public_api.missing_docstrings() == ["torchformer.RMSNorm", "torchformer.nn.norms.RMSNorm"]
 
 
-# The house style of a docstring (docs/index.md, "Shapes and docstrings"), checked for every public name that
+# The house style of a docstring (docs/index.md, "Shapes"), checked for every public name that
 # ``public_api.public_objects()`` lists, methods included:
 #
 # * a one-line summary ending in a period, then a blank line before anything else;
 # * ``Args:`` naming every argument (a class: its constructor's), one per entry, and nothing else;
 # * ``Shapes:`` for a module (an ``nn.Module``): what ``forward`` takes and returns, in the letters b, t, u, e, h, s,
 #   c, v (``forward`` itself is not listed, public_api.INHERITED_ROLES: the class's ``Shapes:`` documents it);
-# * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``).
+# * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``),
+#   not beginning with "word:", which the site would read as the name of the returned value.
 #
 # Exempt, and why:
 #
