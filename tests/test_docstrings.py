@@ -1,9 +1,9 @@
-"""Every public name has a docstring, and the API reference of the documentation site covers every public name.
+"""Every public name has a docstring in the house style, and the API reference of the site covers every public name.
 
 The public names are listed by ``docs/public_api.py``, which the site's build (``docs/mkdocs_hooks.py``) uses too:
 every name of ``torchformer.__all__`` and ``torchformer.data.__all__``, and the classes, functions and public
 methods defined by every non-private module. ``mkdocs build --strict`` fails on the same missing docstrings; this
-test says so without MkDocs installed.
+test says so without MkDocs installed, and checks the style of each (see "The house style" below).
 """
 
 import importlib
@@ -58,46 +58,158 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
     assert public_api.missing_docstrings() == ["torchformer.RMSNorm", "torchformer.nn.norms.RMSNorm"]
 
 
-# The house style of a docstring (docs/index.md, "Shapes and docstrings"): a one-line summary, prose, then the
-# sections. ``Args:`` names every argument (a class: its constructor's), one per entry; a module has ``Shapes:``
-# (what ``forward`` takes and returns, in the letters b, t, u, e, h, s, ...); a function that returns something has
-# ``Returns:``. Checked for the exported names (``torchformer.__all__``, ``torchformer.data.__all__``).
+# The house style of a docstring (docs/index.md, "Shapes"), checked for every public name that
+# ``public_api.public_objects()`` lists, methods included:
+#
+# * a one-line summary ending in a period, then a blank line before anything else;
+# * ``Args:`` naming every argument (a class: its constructor's), one per entry, and nothing else;
+# * ``Shapes:`` for a module (an ``nn.Module``): what ``forward`` takes and returns, in the letters b, t, u, e, h, s,
+#   c, v (``forward`` itself is not listed, public_api.INHERITED_ROLES: the class's ``Shapes:`` documents it);
+# * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``),
+#   not beginning with "word:", which the site would read as the name of the returned value.
+#
+# Exempt, and why:
+#
+# * modules: their docstring is prose (and names the letters it uses); only the summary rule applies;
+# * properties: they read as attributes (``cache.empty``), so the summary says what they are: no Args or Returns;
+# * a class that inherits its constructor from torch or Python (an exception, an ``nn.Module`` without an
+#   ``__init__``): it has no arguments of its own to document;
+# * dunder and private names: not public (public_api lists none).
 SECTION = re.compile(r"^(\w[\w ]*):\n((?:(?: {4}.*)?\n)+)", re.M)
 ENTRY = re.compile(r"^ {4}(\*{0,2}\w+)(?: \([^)]*\))?:", re.M)
+# How the site (griffe) reads a name at the start of a Returns: section: "word:" or "word (type):". A description
+# that begins "A :class:`X`" would lose its first word that way; "(type): ..." (no name) is fine.
+NAMED_VALUE = re.compile(r"\w+\s*(?:\(.+\))?:")
+
+# Docstrings being rewritten on another branch (the files config.py, models.py, nn/heads.py, nn/embedding.py and
+# data/tokenizers.py are being changed there): tolerated here until that branch lands. Temporary: remove the names
+# as they are fixed (test_pending_names_still_fall_short says which).
+PENDING = {
+    # config.py
+    "torchformer.config.TransformerConfig.differences", "torchformer.config.TransformerConfig.from_dict",
+    "torchformer.config.TransformerConfig.replace", "torchformer.config.TransformerConfig.require",
+    "torchformer.config.TransformerConfig.to_dict", "torchformer.config.TransformerConfig.unused",
+    # data/tokenizers.py
+    "torchformer.data.tokenizers.ByteTokenizer.decode", "torchformer.data.tokenizers.ByteTokenizer.encode",
+    "torchformer.data.tokenizers.ByteTokenizer.from_state_dict", "torchformer.data.tokenizers.ByteTokenizer.state_dict",
+    "torchformer.data.tokenizers.WordTokenizer.build", "torchformer.data.tokenizers.WordTokenizer.decode",
+    "torchformer.data.tokenizers.WordTokenizer.encode", "torchformer.data.tokenizers.WordTokenizer.from_state_dict",
+    "torchformer.data.tokenizers.WordTokenizer.state_dict", "torchformer.data.tokenizers.WordTokenizer.tokenize",
+    "torchformer.data.tokenizers.tokenizer_from_state_dict",
+    # models.py
+    "torchformer.models.CTransformer.self_attention_layers", "torchformer.models.CTransformer.transformer_blocks",
+    "torchformer.models.GTransformer.beam_search", "torchformer.models.GTransformer.generate",
+    "torchformer.models.GTransformer.new_caches", "torchformer.models.GTransformer.self_attention_layers",
+    "torchformer.models.GTransformer.transformer_blocks", "torchformer.models.Seq2SeqTransformer.decode",
+    "torchformer.models.Seq2SeqTransformer.encode", "torchformer.models.Seq2SeqTransformer.generate",
+    "torchformer.models.Seq2SeqTransformer.new_caches", "torchformer.models.Seq2SeqTransformer.transformer_blocks",
+    "torchformer.models.TransformerModel.from_checkpoint", "torchformer.models.TransformerModel.from_config",
+    "torchformer.models.TransformerModel.transformer_blocks", "torchformer.models.build_config",
+    "torchformer.models.check_caches", "torchformer.models.check_input", "torchformer.models.require_input",
+    # nn/embedding.py
+    "torchformer.VectorEmbedding", "torchformer.nn.embedding", "torchformer.nn.embedding.TokenEmbedding.from_config",
+    "torchformer.nn.embedding.VectorEmbedding", "torchformer.nn.embedding.VectorEmbedding.from_config",
+    "torchformer.nn.embedding.input_embedding",
+    # nn/heads.py
+    "torchformer.nn.heads.ClassifierHead.pooled", "torchformer.nn.heads.log_probabilities",
+}
 
 
 def sections(doc: str) -> dict[str, str]:
     return {title: body for title, body in SECTION.findall(inspect.cleandoc(doc) + "\n")}
 
 
+def own_doc(value) -> str:
+    return (value.__dict__.get("__doc__") if inspect.isclass(value) else value.__doc__) or ""
+
+
 def arguments(value) -> list[str]:
-    if inspect.isclass(value) and value.__init__ is object.__init__:
-        return []  # a class that takes no arguments
-    function = value.__init__ if inspect.isclass(value) else value
+    """The argument names a docstring's ``Args:`` must list (``*args``, ``**kwargs`` with their stars)."""
+    if inspect.isclass(value):
+        init = value.__init__
+        if not getattr(init, "__module__", "").startswith("torchformer"):
+            return []  # the constructor of object, Exception, nn.Module, ...: no arguments of its own
+        function = init
+    else:
+        function = value
+    parameters = list(inspect.signature(function).parameters.values())
+    if parameters and "." in function.__qualname__ and parameters[0].name in ("self", "cls"):
+        parameters = parameters[1:]  # a method's own object or class
     names = []
-    for parameter in inspect.signature(function).parameters.values():
-        if parameter.name == "self":
-            continue
+    for parameter in parameters:
         star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
         names.append(star + parameter.name)
     return names
 
 
-EXPORTED = [(torchformer, name) for name in torchformer.__all__] + [
-    (torchformer.data, name) for name in torchformer.data.__all__
-]
+def returns_something(function) -> bool:
+    return inspect.signature(function).return_annotation not in (None, "None")
 
 
-@pytest.mark.parametrize("package, name", EXPORTED, ids=[f"{p.__name__}.{n}" for p, n in EXPORTED])
-def test_exported_docstrings_have_args_and_shapes_or_returns(package, name):
-    value = getattr(package, name)
-    found = sections(value.__doc__)
+def style_problems(value) -> list[str]:
+    """What the docstring of ``value`` lacks of the house style; empty when it has it all."""
+    doc = inspect.cleandoc(own_doc(value))
+    lines = doc.splitlines()
+    problems = []
+    if not lines:
+        return ["no docstring"]
+    if len(lines) > 1 and lines[1].strip():
+        problems.append("a summary of more than one line (the summary is one line, then a blank line)")
+    elif not lines[0].rstrip().endswith("."):
+        problems.append("a summary that does not end in a period")
+    if inspect.ismodule(value) or isinstance(value, property):
+        return problems
+    found = sections(doc)
     expected = arguments(value)
     if expected:
-        assert "Args" in found, f"{name}: no Args: section"
-        documented = ENTRY.findall(found["Args"])
-        assert sorted(documented) == sorted(expected), f"{name}: Args: lists {documented}, the signature {expected}"
-    if inspect.isclass(value) and issubclass(value, torch.nn.Module):
-        assert "Shapes" in found, f"{name}: a module without a Shapes: section"
-    if inspect.isfunction(inspect.unwrap(value)) and inspect.signature(value).return_annotation not in (None, "None"):
-        assert "Returns" in found, f"{name}: a function without a Returns: section"
+        documented = ENTRY.findall(found.get("Args", ""))
+        if "Args" not in found:
+            problems.append(f"no Args: section (arguments {expected})")
+        elif sorted(documented) != sorted(expected):
+            problems.append(f"Args: lists {documented}, the signature has {expected}")
+    if inspect.isclass(value) and issubclass(value, torch.nn.Module) and "Shapes" not in found:
+        problems.append("no Shapes: section (a module)")
+    if inspect.isfunction(inspect.unwrap(value)) and returns_something(value):
+        if "Returns" not in found and "Yields" not in found:
+            problems.append("no Returns: section (it returns something)")
+    named = NAMED_VALUE.match((found.get("Returns") or found.get("Yields") or "").strip())
+    if named:
+        problems.append(f"a Returns: section that starts {named.group(0)!r}, which the site reads as the name of the "
+                        f"returned value (reword it)")
+    return problems
+
+
+def all_style_problems() -> dict[str, list[str]]:
+    found = {}
+    for path, value in public_api.public_objects():
+        problems = style_problems(value)
+        if problems:
+            found[path] = problems
+    return found
+
+
+def test_every_public_docstring_has_the_house_style():
+    problems = {path: found for path, found in all_style_problems().items() if path not in PENDING}
+    report = "\n".join(f"{path}: {'; '.join(found)}" for path, found in sorted(problems.items()))
+    assert not problems, f"{len(problems)} docstrings fall short of the house style:\n{report}"
+
+
+def test_pending_names_still_fall_short():
+    # PENDING is temporary: once a name meets the style, it leaves the list.
+    problems = all_style_problems()
+    fixed = sorted(path for path in PENDING if path not in problems)
+    assert not fixed, f"these names now have the house style; remove them from PENDING: {fixed}"
+
+
+def test_a_docstring_without_its_sections_is_reported(monkeypatch):
+    # The check itself: docstrings that lose their sections, or run their summary over two lines, are named with
+    # what they lack.
+    from torchformer.nn import masks, norms
+
+    monkeypatch.setattr(masks.causal_mask, "__doc__", "A causal mask.")
+    monkeypatch.setattr(norms.RMSNorm, "__doc__", "Root mean square\nnormalisation.")
+    problems = all_style_problems()
+    assert [p.split(" (")[0] for p in problems["torchformer.nn.masks.causal_mask"]] == ["no Args: section",
+                                                                                     "no Returns: section"]
+    assert [p.split(" (")[0] for p in problems["torchformer.RMSNorm"]] == [
+        "a summary of more than one line", "no Args: section", "no Shapes: section"]

@@ -112,6 +112,13 @@ def is_damaged_data(err: BaseException) -> bool:
 
     An OSError *with* an errno (permission denied, disk error) is the system's and must surface as it is; the
     decompressors' own OSErrors (BadGzipFile, bz2's "Invalid data stream") have none.
+
+    Args:
+        err: the exception caught while reading or decompressing a data file.
+
+    Returns:
+        True for one of :data:`DAMAGED_DATA_ERRORS` that carries no errno; False for a system error (to re-raise
+        as it is) and for any other exception.
     """
     if isinstance(err, OSError) and err.errno is not None:
         return False
@@ -119,7 +126,19 @@ def is_damaged_data(err: BaseException) -> bool:
 
 
 def check_path(value: object, name: str) -> pathlib.Path:
-    """``value`` as a Path; a TypeError or ValueError naming the argument ``name`` unless it is a usable path."""
+    """``value`` as a Path; a TypeError or ValueError naming the argument ``name`` unless it is a usable path.
+
+    Args:
+        value: what the caller passed as a path.
+        name: the argument's name, for the error message.
+
+    Returns:
+        ``pathlib.Path(value)``; ``~`` is not expanded.
+
+    Raises:
+        TypeError: ``value`` is neither a str nor an ``os.PathLike`` (bytes included).
+        ValueError: ``value`` is empty (which pathlib would read as the current folder).
+    """
     if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
     if os.fspath(value) == "":
@@ -129,8 +148,20 @@ def check_path(value: object, name: str) -> pathlib.Path:
 
 
 def check_bool(value: object, name: str) -> bool:
-    """``value`` if it is a real bool; a :class:`TypeError` naming ``name`` otherwise (a string such as
-    ``"no"`` would be truthy)."""
+    """``value`` if it is a real bool; a :class:`TypeError` naming ``name`` otherwise.
+
+    A flag given as a string, such as ``"no"``, would be truthy.
+
+    Args:
+        value: what the caller passed as a flag.
+        name: the argument's name, for the error message.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        TypeError: ``value`` is not a bool.
+    """
     # A flag given as a string ("no") would be truthy: refuse anything but a real bool.
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")

@@ -27,8 +27,14 @@ from torch import Tensor
 
 
 def mark_static_address(*tensors: Tensor) -> None:
-    """Tell ``torch.compile`` that these tensors keep their memory across calls: a CUDA graph then reads and writes
-    them where they are, instead of copying them in (and mutated ones out) at every replay. No effect in eager mode."""
+    """Tell ``torch.compile`` that these tensors keep their memory across calls.
+
+    A CUDA graph then reads and writes them where they are, instead of copying them in (and mutated ones out) at
+    every replay. No effect in eager mode, nor on a torch without ``torch._dynamo``.
+
+    Args:
+        *tensors: buffers that stay at the same address for as long as compiled code uses them (a cache's).
+    """
     mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
     if mark is not None:
         for tensor in tensors:
@@ -37,11 +43,6 @@ def mark_static_address(*tensors: Tensor) -> None:
 
 class KVCache:
     """Keys and values of one attention layer in preallocated buffers, slot ``p`` for position ``p``.
-
-    Args:
-        capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
-            ``seq_length``). ``None`` sizes the buffers to the first :meth:`update` (cross-attention: the keys of
-            the whole context, written once).
 
     The buffers are allocated by the first :meth:`update`, with its batch size, head layout, dtypes and device.
     Later updates must match them (another batch size or model is a clear error); :meth:`reorder` selects or
@@ -52,6 +53,11 @@ class KVCache:
     other than the positions written: a cross-attention layer stores a weak reference to its context there, and
     refuses a call with another context. :meth:`reset` and :meth:`reorder` clear it (after a reorder the next
     call's context, reordered the same way, is taken as the source).
+
+    Args:
+        capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
+            ``seq_length``). ``None`` sizes the buffers to the first :meth:`update` (cross-attention: the keys of
+            the whole context, written once).
     """
 
     def __init__(self, capacity: Optional[int] = None) -> None:
@@ -68,20 +74,38 @@ class KVCache:
 
     @property
     def empty(self) -> bool:
-        """True until the first :meth:`update` and after :meth:`reset` (a host-side flag: reading it never waits
-        for the device)."""
+        """True until the first :meth:`update` and after :meth:`reset`.
+
+        A host-side flag: reading it never waits for the device.
+        """
         return not self._any_written
 
     def update(
         self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Write ``keys``/``values`` ``(b, h, t, s)`` into the slots ``positions`` ``(t,)``; return the whole
-        buffers ``(b, h, c, s)`` and which slots attention may use: ``(b, c)`` bool, or ``(1, c)`` without padding.
+        """Write new keys and values into the slots of their positions; return the whole buffers.
 
         A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
         ``(b, t)`` marks the new positions' real tokens (False = padding), and the cache remembers it for later
         steps. Positions are not checked against the capacity here (reading them would wait for the device):
-        the model checks them at its boundary.
+        the model checks them at its boundary. ``h`` here is the number of heads the layer stores: its key/value
+        heads (``g`` with grouped-query attention).
+
+        Args:
+            keys: the new keys ``(b, h, t, s)``.
+            values: the new values ``(b, h, t, s)``.
+            positions: ``(t,)`` long, the absolute positions of the new keys, hence the slots they go to; each
+                below the capacity.
+            mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding; ``None``: all real.
+
+        Returns:
+            ``(keys, values, usable)``: the buffers ``(b, h, c, s)`` themselves (not copies), and which slots
+            attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
+
+        Raises:
+            ValueError: the new keys or values have another batch size or head layout than the buffers, or the
+                first write holds more positions than the capacity.
+            TypeError: they have another dtype or device than the buffers.
         """
         if self.keys is None:
             self._allocate(keys, values)
@@ -107,9 +131,11 @@ class KVCache:
         return self.real is not None
 
     def reset(self) -> None:
-        """Forget what was written. A cache with a capacity keeps its buffers (and their memory) for the next
-        sequence; one sized by its first write (cross-attention: the next context may have another length) frees
-        them."""
+        """Forget what was written.
+
+        A cache with a capacity keeps its buffers (and their memory) for the next sequence; one sized by its first
+        write (cross-attention: the next context may have another length) frees them.
+        """
         if self.capacity is None:
             self.keys = self.values = self.slots = self.written = None
         elif self.written is not None:
@@ -150,7 +176,11 @@ class KVCache:
         """Keep the batch rows ``index`` ``(n,)`` (in that order), e.g. the surviving hypotheses of a beam search.
 
         With as many rows as before the buffers are rewritten in place (their memory stays, for compiled steps);
-        with another number (e.g. each prompt repeated for its beams) new buffers are allocated.
+        with another number (e.g. each prompt repeated for its beams) new buffers are allocated. An empty cache with
+        no buffers yet is left as it is.
+
+        Args:
+            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
         """
         if self.keys is None or self.values is None:
             return
@@ -182,11 +212,18 @@ class BlockCache:
         self.cross_attention = KVCache()
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does."""
+        """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.
+
+        Args:
+            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
+        """
         self.self_attention.reorder(index)
         self.cross_attention.reorder(index)
 
     def reset(self) -> None:
-        """Forget both caches' contents, keeping their memory."""
+        """Forget both caches' contents, as :meth:`KVCache.reset` does.
+
+        The self-attention cache keeps its memory; the cross-attention cache, sized by its context, frees it.
+        """
         self.self_attention.reset()
         self.cross_attention.reset()

@@ -53,6 +53,12 @@ class StaticCacheGenerator(generation.EagerStep):
     Build it once and reuse it: the caches (per batch size, dtype and device) and the compiled step are kept
     between calls; :meth:`clear` frees the caches.
 
+    Any attention variant works unchanged: ``attend`` sees absolute positions, which the cache keeps exact.
+
+    ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
+    return_logprobs=False)`` works as :func:`torchformer.decoding.generation.generate` and returns the same tokens:
+    ``(b, t) -> (b, t + max_new_tokens)``.
+
     Args:
         model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
             :mod:`torchformer.decoding.generation`).
@@ -63,12 +69,6 @@ class StaticCacheGenerator(generation.EagerStep):
             all generators in a process: many different models in one process fall outside it.)
         mode: ``torch.compile``'s mode; ``"reduce-overhead"`` also records the step as a CUDA graph on a GPU.
         backend: ``torch.compile``'s backend (default ``"inductor"``).
-
-    Any attention variant works unchanged: ``attend`` sees absolute positions, which the cache keeps exact.
-
-    ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
-    return_logprobs=False)`` works as :func:`torchformer.decoding.generation.generate` and returns the same tokens:
-    ``(b, t) -> (b, t + max_new_tokens)``.
     """
 
     def __init__(
@@ -115,16 +115,33 @@ class StaticCacheGenerator(generation.EagerStep):
         return self._kept[key]
 
     def new_caches(self, prompt: Tensor) -> list[BlockCache]:
-        """The caches for a new sequence of ``prompt``'s batch size, emptied: allocated once per shape and reused,
-        so the compiled step sees the same buffers every time."""
+        """The caches for a new sequence of ``prompt``'s batch size, emptied.
+
+        They are allocated once per shape (rows, device, dtype, autocast, inference mode) and reused, so the compiled
+        step sees the same buffers every time; what the previous call wrote is forgotten.
+
+        Args:
+            prompt: the token ids about to be decoded, ``(n, t)``: its rows and device pick the kept caches.
+
+        Returns:
+            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+        """
         caches = self._state(prompt)[0]
         for cache in caches:  # a new sequence: what the previous call wrote is forgotten, the memory kept
             cache.reset()
         return caches
 
     def inputs(self, prompt: Tensor) -> tuple[Tensor, Tensor]:
-        """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into: allocated once per
-        shape, at a fixed address, so the compiled step sees the same inputs every time."""
+        """The token and position tensors each step writes its input into.
+
+        Allocated once per shape, at a fixed address, so the compiled step sees the same inputs every time.
+
+        Args:
+            prompt: the token ids about to be decoded, ``(n, t)``: its rows and device pick the kept tensors.
+
+        Returns:
+            ``(token, position)``: ``(n, 1)`` and ``(1,)``, long.
+        """
         _, token, position = self._state(prompt)
         return token, position
 
@@ -150,8 +167,27 @@ class StaticCacheGenerator(generation.EagerStep):
         generator: Optional[torch.Generator] = None,
         return_logprobs: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; see
-        :func:`torchformer.decoding.generation.generate`."""
+        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``, with this generator's step.
+
+        The same as :func:`torchformer.decoding.generation.generate` (always with the cache), which checks the
+        arguments.
+
+        Args:
+            prompt: the token ids to continue, ``(b, t)``.
+            max_new_tokens: how many tokens to add.
+            temperature: divides the log-probabilities before sampling; ``0`` is greedy.
+            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
+            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus
+                sampling); ``None``: all.
+            eos: the end-of-sequence id, after which a row holds only ``eos``; ``None``: none.
+            generator: a :class:`torch.Generator` that makes sampling reproducible; ``None``: torch's global one.
+            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
+                which each new token was chosen.
+
+        Returns:
+            The token ids ``(b, t + max_new_tokens)``; with ``return_logprobs``, also the log-probabilities
+            ``(b, max_new_tokens, v)``.
+        """
         return generation.generate(
             self.model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
             generator=generator, return_logprobs=return_logprobs, step=self,

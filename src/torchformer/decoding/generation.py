@@ -89,17 +89,35 @@ class EagerStep:
     The default of :func:`generate`: fresh caches for every call, the model called as it is.
     :class:`~torchformer.decoding.compiled.StaticCacheGenerator` is the same with a compiled call and buffers
     kept between calls.
+
+    Args:
+        model: a decoder-only model with the generation protocol (see the module docstring).
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def new_caches(self, prompt: Tensor) -> list[BlockCache]:
-        """Empty caches for decoding ``prompt`` ``(n, t)``."""
+        """Empty caches for decoding ``prompt`` ``(n, t)``.
+
+        Args:
+            prompt: the token ids about to be decoded, ``(n, t)``; unused here (``model.new_caches()`` needs no
+                shape: the caches allocate on their first write), used by subclasses that keep caches per shape.
+
+        Returns:
+            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+        """
         return self.model.new_caches()
 
     def inputs(self, prompt: Tensor) -> tuple[Tensor, Tensor]:
-        """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into."""
+        """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into.
+
+        Args:
+            prompt: the token ids about to be decoded, ``(n, t)``: the tensors get its rows and device.
+
+        Returns:
+            ``(token, position)``: zeros ``(n, 1)`` and ``(1,)``, long, on the prompt's device.
+        """
         token = torch.zeros(prompt.size(0), 1, dtype=torch.long, device=prompt.device)
         return token, torch.zeros(1, dtype=torch.long, device=prompt.device)
 
@@ -183,8 +201,24 @@ class _Seq2SeqStepper:
 
 
 def decoder_config(model: object, caller: str, *, encoder_decoder: bool = False) -> TransformerConfig:
-    """The config of ``model`` if it is the kind of torchformer model ``caller`` decodes with; else a TypeError that
-    says what is needed and what was given (instead of a missing attribute deep in the decoding loop)."""
+    """The config of ``model`` if it is the kind of torchformer model ``caller`` decodes with.
+
+    Otherwise a ``TypeError`` that says what is needed and what was given, instead of a missing attribute deep in
+    the decoding loop.
+
+    Args:
+        model: the model to decode with.
+        caller: the name the error message gives the caller (``"generate"``, ``"beam_search"``, ...).
+        encoder_decoder: whether ``caller`` needs an encoder-decoder model (a config with ``tgt_tokens``) rather
+            than a decoder-only one.
+
+    Returns:
+        ``model.config``.
+
+    Raises:
+        TypeError: ``model`` has no :class:`~torchformer.config.TransformerConfig`, is a classifier, or is of the
+            other kind (decoder-only or encoder-decoder).
+    """
     config = getattr(model, "config", None)
     if isinstance(config, TransformerConfig) and config.num_classes is None and \
             (config.tgt_tokens is not None) == encoder_decoder:

@@ -23,8 +23,16 @@ __all__ = ["check_finite_logp", "check_sampling", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
-    """Check the sampling options and raise a :class:`ValueError` naming the bad one: ``temperature`` a finite
-    float >= 0 (0 is greedy), ``top_k`` None or a positive int, ``top_p`` None or a float in (0, 1]."""
+    """Check the sampling options and raise a :class:`ValueError` naming the bad one.
+
+    Args:
+        temperature: must be a finite float >= 0 (0 is greedy).
+        top_k: must be ``None`` or a positive int.
+        top_p: must be ``None`` or a float in (0, 1].
+
+    Raises:
+        ValueError: an option is out of its range or of the wrong type (a bool included).
+    """
     if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
             or not math.isfinite(temperature)):
         raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got {temperature!r}")
@@ -37,8 +45,17 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
 
 
 def check_finite_logp(logp: Tensor) -> None:
-    """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN or +inf: argmax would silently pick that
-    entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is fine: an impossible token.)"""
+    """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN or +inf.
+
+    Argmax would silently pick that entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is
+    fine: an impossible token.) Reading the result waits for the device, so call it once, not per step.
+
+    Args:
+        logp: log-probabilities (or scores) ``(..., v)``, on any device.
+
+    Raises:
+        ValueError: some entry is NaN or +inf; the message counts the rows and names the first.
+    """
     bad = logp.isnan() | logp.isposinf()
     if bool(bad.any()):
         rows = bad.flatten(0, -2).any(-1).nonzero().flatten().tolist()
@@ -66,6 +83,21 @@ def sample_next(
     NaN in ``logp`` (a model whose weights diverged) is a ``ValueError`` for a CPU tensor. On an accelerator the
     check would make the host wait for the device at every token, so there :func:`check_finite_logp` runs once
     over all the steps, as ``generate`` and ``beam_search`` do when they finish.
+
+    Args:
+        logp: log-probabilities or logits ``(n, v)``, float (half precision is computed in float32).
+        temperature: divides the logits; ``0`` (or below 1.2e-38) is greedy, 1 the model's own distribution.
+        top_k: keep only the ``top_k`` most likely tokens (exactly ``k``, ties broken by index); ``None``: all.
+        top_p: keep only the nucleus of probability ``top_p``; ``None`` or 1: all.
+        generator: the :class:`torch.Generator` to sample with, on ``logp``'s device; ``None``: torch's global
+            one. Greedy decoding draws nothing.
+
+    Returns:
+        The chosen token ids ``(n,)``, long.
+
+    Raises:
+        ValueError: ``logp`` is not a float ``(n, v)`` tensor, a sampling option is out of range, or (CPU only)
+            ``logp`` holds NaN or +inf, or a row is ``-inf`` everywhere.
     """
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point() or logp.size(-1) == 0:
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__

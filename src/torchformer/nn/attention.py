@@ -63,11 +63,23 @@ def attention_reference(
 ) -> tuple[Tensor, Tensor]:
     """Plain scaled dot-product attention; returns ``(output, weights)``.
 
-    ``q`` ``(b, h, t, s)``, ``k`` and ``v`` ``(b, h, u, s)``, ``allowed`` broadcastable to ``(b, h, t, u)``,
-    ``bias`` (a float added to the scores, e.g. ALiBi's) broadcastable to ``(b, h, t, u)``.
-    Output ``(b, h, t, s)``; weights ``(b, h, t, u)`` with rows summing to 1 over the allowed keys and exactly 0
-    elsewhere. A query with no allowed key gets all-zero weights and hence a zero output.
-    ``dropout`` is applied to the weights used for the output; the returned weights are the ones before dropout.
+    The weights have rows summing to 1 over the allowed keys and exactly 0 elsewhere. A query with no allowed key
+    gets all-zero weights and hence a zero output. ``dropout`` is applied to the weights used for the output; the
+    returned weights are the ones before dropout.
+
+    Args:
+        q: queries ``(b, h, t, s)``.
+        k: keys ``(b, h, u, s)``.
+        v: values ``(b, h, u, s)``.
+        allowed: bool, broadcastable to ``(b, h, t, u)``: ``True`` where a query may see a key. ``None``: every
+            query sees every key.
+        dropout: probability of zeroing each weight before the values are mixed; applied whenever it is above 0,
+            so pass 0 when not training.
+        bias: floats added to the scores before the softmax (ALiBi's, a learned relative bias), broadcastable to
+            ``(b, h, t, u)``; ``None``: no bias.
+
+    Returns:
+        ``(output, weights)``: the output ``(b, h, t, s)`` and the weights ``(b, h, t, u)``.
     """
     s = q.size(-1)
     # Dividing by sqrt(s) keeps the dot products at unit variance, so the softmax does not saturate.
@@ -101,7 +113,24 @@ def attention_fast(
     ``allowed=None`` means every key (or, with ``causal``, plain causal attention with as many queries as keys):
     then no mask tensor is passed and PyTorch may pick the flash-attention kernel. Pass ``every_row_has_key=True``
     when no query can be left without an allowed key (no padding), to skip the guard below. A ``bias`` goes to SDPA
-    as a float mask: the bias where allowed, ``-inf`` elsewhere.
+    as a float mask: the bias where allowed, ``-inf`` elsewhere. The weights are not returned (SDPA does not
+    compute them where others can read them): use :func:`attention_reference` for those.
+
+    Args:
+        q: queries ``(b, h, t, s)``.
+        k: keys ``(b, h, u, s)``.
+        v: values ``(b, h, u, s)``.
+        allowed: bool, broadcastable to ``(b, h, t, u)``: ``True`` where a query may see a key. ``None``: every
+            key, or the causal rule with ``causal``.
+        causal: apply the causal rule (query ``i`` sees keys ``<= i``) through SDPA's ``is_causal``; only used when
+            ``allowed`` and ``bias`` are both ``None`` and ``t == u``, so otherwise ``allowed`` must hold the rule.
+        dropout: probability of zeroing each weight; applied whenever it is above 0, so pass 0 when not training.
+        every_row_has_key: promise that every query has at least one allowed key, which skips the guard against
+            the NaN that SDPA returns for a query that may see nothing.
+        bias: floats added to the scores before the softmax, broadcastable to ``(b, h, t, u)``; ``None``: no bias.
+
+    Returns:
+        The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key, as on the reference path.
     """
     t, u = q.size(-2), k.size(-2)
     if allowed is None and bias is None:
@@ -188,35 +217,88 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
-        """The self-attention layer a block of ``config`` uses."""
+        """The self-attention layer a block of ``config`` uses.
+
+        Args:
+            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
+                ``kv_heads``, ``window`` and, when it is ``"rotary"``, ``"alibi"`` or ``"relative"``, ``positions``.
+            causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
+
+        Returns:
+            A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
+            :class:`SelfAttention`).
+        """
         inside = config.positions if config.positions in RELATIVE_POSITIONS else "none"
         return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
                    kqnorm=config.kqnorm, impl=config.impl, positions=inside, kv_heads=config.kv_heads,
                    window=config.window)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(b, t, n * s) -> (b, n, t, s)``: each head becomes its own batch of sequences (``n`` = ``h``, or ``g``
-        for keys and values)."""
+        """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
+
+        Each head becomes its own batch of sequences, so one batched matmul serves all heads.
+
+        Args:
+            x: a projection ``(b, t, n * s)``: of queries (``n = h``), or of keys or values (``n = g``, the
+                key/value heads).
+
+        Returns:
+            ``(b, n, t, s)``, a view of ``x`` (no copy).
+        """
         b, t, _ = x.shape
         return x.view(b, t, -1, self.head_size).transpose(1, 2)
 
     def share_kv_heads(self, x: Tensor) -> Tensor:
-        """``(b, g, u, s) -> (b, h, u, s)``: key/value head ``i`` serves query heads ``i * h/g .. (i + 1) * h/g - 1``."""
+        """Repeat each key/value head for the query heads it serves: ``(b, g, u, s) -> (b, h, u, s)``.
+
+        Key/value head ``i`` serves query heads ``i * h/g .. (i + 1) * h/g - 1`` (grouped-query attention).
+
+        Args:
+            x: keys or values ``(b, g, u, s)``.
+
+        Returns:
+            ``(b, h, u, s)``: ``x`` itself when ``g = h``, else a copy with each head repeated ``h / g`` times.
+        """
         return x if self.kv_heads == self.heads else x.repeat_interleave(self.heads // self.kv_heads, dim=1)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(b, h, t, s) -> (b, t, h * s)``: concatenate the heads again."""
+        """Concatenate the heads again: ``(b, h, t, s) -> (b, t, h * s)``.
+
+        Args:
+            x: the heads' outputs ``(b, h, t, s)``.
+
+        Returns:
+            ``(b, t, h * s)``: ``(b, t, e)`` for narrow heads, ``(b, t, h * e)`` for wide ones.
+        """
         b, h, t, s = x.shape
         return x.transpose(1, 2).reshape(b, t, h * s)
 
     def project_queries(self, x: Tensor) -> Tensor:
-        """The queries of ``x`` ``(b, t, e)``, split into heads (and normalised with ``kqnorm``):
-        ``(b, h, t, s)``."""
+        """The queries of ``x``, split into heads: ``(b, t, e) -> (b, h, t, s)``.
+
+        With ``kqnorm`` each head's query is layer-normalised.
+
+        Args:
+            x: the sequence whose positions ask, ``(b, t, e)``.
+
+        Returns:
+            The queries ``(b, h, t, s)``.
+        """
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values of ``y`` ``(b, u, e)``, split into the ``g`` key/value heads (``g = kv_heads``,
-        ``h`` without grouped-query attention): two ``(b, g, u, s)`` tensors; the keys normalised with ``kqnorm``."""
+        """The keys and values of ``y``, split into the key/value heads: ``(b, u, e) -> (b, g, u, s)`` twice.
+
+        ``g = kv_heads``, which is ``h`` without grouped-query attention. With ``kqnorm`` each head's key is
+        layer-normalised (the values are not).
+
+        Args:
+            y: the sequence looked at, ``(b, u, e)``: ``x`` itself for self-attention, the context for
+                cross-attention.
+
+        Returns:
+            ``(keys, values)``, each ``(b, g, u, s)``.
+        """
         k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, g, u, s)
         v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
         return k, v
@@ -229,6 +311,17 @@ class MultiHeadAttention(nn.Module):
         ``mask`` says which keys each query may see (:meth:`AttentionMask.allowed`) and where queries and keys
         sit (``mask.query_positions``, ``mask.key_positions``, absolute positions, also with a KV cache). Override
         this in a subclass to try a new attention variant: masking, caching and compiled decoding keep working.
+
+        Args:
+            q: queries ``(b, h, t, s)``.
+            k: keys ``(b, h, u, s)``, already repeated to ``h`` heads (:meth:`share_kv_heads`).
+            v: values ``(b, h, u, s)``, likewise.
+            mask: which keys each query may see, and the positions (for ALiBi's or a learned relative bias).
+            return_weights: also return the attention weights; computes on the reference path.
+
+        Returns:
+            ``(output, weights)``: the output ``(b, h, t, s)``, and the weights ``(b, h, t, u)`` (before dropout)
+            with ``return_weights``, else ``None``.
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
@@ -243,7 +336,16 @@ class MultiHeadAttention(nn.Module):
         return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias), None
 
     def finish(self, out: Tensor, mask: AttentionMask) -> Tensor:
-        """``(b, h, t, s) -> (b, t, e)``: merge the heads, mix them, and zero the queries that saw no real key."""
+        """Merge the heads, mix them, and zero the queries that saw no real key: ``(b, h, t, s) -> (b, t, e)``.
+
+        Args:
+            out: the output of :meth:`attend`, ``(b, h, t, s)``.
+            mask: the mask :meth:`attend` used; its :meth:`~torchformer.nn.masks.AttentionMask.query_has_key`
+                says which queries to zero.
+
+        Returns:
+            The layer's output ``(b, t, e)``.
+        """
         out = self.unifyheads(self.merge_heads(out))  # (b, h, t, s) -> (b, t, h * s) -> (b, t, e)
         has_key = mask.query_has_key()  # (b, 1, t, 1) or None
         if has_key is not None:  # a query that sees no real key carries no information: make it exactly zero
@@ -356,8 +458,18 @@ class CrossAttention(MultiHeadAttention):
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
-        """The cross-attention layer of a decoder block of ``config``: never causal, no window, no relative
-        positions (the context is another sequence); ``causal`` is accepted for a uniform signature and ignored."""
+        """The cross-attention layer of a decoder block of ``config``.
+
+        Never causal, no window, no relative positions: the context is another sequence.
+
+        Args:
+            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl`` and
+                ``kv_heads`` are used.
+            causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
+
+        Returns:
+            A layer of the class this is called on (a :class:`CrossAttention`).
+        """
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
                    impl=config.impl, kv_heads=config.kv_heads)
 

@@ -1,11 +1,10 @@
-"""The transformer block: attention, then a position-wise feed-forward network, each wrapped in a residual
-connection and a normalisation.
+"""The transformer block: attention, then a position-wise feed-forward network.
 
-Attention is the only place where positions exchange information; the feed-forward network then transforms each
-position on its own. The residual connections (``x + f(x)``) let gradients flow straight through deep stacks, and
-normalisation keeps the activations at a stable scale. ``config.norm`` picks LayerNorm or RMSNorm
-(:mod:`torchformer.nn.norms`) and ``config.activation`` the feed-forward network
-(:mod:`torchformer.nn.feedforward`).
+Each of the two is wrapped in a residual connection and a normalisation. Attention is the only place where positions
+exchange information; the feed-forward network then transforms each position on its own. The residual connections
+(``x + f(x)``) let gradients flow straight through deep stacks, and normalisation keeps the activations at a stable
+scale. ``config.norm`` picks LayerNorm or RMSNorm (:mod:`torchformer.nn.norms`) and ``config.activation`` the
+feed-forward network (:mod:`torchformer.nn.feedforward`).
 
 Two orderings are in use:
 
@@ -43,17 +42,17 @@ if TYPE_CHECKING:
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention and feed-forward. ``forward(x, mask=None, *, positions=None, cache=None)``:
-    ``(b, t, e) -> (b, t, e)``.
+    """Self-attention and feed-forward.
+
+    ``forward(x, mask=None, *, positions=None, cache=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
+    real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
+    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
             ``activation``, and what the attention reads: ``kqnorm``, ``impl``, ``positions``, ``kv_heads``,
             ``window``).
         causal: self-attention only looks backwards (generators).
-
-    ``mask`` ``(b, t)`` marks real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
-    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``.
@@ -74,11 +73,28 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def build_middle(self, config: TransformerConfig) -> None:
-        """Sublayers between self-attention and feed-forward, built in that order: none here (a
-        :class:`DecoderBlock` adds its cross-attention)."""
+        """Build the sublayers between self-attention and feed-forward: none here.
+
+        The constructor calls it after the self-attention and before the feed-forward network, so the parameters are
+        created (and listed) in the order they run. A :class:`DecoderBlock` adds its cross-attention here.
+
+        Args:
+            config: the architecture the block is built from.
+        """
 
     def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
-        """Residual connection around ``f``, with the normalisation before (pre-norm) or after (post-norm)."""
+        """Residual connection around ``f``, with the normalisation before (pre-norm) or after (post-norm).
+
+        Pre-norm: ``x + dropout(f(norm(x)))``; post-norm: ``norm(x + dropout(f(x)))``.
+
+        Args:
+            x: the block's running activations ``(b, t, e)``.
+            norm: this sublayer's normalisation (``norm1``, ``norm_cross`` or ``norm2``).
+            f: the sublayer, ``(b, t, e) -> (b, t, e)``: attention or the feed-forward network.
+
+        Returns:
+            The new activations ``(b, t, e)``.
+        """
         if self.prenorm:
             return x + self.drop(f(norm(x)))
         return norm(x + self.drop(f(x)))
@@ -117,7 +133,11 @@ class DecoderBlock(TransformerBlock):
         super().__init__(config, causal=True)
 
     def build_middle(self, config: TransformerConfig) -> None:
-        """The cross-attention and its norm, between self-attention and feed-forward."""
+        """Build the cross-attention and its norm, between self-attention and feed-forward.
+
+        Args:
+            config: the architecture; ``cross_attention_class.from_config(config)`` builds the cross-attention.
+        """
         self.cross_attention = self.cross_attention_class.from_config(config)
         self.norm_cross = make_norm(config.norm, config.emb)
 

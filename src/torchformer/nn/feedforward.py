@@ -29,7 +29,11 @@ from torchformer.config import TransformerConfig
 
 
 class ReLUSquared(nn.Module):
-    """``relu(x)^2`` (So et al. 2021): zero for negative inputs like ReLU, but growing quadratically."""
+    """``relu(x)^2`` (So et al. 2021): zero for negative inputs like ReLU, but growing quadratically.
+
+    Shapes:
+        ``forward(x)``: any shape -> the same shape, element by element.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x).square()
@@ -41,12 +45,19 @@ GATES: dict[str, type[nn.Module]] = {"swiglu": nn.SiLU, "geglu": nn.GELU}
 
 
 def gated_hidden_size(emb: int, ff_mult: int) -> int:
-    """``h = round(2/3 * ff_mult * emb)`` (at least 1): the hidden size of a gated unit with about the parameters
-    of a plain network of hidden size ``ff_mult * emb``.
+    """The hidden size of a gated unit: ``h = round(2/3 * ff_mult * emb)``, at least 1.
 
-    A plain network has two ``e x 4e`` matrices (``ff_mult=4``), ``8 e^2`` weights; a gated one has three
-    ``e x h`` matrices, ``3 e h``, equal for ``h = 8/3 e = 2/3 * 4e``. We round to the nearest integer rather than
-    up to a multiple of 8 or 256 (as LLaMA does, for faster kernels), so the count stays as close as it can.
+    A gated unit of this size has about the parameters of a plain network of hidden size ``ff_mult * emb``. A plain
+    network has two ``e x 4e`` matrices (``ff_mult=4``), ``8 e^2`` weights; a gated one has three ``e x h``
+    matrices, ``3 e h``, equal for ``h = 8/3 e = 2/3 * 4e``. We round to the nearest integer rather than up to a
+    multiple of 8 or 256 (as LLaMA does, for faster kernels), so the count stays as close as it can.
+
+    Args:
+        emb: embedding size ``e``.
+        ff_mult: the plain network's hidden size as a multiple of ``e``.
+
+    Returns:
+        The gated unit's hidden size ``h``.
     """
     return max(1, round(2 * ff_mult * emb / 3))
 
@@ -87,8 +98,17 @@ class FeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> Union[FeedForward, GatedFeedForward]:
-        """The network ``config.activation`` names: a :class:`GatedFeedForward` for ``"swiglu"`` and ``"geglu"``,
-        this class for the others. (A subclass that should replace the gated network too overrides this.)"""
+        """The network ``config.activation`` names.
+
+        A :class:`GatedFeedForward` for ``"swiglu"`` and ``"geglu"``, this class for the others. (A subclass that
+        should replace the gated network too overrides this.)
+
+        Args:
+            config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+
+        Returns:
+            The feed-forward network of one block.
+        """
         if config.activation in GATES:
             return GatedFeedForward.from_config(config)
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
@@ -129,7 +149,17 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> GatedFeedForward:
-        """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``."""
+        """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``.
+
+        Args:
+            config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+
+        Returns:
+            The gated feed-forward network of one block.
+
+        Raises:
+            ValueError: ``config.activation`` is not a gated unit.
+        """
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

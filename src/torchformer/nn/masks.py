@@ -75,7 +75,14 @@ class AttentionMask:
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
     def distance(self) -> Tensor:
-        """``(t, u)``: query position minus key position (positive = the key lies in the query's past)."""
+        """``(t, u)``: query position minus key position (positive = the key lies in the query's past).
+
+        Returns:
+            The distances ``(t, u)``, in the dtype of the positions (long).
+
+        Raises:
+            ValueError: the keys have no positions (cross-attention).
+        """
         if self.key_positions is None:
             raise ValueError("cross-attention keys have no positions in the queries' sequence: no distance")
         return self.query_positions[:, None] - self.key_positions[None, :]
@@ -85,6 +92,10 @@ class AttentionMask:
 
         Built once per call and kept: attention asks for it on the fast path, for the zeroing of queries that see
         no real key, and a variant may ask again.
+
+        Returns:
+            ``(t, u)`` from the causal rule and the window alone, ``(b, 1, t, u)`` with a ``key_mask``; ``None``
+            when every query may see every key.
         """
         if not self._built:
             self._allowed, self._built = self._build(), True
@@ -110,6 +121,9 @@ class AttentionMask:
         """``(b, 1, t, 1)`` bool: False for a query that may see no real key at all (it gets a zero output).
 
         ``None`` without padding: then every query sees at least its own position (causal) or every key.
+
+        Returns:
+            ``(b, 1, t, 1)`` bool, or ``None`` when the mask is not ``padded``.
         """
         if not self.padded:
             return None
@@ -122,6 +136,14 @@ def causal_mask(t: int, u: Optional[int] = None, *, device: Optional[torch.devic
     """``(t, u)`` bool, the explicit causal mask when the ``t`` queries are the last ``t`` of ``u`` positions.
 
     Written out for reading and for tests; attention builds the same matrix from positions.
+
+    Args:
+        t: number of queries.
+        u: number of keys, ``>= t``; ``None``: ``t`` (queries and keys are the same positions).
+        device: where to build the mask; ``None``: the default device.
+
+    Returns:
+        ``(t, u)`` bool, ``True`` where query ``i`` (at position ``u - t + i``) may see key ``j``: ``j <= u - t + i``.
     """
     u = t if u is None else u
     return torch.ones(t, u, dtype=torch.bool, device=device).tril(diagonal=u - t)

@@ -59,7 +59,18 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, emb: int) -> nn.Module:
-    """The normalisation ``config.norm`` names, over vectors of size ``emb``: ``"layer"`` gives
-    :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` gives :class:`RMSNorm` (gain only)."""
+    """The normalisation ``config.norm`` names, over vectors of size ``emb``.
+
+    Args:
+        kind: ``"layer"`` for :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` for :class:`RMSNorm` (gain
+            only).
+        emb: the size ``e`` of the vectors normalised (the last dimension).
+
+    Returns:
+        The normalisation layer, ``(..., e) -> (..., e)``.
+
+    Raises:
+        ValueError: ``kind`` is neither.
+    """
     check_choice(kind, "norm", NORMS)
     return nn.LayerNorm(emb) if kind == "layer" else RMSNorm(emb)

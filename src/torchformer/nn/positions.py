@@ -28,7 +28,19 @@ from torchformer._checks import check_positive_int
 
 
 def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None = None) -> Tensor:
-    """The sinusoidal position vectors of ``positions`` ``(t,)``, shape ``(t, emb)``."""
+    """The sinusoidal position vectors of ``positions`` ``(t,)``, shape ``(t, emb)``.
+
+    The angles are computed in float64, so positions in the thousands keep their digits, then converted.
+
+    Args:
+        positions: ``(t,)`` integer, the absolute positions.
+        emb: the embedding size ``e``.
+        dtype: the dtype of the result; ``None``: torch's default dtype (float32 unless changed).
+
+    Returns:
+        ``(t, e)``: row ``p`` holds ``sin(p / 10000^(2i/e))`` in column ``2i`` and ``cos(p / 10000^(2i/e))`` in
+        column ``2i + 1``, on the device of ``positions``.
+    """
     # float64 for the angles: p * inv_freq loses digits in float32 once p is in the thousands.
     p = positions.to(torch.float64)[:, None]  # (t, 1)
     pair = torch.arange(emb, device=positions.device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
@@ -39,7 +51,14 @@ def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None =
 
 
 def default_positions(x: Tensor) -> Tensor:
-    """``0 .. t-1`` for ``x`` ``(b, t, ...)``, on ``x``'s device."""
+    """``0 .. t-1`` for ``x`` ``(b, t, ...)``, on ``x``'s device.
+
+    Args:
+        x: a batch of sequences ``(b, t, ...)``.
+
+    Returns:
+        ``(t,)`` long: the positions of a whole sequence, starting at 0.
+    """
     return torch.arange(x.size(1), device=x.device)
 
 
@@ -99,16 +118,37 @@ class LearnedPositions(nn.Module):
 
 
 class NoPositions(nn.Module):
-    """Adds nothing: the model sees its input as a set. Useful to demonstrate permutation equivariance."""
+    """Adds nothing: the model sees its input as a set. Useful to demonstrate permutation equivariance.
+
+    :func:`make_positions` returns it for ``"none"`` and for the schemes that act inside attention
+    (:mod:`torchformer.nn.relative`), which add nothing to the embeddings.
+
+    Shapes:
+        ``forward(x, positions=None)``: ``x`` ``(b, t, e)`` -> ``x`` itself; ``positions`` is ignored.
+    """
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         return x
 
 
 def make_positions(kind: str, emb: int, max_len: int) -> nn.Module:
-    """What the embedding adds for the config's ``positions``: ``"learned"``, ``"sinusoidal"``, or nothing for
-    ``"none"`` (a bag of tokens) and for the schemes that act inside attention (``"rotary"``, ``"alibi"``,
-    ``"relative"``; see :mod:`torchformer.nn.relative`)."""
+    """What the embedding adds for the config's ``positions``.
+
+    Nothing for ``"none"`` (a bag of tokens) and for the schemes that act inside attention (``"rotary"``,
+    ``"alibi"``, ``"relative"``; see :mod:`torchformer.nn.relative`).
+
+    Args:
+        kind: ``"learned"``, ``"sinusoidal"``, ``"none"``, ``"rotary"``, ``"alibi"`` or ``"relative"``.
+        emb: the embedding size ``e``.
+        max_len: how many positions a ``"learned"`` table has (the model's ``seq_length``); unused otherwise.
+
+    Returns:
+        The module to add: a :class:`LearnedPositions`, :class:`SinusoidalPositions` or :class:`NoPositions`; each maps
+        ``x`` ``(b, t, e)`` and ``positions`` ``(t,)`` to ``(b, t, e)``.
+
+    Raises:
+        ValueError: ``kind`` is none of these.
+    """
     if kind == "learned":
         return LearnedPositions(emb, max_len)
     if kind == "sinusoidal":

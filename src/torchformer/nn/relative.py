@@ -34,14 +34,37 @@ from torchformer.nn.masks import AttentionMask
 
 
 class AttentionPositions(nn.Module):
-    """No position information inside attention: the base class, and the choice for absolute schemes."""
+    """No position information inside attention: the base class, and the choice for absolute schemes.
+
+    It has no ``forward``: attention calls :meth:`rotate` on its queries and keys and adds :meth:`bias` to its
+    scores. A subclass overrides one or both.
+
+    Shapes:
+        ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``;
+        ``bias(mask)`` -> ``(h, t, u)`` or ``None``.
+    """
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here."""
+        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here.
+
+        Args:
+            x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)`` (one per key/value head).
+            positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
+
+        Returns:
+            ``x`` itself.
+        """
         return x
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """A float bias ``(h, t, u)`` added to the scores, or ``None``: none here."""
+        """A float bias ``(h, t, u)`` added to the scores, or ``None``: none here.
+
+        Args:
+            mask: the query and key positions of this attention call.
+
+        Returns:
+            ``None``.
+        """
         return None
 
 
@@ -55,6 +78,9 @@ class Rotary(AttentionPositions):
     Args:
         head_size: ``s``, even (the coordinates are rotated in pairs).
         base: the base of the frequencies (10000, as the paper and the sinusoidal encoding).
+
+    Shapes:
+        ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
     """
 
     def __init__(self, head_size: int, *, base: float = 10000.0) -> None:
@@ -64,8 +90,18 @@ class Rotary(AttentionPositions):
         self.head_size, self.base = head_size, base
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)``, each pair of coordinates rotated by its
-        position's angle: ``(b, h, t, s)``."""
+        """Rotate each pair of coordinates by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
+
+        The angles are computed in float64 (positions in the thousands keep their digits), then converted to ``x``'s
+        dtype.
+
+        Args:
+            x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)`` (one per key/value head).
+            positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
+
+        Returns:
+            The rotated vectors, shaped and typed as ``x``.
+        """
         pair = torch.arange(self.head_size // 2, device=x.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
         theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
         # float64 for the angles: p * theta loses digits in float32 once p is in the thousands.
@@ -80,8 +116,17 @@ class Rotary(AttentionPositions):
 
 
 def alibi_slopes(heads: int) -> Tensor:
-    """The paper's slopes ``(h,)``: for ``h`` a power of two, ``2^(-8/h), 2^(-16/h), ..., 2^(-8)``; otherwise those of
-    the next lower power of two ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix)."""
+    """The paper's slopes ``(h,)``, one per head.
+
+    For ``h`` a power of two, ``2^(-8/h), 2^(-16/h), ..., 2^(-8)``; otherwise those of the next lower power of two
+    ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix).
+
+    Args:
+        heads: the number of heads ``h``.
+
+    Returns:
+        ``(h,)`` float32, the slopes ``m_h``, steepest first.
+    """
     def powers_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
 
@@ -95,7 +140,13 @@ class ALiBi(AttentionPositions):
 
     Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
     causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
-    queries' sequence: no bias there.
+    queries' sequence: no bias there. There are no parameters: the slopes are a buffer, not saved in checkpoints.
+
+    Args:
+        heads: the number of heads ``h``; head ``k`` gets slope ``alibi_slopes(h)[k]``.
+
+    Shapes:
+        ``bias(mask)`` -> ``(h, t, u)``, or ``None`` for cross-attention; ``rotate`` returns its input unchanged.
     """
 
     def __init__(self, heads: int) -> None:
@@ -103,8 +154,15 @@ class ALiBi(AttentionPositions):
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (h,)
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """ALiBi's bias ``-m_h |i - j|`` ``(h, t, u)`` for the mask's query and key positions (``None`` without
-        key positions)."""
+        """ALiBi's bias ``-m_h |i - j|`` ``(h, t, u)`` for the mask's query and key positions.
+
+        Args:
+            mask: the query positions ``i`` and key positions ``j`` of this attention call.
+
+        Returns:
+            ``(h, t, u)`` float32 (the slopes' dtype), or ``None`` when the keys have no positions
+            (cross-attention).
+        """
         if mask.key_positions is None:
             return None
         distance = mask.distance().abs().to(self.slopes.dtype)  # (t, u)
@@ -117,6 +175,17 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
     Bidirectional: half the buckets for keys before the query, half for keys after it. Within a half, the first
     ``n / 2`` buckets hold one distance each (0, 1, 2, ...); the rest cover distances up to ``max_distance``
     logarithmically; larger distances share the last bucket. Causal: all buckets for keys at or before the query.
+
+    Args:
+        distance: query position minus key position, an integer tensor of any shape (``(t, u)`` from
+            :meth:`~torchformer.nn.masks.AttentionMask.distance`).
+        bidirectional: separate buckets for keys after the query (negative distances); if False, those all fall in
+            bucket 0 (a causal layer never sees them).
+        num_buckets: the number of buckets ``n`` in all (both halves together when bidirectional).
+        max_distance: the distance from which on every distance shares the last bucket (of its half).
+
+    Returns:
+        The bucket of each distance, shaped as ``distance``, in ``[0, num_buckets)``.
     """
     buckets = num_buckets
     offset = torch.zeros_like(distance)
@@ -136,13 +205,17 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
 class RelativeBias(AttentionPositions):
     """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
 
+    Unlike T5, which shares one table across layers, every attention layer learns its own. The table starts at
+    zero, so a fresh layer attends as if there were no bias.
+
     Args:
         heads: ``h``.
         bidirectional: separate buckets for keys before and after the query (encoders); False for causal layers.
         num_buckets: how many buckets of distances; T5's default, 32.
         max_distance: distances from this one on share the last bucket; T5's default, 128.
 
-    Unlike T5, which shares one table across layers, every attention layer learns its own.
+    Shapes:
+        ``bias(mask)`` -> ``(h, t, u)``, or ``None`` for cross-attention; ``rotate`` returns its input unchanged.
     """
 
     def __init__(self, heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
@@ -152,8 +225,14 @@ class RelativeBias(AttentionPositions):
         nn.init.zeros_(self.table.weight)  # start as plain attention; training finds which distances matter
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)`` (``None`` without key
-        positions)."""
+        """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)``.
+
+        Args:
+            mask: the query positions ``i`` and key positions ``j`` of this attention call.
+
+        Returns:
+            ``(h, t, u)`` in the table's dtype, or ``None`` when the keys have no positions (cross-attention).
+        """
         if mask.key_positions is None:
             return None
         bucket = relative_bucket(mask.distance(), bidirectional=self.bidirectional, num_buckets=self.num_buckets,
@@ -165,7 +244,19 @@ class RelativeBias(AttentionPositions):
 
 
 def attention_positions(kind: str, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
-    """The scheme a config's ``positions`` names, as attention applies it (absolute schemes: nothing)."""
+    """The scheme a config's ``positions`` names, as attention applies it (absolute schemes: nothing).
+
+    Args:
+        kind: the config's ``positions``: ``"rotary"``, ``"alibi"`` or ``"relative"``; any other value (the
+            absolute schemes, ``"none"``) gives the base class, which does nothing.
+        heads: the number of heads ``h`` (ALiBi's slopes, the relative bias's table).
+        head_size: the head size ``s`` (rotary's frequencies).
+        causal: whether the layer is causal: a causal layer's relative bias has buckets for past keys only.
+
+    Returns:
+        The scheme's module: a :class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias` or plain
+        :class:`AttentionPositions`.
+    """
     if kind == "rotary":
         return Rotary(head_size)
     if kind == "alibi":

@@ -41,16 +41,32 @@ if TYPE_CHECKING:
 
 
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
-    """``block(*args, cache=cache, **kwargs)``, through activation checkpointing when ``checkpointed`` and the call
-    is a training step (the block is in training mode, gradients are on, no KV cache)."""
+    """Call ``block(*args, cache=cache, **kwargs)``, through activation checkpointing when asked and allowed.
+
+    Checkpointing needs a training step: the block in training mode, gradients on, and no KV cache (a recomputation
+    would write the cache twice). Otherwise the block is called directly.
+
+    Args:
+        block: the transformer block to run.
+        checkpointed: whether the stack checkpoints its blocks (``config.checkpoint_blocks``).
+        *args: the block's positional arguments: ``x`` ``(b, t, e)``, and then what the block takes (``mask``, or
+            ``context``, ``mask``, ``context_mask`` for a decoder block).
+        cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+        **kwargs: the block's keyword arguments (``positions``).
+
+    Returns:
+        The block's output ``(b, t, e)``.
+    """
     if checkpointed and cache is None and block.training and torch.is_grad_enabled():
         return checkpoint(block, *args, cache=None, use_reentrant=False, **kwargs)
     return block(*args, cache=cache, **kwargs)
 
 
 class Encoder(nn.Module):
-    """``depth`` transformer blocks. ``forward(x, mask=None, *, positions=None, caches=None)``:
-    ``(b, t, e) -> (b, t, e)``.
+    """``depth`` transformer blocks, then a final norm with pre-norm blocks.
+
+    ``forward(x, mask=None, *, positions=None, caches=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
+    real tokens, ``positions`` ``(t,)`` their absolute positions.
 
     Args:
         config: the architecture; ``config.depth`` blocks.

@@ -85,13 +85,29 @@ TRAINING_ONLY_FIELDS = ("dropout", "impl", "checkpoint_blocks")
 
 
 class CheckpointError(ValueError):
-    """A file that cannot be used as a checkpoint: empty, truncated, damaged after it was written, or not a
-    checkpoint at all. The message names the file. (A ``ValueError``, so ``except ValueError`` still catches it;
-    a checkpoint that is intact but does not fit the model raises a plain ``ValueError``.)"""
+    """A file that cannot be used as a checkpoint.
+
+    Empty, truncated, damaged after it was written, or not a checkpoint at all; the message names the file. (A
+    ``ValueError``, so ``except ValueError`` still catches it; a checkpoint that is intact but does not fit the model
+    raises a plain ``ValueError``.)
+    """
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile`` (``._orig_mod``) and DataParallel/DDP (``.module``) wrappers."""
+    """The module behind ``torch.compile`` (``._orig_mod``) and DataParallel/DDP (``.module``) wrappers.
+
+    Wrappers can nest (``torch.compile(DDP(model))``): all are removed. A model sharded by FSDP2's ``fully_shard``
+    is not wrapped (it is the model itself, its class swapped; see :func:`model_class`) and is returned as it is.
+
+    Args:
+        model: a module, wrapped or not.
+
+    Returns:
+        The innermost module; ``model`` itself when it is not wrapped.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     while True:  # wrappers can nest, e.g. torch.compile(DDP(model))
@@ -105,8 +121,17 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def model_class(model: nn.Module) -> type:
-    """The class ``model`` was built as. FSDP2's ``fully_shard`` swaps a module's class for a generated subclass
-    (``FSDPGTransformer``), which no other process could rebuild: the class saved is the one it derives from."""
+    """The class ``model`` was built as.
+
+    FSDP2's ``fully_shard`` swaps a module's class for a generated subclass (``FSDPGTransformer``), which no other
+    process could rebuild: the class saved is the one it derives from.
+
+    Args:
+        model: a module, sharded with FSDP2 or not (unwrap other wrappers first, :func:`unwrap_model`).
+
+    Returns:
+        ``type(model)``, or for a sharded model the first class of its MRO that is not an FSDP class.
+    """
     try:
         from torch.distributed.fsdp import FSDPModule  # torch >= 2.6, and only where torch.distributed is built
     except ImportError:
@@ -115,7 +140,19 @@ def model_class(model: nn.Module) -> type:
 
 
 def checkpoint_path(directory: PathLike, step: int) -> Path:
-    """The conventional file name for the checkpoint at ``step``: ``directory/step_00001000.pt``."""
+    """The conventional file name for the checkpoint at ``step``: ``directory/step_00001000.pt``.
+
+    Args:
+        directory: the run's checkpoint folder (it need not exist yet).
+        step: the number of optimizer steps taken, a non-negative int; zero-padded to 8 digits (more digits are
+            kept as they are, and :func:`latest_checkpoint` still compares them as numbers).
+
+    Returns:
+        The path of the file (nothing is created).
+
+    Raises:
+        ValueError: ``step`` is not a non-negative int.
+    """
     return Path(directory) / f"step_{_check_step(step):08d}.pt"
 
 
@@ -134,7 +171,17 @@ def latest_checkpoint(directory: PathLike) -> Optional[Path]:
     """The ``step_N.pt`` file in ``directory`` with the largest ``N``; ``None`` if there is none (or no folder).
 
     Steps are compared as numbers, so ``step_123456789.pt`` beats ``step_99999999.pt``. Temporary files of an
-    interrupted save (hidden names) and other files are ignored.
+    interrupted save (hidden names) and other files are ignored. The file is not read: it may be damaged
+    (:func:`latest_intact_checkpoint` checks).
+
+    Args:
+        directory: the run's checkpoint folder.
+
+    Returns:
+        The path of the newest checkpoint, or ``None``.
+
+    Raises:
+        NotADirectoryError: ``directory`` is a file.
     """
     found = _checkpoints(directory)
     return found[-1] if found else None
@@ -145,8 +192,17 @@ def latest_intact_checkpoint(directory: PathLike) -> Optional[Path]:
 
     This is where a run resumes: a crash can leave the newest checkpoint damaged (a disk that lost the end of a
     file, a bad copy of the folder), and the one before it is then the right place to continue. Each skipped file
-    gets a ``UserWarning`` naming it and saying why. Returns ``None`` when the folder holds no intact checkpoint
-    (or no checkpoint, or does not exist). Each candidate is read in full to check it, once.
+    gets a ``UserWarning`` naming it and saying why. Each candidate is read in full to check it, once.
+
+    Args:
+        directory: the run's checkpoint folder.
+
+    Returns:
+        The path of the newest intact checkpoint; ``None`` when the folder holds no intact checkpoint (or no
+        checkpoint, or does not exist).
+
+    Raises:
+        NotADirectoryError: ``directory`` is a file.
     """
     for path in reversed(_checkpoints(directory)):
         try:
@@ -159,11 +215,22 @@ def latest_intact_checkpoint(directory: PathLike) -> Optional[Path]:
 
 
 def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
-    """Delete all but the ``keep`` newest ``step_N.pt`` files in ``directory``, and the stale temporary files of
-    interrupted saves (:func:`remove_stale_temporaries`); return the deleted paths.
+    """Delete all but the ``keep`` newest ``step_N.pt`` files in ``directory``; return the deleted paths.
 
-    Keeping more than one guards against a checkpoint that turns out to be bad; keeping all of a long GPU run's
-    checkpoints (hundreds of MB each) fills the disk.
+    The stale temporary files of interrupted saves go too (:func:`remove_stale_temporaries`). Keeping more than one
+    checkpoint guards against one that turns out to be bad; keeping all of a long GPU run's checkpoints (hundreds of
+    MB each) fills the disk.
+
+    Args:
+        directory: the run's checkpoint folder; a missing folder deletes nothing.
+        keep: how many of the newest checkpoints stay, at least 1.
+
+    Returns:
+        The deleted checkpoints, oldest first, then the deleted temporary files.
+
+    Raises:
+        ValueError: ``keep`` is not a positive int.
+        NotADirectoryError: ``directory`` is a file.
     """
     check_positive_int(keep, "keep")
     old = _checkpoints(directory)[:-keep]
@@ -179,6 +246,12 @@ def remove_stale_temporaries(directory: PathLike) -> list[Path]:
     this machine is stale when its process no longer runs; any file when nobody wrote to it for a day (the only
     rule for files of another machine sharing the folder, whose processes we cannot see). The temporary file of a
     save still in progress is never touched.
+
+    Args:
+        directory: the folder to clean; nothing happens when it is not a folder.
+
+    Returns:
+        The deleted files (a file that another process removes first is skipped).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -213,6 +286,27 @@ def save_checkpoint(
     only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
     ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
     the checkpoint also holds ``"model_class"`` (its class name) and ``"config"`` (``model.config.to_dict()``).
+
+    Args:
+        path: the file to write (e.g. :func:`checkpoint_path`); an existing file is replaced.
+        model: the model; its weights are taken from the module behind any wrapper (:func:`unwrap_model`).
+        optimizer: the optimizer whose state to save; ``None``: none.
+        scheduler: the learning-rate scheduler (anything with ``state_dict()``) whose state to save; ``None``: none.
+        step: the number of optimizer steps taken so far, a non-negative int.
+        extra: anything else the script needs to resume (plain data, see above); ``None``: an empty dict.
+        generators: named ``torch.Generator`` objects whose states to save (e.g. ``{"batches": g}``); the global
+            generators of Python, NumPy and torch's CPU are always saved, CUDA's once CUDA is in use.
+
+    Returns:
+        ``path``, as a :class:`~pathlib.Path`.
+
+    Raises:
+        TypeError: ``path`` is not a str or path, ``extra`` is not a dict, holds something that
+            ``torch.load(weights_only=True)`` would refuse (the message names the entry), or ``generators`` is not a
+            dict of ``torch.Generator``.
+        ValueError: ``step`` is not a non-negative int, or ``path`` names no file.
+        IsADirectoryError: ``path`` is a folder.
+        NotADirectoryError: a parent of ``path`` is a file.
     """
     path = _check_file_path(path)
     target = unwrap_model(model)
@@ -234,9 +328,30 @@ def build_payload(
     extra: Optional[Mapping[str, Any]],
     generators: Optional[Mapping[str, torch.Generator]],
 ) -> dict:
-    """What a checkpoint file holds, from the states already taken: ``model_state`` of the unwrapped ``target``
-    and ``optimizer_state`` of ``optimizer`` (:mod:`torchformer.train.distributed_checkpoint` gathers them from
-    all processes first)."""
+    """What a checkpoint file holds, from the states already taken.
+
+    :func:`save_checkpoint` takes ``model_state`` from the unwrapped ``target`` and ``optimizer_state`` from
+    ``optimizer``; :mod:`torchformer.train.distributed_checkpoint` gathers them from all processes first.
+
+    Args:
+        target: the unwrapped model; for a :class:`~torchformer.models.TransformerModel` its class name and config
+            are stored too.
+        model_state: the model's ``state_dict``.
+        optimizer: the optimizer, for its class name; ``None``: no optimizer state.
+        optimizer_state: the optimizer's ``state_dict``, or ``None``.
+        scheduler: the learning-rate scheduler whose ``state_dict()`` and class name to store; ``None``: none.
+        step: the number of optimizer steps taken so far, a non-negative int.
+        extra: the script's own data, or ``None``.
+        generators: named ``torch.Generator`` objects whose states to store, or ``None``.
+
+    Returns:
+        The payload: a dict with the format version, step, model, optimizer and scheduler states (and classes),
+        extra, the global random states and the generators' states. It is not yet checked to be loadable.
+
+    Raises:
+        TypeError: ``extra`` is not a dict, or ``generators`` not a dict of ``torch.Generator``.
+        ValueError: ``step`` is not a non-negative int.
+    """
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
     payload = {
@@ -259,12 +374,34 @@ def build_payload(
 
 
 def generator_states(generators: Optional[Mapping[str, torch.Generator]]) -> dict:
-    """``{name: state}`` of the named generators (checked)."""
+    """``{name: state}`` of the named generators (checked).
+
+    Args:
+        generators: a dict of names to ``torch.Generator`` objects, or ``None``.
+
+    Returns:
+        Each generator's state (a CPU byte tensor, ``g.get_state()``) under its name; empty for ``None``.
+
+    Raises:
+        TypeError: ``generators`` is not a dict of str names to ``torch.Generator`` objects.
+    """
     return {name: g.get_state() for name, g in _check_generators(generators).items()}
 
 
 def write_payload(path: Path, payload: dict) -> Path:
-    """Check that ``payload`` loads with ``weights_only=True``, add its integrity digest, write it atomically."""
+    """Check that ``payload`` loads with ``weights_only=True``, add its integrity digest, write it atomically.
+
+    Args:
+        path: the file to write (checked by the caller); an existing file is replaced.
+        payload: what :func:`build_payload` built.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        TypeError: the payload holds something ``torch.load(weights_only=True)`` would refuse; the message names
+            the entry.
+    """
     _check_loadable(payload, "checkpoint")
     payload = {**payload, "integrity": {"sha256": _digest(payload)}}  # last: it covers everything above
 
@@ -287,23 +424,40 @@ def load_checkpoint(
 ) -> dict:
     """Load ``path`` into ``model`` (and the optimizer, scheduler and generators given); return step and extra.
 
-    Returns ``{"step": int, "extra": dict}``. ``model`` may be wrapped (``torch.compile``, DataParallel): the
-    weights go into the module behind the wrapper. Keys saved from a wrapped model by other code (prefixed
-    ``_orig_mod.`` or ``module.``) are accepted too. ``restore_rng`` controls the global generators (Python,
-    NumPy, torch CPU and CUDA); the named ``generators`` are always restored when given. A plain
-    ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
+    ``model`` may be wrapped (``torch.compile``, DataParallel): the weights go into the module behind the wrapper. Keys
+    saved from a wrapped model by other code (prefixed ``_orig_mod.`` or ``module.``) are accepted too. ``restore_rng``
+    controls the global generators (Python, NumPy, torch CPU and CUDA); the named ``generators`` are always restored
+    when given. A plain ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
     configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
     ``checkpoint_blocks`` (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
     routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing.
-    Other modules are checked by their weights' keys and shapes.
+    Other modules are checked by their weights' keys and shapes. Nothing is changed unless everything fits.
 
-    Raises ``FileNotFoundError`` for a missing file, :class:`CheckpointError` (a ``ValueError``) for a file that
-    is empty, truncated, damaged (its integrity digest does not match) or not a checkpoint, and ``ValueError`` when
-    the checkpoint's architecture differs from the model's (naming every differing field with both values), when
-    its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), or when it lacks a
-    requested state. Nothing is changed unless everything fits.
+    Args:
+        path: the checkpoint file (e.g. from :func:`latest_intact_checkpoint`).
+        model: the model to load the weights into, wrapped or not.
+        optimizer: an optimizer to restore, built over the same parameters in the same order; ``None``: not
+            restored. The checkpoint must then hold an optimizer state of the same class.
+        scheduler: a learning-rate scheduler to restore, of the saved class; ``None``: not restored.
+        generators: named ``torch.Generator`` objects to restore; each name must be in the checkpoint.
+        map_location: where the tensors are loaded, as ``torch.load`` takes it (default ``"cpu"``; the weights then
+            move to the model's device as they are copied in).
+        restore_rng: also restore the global generators (Python, NumPy, torch CPU and CUDA), so the run continues
+            with the same random numbers.
+
+    Returns:
+        ``{"step": int, "extra": dict}``: the step to resume from, and what the script saved in ``extra``.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError: ``path`` is a folder (:func:`latest_checkpoint` finds the newest file in one).
+        CheckpointError: the file is empty, truncated, damaged (its integrity digest does not match) or not a
+            checkpoint.
+        ValueError: the checkpoint's architecture differs from the model's (naming every differing field with both
+            values), its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), it
+            lacks a requested state, or ``map_location`` names a device this machine lacks.
     """
     path = Path(path)
     _check_map_location(map_location)
@@ -335,8 +489,24 @@ def check_payload(
     scheduler: Optional[Any],
     generators: Optional[Mapping[str, torch.Generator]],
 ) -> dict:
-    """Everything :func:`load_checkpoint` checks before it changes anything; returns the model's state with any
-    wrapper prefixes stripped. Raises ``ValueError`` naming what does not fit."""
+    """Everything :func:`load_checkpoint` checks before it changes anything.
+
+    Args:
+        ckpt: the payload read from the file.
+        path: the file, for the messages.
+        target: the unwrapped model the weights are for.
+        optimizer: the optimizer to be restored, or ``None``.
+        scheduler: the scheduler to be restored, or ``None``.
+        generators: the named generators to be restored, or ``None``.
+
+    Returns:
+        The model's ``state_dict`` from the checkpoint, with any wrapper prefixes (``_orig_mod.``, ``module.``)
+        stripped, ready for ``target.load_state_dict``.
+
+    Raises:
+        ValueError: naming what does not fit: another architecture or model class, missing, unexpected or
+            mis-shaped weights, a missing or different optimizer or scheduler state, a generator not saved.
+    """
     _check_architecture(_saved_config(ckpt, path), ckpt.get("model_class"), target, path)
     state = _match_state_dict(ckpt["model"], target, path)
     for name, obj in {"optimizer": optimizer, "scheduler": scheduler}.items():
@@ -366,8 +536,17 @@ def read_checkpoint(path: PathLike) -> dict:
     mapped, not read, so this is cheap even for a checkpoint of many gigabytes; for the same reason the weights'
     integrity is not checked here (:func:`verify_checkpoint` does that, and :func:`load_checkpoint` always does).
 
-    Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError` naming the file for one that is
-    empty, truncated, or not a checkpoint.
+    Args:
+        path: the checkpoint file.
+
+    Returns:
+        ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None}``.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError: ``path`` is a folder.
+        CheckpointError: the file is empty, truncated, or not a checkpoint (the message names it).
+        ValueError: the stored config cannot be read by this version of torchformer.
     """
     path = Path(path)
     ckpt = _read_payload(path, map_location="cpu", mmap=True, verify=False)
@@ -385,6 +564,14 @@ def verify_checkpoint(path: PathLike) -> None:
     Reads every tensor (memory-mapped) and recomputes the SHA-256 digest that :func:`save_checkpoint` stored. A
     checkpoint written before torchformer 0.3 holds no digest: it passes if it reads back. So does a bare
     ``state_dict`` saved by other code.
+
+    Args:
+        path: the checkpoint file.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError: ``path`` is a folder.
+        CheckpointError: the file is empty, truncated, damaged, or not a checkpoint.
     """
     _read_payload(Path(path), map_location="cpu", mmap=True, verify=True)
 
@@ -652,8 +839,17 @@ def _saved_config(ckpt: Mapping[str, Any], path: Path) -> Optional[TransformerCo
 
 
 def is_or_extends(cls: type, name: str) -> bool:
-    """Whether ``cls`` is the class called ``name`` or a subclass of one (compared by name: the saved class may be a
-    user's class that this process has not imported)."""
+    """Whether ``cls`` is the class called ``name`` or a subclass of one.
+
+    Compared by name: the saved class may be a user's class that this process has not imported.
+
+    Args:
+        cls: the class of the model to load into.
+        name: the class name a checkpoint saved.
+
+    Returns:
+        True when a class of ``cls``'s MRO is called ``name``.
+    """
     return any(base.__name__ == name for base in cls.__mro__)
 
 
@@ -694,6 +890,17 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
     and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and
     its name holds the host and process id of the writer, so that :func:`remove_stale_temporaries` can tell the
     leftovers of a killed save from a save in progress.
+
+    Args:
+        path: the file to create or replace; missing parent folders are created.
+        write: called once with the temporary path; it must create that file and write all of it.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        Exception: whatever ``write`` (or the file system) raises, after the temporary file is deleted; ``path`` is
+            then as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")

@@ -28,7 +28,15 @@ Check = tuple[Callable[[Any], bool], str]
 
 
 def writable_folder(path: object) -> bool:
-    """Whether ``path`` is a folder this process can write in, or one it can create (not a file, nor under one)."""
+    """Whether ``path`` is a folder this process can write in, or one it can create (not a file, nor under one).
+
+    Args:
+        path: a str or path-like, as a ``--out`` flag gives it.
+
+    Returns:
+        True when ``path`` is a writable folder, or when its nearest existing ancestor is one (so ``mkdir -p``
+        would succeed); False for a file, a path under a file, or a dangling link.
+    """
     path = Path(path)  # type: ignore[arg-type]
     while not path.exists():
         if path.is_symlink():  # a dangling link: mkdir would fail
@@ -43,8 +51,20 @@ WRITABLE_FOLDER: Check = (writable_folder, "a folder this user can write in or c
 
 
 def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, checks: Mapping[str, Check]) -> None:
-    """``parser.error`` (exit status 2, a usage message) for the first flag whose value fails its check; flags that
-    are ``None`` (not given, and no preset set them) are not checked."""
+    """Stop with a usage error naming the first flag whose value fails its check.
+
+    The error is ``parser.error``'s: a usage message and exit status 2. Flags that are ``None`` (not given, and no
+    preset set them) are not checked.
+
+    Args:
+        parser: the script's parser, which prints the usage message.
+        args: the parsed flags.
+        checks: ``{dest: (test, what the flag must be)}``, e.g. ``{"batch_size": POSITIVE_INT}``; ``test`` takes the
+            value and returns True when it is valid.
+
+    Raises:
+        SystemExit: a flag's value fails its test (exit status 2, after the usage message).
+    """
     for name, (valid, must) in checks.items():
         value = getattr(args, name)
         if value is not None and not valid(value):
@@ -57,6 +77,14 @@ def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[
     A flag that a preset sets (its ``dest`` is a key of ``presets[name]``) gets ``(--preset cpu: 2000; --preset gpu:
     not set)``; any other flag with a default gets ``(default: ...)``. Flags whose help is ``argparse.SUPPRESS``
     and switches that default to off are left as they are.
+
+    Args:
+        parser: the script's parser.
+        presets: ``{preset name: {dest: value}}``, what each ``--preset`` sets.
+
+    Returns:
+        A function with ``parser.add_argument``'s signature: it adds the flag to ``parser``, extends its help, and
+        returns the ``argparse.Action``.
     """
 
     def shown(value: Any) -> str:
@@ -79,15 +107,33 @@ def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[
 
 
 def as_flag(key: str, value: Any) -> str:
-    """How a preset's setting is typed on the command line: ``--num-batches 2000``, ``--kqnorm``, ``--no-kqnorm``."""
+    """How a preset's setting is typed on the command line: ``--num-batches 2000``, ``--kqnorm``, ``--no-kqnorm``.
+
+    Args:
+        key: the flag's ``dest``; its underscores become hyphens.
+        value: the setting; a bool becomes the switch alone (``--name`` or ``--no-name``, as
+            ``argparse.BooleanOptionalAction`` reads them), anything else follows the flag as ``str(value)``.
+
+    Returns:
+        The flag as typed.
+    """
     name = key.replace("_", "-")
     return (f"--{name}" if value else f"--no-{name}") if isinstance(value, bool) else f"--{name} {value}"
 
 
 def preset_epilog(presets: Mapping[str, Mapping[str, Any]], *, width: int = 100) -> str:
-    """The end of a script's ``--help``: each preset written out as the flags it stands for, wrapped at ``width``
-    without ever splitting a flag from its value. Use it with ``argparse.RawDescriptionHelpFormatter``, which keeps
-    these lines as they are."""
+    """The end of a script's ``--help``: each preset written out as the flags it stands for.
+
+    The lines are wrapped at ``width`` without ever splitting a flag from its value. Use it with
+    ``argparse.RawDescriptionHelpFormatter``, which keeps these lines as they are.
+
+    Args:
+        presets: ``{preset name: {dest: value}}``, what each ``--preset`` sets.
+        width: the longest line, in characters (a single flag longer than that still gets its line).
+
+    Returns:
+        The text, lines joined by newlines, for ``ArgumentParser(epilog=...)``.
+    """
     lines = ["presets (the flags you do not give; an explicit flag always wins):"]
     for name, preset in presets.items():
         line = f"  --preset {name} means"
@@ -108,6 +154,14 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     programs keep busy right now (measured over a quarter of a second), and at least 1. PyTorch's own default uses
     every core, and when something else runs on one of them its threads keep waiting for each other (measured by
     ``benchmarks/threads.py``; examples/README.md, "Threads").
+
+    Args:
+        requested: the thread count the user asked for, or ``None`` to choose. A request above the usable cores is
+            granted, with a reason that says it will be slower.
+
+    Returns:
+        ``(threads, reason)``: the count for ``torch.set_num_threads``, and a short explanation for the script's
+        first line of output.
     """
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     cores = len(allowed) if allowed is not None else (os.cpu_count() or 1)
@@ -134,12 +188,20 @@ def _cpu_times() -> dict[int, list[int]]:
 
 
 def busy_cores(seconds: float = 0.25, *, cpus: Optional[Sequence[int]] = None) -> Optional[float]:
-    """How many of the cores ``cpus`` (default: all) other programs kept busy over the next ``seconds`` (this
-    process sleeps meanwhile), from Linux's ``/proc/stat``; ``None`` where it cannot be read.
+    """How many of the cores ``cpus`` other programs keep busy, measured over the next ``seconds``.
 
-    Of the time that passes on a core while we sleep, the share it did not spend idle (or waiting for disks) is the
-    work of other programs; summed over the cores, it counts busy cores. Only the cores this process may run on
-    matter: a busy core it cannot use slows none of its threads.
+    This process sleeps meanwhile, and reads Linux's ``/proc/stat`` before and after. Of the time that passes on a core
+    while we sleep, the share it did not spend idle (or waiting for disks) is the work of other programs; summed over
+    the cores, it counts busy cores. Only the cores this process may run on matter: a busy core it cannot use slows none
+    of its threads.
+
+    Args:
+        seconds: how long to measure, in seconds.
+        cpus: the numbers of the cores to count (e.g. ``os.sched_getaffinity(0)``); ``None``: all.
+
+    Returns:
+        The busy cores, from 0 to ``len(cpus)`` (fractions included); ``None`` where ``/proc/stat`` cannot be read
+        (not Linux) or lists none of ``cpus``.
     """
     try:
         before = _cpu_times()

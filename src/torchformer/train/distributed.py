@@ -51,9 +51,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DistributedRun:
-    """Who this process is: ``rank`` of ``world_size`` processes, ``local_rank`` on its machine, and the
-    ``device`` it computes on. ``backend`` is ``"nccl"`` or ``"gloo"``, or ``None`` for a single process with no
-    process group."""
+    """Who this process is, as :func:`setup_distributed` found out.
+
+    Args:
+        rank: this process's number among all processes, ``0 .. world_size - 1``; 0 is the main process.
+        world_size: how many processes there are (1 for a single process).
+        local_rank: this process's number on its machine; on CUDA, the number of its GPU.
+        device: the device it computes on (``cuda:LOCAL_RANK``, or the CPU).
+        backend: ``"nccl"`` or ``"gloo"``, or ``None`` for a single process with no process group.
+    """
 
     rank: int
     world_size: int
@@ -72,6 +78,8 @@ def setup_distributed(
 ) -> DistributedRun:
     """Join the processes ``torchrun`` started, or set up a single process when it did not start this one.
 
+    Calling it again in a process that already joined returns the same answer.
+
     Args:
         device: ``"cuda"`` or ``"cpu"``; default CUDA when available. On CUDA each process takes the GPU
             ``cuda:LOCAL_RANK`` and the processes talk over NCCL; on the CPU over gloo.
@@ -79,7 +87,12 @@ def setup_distributed(
             PyTorch's, 10 minutes for NCCL and 30 for gloo). A short one makes a crashed process fail the
             others quickly instead of leaving them waiting.
 
-    Calling it again in a process that already joined returns the same answer.
+    Returns:
+        This process's :class:`DistributedRun`: rank 0 of 1 with ``backend=None`` outside ``torchrun``.
+
+    Raises:
+        ValueError: ``device`` is neither CUDA nor the CPU, or CUDA is not available; ``RANK``, ``WORLD_SIZE`` or
+            ``LOCAL_RANK`` is malformed; or ``LOCAL_RANK`` has no GPU on this machine.
     """
     kind = _device_type(device)
     if "RANK" not in os.environ:  # not started by torchrun: one process, no process group
@@ -115,14 +128,22 @@ def teardown_distributed() -> None:
 
 
 def rank_and_world_size() -> tuple[int, int]:
-    """``(rank, world_size)`` of this process; ``(0, 1)`` without a process group."""
+    """``(rank, world_size)`` of this process; ``(0, 1)`` without a process group.
+
+    Returns:
+        ``(rank, world_size)`` of the default process group.
+    """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
 def is_main_process() -> bool:
-    """Whether this process is rank 0 (or the only one): the one that prints, logs and writes files."""
+    """Whether this process is rank 0 (or the only one): the one that prints, logs and writes files.
+
+    Returns:
+        True on rank 0 and without a process group.
+    """
     return rank_and_world_size()[0] == 0
 
 
@@ -149,6 +170,16 @@ def wrap_model(
             training loop's ``autocast``.
         blocks: the modules FSDP shards one at a time; default ``model.transformer_blocks()`` for a torchformer
             model. Pass them for any other module.
+
+    Returns:
+        The data-parallel model: a ``DistributedDataParallel`` for ``"ddp"``, ``model`` itself (sharded) for
+        ``"fsdp"``, and ``model`` unchanged without a process group.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``mixed_precision`` is not a bool, or ``blocks`` is missing
+            for a model that is not a torchformer model.
+        ValueError: ``strategy`` is neither ``"ddp"`` nor ``"fsdp"``.
+        RuntimeError: ``"fsdp"`` on a torch without FSDP2 (before 2.6), also for a single process.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -181,8 +212,16 @@ def wrap_model(
 
 
 def shard(items: Sequence[T]) -> Sequence[T]:
-    """This process's share of ``items``: every ``world_size``-th one, starting at its ``rank`` (all of them for a
-    single process). Shares differ in length by at most one."""
+    """This process's share of ``items``: every ``world_size``-th one, starting at its ``rank``.
+
+    Shares differ in length by at most one; a single process gets all of them.
+
+    Args:
+        items: anything that slices like a list (a list, a range, a tensor's first dimension).
+
+    Returns:
+        ``items[rank::world_size]``, of the type slicing gives.
+    """
     rank, world_size = rank_and_world_size()
     return items[rank::world_size]
 
@@ -192,6 +231,15 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 
     Every process must call it with the same shape. Sums of counts and of float64 totals are what evaluations
     combine: the sum of every process's bits and bytes is the whole data's, where a mean of means would not be.
+
+    Args:
+        values: a tensor of any shape and dtype, on any device (it travels to the backend's device and back).
+
+    Returns:
+        The sums, shaped and placed as ``values``, detached.
+
+    Raises:
+        TypeError: ``values`` is not a tensor.
     """
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"values must be a tensor, got {type(values).__name__}")
@@ -205,7 +253,17 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_mean(value: float) -> float:
-    """The mean of a number (say each process's loss) over all processes; the same on every process."""
+    """The mean of a number (say each process's loss) over all processes; the same on every process.
+
+    Args:
+        value: this process's number, finite.
+
+    Returns:
+        The mean over the processes (summed in float64); ``value`` itself for one process.
+
+    Raises:
+        ValueError: ``value`` is not a finite number.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
     _, world_size = rank_and_world_size()

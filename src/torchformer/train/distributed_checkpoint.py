@@ -54,9 +54,24 @@ def save_distributed_checkpoint(
 ) -> Path:
     """Gather the full model and optimizer states onto rank 0, which writes them to ``path`` atomically.
 
-    Every process must call it. ``model`` is the wrapped model (DDP, FSDP2, ``torch.compile``, or a plain module
-    in a single process); the arguments are those of :func:`~torchformer.train.checkpoint.save_checkpoint`. Returns
-    ``path`` on every process once the file is complete; if the write failed, every process raises.
+    Every process must call it, with the same arguments. The arguments are those of
+    :func:`~torchformer.train.checkpoint.save_checkpoint`; the file also holds every process's generator states.
+
+    Args:
+        path: the file to write (e.g. :func:`~torchformer.train.checkpoint.checkpoint_path`); replaced if it exists.
+        model: the wrapped model (DDP, FSDP2, ``torch.compile``, or a plain module in a single process).
+        optimizer: the optimizer, built after wrapping; its full state is gathered too. ``None``: none saved.
+        scheduler: the learning-rate scheduler (anything with ``state_dict()``); ``None``: none saved.
+        step: the number of optimizer steps taken so far, a non-negative int.
+        extra: plain data the script needs to resume, as for ``save_checkpoint``; ``None``: an empty dict.
+        generators: this process's named ``torch.Generator`` objects (each process saves its own states).
+
+    Returns:
+        ``path``, on every process, once the file is complete.
+
+    Raises:
+        Exception: on rank 0, whatever made the write fail (as ``save_checkpoint`` raises it); on the other
+            processes a ``RuntimeError`` quoting it, so that no process waits forever.
     """
     path = _check_file_path(path)
     target = unwrap_model(model)
@@ -96,8 +111,27 @@ def load_distributed_checkpoint(
 
     Every process must call it (with the wrapped model, and the optimizer built after wrapping). Each process
     reads the file, checks it as :func:`~torchformer.train.checkpoint.load_checkpoint` does (integrity,
-    architecture, keys and shapes, optimizer and scheduler classes) and takes its part of every tensor.
-    Returns ``{"step": int, "extra": dict, "world_size": int}``, ``world_size`` being that of the saving run.
+    architecture, keys and shapes, optimizer and scheduler classes) and takes its part of every tensor. It also
+    reads checkpoints of :func:`~torchformer.train.checkpoint.save_checkpoint` (a single process's).
+
+    Args:
+        path: the checkpoint file, readable by every process (on several machines, a shared folder).
+        model: the wrapped model (DDP, FSDP2, ``torch.compile``, or a plain module).
+        optimizer: the optimizer to restore, built after wrapping; ``None``: not restored.
+        scheduler: the learning-rate scheduler to restore, of the saved class; ``None``: not restored.
+        generators: named ``torch.Generator`` objects to restore: each process gets its own saved states when the
+            number of processes is the same, else rank 0's.
+        restore_rng: also restore the global generators (Python, NumPy, torch), chosen the same way.
+
+    Returns:
+        ``{"step": int, "extra": dict, "world_size": int}``, ``world_size`` being that of the saving run.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        CheckpointError: the file is empty, truncated, damaged or not a checkpoint.
+        ValueError: the checkpoint does not fit the model, optimizer, scheduler or generators (as
+            ``load_checkpoint`` says).
+        TypeError: ``restore_rng`` is not a bool.
     """
     path = Path(path)
     ckpt = _read_payload(path, map_location="cpu", mmap=False, verify=True)

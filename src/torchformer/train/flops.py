@@ -35,9 +35,20 @@ __all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token
 def flops_per_token(*, params: int, layers: int, attention_width: int, context: int) -> int:
     """Training FLOPs per token: ``6 * params + 12 * layers * attention_width * context``.
 
-    ``params`` counts the parameters used in matrix products (see :func:`matmul_parameters`), ``layers`` the
-    attention layers, ``attention_width = heads * head_size`` (``emb`` for narrow heads, ``heads * emb`` for wide
-    ones) and ``context`` the sequence length trained on.
+    Forward and backward together, as the module docstring explains.
+
+    Args:
+        params: the parameters used in matrix products (see :func:`matmul_parameters`), ``>= 0``.
+        layers: the number of attention layers, ``>= 0``.
+        attention_width: ``heads * head_size`` of each layer: ``emb`` for narrow heads, ``heads * emb`` for wide
+            ones.
+        context: the sequence length trained on, in tokens.
+
+    Returns:
+        FLOPs per token trained on.
+
+    Raises:
+        ValueError: an argument is not an int, or below its minimum (0 for ``params`` and ``layers``, else 1).
     """
     check_int_at_least(params, "params", 0)
     check_int_at_least(layers, "layers", 0)
@@ -47,7 +58,19 @@ def flops_per_token(*, params: int, layers: int, attention_width: int, context: 
 
 
 def matmul_parameters(model: nn.Module) -> int:
-    """Parameters of ``model`` except embedding tables that are only looked up; shared parameters count once."""
+    """Parameters of ``model`` except embedding tables that are only looked up; shared parameters count once.
+
+    An embedding table tied to a linear layer (the output head) is multiplied there, so it counts.
+
+    Args:
+        model: any module.
+
+    Returns:
+        The number of parameter elements that take part in matrix products: ``N`` of the ``6 N`` estimate.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     # A table tied to a linear layer (the output head) is multiplied there, so it stays in the count.
@@ -69,6 +92,17 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
 
     Every :class:`~torchformer.nn.attention.MultiHeadAttention` inside counts as one attention layer of width
     ``heads * head_size``. Works on the module behind ``torch.compile`` too (the parameters are the same).
+
+    Args:
+        model: a module holding torchformer attention layers.
+        context: the sequence length trained on, in tokens.
+
+    Returns:
+        ``6 * matmul_parameters(model)`` plus ``12 * heads * head_size * context`` per attention layer.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: ``context`` is not a positive int.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (e.g. a GTransformer), got {type(model).__name__} "
@@ -83,6 +117,18 @@ def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -
     """Model FLOPs utilisation: the fraction of ``peak_tflops`` (TFLOP/s) that the training throughput needs.
 
     All three must be finite real numbers (Python or NumPy), ``peak_tflops`` positive, the others ``>= 0``.
+
+    Args:
+        tokens_per_second: the training throughput, tokens per second (over all devices, if ``peak_tflops`` is
+            their sum).
+        flops_per_token: the model's training FLOPs per token (:func:`model_flops_per_token`).
+        peak_tflops: the accelerator's peak in TFLOP/s (:func:`peak_bf16_tflops`).
+
+    Returns:
+        The utilisation as a fraction (0.4 = 40 %; above 1 means the FLOP count or the peak is wrong).
+
+    Raises:
+        ValueError: an argument is not a finite number in its range.
     """
     for name, value in (("tokens_per_second", tokens_per_second), ("flops_per_token", flops_per_token)):
         if not _is_real(value) or not 0 <= value < math.inf:
@@ -111,6 +157,15 @@ def peak_bf16_tflops(device_name: str) -> float | None:
 
     ``device_name`` is what ``torch.cuda.get_device_name()`` reports, e.g. ``"NVIDIA H100 80GB HBM3"`` (989) or
     ``"NVIDIA H200"`` (989); case and spacing are ignored. Pass an unknown device's peak to :func:`mfu` yourself.
+
+    Args:
+        device_name: the accelerator's name.
+
+    Returns:
+        The peak in TFLOP/s from :data:`PEAK_BF16_TFLOPS`, or ``None`` for a device not listed there.
+
+    Raises:
+        TypeError: ``device_name`` is not a str.
     """
     if not isinstance(device_name, str):
         raise TypeError(f"device_name must be a str (e.g. torch.cuda.get_device_name()), got "

@@ -40,7 +40,21 @@ def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwar
     ``attention`` must be a :class:`~torchformer.nn.attention.SelfAttention` or
     :class:`~torchformer.nn.attention.CrossAttention` inside ``model`` that the forward pass calls exactly once.
     Run a full forward pass, not incremental decoding with caches: the replay sees only the new positions.
-    Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0.
+    Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0. Runs without
+    gradients; put the model in ``eval()`` mode first if dropout should not change the captured input.
+
+    Args:
+        model: the model (or any callable) whose forward pass calls ``attention``.
+        attention: the attention module to look into.
+        *args: what ``model`` takes, e.g. token ids ``(b, t)``.
+        **kwargs: ``model``'s keyword arguments.
+
+    Returns:
+        The attention weights ``(b, h, t, u)`` (``u = t`` for self-attention, the context length for cross).
+
+    Raises:
+        TypeError: ``model`` is not callable, or ``attention`` is not a torchformer attention module.
+        ValueError: the forward pass called ``attention`` other than exactly once.
     """
     if not callable(model):
         raise TypeError(f"model must be a torch.nn.Module (callable), got {type(model).__name__}")
@@ -74,6 +88,21 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
     ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
     dropout should not change the captured input. ``mask`` is for models that take one (a classifier's padding
     mask); a generator takes none (its causal mask is built in), and passing one is a ``TypeError`` saying so.
+
+    Args:
+        model: a :class:`~torchformer.models.CTransformer`, :class:`~torchformer.models.GTransformer` or another
+            model with ``self_attention_layers()``, compiled or not.
+        ids: token ids ``(b, t)``.
+        mask: bool ``(b, t)``, ``True`` at real tokens, for a model that takes one; ``None``: no mask.
+        layer: which block's self-attention, indexed like a list (``-1``: the last).
+
+    Returns:
+        The weights ``(b, h, t, t)``: row ``i`` is how query ``i`` spreads its attention over the keys.
+
+    Raises:
+        TypeError: the model has no ``self_attention_layers()``, cannot be called as ``model(ids)``, or takes no
+            ``mask`` but got one.
+        ValueError: ``layer`` is not an int indexing the layers.
     """
     inner = unwrap_model(model)
     layers = inner.self_attention_layers() if callable(getattr(inner, "self_attention_layers", None)) else None
@@ -109,13 +138,27 @@ def plot_attention(
     path: str | os.PathLike,
     title: str | None = None,
 ) -> bool:
-    """Draw a ``(t, u)`` matrix as a heat map PNG at ``path``: row ``i`` is query ``y_labels[i]``, column ``j`` key
-    ``x_labels[j]``. Returns ``True`` when written, ``False`` when matplotlib is not installed.
+    """Draw a ``(t, u)`` matrix as a heat map PNG at ``path``.
 
-    Pass one head (``weights[0, head]``) or the mean over heads (``weights[0].mean(0)``). Nothing is assumed
-    about the values, so cross-attention and any other matrix work too. ``path`` must end in ``.png``; an existing
-    folder, an empty path or another suffix is a ``ValueError`` (matplotlib would otherwise write the picture
-    elsewhere, e.g. ``folder.png`` next to the folder).
+    Row ``i`` is query ``y_labels[i]``, column ``j`` key ``x_labels[j]``. Pass one head (``weights[0, head]``) or the
+    mean over heads (``weights[0].mean(0)``). Nothing is assumed about the values, so cross-attention and any other
+    matrix work too. ``path`` must end in ``.png``; an existing folder, an empty path or another suffix is a
+    ``ValueError`` (matplotlib would otherwise write the picture elsewhere, e.g. ``folder.png`` next to the folder).
+
+    Args:
+        weights: the matrix ``(t, u)``, real numbers on any device.
+        x_labels: ``u`` labels of the keys (the columns); a str gives one label per character.
+        y_labels: ``t`` labels of the queries (the rows); likewise.
+        path: the PNG file to write; missing parent folders are created.
+        title: a title above the picture; ``None``: none.
+
+    Returns:
+        ``True`` when the PNG was written, ``False`` when matplotlib is not installed.
+
+    Raises:
+        ValueError: ``weights`` is not a non-empty 2-D tensor, the labels do not match its shape, or ``path`` is
+            not a ``.png`` file path.
+        TypeError: ``weights`` is complex, or a label argument is not a sequence.
     """
     if not isinstance(weights, Tensor) or weights.dim() != 2:
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__

@@ -45,8 +45,10 @@ IGNORE = -100  # the target of a row that counts for nothing: F.nll_loss's defau
 def start_run(
     device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None
 ) -> DistributedRun:
-    """Join the processes ``torchrun`` started (or set up a single process), seed them all with ``seed``, and keep
-    every process but the main one from printing.
+    """Join the processes ``torchrun`` started (or set up a single process), seed them all, quiet all but rank 0.
+
+    The standard output of the other processes goes to ``os.devnull``; their standard error stays, so a failing
+    process still says why.
 
     Args:
         device: the device the script resolved (``--device``). Under ``torchrun`` on CUDA each process takes
@@ -56,8 +58,13 @@ def start_run(
         seed: the same on every process, so that models built next get the same initial weights everywhere.
         timeout: how long a collective waits for the other processes (see :func:`setup_distributed`).
 
-    The standard output of the other processes goes to ``os.devnull``; their standard error stays, so a failing
-    process still says why.
+    Returns:
+        This process's :class:`~torchformer.train.distributed.DistributedRun`.
+
+    Raises:
+        ValueError: ``strategy`` is not ``"ddp"`` or ``"fsdp"``, ``seed`` is negative or at least ``2**32``, or
+            :func:`~torchformer.train.distributed.setup_distributed` refuses the device or the environment.
+        TypeError: ``seed`` is not an int.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -74,6 +81,9 @@ def seed_each_process(seed: int) -> None:
     Call it after building the model (which must be identical everywhere). Rank ``r > 0`` is seeded from ``(seed,
     r)`` by NumPy's ``SeedSequence`` (independent streams, reproducible from the seed and the rank); rank 0 keeps
     the stream it has, so that a single process draws exactly what it drew before this function existed.
+
+    Args:
+        seed: the run's seed, the one given to :func:`start_run`.
     """
     rank, _ = rank_and_world_size()
     if rank > 0:
@@ -82,8 +92,17 @@ def seed_each_process(seed: int) -> None:
 
 @dataclass(frozen=True)
 class BatchShare:
-    """This process's part of a global batch: ``rows`` ``(k,)`` to compute, of which ``real`` ``(k,)`` count, and
-    the ``divisor`` of the summed loss (``batch_size / world_size``). Every process gets the same ``k``."""
+    """This process's part of a global batch, as :func:`share_batch` makes it.
+
+    Every process gets the same number of rows ``k``.
+
+    Args:
+        rows: ``(k,)`` long, the indices of the batch rows this process computes.
+        real: ``(k,)`` bool, ``False`` for a repeated row that counts for nothing.
+        divisor: what the loss summed over the process's rows is divided by: ``batch_size / world_size``.
+        whole: the share is the whole batch, in order (one process): :meth:`take` and :meth:`targets` return
+            their input, with nothing to gather or copy.
+    """
 
     rows: Tensor
     real: Tensor
@@ -91,14 +110,28 @@ class BatchShare:
     whole: bool = False  # the whole batch, in order (one process): nothing to gather or copy
 
     def take(self, batch: Tensor) -> Tensor:
-        """This process's rows of ``batch`` ``(batch_size, ...)``: ``(k, ...)`` (``batch`` itself for one process,
-        with no gather and no index copied to the device on every step)."""
+        """This process's rows of ``batch``: ``(batch_size, ...) -> (k, ...)``.
+
+        Args:
+            batch: the global batch ``(batch_size, ...)``, the same on every process.
+
+        Returns:
+            The rows ``(k, ...)``; ``batch`` itself for one process (no gather, and no index copied to the device
+            on every step).
+        """
         if self.whole:
             return batch
         return batch[self.rows.to(batch.device)]
 
     def targets(self, targets: Tensor) -> Tensor:
-        """This process's rows of ``targets`` ``(batch_size, ...)``, those of repeated rows set to :data:`IGNORE`."""
+        """This process's rows of ``targets`` ``(batch_size, ...)``, those of repeated rows set to :data:`IGNORE`.
+
+        Args:
+            targets: the global batch's targets ``(batch_size, ...)``, integer class or token ids.
+
+        Returns:
+            ``(k, ...)``; ``targets`` itself for one process.
+        """
         if self.whole:
             return targets
         mine = self.take(targets)
@@ -112,6 +145,15 @@ def share_batch(batch_size: int) -> BatchShare:
     Rows ``rank, rank + world_size, ...``; ``ceil(batch_size / world_size)`` of them on every process, the missing
     ones repeats (of row ``index % batch_size``) that do not count. One process: all rows, in order, divisor
     ``batch_size``, so ``F.nll_loss(..., reduction="sum") / divisor`` is exactly the mean loss of before.
+
+    Args:
+        batch_size: the global batch size, in rows (the script's ``-b``).
+
+    Returns:
+        This process's :class:`BatchShare`.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive int.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -122,14 +164,34 @@ def share_batch(batch_size: int) -> BatchShare:
 
 
 def average_over_processes(values: Tensor) -> Tensor:
-    """The element-wise mean of ``values`` over the processes (``values`` itself for one process): the figures of
-    the whole batch from each process's part, e.g. losses read for the log or to check for a divergence."""
+    """The element-wise mean of ``values`` over the processes.
+
+    The figures of the whole batch from each process's part, e.g. losses read for the log or to check for a
+    divergence. Every process must call it with the same shape.
+
+    Args:
+        values: this process's figures, a tensor of any shape.
+
+    Returns:
+        The means, shaped and placed as ``values`` (floating point); the same numbers for one process.
+    """
     _, world_size = rank_and_world_size()
     return all_reduce_sum(values) / world_size
 
 
 def describe_run(run: DistributedRun, *, strategy: str, batch_size: int, unit: str, learn_rate: float) -> str:
-    """The start-up line that says how the work is shared: processes, strategy, the global batch, the learning rate."""
+    """The start-up line that says how the work is shared: processes, strategy, the global batch, the learning rate.
+
+    Args:
+        run: this process's run (:func:`start_run`).
+        strategy: ``"ddp"`` or ``"fsdp"``, named when there are several processes.
+        batch_size: the global batch size.
+        unit: what a row of the batch is, for the line (``"sequences"``, ``"reviews"``).
+        learn_rate: the learning rate, the same on any number of processes.
+
+    Returns:
+        One line of text, without a newline.
+    """
     if run.world_size == 1:
         how = "1 process (start with torchrun for more; --strategy applies only then)"
     else:
@@ -141,14 +203,25 @@ def describe_run(run: DistributedRun, *, strategy: str, batch_size: int, unit: s
 
 
 class NoLog:
-    """In place of a :class:`~torchformer.train.training.CSVLogger` (or a TensorBoard writer) on a process that
-    writes nothing: it takes the same calls and keeps nothing."""
+    """In place of a :class:`~torchformer.train.training.CSVLogger` (or a TensorBoard writer) on a silent process.
+
+    It takes the same calls and keeps nothing: the processes other than rank 0 write no files.
+    """
 
     def log(self, **row: Any) -> None:
-        """Take a row, as :meth:`CSVLogger.log <torchformer.train.training.CSVLogger.log>` does, and drop it."""
+        """Take a row, as :meth:`CSVLogger.log <torchformer.train.training.CSVLogger.log>` does, and drop it.
+
+        Args:
+            **row: the columns and their values, ignored.
+        """
 
     def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        """Take a scalar, as TensorBoard's ``SummaryWriter.add_scalar`` does, and drop it."""
+        """Take a scalar, as TensorBoard's ``SummaryWriter.add_scalar`` does, and drop it.
+
+        Args:
+            *args: ``add_scalar``'s arguments (tag, value, step, ...), ignored.
+            **kwargs: its keyword arguments, ignored.
+        """
 
     def close(self) -> None:
         """Nothing to close."""

@@ -84,7 +84,19 @@ def _check_num_classes(num_classes: object) -> int:
 
 
 def accuracy(predictions: Sequence[int] | Tensor, targets: Sequence[int] | Tensor) -> float:
-    """The fraction of ``predictions`` ``(n,)`` equal to ``targets`` ``(n,)``, in [0, 1]."""
+    """The fraction of ``predictions`` ``(n,)`` equal to ``targets`` ``(n,)``, in [0, 1].
+
+    Args:
+        predictions: the predicted class ids ``(n,)``: a 1-D tensor, array, list or other iterable of ints.
+        targets: the true class ids ``(n,)``, likewise.
+
+    Returns:
+        The accuracy, a float in [0, 1].
+
+    Raises:
+        TypeError: either is not a 1-D sequence of int class ids.
+        ValueError: their lengths differ, or they are empty.
+    """
     p, t = _check_pair(predictions, targets)
     return (p == t).double().mean().item()
 
@@ -98,6 +110,19 @@ def confusion_matrix(
     its row and column. Rows sum to the class frequencies of ``targets``; the trace is the number correct.
     Without ``num_classes`` an id of :data:`MAX_INFERRED_CLASSES` or more is refused (a stray large id would ask
     for a matrix of its square: terabytes); with it, matrices of more than :data:`MAX_CELLS` cells are.
+
+    Args:
+        predictions: the predicted class ids ``(n,)``: a 1-D tensor, array, list or other iterable of ints.
+        targets: the true class ids ``(n,)``, likewise.
+        num_classes: ``c``; ``None``: one more than the largest id in either.
+
+    Returns:
+        The counts ``(c, c)``, int64, on the CPU.
+
+    Raises:
+        TypeError: either is not a 1-D sequence of int class ids.
+        ValueError: their lengths differ or they are empty, an id is outside ``[0, c)``, or the matrix would be
+            too large (see above).
     """
     p, t = _check_pair(predictions, targets)
     low = min(p.min().item(), t.min().item())
@@ -131,6 +156,17 @@ def format_confusion_matrix(matrix: Tensor, *, labels: Sequence[str] | None = No
 
     Integer counts print as integers; a float matrix (e.g. normalised per row, ``m / m.sum(1, keepdim=True)``)
     prints its values with 4 significant digits (whole numbers without decimals).
+
+    Args:
+        matrix: the ``(c, c)`` matrix, counts or fractions (:func:`confusion_matrix`).
+        labels: the ``c`` class names, in class id order; ``None``: the ids ``0 .. c-1``.
+
+    Returns:
+        The table, its lines joined by newlines (no newline at the end), columns right-aligned.
+
+    Raises:
+        ValueError: ``matrix`` is not a square 2-D tensor, or ``labels`` does not name ``c`` classes.
+        TypeError: ``matrix`` is complex, or ``labels`` is a str or not a sequence.
     """
     if not isinstance(matrix, Tensor) or matrix.dim() != 2 or matrix.size(0) != matrix.size(1):
         shape = tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
@@ -167,12 +203,18 @@ def _format_count(v: float | int | bool) -> str:
 class Calibration:
     """What :func:`calibration` measured: how well a classifier's confidence matches how often it is right.
 
-    ``ece``: the expected calibration error, in [0, 1] (0: in every bin the mean confidence equals the accuracy).
-    ``edges`` ``(bins + 1,)`` float64: bin ``i`` holds the confidences in ``[edges[i], edges[i + 1])`` (the last bin
-    includes 1). Per bin, ``(bins,)``: ``counts`` (int64, examples), ``confidence`` (their mean confidence) and
-    ``accuracy`` (the fraction of them predicted right), both float64 and NaN in an empty bin.
-    ``mean_confidence_right`` / ``mean_confidence_wrong``: the mean confidence of the right and of the wrong answers
-    (NaN when there are none). ``count``: n, the number of examples.
+    Each argument is kept as the attribute of the same name. :meth:`to_dict` gives it all as JSON-ready data.
+
+    Args:
+        ece: the expected calibration error, in [0, 1] (0: in every bin the mean confidence equals the accuracy).
+        edges: ``(bins + 1,)`` float64: bin ``i`` holds the confidences in ``[edges[i], edges[i + 1])`` (the last
+            bin includes 1).
+        counts: ``(bins,)`` int64, the examples in each bin.
+        confidence: ``(bins,)`` float64, each bin's mean confidence; NaN in an empty bin.
+        accuracy: ``(bins,)`` float64, the fraction of each bin's examples predicted right; NaN in an empty bin.
+        mean_confidence_right: the mean confidence of the right answers (NaN when there are none).
+        mean_confidence_wrong: the mean confidence of the wrong answers (NaN when there are none).
+        count: ``n``, the number of examples.
     """
 
     ece: float
@@ -185,8 +227,15 @@ class Calibration:
     count: int
 
     def to_dict(self) -> dict:
-        """The same as plain Python numbers, for ``json.dumps``; what is undefined (NaN: an empty bin's confidence and
-        accuracy, the mean confidence of wrong answers when there are none) is ``None``, as JSON has no NaN."""
+        """The same as plain Python numbers, for ``json.dumps``.
+
+        What is undefined (NaN: an empty bin's confidence and accuracy, the mean confidence of wrong answers when
+        there are none) is ``None``, as JSON has no NaN.
+
+        Returns:
+            ``{"ece", "mean_confidence_right", "mean_confidence_wrong", "count", "bins"}``, where ``"bins"`` is a
+            list with one ``{"from", "to", "count", "confidence", "accuracy"}`` dict per bin.
+        """
 
         def number(v: float) -> float | None:
             return None if math.isnan(v) else v
@@ -206,11 +255,11 @@ class Calibration:
 
 
 def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins: int = 10) -> Calibration:
-    """How far a classifier's confidence is from its accuracy: is it right 90 % of the time when it says "90 %"?
+    """How far a classifier's confidence is from its accuracy.
 
-    ``probabilities`` ``(n, c)``: one distribution over the ``c`` classes per example (``model(x).exp()`` for a
-    model that returns log-probabilities); ``targets`` ``(n,)``: the true class ids. The prediction is the likeliest
-    class, and its **confidence** the probability given to it.
+    Is it right 90 % of the time when it says "90 %"? ``probabilities`` ``(n, c)``: one distribution over the ``c``
+    classes per example (``model(x).exp()`` for a model that returns log-probabilities); ``targets`` ``(n,)``: the true
+    class ids. The prediction is the likeliest class, and its **confidence** the probability given to it.
 
     The examples are grouped by confidence into ``bins`` bins of equal width over **[1/c, 1]** (not [0, 1]): the
     largest of ``c`` probabilities that sum to 1 is at least their mean, 1/c, so bins below 1/c would always be empty
@@ -225,10 +274,19 @@ def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins:
     diagonal, shows which. The ECE depends on ``bins``: more bins hold fewer examples each, and their noise adds to
     it.
 
-    Raises ``TypeError`` for a ``probabilities`` that is not a floating-point tensor or ``targets`` that are not
-    int class ids, and ``ValueError`` for any other shape than ``(n, c)`` with ``n >= 1`` and ``c >= 2``, values
-    outside [0, 1] (or NaN), rows that do not sum to 1, ``targets`` of another length or outside ``[0, c)``, and
-    ``bins`` that is not an int in ``[1, MAX_BINS]``.
+    Args:
+        probabilities: ``(n, c)``, each row a distribution over the classes (rows must sum to 1 within 2 %).
+        targets: the true class ids ``(n,)``: a 1-D tensor, array, list or other iterable of ints.
+        bins: the number of confidence bins, an int in ``[1, MAX_BINS]``.
+
+    Returns:
+        Everything measured, as a :class:`Calibration`: the ECE and the per-bin figures of the reliability diagram.
+
+    Raises:
+        TypeError: ``probabilities`` is not a floating-point tensor, or ``targets`` are not int class ids.
+        ValueError: any other shape than ``(n, c)`` with ``n >= 1`` and ``c >= 2``, values outside [0, 1] (or NaN),
+            rows that do not sum to 1, ``targets`` of another length or outside ``[0, c)``, or ``bins`` that is not
+            an int in ``[1, MAX_BINS]``.
     """
     if not isinstance(probabilities, Tensor):
         raise TypeError(f"probabilities must be a (n, c) torch.Tensor of class probabilities, got "
@@ -313,9 +371,19 @@ def _calibration_from_sums(sums: Tensor, *, classes: int, bins: int) -> Calibrat
 
 @dataclass
 class ClassifierResult:
-    """What :func:`evaluate_classifier` measured: mean loss (nats), accuracy, ``(c, c)`` confusion, count, and the
-    :func:`calibration` of its predictions in ``CALIBRATION_BINS`` bins (``None`` for a model of one class, which has
-    nothing to calibrate)."""
+    """What :func:`evaluate_classifier` measured: loss, accuracy, confusion matrix and calibration.
+
+    Each argument is kept as the attribute of the same name.
+
+    Args:
+        loss: the mean negative log-likelihood per example, in nats.
+        accuracy: the fraction of examples predicted right, in [0, 1].
+        confusion: ``(c, c)`` int64 counts, rows the true classes and columns the predicted ones
+            (:func:`confusion_matrix`).
+        count: ``n``, the number of examples.
+        calibration: the :func:`calibration` of the predictions in ``CALIBRATION_BINS`` bins; ``None`` for a model
+            of one class, which has nothing to calibrate.
+    """
 
     loss: float
     accuracy: float
@@ -356,6 +424,22 @@ def evaluate_classifier(
     per example), an output of the wrong shape. On the first batch the output must hold log-probabilities: NaN
     means the weights are broken (did training diverge?), and a logsumexp over the classes far from 0 means the
     model returns logits (apply ``log_softmax``).
+
+    Args:
+        model: a classifier, ``model(ids, mask)`` -> log-probabilities ``(b, c)``.
+        batches: an iterable of ``(ids, mask, labels)``: ids ``(b, t)``, mask ``(b, t)`` bool or ``None``, labels
+            ``(b,)`` class ids (a :class:`~torchformer.data.ClassificationBatches`, or a list); read once.
+        num_classes: ``c``, checked against the model's output; ``None``: taken from it.
+        mixed_precision: run the forward pass under :func:`~torchformer.train.training.autocast` (bf16 on CUDA).
+        distributed: share the batches among the processes of the process group (see above).
+
+    Returns:
+        The figures over all the batches, as a :class:`ClassifierResult` (on every process, with ``distributed``).
+
+    Raises:
+        TypeError: an argument, a batch's ids, or the model's output is of the wrong type.
+        ValueError: a malformed batch, labels or output, NaN in the output, logits instead of log-probabilities,
+            ``num_classes`` different from the model's, or no batch or no example at all.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

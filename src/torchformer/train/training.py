@@ -72,6 +72,17 @@ def resolve_device(device: Union[str, torch.device, None] = None) -> torch.devic
     Refused with a ``ValueError`` naming the device: unknown names (``"gpu"``), devices this machine lacks
     (``"cuda"`` without a GPU, ``"cuda:3"`` with two GPUs, ``"mps"`` off a Mac), ``"meta"`` (it holds no data, so
     no model can run on it) and ``"cpu:N"`` for ``N != 0`` (torch ignores the index: all of the CPU is device 0).
+
+    Args:
+        device: a device name (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``; case and surrounding spaces
+            ignored), a ``torch.device``, or ``None`` (the same as ``"auto"``).
+
+    Returns:
+        The device, checked to exist on this machine.
+
+    Raises:
+        ValueError: the device is unknown, missing here, ``"meta"``, or ``"cpu:N"`` with ``N != 0``.
+        TypeError: ``device`` is not a str, ``torch.device`` or ``None``.
     """
     return _resolve_device(device, "device")
 
@@ -147,6 +158,17 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
     ``device`` is read as :func:`resolve_device` reads it (``None``/``"auto"`` included), with the same errors;
     with ``enabled=False`` it is only checked to be a valid name, so ``autocast("cuda", enabled=False)`` works on a
     machine without a GPU.
+
+    Args:
+        device: where the forward pass runs: a name, a ``torch.device``, or ``None``/``"auto"``.
+        enabled: False turns it into a no-op (e.g. from a ``--no-mixed-precision`` flag).
+
+    Returns:
+        A context manager: ``with autocast(device): loss = model(x)``.
+
+    Raises:
+        ValueError: ``device`` is not a valid device (or, when enabled, not one this machine has).
+        TypeError: ``enabled`` is not a bool, or ``device`` not a str, ``torch.device`` or ``None``.
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
@@ -175,6 +197,19 @@ def warmup_cosine(
     Warmup matters for transformers: Adam's early updates are large and noisy while its moment estimates are
     still poor, and post-norm models in particular diverge without it. ``total_steps == warmup_steps`` is
     allowed (warmup, then straight to the minimum).
+
+    Args:
+        optimizer: the optimizer whose learning rates (each group's, as set when it was built) are scaled.
+        warmup_steps: the steps of linear warmup, ``>= 0``.
+        total_steps: the step at which the decay reaches its minimum, ``>= warmup_steps`` and ``>= 1``.
+        min_lr_ratio: the final learning rate as a fraction of the base one, in [0, 1].
+
+    Returns:
+        The scheduler; call ``scheduler.step()`` once after each ``optimizer.step()``.
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer, or a step count is not an int.
+        ValueError: a step count is out of range, or ``min_lr_ratio`` is not in [0, 1].
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -197,7 +232,15 @@ def warmup_cosine(
 
 
 def set_seed(seed: int) -> None:
-    """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA device)."""
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA device).
+
+    Args:
+        seed: an int in ``[0, 2**32)`` (NumPy's range).
+
+    Raises:
+        TypeError: ``seed`` is not an int.
+        ValueError: ``seed`` is negative or at least ``2**32``.
+    """
     _check_int(seed, "seed", minimum=0)
     if seed >= 2**32:
         raise ValueError(f"seed must be < 2**32 (NumPy's limit), got {seed}")
@@ -207,7 +250,18 @@ def set_seed(seed: int) -> None:
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
-    """Number of parameter elements; parameters shared between layers (tied embeddings) count once."""
+    """Number of parameter elements; parameters shared between layers (tied embeddings) count once.
+
+    Args:
+        model: any module.
+        trainable_only: count only the parameters with ``requires_grad`` (not the frozen ones).
+
+    Returns:
+        The number of scalar parameters.
+
+    Raises:
+        TypeError: ``model`` is not a module, or ``trainable_only`` not a bool.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(trainable_only, bool):
@@ -230,6 +284,15 @@ def check_finite_losses(losses: Iterable[float], steps: Iterable[int]) -> None:
     ``losses``: any iterable of real numbers (Python or NumPy numbers, one-element tensors) or a 1-D tensor or
     array; ``steps``: the same of integers (a ``range`` will do). Both are read once, so generators work too.
     Anything else is a ``TypeError`` naming the argument.
+
+    Args:
+        losses: the losses to check.
+        steps: the step of each loss, as many as ``losses``.
+
+    Raises:
+        TrainingDiverged: a loss is NaN or infinite; the message names its step and the usual remedies.
+        TypeError: either argument is not an iterable of the right numbers.
+        ValueError: they differ in length.
     """
     loss_values = _real_values(losses, "losses", integer=False)
     step_values = _real_values(steps, "steps", integer=True)
@@ -291,10 +354,23 @@ class CSVLogger:
     naming the column, since :func:`plot_curves` could not read it back. The file is UTF-8; an existing file that is
     not is a ``ValueError`` naming it.
 
-    ``resume_step``: the step a run (re)starts from. Rows of the existing file logged *after* it (column
-    ``step_column``) are dropped first: a killed run may have logged past its last checkpoint, and the resumed
-    run logs those steps again. ``resume_step=0`` starts the log afresh. Rows whose step is not a finite number
-    (empty, text, ``nan``, ``inf``: not a step) are kept, as they are.
+    A resumed run passes ``resume_step``: rows of the existing file logged *after* it are dropped first, since a
+    killed run may have logged past its last checkpoint and the resumed run logs those steps again. Rows whose step
+    is not a finite number (empty, text, ``nan``, ``inf``: not a step) are kept, as they are. Use it as a context
+    manager, or call :meth:`close`.
+
+    Args:
+        path: the CSV file; missing parent folders are created.
+        fieldnames: the columns, non-empty and unique strs; an existing file must have exactly these.
+        resume_step: the step a run (re)starts from: rows with a larger step are dropped. ``0`` starts the log
+            afresh; ``None`` (default) keeps every row.
+        step_column: the column that holds the step, one of ``fieldnames``.
+
+    Raises:
+        TypeError: ``fieldnames`` is not a sequence of non-empty strs, or ``path`` is not a path.
+        ValueError: ``fieldnames`` is empty or repeats a name, ``resume_step`` is not a non-negative int,
+            ``step_column`` is not a column, ``path`` is a folder, or the existing file has other columns or is not
+            UTF-8.
     """
 
     def __init__(
@@ -355,7 +431,15 @@ class CSVLogger:
         write_atomically(self.path, write)
 
     def log(self, **row: Any) -> None:
-        """Append one row: ``log(step=10, loss=2.31)``; columns not given stay empty."""
+        """Append one row: ``log(step=10, loss=2.31)``; columns not given stay empty.
+
+        Args:
+            **row: the cells, by column: numbers (Python or NumPy, one-element tensors or arrays), strs or ``None``.
+
+        Raises:
+            ValueError: no column given, an unknown column, or the logger is closed.
+            TypeError: a cell holds anything else (a list, a multi-element tensor); nothing is written then.
+        """
         if self._file.closed:
             raise ValueError(f"log() called after close() on the CSVLogger for {self.path}")
         if not row:
@@ -457,8 +541,25 @@ def plot_curves(
     Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
     ``ValueError`` naming its column and line. ``ylabel`` names the y axis (give it whenever the curves share a
     unit: say which); ``marks`` adds labelled single points, ``{"test: 1.26": (step, value)}``, e.g. a final figure.
-    ``png_path`` must end in ``.png`` (an existing folder is refused). Returns ``True`` when the PNG was written and
-    ``False`` when matplotlib is not installed.
+    ``png_path`` must end in ``.png`` (an existing folder is refused).
+
+    Args:
+        csv_path: the CSV file to read.
+        png_path: the PNG file to write; missing parent folders are created.
+        x: the column of the x axis (usually ``"step"``).
+        ys: the columns to plot, one curve each.
+        title: a title above the plot; ``None``: none.
+        ylabel: the y axis's name; ``None``: the column's name when there is one curve, else none.
+        marks: labelled single points to add, ``{label: (x, y)}``; ``None``: none.
+
+    Returns:
+        ``True`` when the PNG was written, ``False`` when matplotlib is not installed.
+
+    Raises:
+        FileNotFoundError: ``csv_path`` does not exist.
+        ValueError: a column is missing or holds text, ``ys`` or ``marks`` is malformed, or ``png_path`` is not a
+            ``.png`` file path.
+        TypeError: ``ylabel`` is not a str.
     """
     if isinstance(ys, (str, bytes)) or not isinstance(ys, Iterable):
         raise ValueError(f"ys must be a non-empty sequence of column names, got {ys!r}")
@@ -536,6 +637,20 @@ def progress(
 
     On several processes (``torch.distributed``) only the main one (rank 0) draws its bars: the others would write
     the same bars over each other on the same terminal.
+
+    Args:
+        iterable: what to iterate over; ``None`` for a bar advanced by hand with ``update(n)``.
+        total: the number of items, for the bar's length; ``None``: ``len(iterable)`` where it has one.
+        desc: a label in front of the bar; ``None``: none.
+        disable: draw nothing (the items are still iterated).
+
+    Returns:
+        (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``, ``update(n)``) and
+        ignores ``set_postfix``, ``set_description`` and ``close``. Both work as context managers.
+
+    Raises:
+        TypeError: ``iterable`` is not iterable, or ``desc`` is not a str.
+        ValueError: ``total`` is negative or not a number.
     """
     if iterable is not None and not isinstance(iterable, Iterable):
         raise TypeError(f"iterable must be an iterable or None, got {type(iterable).__name__}")
