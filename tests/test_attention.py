@@ -549,3 +549,44 @@ def test_a_cross_attention_cache_refuses_another_context_on_its_very_next_call()
     att(x, first, cache=cache)
     with pytest.raises(ValueError, match="holds the keys of another context"):
         att(x, other, cache=cache)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_dropout_acts_on_the_fast_path(masked):
+    # With no mask at all, SDPA itself must apply the dropout (its dropout_p): training mode is random, evaluation
+    # mode is not, and the training output differs from the evaluation one.
+    torch.manual_seed(0)
+    attention = SelfAttention(16, 4, dropout=0.5)
+    x = torch.randn(2, 6, 16)
+    mask = torch.ones(2, 6, dtype=torch.bool) if masked else None
+    attention.train()
+    first, second = attention(x, mask), attention(x, mask)
+    attention.eval()
+    plain = attention(x, mask)
+    assert not torch.allclose(first, second) and not torch.allclose(first, plain)
+    torch.testing.assert_close(attention(x, mask), plain, rtol=0, atol=0)
+
+
+def test_every_tensor_follows_the_input_device():
+    # On the meta device a tensor made without device= (on the CPU) cannot meet the inputs: every mask, position
+    # and cache tensor must be made where the inputs are. Covers the CUDA rule on a machine without a GPU.
+    from torchformer import GTransformer, Seq2SeqTransformer
+
+    meta = torch.device("meta")
+    x = torch.zeros(2, 5, dtype=torch.long, device=meta)
+    mask = torch.ones(2, 5, dtype=torch.bool, device=meta)
+    for positions in ("learned", "alibi"):
+        model = GTransformer(16, 4, 2, 12, 30, positions=positions).to(meta)
+        assert model(x).device == meta
+        caches = model.new_caches()
+        assert model(x, caches=caches, positions=torch.arange(5, device=meta)).device == meta
+    seq2seq = Seq2SeqTransformer(16, 4, 1, 12, 30, tgt_tokens=20).to(meta)
+    assert seq2seq(x, torch.zeros(2, 4, dtype=torch.long, device=meta), mask).device == meta
+    attention = SelfAttention(16, 4, causal=True).to(meta)
+    assert attention(torch.randn(2, 5, 16, device=meta), mask).device == meta
+    cross = CrossAttention(16, 4).to(meta)
+    context = torch.randn(2, 7, 16, device=meta)
+    assert cross(torch.randn(2, 5, 16, device=meta), context).device == meta
+    cache = KVCache(8)
+    assert cross(torch.randn(2, 1, 16, device=meta), context, cache=cache).device == meta
+    assert causal_mask(3, device=meta).device == meta

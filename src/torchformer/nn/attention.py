@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_choice, check_positive_int, check_probability
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
-from torchformer.nn.masks import AttentionMask, causal_mask
+from torchformer.nn.masks import AttentionMask
 from torchformer.nn.relative import attention_positions
 
 if TYPE_CHECKING:  # only for type hints: the cache lives with decoding, attention merely writes into it
@@ -330,9 +330,7 @@ class MultiHeadAttention(nn.Module):
             return out, (weights if return_weights else None)
         if not mask.needs_tensor and bias is None:  # everything, or plain causal: SDPA masks by itself (flash)
             return attention_fast(q, k, v, None, causal=mask.causal, dropout=p), None
-        allowed = mask.allowed()
-        if allowed is None and mask.causal and mask.aligned:  # plain causal, with a bias: the mask must be explicit
-            allowed = causal_mask(q.size(-2), device=q.device)
+        allowed = mask.allowed()  # plain causal with a bias included: allowed() is then the explicit triangle
         return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias), None
 
     def finish(self, out: Tensor, mask: AttentionMask) -> Tensor:
