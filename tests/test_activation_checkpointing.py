@@ -67,11 +67,14 @@ def test_gradients_equal_the_plain_models(kind, dropout):
         assert not torch.equal(gradients(plain, kind, seed=6)[0], value)
 
 
-def test_the_blocks_run_again_in_the_backward_pass():
-    plain, checkpointed = pair("GTransformer")
-    for model, expected in ((plain, 2), (checkpointed, 4)):  # depth 2: twice as many calls when recomputing
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_the_blocks_run_again_in_the_backward_pass(kind):
+    # Every block of every stack, the encoder-decoder's decoder too: twice as many calls when recomputing.
+    plain, checkpointed = pair(kind)
+    blocks = len(plain.transformer_blocks())
+    for model, expected in ((plain, blocks), (checkpointed, 2 * blocks)):
         calls = count_block_calls(model)
-        gradients(model, "GTransformer")
+        gradients(model, kind)
         assert calls[0] == expected
 
 
