@@ -324,6 +324,42 @@ def run_imdb(suite: Suite, record: dict) -> str:
                       f"{result['calibration']['ece']:.4f} | {result['wall_seconds']} |"])
 
 
+def run_imdb_pretrained(suite: Suite, record: dict) -> str:
+    """Masked-language-model pretraining on the unlabelled reviews, then fine-tuning and the official test set."""
+    data = suite.args.imdb_data
+    if data is None or not (data / "imdb_unsup.jsonl.gz").exists():
+        raise Skip(f"no data: --imdb-data {'is not given' if data is None else f'{data} has no imdb_unsup.jsonl.gz'} "
+                   f"(the unlabelled reviews, next to imdb_train.jsonl.gz and imdb_test.jsonl.gz)")
+    pretrained, out = suite.work / "pretrain_imdb", suite.work / "imdb_pretrained"
+    small = ["--device", "cpu", "--threads", "1", "-e", "1", "-E", "16", "-H", "2", "-M", "32", "-V", "100",
+             "--val-size", "20"]
+    flags = ["--data", str(data), "--preset", "gpu", "--out", str(pretrained)]
+    status, _ = suite.run(record, suite.python("examples/pretrain_imdb.py", *flags,
+                                               *(small if suite.smoke else ["--device", "cuda"])))
+    if status != 0 or not (pretrained / "results.json").exists():
+        record["status"] = "failed"
+        return "Pretraining did not finish: see log.txt."
+    # The model's size and the vocabulary come from the pretrained file: -E, -H, -M and -V are not given again.
+    tune = (["--device", "cpu", "--threads", "1", "-e", "1", "--val-size", "20"] if suite.smoke
+            else ["--device", "cuda"])
+    status, _ = suite.run(record, suite.python(
+        "examples/classify_imdb.py", "--data", str(data), "--preset", "gpu", "--final", "--out", str(out),
+        "--pretrained", str(pretrained / "pretrained.pt"), *tune))
+    if status != 0 or not (out / "results.json").exists():
+        record["status"] = "failed"
+        return "Fine-tuning did not finish: see log.txt."
+    before = json.loads((pretrained / "results.json").read_text())
+    result = json.loads((out / "results.json").read_text())
+    record["figures"] = {"corpus": before["corpus"], "masked_accuracy": before["val_masked_accuracy"],
+                         "pretrain_seconds": before["wall_seconds"],
+                         **{k: result[k] for k in ("split", "accuracy", "loss", "count", "wall_seconds")}}
+    return "\n".join(["| reviews pretrained on | masked-token val accuracy | pretraining (s) | split | accuracy | "
+                      "fine-tuning and test (s) |", "| ---: | ---: | ---: | --- | ---: | ---: |",
+                      f"| {before['corpus']['kept']:,} | {before['val_masked_accuracy']:.2%} | "
+                      f"{before['wall_seconds']} | {result['split']} | {result['accuracy']:.2%} | "
+                      f"{result['wall_seconds']} |"])
+
+
 def run_memory(suite: Suite, record: dict) -> str:
     """Peak memory and step time of the 12-layer emb-768 model with and without activation checkpointing."""
     emb, heads, depth, context, batch = 768, 12, 12, 1024, 32
@@ -360,6 +396,8 @@ STAGES = {stage.name: stage for stage in [
     Stage("decode", "decoding: no cache, cache, compiled static step with CUDA graphs", 240, run_decode),
     Stage("enwik8", "enwik8 GPU preset, --minutes 7.5, test split", 535, run_enwik8),
     Stage("imdb", "IMDb GPU preset, test set", 300, run_imdb),
+    Stage("imdb-pretrained", "IMDb: masked-LM pretraining on the unlabelled reviews, fine-tuning, test set", 540,
+          run_imdb_pretrained),
     Stage("memory", "peak memory with and without activation checkpointing", 240, run_memory),
 ]}
 

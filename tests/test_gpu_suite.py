@@ -43,6 +43,9 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
             for i in range(n):
                 words = [rng.choice(filler) for _ in range(10)] + ["great" if i % 2 else "awful"]
                 f.write(json.dumps({"text": " ".join(words), "label": i % 2, "id": i}) + "\n")
+    with gzip.open(imdb / "imdb_unsup.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": " ".join(rng.choice(filler) for _ in range(12)), "id": i}) + "\n")
     return corpus, imdb
 
 
@@ -92,6 +95,8 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     assert "--preset gpu" in by["enwik8"]["commands"][0] and "--final" in by["enwik8"]["commands"][0]
     assert by["imdb"]["figures"]["split"] == "test" and by["imdb"]["figures"]["count"] == 40
     assert 0 <= by["imdb"]["figures"]["accuracy"] <= 1
+    pretrained = by["imdb-pretrained"]["figures"]
+    assert pretrained["split"] == "test" and pretrained["count"] == 40 and pretrained["corpus"]["kept"] == 60 + 100
     memory = by["memory"]["figures"]["rows"]  # activation checkpointing off, then on
     assert [row["checkpoint_blocks"] for row in memory] == [False, True] and all(row["peak_mb"] > 0 for row in memory)
     assert "===== tests: python -m pytest" in (out / "log.txt").read_text()
@@ -114,7 +119,7 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 
 @pytest.mark.parametrize("stages, message", [
-    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, memory; got "
+    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, imdb-pretrained, memory; got "
                    "'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
