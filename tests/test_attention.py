@@ -590,3 +590,43 @@ def test_every_tensor_follows_the_input_device():
     cache = KVCache(8)
     assert cross(torch.randn(2, 1, 16, device=meta), context, cache=cache).device == meta
     assert causal_mask(3, device=meta).device == meta
+
+
+@pytest.mark.parametrize("name", ["wide", "causal"])
+def test_a_flag_that_is_not_a_bool_is_named(name):
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool"):
+        SelfAttention(16, 4, **{name: 1})
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_a_window_of_one_sees_only_itself(impl):
+    # window=1 is the smallest window: each query's only key is its own position, so the attention weights are the
+    # identity and each output is its own value vector, mixed by unifyheads.
+    torch.manual_seed(0)
+    attention = SelfAttention(16, 4, causal=True, window=1, impl=impl)
+    x = torch.randn(2, 6, 16)
+    values = attention.tovalues(x)  # (b, t, h * s): with weights = identity, the merged heads are the values
+    torch.testing.assert_close(attention(x), attention.unifyheads(values), rtol=1e-5, atol=1e-6)
+
+
+def test_positions_are_required_with_a_cache_and_the_message_says_so():
+    attention = SelfAttention(16, 4, causal=True)
+    with pytest.raises(ValueError, match=r"^positions must be given with a cache"):
+        attention(torch.randn(1, 2, 16), cache=KVCache(4))
+
+
+@pytest.mark.parametrize("positions", ["alibi", "relative"])
+def test_a_float32_bias_meets_bfloat16_scores_under_autocast(positions):
+    # Under autocast the projections give bfloat16 queries while the bias (ALiBi's slopes, the relative table) stays
+    # float32: the fast path must bring the bias to the queries' dtype (SDPA refuses a float mask of another
+    # dtype), and both paths must agree.
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    outputs = []
+    for impl in ("sdpa", "reference"):
+        torch.manual_seed(1)
+        attention = SelfAttention(16, 4, causal=True, positions=positions, impl=impl)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention(x)
+        outputs.append(out.float())
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=3e-2, atol=3e-2)

@@ -193,13 +193,13 @@ class MultiHeadAttention(nn.Module):
         if heads % self.kv_heads != 0:
             raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
         self.window = None if window is None else check_positive_int(window, "window")
-        check_bool(wide, "wide")
+        self.wide = check_bool(wide, "wide")
         if not wide and emb % heads != 0:
             raise ValueError(
                 f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads "
                 f"(each head gets emb // heads dimensions); choose another heads or use wide=True"
             )
-        self.wide, self.causal = check_bool(wide, "wide"), check_bool(causal, "causal")
+        self.causal = check_bool(causal, "causal")
         self.kqnorm = check_bool(kqnorm, "kqnorm")
         check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
