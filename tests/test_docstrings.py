@@ -85,13 +85,6 @@ NAMED_VALUE = re.compile(r"\w+\s*(?:\(.+\))?:")
 # data/tokenizers.py are being changed there): tolerated here until that branch lands. Temporary: remove the names
 # as they are fixed (test_pending_names_still_fall_short says which).
 PENDING = {
-    # data/tokenizers.py
-    "torchformer.data.tokenizers.ByteTokenizer.decode", "torchformer.data.tokenizers.ByteTokenizer.encode",
-    "torchformer.data.tokenizers.ByteTokenizer.from_state_dict", "torchformer.data.tokenizers.ByteTokenizer.state_dict",
-    "torchformer.data.tokenizers.WordTokenizer.build", "torchformer.data.tokenizers.WordTokenizer.decode",
-    "torchformer.data.tokenizers.WordTokenizer.encode", "torchformer.data.tokenizers.WordTokenizer.from_state_dict",
-    "torchformer.data.tokenizers.WordTokenizer.state_dict", "torchformer.data.tokenizers.WordTokenizer.tokenize",
-    "torchformer.data.tokenizers.tokenizer_from_state_dict",
     # models.py
     "torchformer.models.CTransformer.self_attention_layers", "torchformer.models.CTransformer.transformer_blocks",
     "torchformer.models.GTransformer.beam_search", "torchformer.models.GTransformer.generate",
