@@ -95,12 +95,6 @@ PENDING = {
     "torchformer.models.TransformerModel.from_checkpoint", "torchformer.models.TransformerModel.from_config",
     "torchformer.models.TransformerModel.transformer_blocks", "torchformer.models.build_config",
     "torchformer.models.check_caches", "torchformer.models.check_input", "torchformer.models.require_input",
-    # nn/embedding.py
-    "torchformer.VectorEmbedding", "torchformer.nn.embedding", "torchformer.nn.embedding.TokenEmbedding.from_config",
-    "torchformer.nn.embedding.VectorEmbedding", "torchformer.nn.embedding.VectorEmbedding.from_config",
-    "torchformer.nn.embedding.input_embedding",
-    # nn/heads.py
-    "torchformer.nn.heads.ClassifierHead.pooled", "torchformer.nn.heads.log_probabilities",
 }
 
 
