@@ -78,41 +78,9 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 SECTION = re.compile(r"^(\w[\w ]*):\n((?:(?: {4}.*)?\n)+)", re.M)
 ENTRY = re.compile(r"^ {4}(\*{0,2}\w+)(?: \([^)]*\))?:", re.M)
 # How the site (griffe) reads a name at the start of a Returns: section: "word:" or "word (type):". A description
-# that begins "A :class:`X`" would lose its first word that way; "(type): ..." (no name) is fine.
+# that begins "A :class:`X`" (or "The :class:`X`") would lose its first word that way: put the role later ("The
+# tokenizer, a :class:`X`"); "(type): ..." (no name) is fine.
 NAMED_VALUE = re.compile(r"\w+\s*(?:\(.+\))?:")
-
-# Docstrings being rewritten on another branch (the files config.py, models.py, nn/heads.py, nn/embedding.py and
-# data/tokenizers.py are being changed there): tolerated here until that branch lands. Temporary: remove the names
-# as they are fixed (test_pending_names_still_fall_short says which).
-PENDING = {
-    # config.py
-    "torchformer.config.TransformerConfig.differences", "torchformer.config.TransformerConfig.from_dict",
-    "torchformer.config.TransformerConfig.replace", "torchformer.config.TransformerConfig.require",
-    "torchformer.config.TransformerConfig.to_dict", "torchformer.config.TransformerConfig.unused",
-    # data/tokenizers.py
-    "torchformer.data.tokenizers.ByteTokenizer.decode", "torchformer.data.tokenizers.ByteTokenizer.encode",
-    "torchformer.data.tokenizers.ByteTokenizer.from_state_dict", "torchformer.data.tokenizers.ByteTokenizer.state_dict",
-    "torchformer.data.tokenizers.WordTokenizer.build", "torchformer.data.tokenizers.WordTokenizer.decode",
-    "torchformer.data.tokenizers.WordTokenizer.encode", "torchformer.data.tokenizers.WordTokenizer.from_state_dict",
-    "torchformer.data.tokenizers.WordTokenizer.state_dict", "torchformer.data.tokenizers.WordTokenizer.tokenize",
-    "torchformer.data.tokenizers.tokenizer_from_state_dict",
-    # models.py
-    "torchformer.models.CTransformer.self_attention_layers", "torchformer.models.CTransformer.transformer_blocks",
-    "torchformer.models.GTransformer.beam_search", "torchformer.models.GTransformer.generate",
-    "torchformer.models.GTransformer.new_caches", "torchformer.models.GTransformer.self_attention_layers",
-    "torchformer.models.GTransformer.transformer_blocks", "torchformer.models.Seq2SeqTransformer.decode",
-    "torchformer.models.Seq2SeqTransformer.encode", "torchformer.models.Seq2SeqTransformer.generate",
-    "torchformer.models.Seq2SeqTransformer.new_caches", "torchformer.models.Seq2SeqTransformer.transformer_blocks",
-    "torchformer.models.TransformerModel.from_checkpoint", "torchformer.models.TransformerModel.from_config",
-    "torchformer.models.TransformerModel.transformer_blocks", "torchformer.models.build_config",
-    "torchformer.models.check_caches", "torchformer.models.check_input", "torchformer.models.require_input",
-    # nn/embedding.py
-    "torchformer.VectorEmbedding", "torchformer.nn.embedding", "torchformer.nn.embedding.TokenEmbedding.from_config",
-    "torchformer.nn.embedding.VectorEmbedding", "torchformer.nn.embedding.VectorEmbedding.from_config",
-    "torchformer.nn.embedding.input_embedding",
-    # nn/heads.py
-    "torchformer.nn.heads.ClassifierHead.pooled", "torchformer.nn.heads.log_probabilities",
-}
 
 
 def sections(doc: str) -> dict[str, str]:
@@ -189,16 +157,9 @@ def all_style_problems() -> dict[str, list[str]]:
 
 
 def test_every_public_docstring_has_the_house_style():
-    problems = {path: found for path, found in all_style_problems().items() if path not in PENDING}
+    problems = all_style_problems()
     report = "\n".join(f"{path}: {'; '.join(found)}" for path, found in sorted(problems.items()))
     assert not problems, f"{len(problems)} docstrings fall short of the house style:\n{report}"
-
-
-def test_pending_names_still_fall_short():
-    # PENDING is temporary: once a name meets the style, it leaves the list.
-    problems = all_style_problems()
-    fixed = sorted(path for path in PENDING if path not in problems)
-    assert not fixed, f"these names now have the house style; remove them from PENDING: {fixed}"
 
 
 def test_a_docstring_without_its_sections_is_reported(monkeypatch):

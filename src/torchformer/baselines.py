@@ -84,12 +84,28 @@ class LSTMConfig:
         return self.directions * self.hidden
 
     def to_dict(self) -> dict:
-        """Plain data (str, int, float, bool): what a checkpoint stores."""
+        """Plain data (str, int, float, bool): what a checkpoint stores.
+
+        Returns:
+            The fields as a new dict, ``{name: value}``, every field included; :meth:`from_dict` reads it back.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LSTMConfig:
-        """The inverse of :meth:`to_dict`; unknown fields are an error naming them."""
+        """The inverse of :meth:`to_dict`; unknown fields are an error naming them.
+
+        Args:
+            data: the fields, ``{name: value}``; a field left out keeps its default.
+
+        Returns:
+            The config, checked as any new one is.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, a required field (``num_tokens``, ``num_classes``) is missing, or
+                ``bidirectional`` is not a bool.
+            ValueError: ``data`` names an unknown field, or another value is not valid; the message names the field.
+        """
         if not isinstance(data, Mapping):
             raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

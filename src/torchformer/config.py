@@ -133,30 +133,76 @@ class TransformerConfig:
         return self.seq_length if self.positions == "learned" else None
 
     def require(self, model: str, *names: str) -> None:
-        """Raise a clear error if a field that ``model`` needs (e.g. ``num_classes``) was left out."""
+        """Raise a clear error if a field that ``model`` needs (e.g. ``num_classes``) was left out.
+
+        Args:
+            model: the name of the model, for the message (``"CTransformer"``).
+            *names: the fields ``model`` needs: each must be set (not ``None``).
+
+        Raises:
+            ValueError: a field of ``names`` is ``None``; the message names every such field.
+        """
         missing = [name for name in names if getattr(self, name) is None]
         if missing:
             raise ValueError(f"{model} needs {', '.join(missing)} in its configuration, got None")
 
     def unused(self, model: str, *names: str) -> None:
-        """Raise a clear error if a field that ``model`` does not use (e.g. ``num_classes`` for a generator) was set
-        to anything but its default: it would be silently ignored otherwise."""
+        """Raise a clear error if a field that ``model`` does not use was set to anything but its default.
+
+        A field a model does not use (``num_classes`` for a generator, say) would be silently ignored otherwise.
+
+        Args:
+            model: the name of the model, for the message (``"GTransformer"``).
+            *names: the fields ``model`` does not use: each must keep its default.
+
+        Raises:
+            ValueError: a field of ``names`` differs from its default; the message names every such field and its
+                value.
+        """
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         changed = [f"{name}={getattr(self, name)!r}" for name in names if getattr(self, name) != defaults[name]]
         if changed:
             raise ValueError(f"{model} does not use {', '.join(changed)}; leave it out (it would have no effect)")
 
     def replace(self, **changes: Any) -> TransformerConfig:
-        """A copy with some fields changed (and checked again)."""
+        """A copy with some fields changed (and checked again).
+
+        Args:
+            **changes: the fields to change and their new values, ``config.replace(heads=4)``.
+
+        Returns:
+            The new config; ``self`` is unchanged (it is frozen).
+
+        Raises:
+            TypeError: a name of ``changes`` is not a field, or a flag (``wide``, ``prenorm``, ...) is not a bool.
+            ValueError: another value is not valid, alone or with the other fields (``emb`` not divisible by
+                ``heads`` for narrow heads, say); the message names the field.
+        """
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """Plain data (str, int, float, bool, None): what checkpoints and ``config.json`` store."""
+        """Plain data (str, int, float, bool, None): what checkpoints and ``config.json`` store.
+
+        Returns:
+            The fields as a new dict, ``{name: value}``, every field included; :meth:`from_dict` reads it back.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:
-        """The inverse of :meth:`to_dict`; unknown fields are an error naming them."""
+        """The inverse of :meth:`to_dict`; unknown fields are an error naming them.
+
+        Args:
+            data: the fields, ``{name: value}``; a field left out keeps its default.
+
+        Returns:
+            The config, checked as any new one is.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, a required field (``emb``, ``heads``) is missing, or a flag is
+                not a bool.
+            ValueError: ``data`` names an unknown field, or another value is not valid (as for :meth:`replace`).
+        """
         if not isinstance(data, Mapping):
             raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -166,7 +212,15 @@ class TransformerConfig:
         return cls(**data)
 
     def differences(self, other: TransformerConfig) -> list[str]:
-        """``["heads: 2 vs 4", ...]``: the fields where ``self`` and ``other`` differ."""
+        """``["heads: 2 vs 4", ...]``: the fields where ``self`` and ``other`` differ.
+
+        Args:
+            other: the config to compare with (a checkpoint's, say).
+
+        Returns:
+            One string per field that differs, ``"heads: 2 vs 4"`` (the reprs of ``self``'s value, then
+            ``other``'s), in the order of the fields; empty when the two are equal.
+        """
         return [
             f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
             for f in dataclasses.fields(self)

@@ -48,7 +48,22 @@ from torchformer.nn.stacks import Decoder, Encoder
 
 
 def build_config(model: str, config: Optional[TransformerConfig], given: dict, options: dict) -> TransformerConfig:
-    """The config of a model: ``config`` itself, or one made from former's positional arguments and keywords."""
+    """The config of a model: ``config`` itself, or one made from former's positional arguments and keywords.
+
+    Args:
+        model: the model's name, for the messages (``"GTransformer"``).
+        config: the whole config, if the caller passed one; ``None``: build it from ``given`` and ``options``.
+        given: the model's positional arguments by field name (``{"emb": 128, ...}``); ``None`` for one not given.
+        options: the other keyword arguments, each a field of :class:`~torchformer.config.TransformerConfig`.
+
+    Returns:
+        The config, checked.
+
+    Raises:
+        TypeError: a field is given twice (positionally and as a keyword), a keyword is not a field, ``config`` is
+            not a :class:`~torchformer.config.TransformerConfig`, or ``config`` comes with other arguments.
+        ValueError: a value is not valid (raised by :class:`~torchformer.config.TransformerConfig`).
+    """
     named = {name: value for name, value in given.items() if value is not None}
     twice = sorted(set(named) & set(options))
     if twice:
@@ -71,7 +86,20 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
 
 
 def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
-    """Check that ``caches`` has one entry per block; return their capacity (None without caches)."""
+    """Check that ``caches`` has one entry per block; return their capacity (None without caches).
+
+    Args:
+        caches: what the model's ``new_caches()`` made, one :class:`~torchformer.decoding.cache.BlockCache` per
+            block; ``None``: no caches.
+        depth: the number of blocks.
+
+    Returns:
+        The slots of each self-attention cache (the first block's), or ``None`` when ``caches`` is ``None``.
+
+    Raises:
+        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, or its first is not a
+            :class:`~torchformer.decoding.cache.BlockCache`.
+    """
     if caches is None:
         return None
     if not isinstance(caches, (list, tuple)) or len(caches) != depth:
@@ -87,7 +115,15 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
 
 
 def require_input(model: str, config: TransformerConfig) -> None:
-    """Token ids need a vocabulary, ``num_tokens``; feature vectors (``input_dim``) have none: there it is refused."""
+    """Token ids need a vocabulary, ``num_tokens``; feature vectors (``input_dim``) have none: there it is refused.
+
+    Args:
+        model: the model's name, for the messages.
+        config: the model's configuration.
+
+    Raises:
+        ValueError: ``config.num_tokens`` is ``None`` for token ids, or set although ``config.input_dim`` is.
+    """
     if config.input_dim is None:
         config.require(model, "num_tokens")
     else:
@@ -101,6 +137,22 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
     The input is token ids ``(b, t)``, or with ``config.input_dim`` feature vectors ``(b, t, input_dim)`` of
     ``like``'s dtype. Padding vectors are zeroed: they may hold anything, NaN included, and although attention never
     reads them, ``0 * NaN`` in the gradient of the input projection would still poison its weights.
+
+    Args:
+        x: the input: token ids ``(b, t)``, or feature vectors ``(b, t, d)`` with ``config.input_dim = d``.
+        name: the input's name, for the messages (``"x"``, ``"src"``).
+        config: the model's configuration: ``input_dim``, and ``num_tokens`` that bounds the ids.
+        mask: ``(b, t)``, True for real positions, False for padding; ``None``: every position is real.
+        mask_name: the mask's name, for the messages.
+        like: a parameter of the model, whose dtype feature vectors must have (unless autocast is on).
+
+    Returns:
+        ``x`` as the embedding takes it: the ids, or the vectors with their padding zeroed.
+
+    Raises:
+        TypeError: ``x`` or ``mask`` is not a tensor of the right kind (ids, floating vectors of ``like``'s dtype, a
+            bool mask).
+        ValueError: a shape is wrong, or (on the CPU) an id is outside ``[0, num_tokens)``.
     """
     if config.input_dim is None:
         x = check_tokens(x, name, config.num_tokens)  # type: ignore[arg-type]
@@ -133,22 +185,57 @@ class TransformerModel(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> TransformerModel:
-        """A freshly initialised model of this class with the architecture ``config``."""
+        """A freshly initialised model of this class with the architecture ``config``.
+
+        Args:
+            config: the architecture; kept as ``model.config``.
+
+        Returns:
+            The model, with random initial weights.
+
+        Raises:
+            TypeError: ``config`` is not a :class:`~torchformer.config.TransformerConfig`.
+            ValueError: ``config`` leaves out a field this model needs, or sets one it does not use.
+        """
         return cls(config=config)
 
     @classmethod
     def from_checkpoint(
         cls, path: Union[str, os.PathLike], *, map_location: Any = "cpu"
     ) -> TransformerModel:
-        """The model saved at ``path`` (a checkpoint file, or a folder exported with ``export_model``), weights
-        loaded. See :func:`torchformer.train.export.load_model`."""
+        """The model saved at ``path`` (a checkpoint file, or a folder exported with ``export_model``), weights loaded.
+
+        See :func:`torchformer.train.export.load_model`, which this calls with ``model_class`` this class; on
+        :class:`TransformerModel` itself, the class saved in the file is built.
+
+        Args:
+            path: a checkpoint file written by :func:`~torchformer.train.checkpoint.save_checkpoint`, or a folder
+                written by :func:`~torchformer.train.export.export_model`.
+            map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
+
+        Returns:
+            The model, rebuilt from its stored config, in ``eval()`` mode.
+
+        Raises:
+            ValueError: the file holds no config, holds another kind of model than this class, or holds weights
+                that do not fit the config.
+        """
         from torchformer.train.export import load_model  # experiment support, imported only when used
 
         return load_model(path, model_class=cls, map_location=map_location)
 
     def transformer_blocks(self) -> list[nn.Module]:
-        """Every transformer block of the model, in the order they run: the units that FSDP shards one at a time
-        (:func:`torchformer.train.distributed.wrap_model`). Each model class lists its own."""
+        """Every transformer block of the model, in the order they run.
+
+        They are the units that FSDP shards one at a time (:func:`torchformer.train.distributed.wrap_model`). Each
+        model class lists its own.
+
+        Returns:
+            The blocks, as a new list.
+
+        Raises:
+            NotImplementedError: the model class does not list its blocks.
+        """
         raise NotImplementedError(f"{type(self).__name__} must list its blocks in transformer_blocks()")
 
 
@@ -214,11 +301,19 @@ class CTransformer(TransformerModel):
         return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
+
+        Returns:
+            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
+        """
         return [block.attention for block in self.encoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
-        """The encoder's blocks, in the order they run."""
+        """The encoder's blocks, in the order they run.
+
+        Returns:
+            The blocks, as a new list.
+        """
         return list(self.encoder.blocks)
 
     def load_encoder(self, pretrained: TransformerModel) -> None:
@@ -324,11 +419,19 @@ class MLMTransformer(TransformerModel):
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
+
+        Returns:
+            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
+        """
         return [block.attention for block in self.encoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
-        """The encoder's blocks, in the order they run."""
+        """The encoder's blocks, in the order they run.
+
+        Returns:
+            The blocks, as a new list.
+        """
         return list(self.encoder.blocks)
 
 
@@ -393,15 +496,28 @@ class GTransformer(TransformerModel):
         return self.head(self.blocks(h, positions=positions, caches=caches))  # -> (b, t, v)
 
     def new_caches(self) -> list[BlockCache]:
-        """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots."""
+        """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.
+
+        Returns:
+            One empty :class:`~torchformer.decoding.cache.BlockCache` per block, in block order; pass them to
+            :meth:`forward` as ``caches``.
+        """
         return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`)."""
+        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
+
+        Returns:
+            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
+        """
         return [block.attention for block in self.blocks.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
-        """The model's blocks, in the order they run."""
+        """The model's blocks, in the order they run.
+
+        Returns:
+            The blocks, as a new list.
+        """
         return list(self.blocks.blocks)
 
     def generate(
@@ -418,7 +534,25 @@ class GTransformer(TransformerModel):
         return_logprobs: bool = False,
     ) -> Union[Tensor, tuple[Tensor, Tensor]]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
-        See :func:`torchformer.decoding.generation.generate`."""
+
+        See :func:`torchformer.decoding.generation.generate`. Call ``model.eval()`` first, or dropout stays active.
+
+        Args:
+            prompt: the token ids to continue, ``(b, t)``.
+            max_new_tokens: how many tokens to add.
+            temperature: divides the log-probabilities before sampling; ``0`` is greedy.
+            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
+            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
+            eos: the end-of-sequence id: once a row emits it, the rest of the row is ``eos``. ``None``: none.
+            use_cache: ``False`` recomputes the whole window for every token (slow; the same tokens).
+            generator: a :class:`torch.Generator` that makes sampling reproducible.
+            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
+                which each new token was chosen.
+
+        Returns:
+            The token ids ``(b, t + max_new_tokens)``, prompt first; with ``return_logprobs``, the pair
+            ``(tokens, logprobs)``, the log-probabilities ``(b, max_new_tokens, v)``.
+        """
         return generation.generate(
             self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
             use_cache=use_cache, generator=generator, return_logprobs=return_logprobs,
@@ -435,7 +569,22 @@ class GTransformer(TransformerModel):
         use_cache: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
-        See :func:`torchformer.decoding.generation.beam_search`."""
+
+        See :func:`torchformer.decoding.generation.beam_search`.
+
+        Args:
+            prompt: the token ids to continue, ``(b, t)``.
+            max_new_tokens: how many tokens to add.
+            beam_size: hypotheses kept per prompt; ``1`` is greedy decoding.
+            length_penalty: the score of a sequence is ``sum(log p) / length ** length_penalty``: ``0`` scores by
+                the total log-probability, ``1`` (the default) by the mean per token.
+            eos: the end-of-sequence id: a hypothesis that emits it is finished and padded with it. ``None``: none.
+            use_cache: ``False`` recomputes the whole window for every token (slow; the same result).
+
+        Returns:
+            ``(sequences, scores)``: the best sequence of each prompt ``(b, t + max_new_tokens)``, prompt first, and
+            its score ``(b,)``.
+        """
         return generation.beam_search(
             self, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos,
             use_cache=use_cache,
@@ -498,8 +647,17 @@ class Seq2SeqTransformer(TransformerModel):
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie)  # type: ignore[arg-type]
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
-        """Source ids ``(b, u)`` (or feature vectors ``(b, u, d)`` with ``input_dim=d``) -> the encoder's output
-        ``(b, u, e)``, the context of every decoder block."""
+        """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.
+
+        The source is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` with ``input_dim=d``.
+
+        Args:
+            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
+            src_mask: ``(b, u)``, True for real source positions, False for padding; ``None``: all are real.
+
+        Returns:
+            The encoder's output ``(b, u, e)``: the ``memory`` that :meth:`decode` takes.
+        """
         src = check_input(src, "src", self.config, src_mask, "src_mask", like=self.head.toprobs.weight)
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
@@ -514,7 +672,25 @@ class Seq2SeqTransformer(TransformerModel):
         positions: Optional[Tensor] = None,
     ) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
-        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`."""
+
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`.
+
+        Args:
+            tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
+            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`).
+            src_mask: ``(b, u)``, True for real source positions: cross-attention ignores the others. ``None``: all
+                are real.
+            caches: the decoder's caches (:meth:`new_caches`); ``tgt`` then holds only the new tokens. ``None``: no
+                cache.
+            positions: the absolute positions ``(t,)`` of ``tgt``'s tokens; ``None``: ``0 .. t-1``.
+
+        Returns:
+            The log-probabilities of the next target token at every position, ``(b, t, v)`` (``v = tgt_tokens``).
+
+        Raises:
+            ValueError: ``memory`` holds no position or another batch size than ``tgt``, or a shape or position is
+                wrong.
+        """
         tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens)  # type: ignore[arg-type]
         b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
         if u == 0:
@@ -534,13 +710,31 @@ class Seq2SeqTransformer(TransformerModel):
         return self.decode(tgt, self.encode(src, src_mask), src_mask)
 
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
-        """Empty caches for the decoder's blocks: self-attention with ``capacity`` slots (default ``seq_length``),
-        cross-attention sized by the encoder's output on the first step."""
+        """Empty caches for the decoder's blocks, one per block.
+
+        Self-attention gets ``capacity`` slots (default ``seq_length``); cross-attention is sized by the encoder's
+        output on the first step.
+
+        Args:
+            capacity: slots of each self-attention cache: the most target positions decoded with the caches.
+                ``None``: ``config.seq_length``.
+
+        Returns:
+            One empty :class:`~torchformer.decoding.cache.BlockCache` per decoder block, in block order; pass them
+            to :meth:`decode` as ``caches``.
+
+        Raises:
+            ValueError: ``capacity`` is not a positive int.
+        """
         capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
         return [BlockCache(capacity) for _ in self.decoder.blocks]
 
     def transformer_blocks(self) -> list[nn.Module]:
-        """The encoder's blocks, then the decoder's: the order they run in."""
+        """The encoder's blocks, then the decoder's: the order they run in.
+
+        Returns:
+            The blocks, as a new list.
+        """
         return [*self.encoder.blocks, *self.decoder.blocks]
 
     def generate(
@@ -559,10 +753,28 @@ class Seq2SeqTransformer(TransformerModel):
         use_cache: bool = True,
         generator: Optional[torch.Generator] = None,
     ) -> Tensor:
-        """Target ids ``(b, max_len)`` for the source ``src`` (ids ``(b, u)``, or vectors ``(b, u, d)`` with
-        ``input_dim=d``), starting after ``bos``, padded with ``eos``.
-        Greedy by default; ``beam_size > 1`` for beam search. See
-        :func:`torchformer.decoding.generation.seq2seq_generate`."""
+        """Target ids ``(b, max_len)`` for the source ``src``, starting after ``bos``, padded with ``eos``.
+
+        The source is ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``. Greedy by default;
+        ``beam_size > 1`` for beam search. See :func:`torchformer.decoding.generation.seq2seq_generate`.
+
+        Args:
+            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
+            max_len: the most target tokens to produce (at most ``seq_length`` with learned positions).
+            bos: the id the decoder starts from (not part of the result).
+            eos: the end-of-sequence id: after it, a row is padded with ``eos``.
+            src_mask: ``(b, u)``, True for real source positions; ``None``: all are real.
+            beam_size: ``1`` samples; more runs a beam search with that many hypotheses.
+            temperature: divides the log-probabilities before sampling; ``0`` (the default) is greedy.
+            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
+            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
+            length_penalty: as in :meth:`GTransformer.beam_search`; used with ``beam_size > 1``.
+            use_cache: ``False`` recomputes every position at every step (slow; the same result).
+            generator: a :class:`torch.Generator` that makes sampling reproducible.
+
+        Returns:
+            The target ids ``(b, max_len)``, without ``bos``.
+        """
         return generation.seq2seq_generate(
             self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
             top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,

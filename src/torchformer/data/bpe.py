@@ -181,8 +181,10 @@ class BPETokenizer:
         return cls(tokenizer, lowercase=lowercase)
 
     def normalize(self, text: str) -> str:
-        """What the tokenizer encodes of ``text``: ``<br />`` as a space, lower-cased (unless built with
-        ``lowercase=False``). ``decode(encode(text)) == normalize(text)``.
+        """What the tokenizer encodes of ``text``, so that ``decode(encode(text)) == normalize(text)``.
+
+        ``<br />`` becomes a space, and the text is lower-cased (unless the tokenizer was built with
+        ``lowercase=False``).
 
         Args:
             text: one text.

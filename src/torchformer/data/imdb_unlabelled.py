@@ -161,7 +161,7 @@ def deduplicate(texts: Iterable[str], *, exclude: Iterable[str]) -> Deduplicated
         exclude: texts the model must not have seen (the test reviews, the validation split).
 
     Returns:
-        a :class:`Deduplicated`: the texts kept and the counts removed.
+        The texts kept and the counts removed, as a :class:`Deduplicated`.
     """
     unseen = set(_strings(exclude, "exclude"))
     kept, seen = [], set()

@@ -142,6 +142,17 @@ class WordTokenizer:
         ``vocab_size`` is the *total* size, ``<pad>`` and ``<unk>`` included, so
         at most ``vocab_size - 2`` words are kept. Fewer distinct words than that
         give a smaller vocabulary; ``len(tokenizer)`` is the real size.
+
+        Args:
+            texts: the training texts (an iterable of ``str``, read once).
+            vocab_size: the largest vocabulary, ``<pad>`` and ``<unk>`` included (at least 2).
+
+        Returns:
+            The tokenizer, its words ranked by frequency in ``texts`` (ties alphabetically).
+
+        Raises:
+            TypeError: ``texts`` is a single string, or holds something other than strings.
+            ValueError: ``vocab_size`` is not an int of at least 2.
         """
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
             raise ValueError(
@@ -164,7 +175,18 @@ class WordTokenizer:
         return cls([cls.PAD_TOKEN, cls.UNK_TOKEN, *words])
 
     def tokenize(self, text: str) -> list[str]:
-        """Lower-case, turn ``<br />`` into a space, split off punctuation."""
+        """Lower-case, turn ``<br />`` into a space, split off punctuation.
+
+        Args:
+            text: one text.
+
+        Returns:
+            The tokens in order: words (runs of letters and digits, with inner apostrophes as in ``"don't"``) and
+            single punctuation marks, in the vocabulary or not (:meth:`encode` maps those it lacks to ``<unk>``).
+
+        Raises:
+            TypeError: ``text`` is not a ``str``.
+        """
         return _words(_check_text(text))
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
@@ -172,6 +194,17 @@ class WordTokenizer:
 
         An empty (or all-whitespace) text gives ``[]``; the batching code refuses
         empty sequences, so decide upstream what such a text should be.
+
+        Args:
+            text: one text.
+            max_length: keep the first ``max_length`` ids; ``None`` keeps them all.
+
+        Returns:
+            The ids, one per token of :meth:`tokenize`, each in ``[1, len(self))``.
+
+        Raises:
+            TypeError: ``text`` is not a ``str``.
+            ValueError: ``max_length`` is neither a positive int nor ``None``.
         """
         _check_text(text)
         _check_max_length(max_length)
@@ -183,6 +216,16 @@ class WordTokenizer:
         """Tokens joined by single spaces; ``<pad>`` ids are dropped, unknowns read ``<unk>``.
 
         For text made of in-vocabulary words, ``decode(encode(t)) == " ".join(tokenize(t))``.
+
+        Args:
+            ids: a sequence of ints (a list, a 1-D integer tensor or array), each in ``[0, len(self))``.
+
+        Returns:
+            The text.
+
+        Raises:
+            TypeError: ``ids`` is not a sequence of ints.
+            ValueError: an id is outside ``[0, len(self))``.
         """
         vocab, n = self._id_to_token, len(self._id_to_token)
         tokens = []
@@ -200,12 +243,29 @@ class WordTokenizer:
         return f"{type(self).__name__}(vocab_size={len(self)})"
 
     def state_dict(self) -> dict:
-        """Everything needed to rebuild this tokenizer, as plain Python values."""
+        """Everything needed to rebuild this tokenizer, as plain Python values.
+
+        Returns:
+            ``{"kind": "word", "vocab": [...]}``, every token in id order; it survives ``json.dump`` and
+            ``torch.load(weights_only=True)``.
+        """
         return {"kind": "word", "vocab": list(self._id_to_token)}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> WordTokenizer:
-        """Rebuild a tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
+        """Rebuild a tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state).
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Returns:
+            The tokenizer, encoding exactly as the one that wrote ``state``.
+
+        Raises:
+            TypeError: ``state`` is not a dict, or its ``"vocab"`` is not a sequence of strings.
+            ValueError: ``state`` is another kind's, has no ``"vocab"``, or a vocabulary that does not start with
+                ``<pad>``, ``<unk>`` or repeats a token.
+        """
         _check_state(state, "word")
         if "vocab" not in state:
             raise ValueError(f"state has no 'vocab' (keys: {sorted(state)}); pass what state_dict() returned")
@@ -228,6 +288,18 @@ class ByteTokenizer:
         ``text`` may also be ``bytes`` (or ``bytearray``, ``memoryview``): they are already
         bytes, so they are encoded as they are, whatever their encoding. :meth:`decode`
         always returns a ``str`` (invalid UTF-8 decodes as U+FFFD).
+
+        Args:
+            text: one text, or its bytes.
+            max_length: keep the first ``max_length`` ids (bytes); ``None`` keeps them all.
+
+        Returns:
+            The ids, one per byte, each in ``[1, 257)``.
+
+        Raises:
+            TypeError: ``text`` is neither a ``str`` nor bytes.
+            ValueError: ``text`` holds a lone surrogate (no UTF-8 bytes), or ``max_length`` is neither a positive
+                int nor ``None``.
         """
         if isinstance(text, str):
             try:
@@ -247,7 +319,18 @@ class ByteTokenizer:
         return [b + 1 for b in data]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids back to text: id ``b + 1`` is byte ``b``, ``<pad>`` (id 0) is dropped, invalid UTF-8 reads U+FFFD."""
+        """Ids back to text: id ``b + 1`` is byte ``b``, ``<pad>`` (id 0) is dropped, invalid UTF-8 reads U+FFFD.
+
+        Args:
+            ids: a sequence of ints (a list, a 1-D integer tensor or array), each in ``[0, 257)``.
+
+        Returns:
+            The text the bytes spell in UTF-8.
+
+        Raises:
+            TypeError: ``ids`` is not a sequence of ints.
+            ValueError: an id is outside ``[0, 257)``.
+        """
         data = bytearray()
         for i in _check_ids(ids):
             if not 0 <= i <= 256:
@@ -263,12 +346,27 @@ class ByteTokenizer:
         return f"{type(self).__name__}()"
 
     def state_dict(self) -> dict:
-        """Everything needed to rebuild this tokenizer: only its kind, since it has no vocabulary to store."""
+        """Everything needed to rebuild this tokenizer: only its kind, since it has no vocabulary to store.
+
+        Returns:
+            ``{"kind": "byte"}``.
+        """
         return {"kind": "byte"}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ByteTokenizer:
-        """Rebuild the tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state)."""
+        """Rebuild the tokenizer from what :meth:`state_dict` returned (a clear error for another kind's state).
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Returns:
+            A new :class:`ByteTokenizer` (they are all alike).
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: ``state`` is another kind's.
+        """
         _check_state(state, "byte")
         return cls()
 
@@ -280,8 +378,14 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
         state: what a tokenizer's ``state_dict()`` returned.
 
     Returns:
-        A :class:`WordTokenizer`, a :class:`ByteTokenizer` or a :class:`~torchformer.data.bpe.BPETokenizer`
-        (which needs the ``tokenizers`` package: ``pip install "torchformer[bpe]"``).
+        The tokenizer, of the class ``state["kind"]`` names: :class:`WordTokenizer` (``"word"``),
+        :class:`ByteTokenizer` (``"byte"``) or :class:`~torchformer.data.bpe.BPETokenizer` (``"bpe"``, which needs
+        the ``tokenizers`` package: ``pip install "torchformer[bpe]"``).
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+        ValueError: ``state["kind"]`` is none of these, or the state is not valid for its class.
+        ImportError: ``state`` is a BPE tokenizer's and the ``tokenizers`` package is missing.
     """
     from torchformer.data.bpe import BPETokenizer  # here: that module builds on this one
 

@@ -1,5 +1,6 @@
-"""From the input to vectors: token ids through a lookup table, or feature vectors through a linear projection;
-then the position encoding, then dropout.
+"""From the input to vectors: the embedding, then the position encoding, then dropout.
+
+Token ids go through a lookup table, feature vectors through a linear projection.
 
 * :class:`TokenEmbedding`: the embedding of token ``i`` is row ``i`` of a ``(v, e)`` matrix, which is the same as
   multiplying a one-hot vector by that matrix, done without building the one-hot vector.
@@ -49,7 +50,19 @@ class TokenEmbedding(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, num_tokens: Optional[int] = None) -> TokenEmbedding:
-        """An embedding of ``num_tokens`` tokens (default ``config.num_tokens``; a decoder's is ``tgt_tokens``)."""
+        """An embedding of ``num_tokens`` tokens (default ``config.num_tokens``; a decoder's is ``tgt_tokens``).
+
+        Args:
+            config: gives ``emb``, ``seq_length`` (the size of a learned position table), ``positions`` and
+                ``dropout``, and the vocabulary size unless ``num_tokens`` does.
+            num_tokens: the vocabulary size ``v``; ``None``: ``config.num_tokens``.
+
+        Returns:
+            The embedding, ``(b, t) -> (b, t, e)``.
+
+        Raises:
+            ValueError: the vocabulary size or ``config.seq_length`` is ``None``.
+        """
         return cls(config.num_tokens if num_tokens is None else num_tokens, config.emb,  # type: ignore[arg-type]
                    config.seq_length, positions=config.positions, dropout=config.dropout)  # type: ignore[arg-type]
 
@@ -58,8 +71,9 @@ class TokenEmbedding(nn.Module):
 
 
 class VectorEmbedding(nn.Module):
-    """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``: ``W x + b``, plus the
-    position encoding, then dropout.
+    """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
+
+    ``W x + b``, plus the position encoding, then dropout.
 
     Args:
         input_dim: features per input vector ``d``.
@@ -87,8 +101,18 @@ class VectorEmbedding(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> VectorEmbedding:
-        """An embedding of ``config.input_dim``-dimensional feature vectors, with ``config``'s positions and
-        dropout."""
+        """An embedding of ``config.input_dim``-dimensional feature vectors, with ``config``'s positions and dropout.
+
+        Args:
+            config: gives ``input_dim`` (``d``), ``emb``, ``seq_length`` (the size of a learned position table),
+                ``positions`` and ``dropout``.
+
+        Returns:
+            The embedding, ``(b, t, d) -> (b, t, e)``.
+
+        Raises:
+            ValueError: ``config.input_dim`` or ``config.seq_length`` is ``None``.
+        """
         return cls(config.input_dim, config.emb, config.seq_length,  # type: ignore[arg-type]
                    positions=config.positions, dropout=config.dropout)
 
@@ -97,8 +121,20 @@ class VectorEmbedding(nn.Module):
 
 
 def input_embedding(config: TransformerConfig) -> Union[TokenEmbedding, VectorEmbedding]:
-    """The embedding of a model's input: :class:`VectorEmbedding` when ``config.input_dim`` is set, else
-    :class:`TokenEmbedding` of ``config.num_tokens`` tokens."""
+    """The embedding of a model's input: token ids or feature vectors, as ``config`` says.
+
+    :class:`VectorEmbedding` when ``config.input_dim`` is set, else :class:`TokenEmbedding` of ``config.num_tokens``
+    tokens.
+
+    Args:
+        config: the model's configuration.
+
+    Returns:
+        The embedding, ``(b, t, d) -> (b, t, e)`` for vectors, ``(b, t) -> (b, t, e)`` for token ids.
+
+    Raises:
+        ValueError: a field the embedding needs (``num_tokens`` or ``input_dim``, ``seq_length``) is ``None``.
+    """
     if config.input_dim is not None:
         return VectorEmbedding.from_config(config)
     return TokenEmbedding.from_config(config)

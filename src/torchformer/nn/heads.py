@@ -50,7 +50,17 @@ class ClassifierHead(nn.Module):
         self.toprobs = nn.Linear(emb, num_classes)
 
     def pooled(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """The pooled sequence vector, ``(b, t, e) -> (b, e)``."""
+        """The pooled sequence vector, ``(b, t, e) -> (b, e)``.
+
+        Args:
+            x: the last block's vectors ``(b, t, e)``.
+            mask: ``(b, t)``, True for real tokens, False for padding (left out of the pool). ``None``: every
+                position is real.
+
+        Returns:
+            One vector per sequence ``(b, e)``, pooled as ``self.pool`` says; the zero vector for a sequence with no
+            real token (``"max"`` and ``"mean"``).
+        """
         if self.pool == "first":
             return x[:, 0]
         if mask is None:
@@ -67,7 +77,14 @@ class ClassifierHead(nn.Module):
 
 
 def log_probabilities(logits: Tensor) -> Tensor:
-    """``log_softmax`` over the last dimension, computed and returned in at least float32 (float64 stays)."""
+    """``log_softmax`` over the last dimension, computed and returned in at least float32 (float64 stays).
+
+    Args:
+        logits: unnormalised scores, ``(..., c)`` or ``(..., v)``, of any floating dtype.
+
+    Returns:
+        The log-probabilities, the same shape, float32 (float64 for float64 logits).
+    """
     return F.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
 

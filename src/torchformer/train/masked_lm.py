@@ -81,7 +81,7 @@ def mask_tokens(
         generator: the random number generator (on ``tokens``' device); ``None`` uses PyTorch's global one.
 
     Returns:
-        a :class:`MaskedTokens` of the encoder's input, the targets and the chosen positions.
+        The encoder's input, the targets and the chosen positions, as a :class:`MaskedTokens`.
 
     Shapes:
         ``tokens`` and ``mask`` ``(b, t)`` -> three ``(b, t)`` tensors.
