@@ -8,7 +8,8 @@
 It checks the home page (and that the search index loads: a search for "rotary" lists results), the tutorial pages
 with formulas (attention.md, positions.md, modern-blocks.md, relative-positions.md: every formula is typeset by
 MathJax as an SVG, no raw TeX is left on the page) and an API page (``SelfAttention``'s signature and its
-"Parameters" table list its constructor's arguments). It exits 1 with the failed checks named, and fails on any
+"Parameters" table list its constructor's arguments), and the learner's path ("Your first model" first in the
+navigation; every figure of the concept pages loaded). It exits 1 with the failed checks named, and fails on any
 JavaScript error. CI does not run it: CI machines have no browser. Screenshots go to docs/screenshots/
 (git-ignored).
 """
@@ -29,6 +30,8 @@ import threading
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The pages whose formulas are written as $$ math (attention, sinusoidal positions, RMSNorm, rotary).
 FORMULA_PAGES = ["attention", "positions", "modern-blocks", "relative-positions"]
+# The pages with figures drawn by docs/make_figures.py.
+FIGURE_PAGES = ["blocks", "masks", "heads", "positions", "attention"]
 EVERY_FORMULA_TYPESET = (
     "() => [...document.querySelectorAll('.arithmatex')].every(f => f.querySelector('mjx-container svg'))"
 )
@@ -128,6 +131,27 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
             section.locator("h2").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / "api-page.png"))
             table.screenshot(path=str(shots / "api-parameters.png"))
+        # 4. The learner's path: "Your first model" comes first in the navigation, and every figure of the concept
+        # pages is an image the browser could load and decode (not a broken link).
+        page.goto(f"{base}/")
+        # The pages' links, in order (the home page's own table of contents, links to #anchors, left out).
+        links = page.evaluate("() => [...document.querySelectorAll('nav.md-nav--primary a.md-nav__link')]"
+                              ".filter(a => !a.getAttribute('href').includes('#')).map(a => a.innerText.trim())"
+                              ".filter(text => text)")
+        if "Your first model" not in links[:4]:
+            failures.append(f"navigation: 'Your first model' is not among the first entries: {links[:6]}")
+        for name in FIGURE_PAGES:
+            page.goto(f"{base}/{name}/")
+            images = page.locator("article img")
+            sizes = page.evaluate("() => [...document.querySelectorAll('article img')].map(i => [i.getAttribute('src'),"
+                                  " i.complete && i.naturalWidth])")
+            broken = [src for src, width in sizes if not width]
+            if images.count() == 0 or broken:
+                failures.append(f"{name}: {images.count()} figure(s), not loaded: {broken}")
+            print(f"{name}: {images.count()} figure(s), all loaded")
+            if name == "heads":
+                images.first.scroll_into_view_if_needed()
+                page.screenshot(path=str(shots / "figure-page.png"))
         if errors:
             failures.append(f"JavaScript errors: {errors}")
         browser.close()
