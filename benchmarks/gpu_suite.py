@@ -327,9 +327,10 @@ def run_imdb(suite: Suite, record: dict) -> str:
 def run_imdb_pretrained(suite: Suite, record: dict) -> str:
     """Masked-language-model pretraining on the unlabelled reviews, then fine-tuning and the official test set."""
     data = suite.args.imdb_data
-    if data is None or not (data / "imdb_unsup.jsonl.gz").exists():
-        raise Skip(f"no data: --imdb-data {'is not given' if data is None else f'{data} has no imdb_unsup.jsonl.gz'} "
-                   f"(the unlabelled reviews, next to imdb_train.jsonl.gz and imdb_test.jsonl.gz)")
+    forms = ("imdb_unsup.jsonl.gz", "aclImdb", "aclImdb_v1.tar.gz", "train/unsup")  # what imdb_unlabelled reads
+    if data is None or not any((data / form).exists() for form in forms):
+        raise Skip(f"no data: --imdb-data {'is not given' if data is None else f'{data} has no unlabelled reviews'} "
+                   f"(imdb_unsup.jsonl.gz next to imdb_train.jsonl.gz and imdb_test.jsonl.gz, or the archive)")
     pretrained, out = suite.work / "pretrain_imdb", suite.work / "imdb_pretrained"
     small = ["--device", "cpu", "--threads", "1", "-e", "1", "-E", "16", "-H", "2", "-M", "32", "-V", "100",
              "--val-size", "20"]

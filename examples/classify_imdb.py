@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
     add("--out", default="runs/classify_imdb", help="folder for the log, plots, results.json and final model")
     add("--pretrained", metavar="FILE", help="start the encoder from this masked-language model (pretrained.pt of "
-        "examples/pretrain_imdb.py); -E, -H, -d, -M, --tokenizer and -V come from it")
+        "examples/pretrain_imdb.py); -E, -H, -d, -M, --tokenizer and -V come from it (and --wide is refused)")
     add("--predict", action="append", metavar="TEXT_OR_FILE",
         help="classify this text (or each line of this file) with a trained model (OUT/model.pt, or --checkpoint); "
              "repeatable")
@@ -200,7 +200,7 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         extra = read_checkpoint(args.pretrained)["extra"]
         run, mask_id = extra["run"], extra["mask_id"]
         tokenizer_from_state_dict(extra["tokenizer"])
-    except (OSError, KeyError, TypeError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError, ImportError) as e:
         p.error(f"--pretrained {args.pretrained}: not a model written by examples/pretrain_imdb.py "
                 f"({type(e).__name__}: {e})")
     # The encoder has read the training split's reviews, never the validation ones: only the same split keeps the
@@ -246,7 +246,7 @@ def saved_tokenizer(path: Path):
     """The tokenizer in the extra of a checkpoint written by this script."""
     try:
         return tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
-    except (OSError, KeyError, TypeError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError, ImportError) as e:
         sys.exit(f"classify_imdb.py: error: {path} holds no tokenizer, so it was not written by this script "
                  f"({type(e).__name__}: {e})")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -46,8 +47,8 @@ from torchformer.train.training import (
 )
 
 PRESETS = {
-    # Sized for the 90-minute CPU budget of docs/imdb.md: twice the classifier preset's width and depth, half its
-    # review length (the cost of a step grows with the tokens in it).
+    # Sized to pretrain in about an hour on one CPU core (docs/imdb.md): twice the classifier preset's width and
+    # depth, half its review length (the cost of a step grows with the tokens in it).
     "cpu": dict(num_epochs=2, batch_size=32, learn_rate=1e-3, embedding=128, heads=4, depth=2, max_length=256,
                 vocab_size=20_000, lr_warmup=50_000, dropout=0.1, tokenizer="word"),
     "gpu": dict(num_epochs=10, batch_size=64, learn_rate=5e-4, embedding=256, heads=8, depth=4, max_length=512,
@@ -66,7 +67,7 @@ CHECKS = {
     "mask_rate": (lambda v: 0 < v < 1, "a number in (0, 1)"),
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "seed": (lambda v: 0 <= v < 2**32, "an int in [0, 2**32)"),
-    "data": (lambda v: Path(v).exists(), "an existing folder"),
+    "data": (lambda v: Path(v).exists(), "an existing folder, or the official archive"),
     "checkpoint": WRITABLE_FOLDER,
     "out": WRITABLE_FOLDER,
 }
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("-d", "--depth", type=int, help="transformer blocks")
     add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut); "
         "the classifier fine-tuned from it takes the same")
-    add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included ([MASK] is one more)")
+    add("-V", "--vocab-size", type=int, help="vocabulary size of the word or BPE tokenizer, <pad> (and the words' <unk>, or BPE's 256 bytes) "
+        "included; [MASK] is one more (ignored by --tokenizer byte)")
     add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (learned from the "
         "training split, as classify_imdb.py learns them), or UTF-8 bytes")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many *reviews*")
@@ -145,7 +147,8 @@ def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], d
 
 
 def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]  # an empty review: one <unk>
+    # An empty review would be an all-padding row: one token instead (id 1: <unk> for words, a byte otherwise).
+    return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
 
 
 def check_resumable(path: Path, args: argparse.Namespace) -> None:
@@ -226,7 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
         except ValueError as e:
             sys.exit(f"cannot resume: {e}")
         step = state["step"]
-        print(f"resumed from {resume} at step {step}")
+        saved_val = state["extra"].get("val", {})  # the last validation's figures, for a run that had finished
+        print(f"resumed from {resume} at step {step}" + (" (finished: writing its outputs again)"
+                                                          if step == total else ""))
     print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer):,} + [MASK], {total} steps "
           f"({args.num_epochs} epochs of {per_epoch})")
 
@@ -238,7 +243,22 @@ def main(argv: list[str] | None = None) -> dict:
     bar = progress(total=total, desc="pretrain")
     bar.update(step)
     running, t_log, tokens = [], time.perf_counter(), 0
-    val_loss = val_accuracy = float("nan")
+    val_loss = saved_val.get("loss", float("nan")) if resume is not None else float("nan")
+    val_accuracy = saved_val.get("accuracy", float("nan")) if resume is not None else float("nan")
+    checked = step  # the losses up to this step are known to be finite
+
+    def stop_if_diverged(losses: list) -> None:
+        """Exit naming the first NaN or infinite loss of the steps since the last check: before a save, so that no
+        checkpoint and no pretrained.pt is ever written from diverged weights."""
+        if not losses:
+            return
+        try:
+            check_finite_losses(torch.stack(losses).tolist(), range(step - len(losses) + 1, step + 1))
+        except TrainingDiverged as e:
+            bar.close()
+            kept = " The checkpoints saved before it are kept." if args.checkpoint else ""
+            sys.exit(f"error: {e} (flags -l, --lr-warmup).{kept}")
+
     for epoch in range(step // per_epoch, args.num_epochs):
         epoch_state = g.get_state()
         skip = step - epoch * per_epoch
@@ -261,20 +281,24 @@ def main(argv: list[str] | None = None) -> dict:
             tokens += mask.sum()
             bar.update(1)
             if step % 50 == 0:
+                stop_if_diverged(running[-(step - checked):])
+                checked = step
                 recent = torch.stack(running[-50:])
-                try:
-                    check_finite_losses(recent.tolist(), range(step - len(recent) + 1, step + 1))
-                except TrainingDiverged as e:
-                    bar.close()
-                    sys.exit(f"error: {e} (flags -l, --lr-warmup)")
                 bar.set_postfix(loss=f"{recent.mean().item():.3f}",
                                 tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0],
                         train_loss=recent.mean().item(), seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
             if step % eval_every == 0 or step == total or step == args.stop_at:
+                stop_if_diverged(running[-(step - checked):] if step > checked else [])
+                checked = step
                 val_loss, val_accuracy = validate(model, val_batches, mask_id=mask_id, rate=args.mask_rate,
                                                   seed=args.seed)
+                if not math.isfinite(val_loss):  # the weights broke in the last steps, the losses did not show it yet
+                    bar.close()
+                    sys.exit(f"error: the masked-token validation loss at step {step} is {val_loss}: the weights "
+                             f"diverged (flags -l, --lr-warmup); nothing was saved from them")
+                extra["val"] = {"loss": val_loss, "accuracy": val_accuracy}
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", val_loss=val_loss, val_accuracy=val_accuracy,
                         seconds=round(time.perf_counter() - t_start, 1))
                 bar.write(f"step {step}: train loss {torch.stack(running).mean().item():.4f}, masked-token val loss "

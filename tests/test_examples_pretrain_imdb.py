@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 from pathlib import Path
 
@@ -100,7 +101,11 @@ def test_the_pretrained_file_holds_the_model_vocabulary_and_mask_id(pretrained, 
 def test_resume_reproduces_the_uninterrupted_run(pretrain, data_dir, pretrained, tmp_path):
     argv = tiny(data_dir, tmp_path / "out", "--checkpoint", str(tmp_path / "ckpt"))
     assert pretrain.main(argv + ["--stop-at", "13"]) == {}
-    pretrain.main(argv)
+    finished = pretrain.main(argv)
+    # The same command once more finds the run finished: the same model and figures, written again.
+    again = pretrain.main(argv)
+    assert again["val_masked_loss"] == finished["val_masked_loss"] and math.isfinite(again["val_masked_loss"])
+    json.loads((tmp_path / "out" / "results.json").read_text())  # valid JSON: no NaN
     resumed = torch.load(tmp_path / "out" / "pretrained.pt", weights_only=True)["model"]
     whole = torch.load(pretrained / "pretrained.pt", weights_only=True)["model"]
     assert resumed.keys() == whole.keys()

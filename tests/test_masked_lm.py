@@ -228,3 +228,39 @@ def test_selecting_the_chosen_positions_gives_their_rows_and_the_same_loss():
                                rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="select"):
         model(m.inputs, mask, select=m.chosen[:, :5])
+
+
+def test_bad_loss_and_masking_arguments_name_the_argument():
+    log_probs = torch.randn(2, 5, 11).log_softmax(-1)
+    targets = torch.full((2, 5), IGNORE)
+    with pytest.raises(ValueError, match=r"log_probs \(2, 5, 11\) and targets \(3,\).*select=chosen"):
+        masked_lm_loss(log_probs, targets[0, :3])  # full log-probs with the chosen targets only: the likely slip
+    with pytest.raises(TypeError, match="targets must be an int64 tensor"):
+        masked_lm_loss(log_probs, targets.float())
+    with pytest.raises(TypeError, match="log_probs must be a float tensor"):
+        masked_lm_loss(targets, targets)
+    tokens = torch.randint(1, 9, (2, 5))
+    for bad in (None, 0, "a", (0, 12)):
+        with pytest.raises(TypeError, match="special_ids"):
+            mask_tokens(tokens, mask_id=9, num_tokens=10, special_ids=bad)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        mask_tokens(tokens, mask_id=9, num_tokens=10, generator=0)
+
+
+def test_a_changed_block_class_or_position_length_is_judged_by_what_it_changes():
+    from torchformer import TransformerBlock
+
+    class Doubling(TransformerBlock):
+        def forward(self, x, *args, **kwargs):
+            return 2 * super().forward(x, *args, **kwargs)
+
+    class VariantMLM(MLMTransformer):
+        block_class = Doubling
+
+    with pytest.raises(ValueError, match=r"blocks are \['Doubling', 'Doubling'\].*block_class"):
+        CTransformer(16, 2, 2, 10, 40, 2).load_encoder(VariantMLM(16, 2, 2, 10, 40))
+    # Rotary positions take any length: the classifier may be built for longer reviews than the pretraining.
+    CTransformer(16, 2, 2, 64, 40, 2, positions="rotary").load_encoder(MLMTransformer(16, 2, 2, 10, 40,
+                                                                                     positions="rotary"))
+    with pytest.raises(ValueError, match="learned positions: 10 vs 64"):
+        CTransformer(16, 2, 2, 64, 40, 2).load_encoder(MLMTransformer(16, 2, 2, 10, 40))

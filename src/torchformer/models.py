@@ -321,8 +321,10 @@ class CTransformer(TransformerModel):
 
         The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. ``pretrained`` is
         usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
-        every field that shapes the encoder or changes what it computes; the fields of the head and of training
-        (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``, ...) may differ.
+        every field that shapes the encoder or changes what it computes, and its blocks must be of the same classes;
+        the fields of the head and of training (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``,
+        ...) may differ, and ``seq_length`` too unless the positions are learned. A classifier for an MLM:
+        ``CTransformer(config=mlm.config.replace(tie_weights=False, num_classes=2))``.
 
         Args:
             pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
@@ -334,12 +336,23 @@ class CTransformer(TransformerModel):
                 encoder of this layout (a generator's blocks are causal and are called ``blocks``).
         """
         if not isinstance(pretrained, TransformerModel):
+            hint = " (pass the module itself, model._orig_mod, not the compiled wrapper)" if hasattr(
+                pretrained, "_orig_mod") else ""
             raise TypeError(f"pretrained must be a torchformer model (e.g. an MLMTransformer), got "
-                            f"{type(pretrained).__name__}")
+                            f"{type(pretrained).__name__}{hint}")
         differ = [d for d in pretrained.config.differences(self.config) if d.split(":")[0] not in FINE_TUNING_FIELDS]
+        # seq_length sizes the learned position table only; other schemes take any length.
+        if pretrained.config.position_limit != self.config.position_limit:
+            differ.append(f"learned positions: {pretrained.config.position_limit} vs {self.config.position_limit}")
         if differ:
             raise ValueError(f"the pretrained {type(pretrained).__name__}'s encoder differs from this classifier's "
                              f"(pretrained vs classifier): {'; '.join(differ)}")
+        # Equal configs and weights can still compute differently: a variant's block class (docs/extending.md).
+        kinds = [type(block).__name__ for block in pretrained.transformer_blocks()]
+        own = [type(block).__name__ for block in self.transformer_blocks()]
+        if kinds != own:
+            raise ValueError(f"the pretrained {type(pretrained).__name__}'s blocks are {kinds}, this classifier's "
+                             f"{own}: give the classifier the same block_class")
         parts = ("embedding.", "encoder.")
         state = {k: v for k, v in pretrained.state_dict().items() if k.startswith(parts)}
         wanted = {k for k in self.state_dict() if k.startswith(parts)}
@@ -350,9 +363,10 @@ class CTransformer(TransformerModel):
         self.load_state_dict(state, strict=False)  # strict=False: the head is not in state, on purpose
 
 
-# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads', and training's.
+# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads', training's, the
+# encoder-decoder's decoder (no part of an encoder), and seq_length (compared as the learned positions' limit).
 FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "tgt_tokens", "decoder_depth", "dropout", "impl",
-                                "checkpoint_blocks"})
+                                "checkpoint_blocks", "seq_length"})
 
 
 class MLMTransformer(TransformerModel):

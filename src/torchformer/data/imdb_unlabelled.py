@@ -57,7 +57,7 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
     if source is None:
         raise FileNotFoundError(f"no unlabelled IMDb reviews at '{path}': expected a folder with {UNLABELLED_JSONL}, "
                                 f"that file, an aclImdb/ folder with train/unsup/, or {ARCHIVE_NAME}")
-    if source.name.endswith(".jsonl.gz"):
+    if source.name == UNLABELLED_JSONL:
         rows = _read_jsonl(source)
     elif source.is_file():
         rows = _read_tar(source)
@@ -76,7 +76,7 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
 def _find(path: Path) -> Path | None:
     """The jsonl file, the ``unsup/`` folder or the archive that ``path`` names or holds."""
     if path.is_file():
-        return path if path.name.endswith(".jsonl.gz") or tarfile.is_tarfile(path) else None
+        return path if path.name == UNLABELLED_JSONL or tarfile.is_tarfile(path) else None
     if not path.is_dir():
         return None
     for candidate in (path / UNLABELLED_JSONL, path / "train" / "unsup", path / "aclImdb" / "train" / "unsup",
@@ -163,6 +163,8 @@ def deduplicate(texts: Iterable[str], *, exclude: Iterable[str]) -> Deduplicated
     Returns:
         The texts kept and the counts removed, as a :class:`Deduplicated`.
     """
+    if exclude is None:
+        raise TypeError("exclude must be an iterable of texts (pass [] to remove only the repeats), got None")
     unseen = set(_strings(exclude, "exclude"))
     kept, seen = [], set()
     overlapping = repeated = 0

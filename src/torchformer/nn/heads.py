@@ -136,8 +136,10 @@ class MaskedLMHead(nn.Module):
     Why the scale, when :class:`GeneratorHead` instead re-initialises a tied embedding with small entries: the
     LayerNorm's output and the embedding rows both have unit-variance entries, so their dot product has variance
     ``e``, and ``e ** -0.5`` brings the first logits to unit scale. Shrinking the embedding would do the same for the
-    logits, but the input would then be a small token vector next to unit-variance learned position vectors, and
-    a tiny masked model measured in ``tests/test_masked_lm.py`` then never learns to read the tokens.
+    logits, but the input would then be a small token vector next to unit-variance learned position vectors: the
+    tiny model of ``tests/test_masked_lm.py``'s learning test, given a tied embedding shrunk to ``e ** -0.5``
+    instead, stayed at the loss of uniform guessing (``log 20``) for 300 steps (measured once, 2026-11-24), where
+    with the scale it learns the task.
 
     Args:
         emb: the embedding size ``e``.

@@ -21,7 +21,7 @@ Shapes: b batch size, t sequence length, v vocabulary size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +77,9 @@ def mask_tokens(
             IMDb example appends it as id ``len(tokenizer)``).
         num_tokens: the vocabulary size ``v``, ``[MASK]`` included.
         rate: the probability that a real position is chosen (BERT: 0.15).
-        special_ids: ids that a random replacement never is (padding, ``<unk>``).
+        special_ids: ids that a random replacement never is (default: padding only; pass ``(0, 1)`` to keep
+            ``<unk>`` out too). BERT draws from the whole vocabulary; drawing ``[MASK]`` or padding as a "random"
+            token would only blur the 80/10/10 split, so they are left out here.
         generator: the random number generator (on ``tokens``' device); ``None`` uses PyTorch's global one.
 
     Returns:
@@ -93,11 +95,18 @@ def mask_tokens(
     if not isinstance(mask_id, int) or isinstance(mask_id, bool) or not 0 <= mask_id < num_tokens:
         raise ValueError(f"mask_id must be an int in [0, num_tokens = {num_tokens}), got {mask_id!r}")
     rate = check_probability(rate, "rate")
-    excluded = {int(i) for i in special_ids} | {mask_id}
-    allowed = torch.tensor([i for i in range(num_tokens) if i not in excluded], device=tokens.device)
+    if isinstance(special_ids, (str, bytes)) or not isinstance(special_ids, Iterable) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_tokens for i in special_ids):
+        raise TypeError(f"special_ids must be a sequence of ids in [0, num_tokens = {num_tokens}), got "
+                        f"{special_ids!r:.80}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    keep = torch.ones(num_tokens, dtype=torch.bool, device=tokens.device)
+    keep[[*special_ids, mask_id]] = False
+    allowed = keep.nonzero().squeeze(1)  # (v',): the ids a random replacement may be, ascending
     if len(allowed) == 0:
         raise ValueError(f"no id is left for random replacements: num_tokens = {num_tokens} are all special or "
-                         f"[MASK] ({sorted(excluded)})")
+                         f"[MASK] ({sorted({*special_ids, mask_id})})")
 
     real = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
     draw = dict(device=tokens.device, generator=generator)
@@ -126,5 +135,15 @@ def masked_lm_loss(log_probs: Tensor, targets: Tensor) -> Tensor:
     Shapes:
         ``log_probs`` ``(b, t, v)`` and ``targets`` ``(b, t)``, or ``(n, v)`` and ``(n,)`` -> ``()``.
     """
+    if not isinstance(log_probs, Tensor) or not log_probs.is_floating_point() or log_probs.dim() < 2:
+        raise TypeError(f"log_probs must be a float tensor (b, t, v) or (n, v), got "
+                        f"{type(log_probs).__name__ if not isinstance(log_probs, Tensor) else log_probs.dtype}")
+    if not isinstance(targets, Tensor) or targets.dtype != torch.long:
+        raise TypeError(f"targets must be an int64 tensor of ids, got "
+                        f"{type(targets).__name__ if not isinstance(targets, Tensor) else targets.dtype}")
+    if tuple(log_probs.shape[:-1]) != tuple(targets.shape):
+        raise ValueError(f"log_probs {tuple(log_probs.shape)} and targets {tuple(targets.shape)} must agree but for "
+                         f"the vocabulary: (b, t, v) with (b, t), or, with the model's select=chosen, (n, v) with "
+                         f"targets[chosen] (n,)")
     total = F.nll_loss(log_probs.flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="sum")
     return total / (targets != IGNORE).sum().clamp(min=1)
