@@ -88,6 +88,27 @@ def log_probabilities(logits: Tensor) -> Tensor:
     return F.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
 
+def check_tie_to(tie_to: nn.Embedding | None, num_tokens: int, emb: int) -> None:
+    """Refuse an embedding to tie an output layer to unless it has ``v`` rows of size ``e``.
+
+    Args:
+        tie_to: the embedding, or ``None`` (nothing to check).
+        num_tokens: the vocabulary size ``v``.
+        emb: the embedding size ``e``.
+
+    Raises:
+        TypeError: ``tie_to`` is not an :class:`~torch.nn.Embedding`.
+        ValueError: its weight is not ``(v, e)``.
+    """
+    if tie_to is None:
+        return
+    if not isinstance(tie_to, nn.Embedding):
+        raise TypeError(f"tie_to must be an nn.Embedding (the token embedding), got {type(tie_to).__name__}")
+    if tuple(tie_to.weight.shape) != (num_tokens, emb):
+        raise ValueError(f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
+                         f"got {tuple(tie_to.weight.shape)}")
+
+
 class GeneratorHead(nn.Module):
     """The output head of a generator: log-probabilities of the next token at every position.
 
@@ -107,12 +128,8 @@ class GeneratorHead(nn.Module):
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
         self.toprobs = nn.Linear(emb, num_tokens)
+        check_tie_to(tie_to, num_tokens, emb)
         if tie_to is not None:
-            if tuple(tie_to.weight.shape) != (num_tokens, emb):
-                raise ValueError(
-                    f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
-                    f"got {tuple(tie_to.weight.shape)}"
-                )
             # nn.Embedding starts with unit-variance entries; as output weights they would give logits of standard
             # deviation sqrt(e) (a starting loss far above uniform guessing). Rescale to std e^-1/2: unit-variance
             # logits.
@@ -148,16 +165,15 @@ class MaskedLMHead(nn.Module):
             (kept as it is). ``None``: an output matrix of its own, initialised as an embedding (unit variance).
 
     Shapes:
-        ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
+        ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities (or ``(n, e) -> (n, v)``: any
+        leading dimensions).
     """
 
     def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
-        if tie_to is not None and tuple(tie_to.weight.shape) != (num_tokens, emb):
-            raise ValueError(f"tie_to must be an embedding of shape (num_tokens, emb) = ({num_tokens}, {emb}), "
-                             f"got {tuple(tie_to.weight.shape)}")
+        check_tie_to(tie_to, num_tokens, emb)
         self.transform = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.LayerNorm(emb))
         self.weight = tie_to.weight if tie_to is not None else nn.Parameter(torch.randn(num_tokens, emb))  # (v, e)
         self.bias = nn.Parameter(torch.zeros(num_tokens))
