@@ -93,6 +93,18 @@ def test_id_0_is_padding_only(tok):
     assert tok.decode(torch.tensor(ids + [0])) == "a wonderful film"
 
 
+@needs_tokenizers
+def test_the_constructor_reads_pad_as_text_without_changing_the_callers_tokenizer(tok):
+    import tokenizers
+
+    raw = tokenizers.Tokenizer.from_str(tok.state_dict()["tokenizer"])
+    raw.encode_special_tokens = False
+    wrapped = BPETokenizer(raw)
+    assert 0 not in wrapped.encode("<pad> a wonderful film")  # the wrapper reads "<pad>" as text
+    assert raw.encode_special_tokens is False  # and left the caller's object as it was
+    assert raw.encode("<pad>").ids == [0]
+
+
 # ------------------------------------------------------------------ what BPE learns
 
 

@@ -228,6 +228,8 @@ def test_selecting_the_chosen_positions_gives_their_rows_and_the_same_loss():
                                rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="select"):
         model(m.inputs, mask, select=m.chosen[:, :5])
+    with pytest.raises(TypeError, match=r"select must have dtype torch.bool \(True = a position to predict\)"):
+        model(m.inputs, mask, select=m.chosen.long())
 
 
 def test_bad_loss_and_masking_arguments_name_the_argument():

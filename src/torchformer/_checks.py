@@ -83,13 +83,16 @@ def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = No
     return x.size(0), x.size(1), x.size(2)
 
 
-def check_mask(mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)") -> Tensor:
-    """Check a padding mask: bool ``shape`` (named ``dims`` in messages) with ``True`` marking real tokens."""
+def check_mask(
+    mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)", true_means: str = "real token"
+) -> Tensor:
+    """Check a bool mask of ``shape`` (named ``dims`` in messages); ``True`` marks ``true_means`` (a padding mask's
+    real tokens, by default)."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise TypeError(
-            f"{name} must have dtype torch.bool (True = real token), got {mask.dtype}; use {name}.bool()"
+            f"{name} must have dtype torch.bool (True = {true_means}), got {mask.dtype}; use {name}.bool()"
         )
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {dims} = {tuple(shape)}, got {tuple(mask.shape)}")

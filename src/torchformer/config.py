@@ -62,7 +62,7 @@ class TransformerConfig:
         kqnorm: layer-normalise keys and queries per head (bounds the attention logits).
         impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``) or ``"reference"`` (matmul-softmax-matmul).
         pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
-        tie_weights: share the token embedding with the output layer of a generator.
+        tie_weights: share the token embedding with the output layer (of a generator, or the masked-language head).
         checkpoint_blocks: activation checkpointing: while training, keep only each block's input and recompute
             the activations inside the block in the backward pass (``torch.utils.checkpoint``, non-reentrant). Saves
             memory (the activations of one block instead of all of them) for about a third more compute; the

@@ -89,8 +89,8 @@ class BPETokenizer:
 
     Args:
         tokenizer: a trained ``tokenizers.Tokenizer`` with a BPE model, the ByteLevel pre-tokenizer and decoder, and
-            ``<pad>`` at id 0 (what :meth:`build` trains). It is used as it is, set to read ``"<pad>"`` in a text as
-            text (``encode_special_tokens``), so that ``encode`` never returns id 0.
+            ``<pad>`` at id 0 (what :meth:`build` trains). A copy is kept (the caller's object is not changed), set
+            to read ``"<pad>"`` in a text as text (``encode_special_tokens``), so that ``encode`` never returns id 0.
         lowercase: whether texts are lower-cased before encoding (say what the tokenizer was trained on).
 
     Example:
@@ -125,6 +125,7 @@ class BPETokenizer:
                 f"{tokenizer.token_to_id(self.PAD_TOKEN)}; build one with BPETokenizer.build"
             )
         # Without this a review that literally says "<pad>" would get id 0, and its words would count as padding.
+        tokenizer = tk.Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's tokenizer stays as it was
         tokenizer.encode_special_tokens = True
         self._tokenizer = tokenizer
         self.lowercase = check_bool(lowercase, "lowercase")

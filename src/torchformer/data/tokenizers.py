@@ -416,6 +416,11 @@ def build_tokenizer(
 
     Returns:
         the tokenizer.
+
+    Raises:
+        ValueError: ``kind`` is not one of the three, or ``vocab_size`` is too small for it.
+        TypeError: ``texts`` is a single string instead of a sequence of them.
+        ImportError: ``"bpe"`` without the ``tokenizers`` package (``pip install "torchformer[bpe]"``).
     """
     if kind == "word":
         return WordTokenizer.build(texts, vocab_size)
