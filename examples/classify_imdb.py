@@ -1,4 +1,4 @@
-"""Sentiment classification of IMDb movie reviews with a transformer encoder (CTransformer), end to end.
+"""Sentiment classification of IMDb movie reviews with a transformer encoder (CTransformer) or an LSTM, end to end.
 
     python examples/classify_imdb.py --data path/to/dir --preset cpu          # train, report validation
     python examples/classify_imdb.py --data path/to/dir --preset cpu --final  # ... and the test set
@@ -47,6 +47,7 @@ from torchformer.data.tokenizers import build_tokenizer, tokenizer_from_state_di
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer, MLMTransformer
+from torchformer.config import POSITIONS
 from torchformer.train.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
 )
@@ -71,14 +72,15 @@ PRESETS = {
     "gpu": dict(num_epochs=3, batch_size=32, learn_rate=3e-3, embedding=64, vocab_size=20_000, max_length=2048,
                 heads=4, depth=1, max_pool=False, lr_warmup=5_000, dropout=0.1, tokenizer="word"),
 }
-MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", "dropout", "wide", "hidden")
+MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", "dropout", "wide", "hidden",
+              "positions", "prenorm")
 # What a checkpoint written before a model flag existed was trained with.
-MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None}
+MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None, "positions": "learned", "prenorm": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
             "pretrained")
 # What --pretrained decides (the pretrained model's flags): giving one of them as well is an error.
-PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size")
+PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size", "positions", "prenorm")
 
 
 # The valid values of each flag, checked before anything is loaded: {dest: (test, what the flag must be)}. A flag
@@ -117,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-pool", action=argparse.BooleanOptionalAction, help="max-pool over positions (else mean-pool)")
     add("--wide", action="store_true", help="wide attention heads: each head sees the whole embedding, so -E need "
         "not be divisible by -H (more parameters; docs/heads.md)")
+    add("--positions", choices=POSITIONS, help="how the model knows word order: added to the embeddings (learned, "
+        "sinusoidal, none) or inside attention (rotary, alibi, relative); docs/positions.md (default: learned)")
+    add("--prenorm", action="store_true", help="layer norm before each sublayer (GPT-2) instead of after the "
+        "residual (former's post-norm); docs/blocks.md")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
@@ -177,8 +183,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.embedding % args.heads and not args.wide and args.model == "transformer":
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
                 f"each head then sees the whole embedding)")
-    if args.model == "lstm" and (args.pretrained or args.wide or args.checkpoint_blocks):
-        p.error("--model lstm does not take --pretrained, --wide or --checkpoint-blocks (they are transformer options)")
+    if args.model == "lstm" and (args.pretrained or args.wide or args.checkpoint_blocks or args.prenorm
+                                 or args.positions is not None):
+        p.error("--model lstm does not take --pretrained, --wide, --positions, --prenorm or --checkpoint-blocks (they "
+                "are transformer options)")
+    if args.positions is None:
+        args.positions = MODEL_DEFAULTS["positions"]
     if args.hidden is not None and args.model != "lstm":
         p.error("--hidden sets the LSTM's size: it needs --model lstm")
     if args.stop_at is not None and args.checkpoint is None:
@@ -210,8 +220,8 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
             p.error(f"--pretrained {args.pretrained} was pretrained without the validation split of {flag(key)} "
                     f"{run[key]}; got {flag(key)} {getattr(args, key)}: use the same, or the validation reviews may "
                     f"be among those it read")
-    for key in PRETRAINED_KEYS:
-        setattr(args, key, run[key])
+    for key in PRETRAINED_KEYS:  # a file from before --positions and --prenorm: what it was trained with then
+        setattr(args, key, run.get(key, MODEL_DEFAULTS.get(key)))
 
 
 def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer | LSTMClassifier:
@@ -220,7 +230,8 @@ def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) 
             return LSTMClassifier.from_config(lstm_config(config, num_tokens))
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
                             len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
-                            wide=config["wide"], checkpoint_blocks=checkpoint_blocks)
+                            wide=config["wide"], positions=config["positions"], prenorm=config["prenorm"],
+                            checkpoint_blocks=checkpoint_blocks)
     except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
         sys.exit(f"error: cannot build the model from these flags: {e}")
 

@@ -32,6 +32,7 @@ from torchformer.data.batching import ClassificationBatches
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
 from torchformer.data.tokenizers import build_tokenizer
+from torchformer.config import POSITIONS
 from torchformer.models import MLMTransformer
 from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
@@ -56,7 +57,9 @@ PRESETS = {
 }
 # Must match to resume a checkpoint: they fix the model, the corpus, the vocabulary and the schedule.
 RESUME_KEYS = ("embedding", "heads", "depth", "max_length", "dropout", "tokenizer", "vocab_size", "batch_size",
-               "num_epochs", "learn_rate", "lr_warmup", "mask_rate", "val_size", "seed")
+               "num_epochs", "learn_rate", "lr_warmup", "mask_rate", "val_size", "seed", "positions", "prenorm")
+# What a checkpoint written before a flag existed was trained with.
+RESUME_DEFAULTS = {"positions": "learned", "prenorm": False}
 
 CHECKS = {
     **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
@@ -89,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "included; [MASK] is one more (ignored by --tokenizer byte)")
     add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (learned from the "
         "training split, as classify_imdb.py learns them), or UTF-8 bytes")
+    add("--positions", default="learned", choices=POSITIONS, help="how the model knows word order: added to the "
+        "embeddings (learned, sinusoidal, none) or inside attention (rotary, alibi, relative); docs/positions.md")
+    add("--prenorm", action="store_true", help="layer norm before each sublayer (GPT-2) instead of after the "
+        "residual (former's post-norm); docs/blocks.md")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many *reviews*")
     add("--dropout", type=float, help="dropout rate")
     add("--mask-rate", type=float, default=0.15, help="the fraction of real tokens the model predicts in each step")
@@ -156,7 +163,8 @@ def check_resumable(path: Path, args: argparse.Namespace) -> None:
         saved = read_checkpoint(path)["extra"]["run"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"cannot resume: {path} is not a checkpoint written by this script ({type(e).__name__}: {e})")
-    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {getattr(args, k)})" for k in RESUME_KEYS
+    saved = {**RESUME_DEFAULTS, **saved}
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(args, k)})" for k in RESUME_KEYS
                if saved.get(k) != getattr(args, k)]
     if changed:
         sys.exit(f"cannot resume: {path} was trained with {', '.join(changed)}; use the same flags, or a new "
@@ -215,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
                                         batch_size=2 * args.batch_size, shuffle=False, device=device)
 
     model = MLMTransformer(args.embedding, args.heads, args.depth, args.max_length, mask_id + 1, tie_weights=True,
-                           dropout=args.dropout).to(device)
+                           dropout=args.dropout, positions=args.positions, prenorm=args.prenorm).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
     per_epoch = len(train_batches)
     total = args.num_epochs * per_epoch

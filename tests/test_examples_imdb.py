@@ -410,6 +410,8 @@ def test_the_lstm_baseline_and_bpe_run_through_the_same_pipeline(script, data_di
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "lstm", "--wide"], "--model lstm does not take"),
+    (["--model", "lstm", "--positions", "rotary"], "--model lstm does not take"),
+    (["--model", "lstm", "--prenorm"], "--model lstm does not take"),
     (["--hidden", "8"], "--hidden sets the LSTM's size: it needs --model lstm"),
     (["--hidden", "0", "--model", "lstm"], "--hidden must be a positive int"),
 ])
@@ -417,6 +419,15 @@ def test_lstm_flag_errors(script, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         script.main([*argv, "--device", "cpu", "--data", str(tmp_path)])
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_positions_and_prenorm_build_that_model_and_predict_reloads_it(script, data_dir, tmp_path, capsys):
+    script.main(tiny(data_dir, tmp_path, "--positions", "alibi", "--prenorm", "-e", "1"))
+    saved = read_checkpoint(tmp_path / "model.pt")
+    assert (saved["config"].positions, saved["config"].prenorm) == ("alibi", True)
+    capsys.readouterr()
+    script.main(["--predict", "a great film", "--out", str(tmp_path)])  # rebuilt from the saved flags
+    assert "a great film" in capsys.readouterr().out
 
 
 def test_the_lstm_takes_an_embedding_that_heads_do_not_divide(script, data_dir, tmp_path):

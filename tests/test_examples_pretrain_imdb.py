@@ -149,8 +149,33 @@ def test_a_pretrained_run_starts_from_exactly_the_pretrained_weights(classify, d
         assert torch.equal(snapshot[key], source[key]), key
 
 
+def test_positions_and_prenorm_travel_from_pretraining_to_the_classifier(pretrain, classify, data_dir, tmp_path):
+    pretrain.main(tiny(data_dir, tmp_path / "p", "-e", "1", "--positions", "rotary", "--prenorm"))
+    source = read_checkpoint(tmp_path / "p" / "pretrained.pt")
+    assert (source["config"].positions, source["config"].prenorm) == ("rotary", True)
+    classify.main(["--data", str(data_dir), "--out", str(tmp_path / "c"), "--device", "cpu", "--threads", "1",
+                   "-b", "16", "-e", "1", "--val-size", str(VAL_SIZE), "--pretrained",
+                   str(tmp_path / "p" / "pretrained.pt")])
+    saved = read_checkpoint(tmp_path / "c" / "model.pt")
+    assert (saved["config"].positions, saved["config"].prenorm) == ("rotary", True)
+    assert (saved["extra"]["config"]["positions"], saved["extra"]["config"]["prenorm"]) == ("rotary", True)
+
+
+def test_resuming_an_older_checkpoint_takes_the_flags_it_was_trained_with(pretrain, data_dir, tmp_path):
+    # A checkpoint written before --positions and --prenorm existed was trained with learned positions, post-norm.
+    args = pretrain.parse_args(tiny(data_dir, tmp_path / "o"))
+    old_run = {k: getattr(args, k) for k in pretrain.RESUME_KEYS if k not in ("positions", "prenorm")}
+    ckpt = pretrain.save_checkpoint(tmp_path / "step_1.pt", model=torch.nn.Linear(2, 2), step=1,
+                                    extra={"run": old_run})
+    pretrain.check_resumable(ckpt, args)  # no exit: learned and post-norm are what it was trained with
+    with pytest.raises(SystemExit, match="--prenorm False"):
+        pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--prenorm")))
+
+
 @pytest.mark.parametrize("extra, message", [
     (["-E", "64"], "leave out --embedding"),
+    (["--prenorm"], "leave out --prenorm"),
+    (["--positions", "rotary"], "leave out --positions"),
     (["--seed", "2"], "--seed 1"),
     (["--val-size", "30"], "--val-size 40"),
 ])
