@@ -164,8 +164,9 @@ def check_resumable(path: Path, args: argparse.Namespace) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"cannot resume: {path} is not a checkpoint written by this script ({type(e).__name__}: {e})")
     saved = {**RESUME_DEFAULTS, **saved}
+    ignored = ("vocab_size",) if args.tokenizer == "byte" else ()  # bytes have no vocabulary to size
     changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(args, k)})" for k in RESUME_KEYS
-               if saved.get(k) != getattr(args, k)]
+               if saved.get(k) != getattr(args, k) and k not in ignored]
     if changed:
         sys.exit(f"cannot resume: {path} was trained with {', '.join(changed)}; use the same flags, or a new "
                  f"--checkpoint folder")

@@ -172,6 +172,16 @@ def test_resuming_an_older_checkpoint_takes_the_flags_it_was_trained_with(pretra
         pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--prenorm")))
 
 
+def test_the_vocabulary_size_does_not_block_resuming_bytes(pretrain, data_dir, tmp_path):
+    args = pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--tokenizer", "byte"))
+    run = {k: getattr(args, k) for k in pretrain.RESUME_KEYS}
+    ckpt = pretrain.save_checkpoint(tmp_path / "step_1.pt", model=torch.nn.Linear(2, 2), step=1, extra={"run": run})
+    pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--tokenizer", "byte",
+                                                            "-V", "300")))  # -V means nothing to bytes
+    with pytest.raises(SystemExit, match="--vocab-size 40"):
+        pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o", "-V", "300")))
+
+
 @pytest.mark.parametrize("extra, message", [
     (["-E", "64"], "leave out --embedding"),
     (["--prenorm"], "leave out --prenorm"),
