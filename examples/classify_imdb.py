@@ -14,9 +14,10 @@ evaluated split's calibration (is the model right as often as it is sure?) goes 
 See docs/imdb.md.
 
 ``--pretrained`` starts the encoder from a masked-language model pretrained by ``examples/pretrain_imdb.py`` (on the
-unlabelled reviews, without the test and validation reviews): the model's size, the tokenizer and its vocabulary
-come from that file, and only the classifier head starts from scratch. ``--model lstm`` trains the recurrent
-baseline instead (a bidirectional LSTM, :class:`~torchformer.baselines.LSTMClassifier`) through the same pipeline.
+unlabelled reviews, without the test and validation reviews): the model's size, positions and norm placement, the
+tokenizer and its vocabulary come from that file, and only the classifier head starts from scratch. ``--model lstm``
+trains the recurrent baseline instead (a bidirectional LSTM, :class:`~torchformer.baselines.LSTMClassifier`) through
+the same pipeline.
 
 Under ``torchrun``, ``-b`` is the global batch: each of N processes computes its share of every batch's reviews, the
 learning rate is not scaled, and evaluation is shared out too (the same figures as one process). Only the main
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "\"torchformer[bpe]\"), or UTF-8 bytes")
     add("--model", choices=("transformer", "lstm"), default="transformer", help="the transformer classifier, or the "
         "recurrent baseline: a bidirectional LSTM with -d layers of --hidden units over -E-dimensional embeddings "
-        "(-H, --wide and --checkpoint-blocks do not apply)")
+        "(-H, --wide, --positions, --prenorm and --checkpoint-blocks do not apply)")
     add("--hidden", type=int, help="LSTM units per direction (--model lstm; default: -E)")
     add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split, init and batches")
     add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
     add("--out", default="runs/classify_imdb", help="folder for the log, plots, results.json and final model")
     add("--pretrained", metavar="FILE", help="start the encoder from this masked-language model (pretrained.pt of "
-        "examples/pretrain_imdb.py); -E, -H, -d, -M, --tokenizer and -V come from it (and --wide is refused)")
+        "examples/pretrain_imdb.py); -E, -H, -d, -M, --positions, --prenorm, --tokenizer and -V come from it (and "
+        "--wide is refused)")
     add("--predict", action="append", metavar="TEXT_OR_FILE",
         help="classify this text (or each line of this file) with a trained model (OUT/model.pt, or --checkpoint); "
              "repeatable")
@@ -210,6 +212,11 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         extra = read_checkpoint(args.pretrained)["extra"]
         run, mask_id = extra["run"], extra["mask_id"]
         tokenizer_from_state_dict(extra["tokenizer"])
+        # A file from before --positions and --prenorm was pretrained with learned positions and post-norm.
+        run = {**{k: MODEL_DEFAULTS[k] for k in ("positions", "prenorm")}, **run}
+        missing = [key for key in PRETRAINED_KEYS + ("seed", "val_size") if key not in run]
+        if missing:
+            raise KeyError(f"its run has no {', '.join(missing)}")
     except (OSError, KeyError, TypeError, ValueError, ImportError) as e:
         p.error(f"--pretrained {args.pretrained}: not a model written by examples/pretrain_imdb.py "
                 f"({type(e).__name__}: {e})")
@@ -220,8 +227,8 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
             p.error(f"--pretrained {args.pretrained} was pretrained without the validation split of {flag(key)} "
                     f"{run[key]}; got {flag(key)} {getattr(args, key)}: use the same, or the validation reviews may "
                     f"be among those it read")
-    for key in PRETRAINED_KEYS:  # a file from before --positions and --prenorm: what it was trained with then
-        setattr(args, key, run.get(key, MODEL_DEFAULTS.get(key)))
+    for key in PRETRAINED_KEYS:
+        setattr(args, key, run[key])
 
 
 def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer | LSTMClassifier:
@@ -276,8 +283,9 @@ def check_resumable(ckpt: Path, args: argparse.Namespace) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
+    ignored = ("vocab_size",) if args.tokenizer == "byte" else ()  # bytes have no vocabulary to size
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {getattr(args, k)})"
-               for k in MODEL_KEYS + RUN_KEYS if k in saved and saved[k] != getattr(args, k)]
+               for k in MODEL_KEYS + RUN_KEYS if k in saved and saved[k] != getattr(args, k) and k not in ignored]
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use the same flags, or a new "
                  f"--checkpoint folder")

@@ -234,6 +234,14 @@ def test_resume_with_other_flags_is_refused_naming_them(script, data_dir, tmp_pa
     assert message in str(info.value) and str(info.value).startswith("cannot resume")
 
 
+def test_the_vocabulary_size_does_not_block_resuming_bytes(script, data_dir, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    byte = ("--tokenizer", "byte", "-e", "1", "--checkpoint", ckpt)
+    assert script.main(tiny(data_dir, tmp_path, *byte, "--stop-at", "2")) == {}
+    args = script.parse_args(tiny(data_dir, tmp_path, *byte, "-V", "500"))  # -V means nothing to bytes
+    script.check_resumable(script.latest_intact_checkpoint(ckpt), args)
+
+
 def test_predict_with_a_checkpoint_of_another_script_is_a_clear_error(script, tmp_path):
     from torchformer.models import CTransformer
     from torchformer.train.checkpoint import save_checkpoint

@@ -149,27 +149,59 @@ def test_a_pretrained_run_starts_from_exactly_the_pretrained_weights(classify, d
         assert torch.equal(snapshot[key], source[key]), key
 
 
-def test_positions_and_prenorm_travel_from_pretraining_to_the_classifier(pretrain, classify, data_dir, tmp_path):
-    pretrain.main(tiny(data_dir, tmp_path / "p", "-e", "1", "--positions", "rotary", "--prenorm"))
+@pytest.mark.parametrize("flags, expected", [
+    ([], ("rotary", True)),  # the presets'
+    (["--positions", "sinusoidal", "--no-prenorm"], ("sinusoidal", False)),
+])
+def test_positions_and_prenorm_travel_from_pretraining_to_the_classifier(pretrain, classify, data_dir, tmp_path,
+                                                                         flags, expected):
+    pretrain.main(tiny(data_dir, tmp_path / "p", "-e", "1", *flags))
     source = read_checkpoint(tmp_path / "p" / "pretrained.pt")
-    assert (source["config"].positions, source["config"].prenorm) == ("rotary", True)
+    assert (source["config"].positions, source["config"].prenorm) == expected
     classify.main(["--data", str(data_dir), "--out", str(tmp_path / "c"), "--device", "cpu", "--threads", "1",
                    "-b", "16", "-e", "1", "--val-size", str(VAL_SIZE), "--pretrained",
                    str(tmp_path / "p" / "pretrained.pt")])
     saved = read_checkpoint(tmp_path / "c" / "model.pt")
-    assert (saved["config"].positions, saved["config"].prenorm) == ("rotary", True)
-    assert (saved["extra"]["config"]["positions"], saved["extra"]["config"]["prenorm"]) == ("rotary", True)
+    assert (saved["config"].positions, saved["config"].prenorm) == expected
+    assert (saved["extra"]["config"]["positions"], saved["extra"]["config"]["prenorm"]) == expected
+
+
+def older_pretrained_file(pretrain, source: Path, target: Path, *drop: str) -> Path:
+    """``source`` re-saved without the run keys ``drop``, as a file of an earlier version of the script."""
+    state = read_checkpoint(source)
+    model = pretrain.MLMTransformer(config=state["config"])
+    model.load_state_dict(torch.load(source, weights_only=True)["model"])
+    extra = {**state["extra"], "run": {k: v for k, v in state["extra"]["run"].items() if k not in drop}}
+    return pretrain.save_checkpoint(target, model=model, step=state["step"], extra=extra)
+
+
+def test_a_pretrained_file_from_before_positions_and_prenorm_is_learned_post_norm(pretrain, classify, data_dir,
+                                                                                  tmp_path, capsys):
+    pretrain.main(tiny(data_dir, tmp_path / "p", "-e", "1", "--positions", "learned", "--no-prenorm"))
+    old = older_pretrained_file(pretrain, tmp_path / "p" / "pretrained.pt", tmp_path / "old.pt",
+                                "positions", "prenorm")
+    classify.main(["--data", str(data_dir), "--out", str(tmp_path / "c"), "--device", "cpu", "--threads", "1",
+                   "-b", "16", "-e", "1", "--val-size", str(VAL_SIZE), "--pretrained", str(old)])
+    saved = read_checkpoint(tmp_path / "c" / "model.pt")
+    assert (saved["config"].positions, saved["config"].prenorm) == ("learned", False)
+    # A file without a key that was always there is not one of this script's.
+    broken = older_pretrained_file(pretrain, old, tmp_path / "broken.pt", "embedding")
+    with pytest.raises(SystemExit):
+        classify.main(["--data", str(data_dir), "--out", str(tmp_path / "d"), "--val-size", str(VAL_SIZE),
+                       "--pretrained", str(broken)])
+    assert "not a model written by examples/pretrain_imdb.py (KeyError: 'its run has no embedding')" in \
+        capsys.readouterr().err
 
 
 def test_resuming_an_older_checkpoint_takes_the_flags_it_was_trained_with(pretrain, data_dir, tmp_path):
     # A checkpoint written before --positions and --prenorm existed was trained with learned positions, post-norm.
-    args = pretrain.parse_args(tiny(data_dir, tmp_path / "o"))
+    args = pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--positions", "learned", "--no-prenorm"))
     old_run = {k: getattr(args, k) for k in pretrain.RESUME_KEYS if k not in ("positions", "prenorm")}
     ckpt = pretrain.save_checkpoint(tmp_path / "step_1.pt", model=torch.nn.Linear(2, 2), step=1,
                                     extra={"run": old_run})
     pretrain.check_resumable(ckpt, args)  # no exit: learned and post-norm are what it was trained with
-    with pytest.raises(SystemExit, match="--prenorm False"):
-        pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o", "--prenorm")))
+    with pytest.raises(SystemExit, match="--positions learned \\(now rotary\\), --prenorm False \\(now True\\)"):
+        pretrain.check_resumable(ckpt, pretrain.parse_args(tiny(data_dir, tmp_path / "o")))  # the preset's
 
 
 def test_the_vocabulary_size_does_not_block_resuming_bytes(pretrain, data_dir, tmp_path):

@@ -124,8 +124,8 @@ class BPETokenizer:
                 f"tokenizer must have {self.PAD_TOKEN} at id {self.PAD}, got id "
                 f"{tokenizer.token_to_id(self.PAD_TOKEN)}; build one with BPETokenizer.build"
             )
-        # Without this a review that literally says "<pad>" would get id 0, and its words would count as padding.
         tokenizer = tk.Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's tokenizer stays as it was
+        # Without this a review that literally says "<pad>" would get id 0, and its words would count as padding.
         tokenizer.encode_special_tokens = True
         self._tokenizer = tokenizer
         self.lowercase = check_bool(lowercase, "lowercase")
