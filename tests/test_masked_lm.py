@@ -241,6 +241,8 @@ def test_bad_loss_and_masking_arguments_name_the_argument():
         masked_lm_loss(log_probs, targets.float())
     with pytest.raises(TypeError, match="log_probs must be a float tensor"):
         masked_lm_loss(targets, targets)
+    with pytest.raises(ValueError, match=r"log_probs must be \(b, t, v\) or \(n, v\).*got shape \(11,\)"):
+        masked_lm_loss(log_probs[0, 0], targets[0, 0])
     tokens = torch.randint(1, 9, (2, 5))
     for bad in (None, 0, "a", (0, 12)):
         with pytest.raises(TypeError, match="special_ids"):

@@ -134,10 +134,17 @@ def masked_lm_loss(log_probs: Tensor, targets: Tensor) -> Tensor:
 
     Shapes:
         ``log_probs`` ``(b, t, v)`` and ``targets`` ``(b, t)``, or ``(n, v)`` and ``(n,)`` -> ``()``.
+
+    Raises:
+        TypeError: ``log_probs`` is not a floating tensor, or ``targets`` not an int64 one.
+        ValueError: ``log_probs`` has no vocabulary dimension, or the two shapes do not agree but for it.
     """
-    if not isinstance(log_probs, Tensor) or not log_probs.is_floating_point() or log_probs.dim() < 2:
+    if not isinstance(log_probs, Tensor) or not log_probs.is_floating_point():
         raise TypeError(f"log_probs must be a float tensor (b, t, v) or (n, v), got "
                         f"{type(log_probs).__name__ if not isinstance(log_probs, Tensor) else log_probs.dtype}")
+    if log_probs.dim() < 2:
+        raise ValueError(f"log_probs must be (b, t, v) or (n, v): a vocabulary dimension last, got shape "
+                         f"{tuple(log_probs.shape)}")
     if not isinstance(targets, Tensor) or targets.dtype != torch.long:
         raise TypeError(f"targets must be an int64 tensor of ids, got "
                         f"{type(targets).__name__ if not isinstance(targets, Tensor) else targets.dtype}")
