@@ -8,9 +8,11 @@ rank fails the tests instead of hanging them.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -286,6 +288,33 @@ def test_single_process_without_torchrun(monkeypatch, tmp_path):
     assert wrap_model(net, strategy="fsdp") is net and wrap_model(net, strategy="ddp") is net
     assert list(shard([1, 2, 3])) == [1, 2, 3] and all_reduce_mean(2.5) == 2.5
     teardown_distributed()  # nothing to do
+
+
+def test_teardown_frees_a_dropped_fsdp_model_while_its_process_group_is_alive(monkeypatch):
+    """FSDP2's hooks keep a sharded model in a reference cycle: it outlives its last name until the garbage collector
+    runs, which may be after the group is destroyed (then freeing it can abort the process). teardown_distributed
+    frees it first. A 1-process gloo group here; the garbage collector is off, so only teardown can collect it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    setup_distributed(device="cpu", timeout=timedelta(seconds=30))
+    freed_with_group_alive = []  # what dist.is_initialized() said when the model was freed
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        net = wrap_model(model(), strategy="fsdp")
+        weakref.finalize(net, lambda: freed_with_group_alive.append(dist.is_initialized()))
+        del net
+        teardown_distributed()
+    finally:
+        if collecting:
+            gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert freed_with_group_alive == [True]
 
 
 def test_a_checkpoint_of_save_checkpoint_resumes_with_its_optimizer_state(tmp_path):

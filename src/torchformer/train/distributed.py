@@ -12,6 +12,7 @@ module turns that into a few lines of research code::
     loss = all_reduce_mean(loss.item())           # the same figure on every process
     if run.is_main:
         print(loss)
+    del model, optimizer                          # let go of the model first (see teardown_distributed)
     teardown_distributed()
 
 Two strategies, both PyTorch's:
@@ -33,6 +34,7 @@ input. The same script runs either way.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from dataclasses import dataclass
@@ -118,11 +120,15 @@ def setup_distributed(
 def teardown_distributed() -> None:
     """Wait for every process, then leave the process group (nothing to do for a single process).
 
-    Call it once the wrapped models are gone (say, after the function that trained returns): a DDP model freed
-    after its process group was destroyed holds the group's last reference, and destroying a gloo group from there
-    can deadlock (its thread waits for the interpreter lock that the destructor holds; seen with torch 2.13).
+    Call it once the wrapped models are gone (say, after the function that trained returns): a model freed after
+    its process group was destroyed may hold the group's last reference, and destroying a gloo group from there can
+    deadlock (its thread waits for the interpreter lock that the destructor holds; seen with torch 2.13) or abort
+    the process as it exits. A model sharded by FSDP2 is not freed when its last name goes: its hooks and its
+    sharding state refer to each other, a reference cycle that waits for Python's garbage collector, which might
+    run only at exit. So this function collects garbage first, freeing such models while their group is alive.
     """
     if dist.is_initialized():
+        gc.collect()  # models in reference cycles (FSDP2's) are freed now, not after the group is gone
         dist.barrier()  # no process leaves while another may still talk to it (a save, a last all-reduce)
         dist.destroy_process_group()
 
