@@ -50,7 +50,7 @@ from torchformer.train.metrics import Calibration, evaluate_classifier, format_c
 from torchformer.models import CTransformer, MLMTransformer
 from torchformer.config import POSITIONS
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog, preset_flags,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# What a training run writes into --out.
+OUTPUTS = ("log.csv", "model.pt", "results.json", "loss.png", "accuracy.png", "calibration.png", "attention.png")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
@@ -197,6 +201,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
         p.error("--download fetches the archive into the cache: give it without --data")
+    if blocked := files_in_the_way(args.out, OUTPUTS):
+        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
+                f"move it away or choose another --out")
     return args
 
 
@@ -374,7 +381,10 @@ def train(args: argparse.Namespace) -> dict:
     except FileNotFoundError as e:
         sys.exit(f"classify_imdb.py: error: {e}\n(pass --data FOLDER, or --download to fetch the official archive)")
     except ValueError as e:  # a damaged or unofficial file (the message names it); --download replaces a cached one
-        sys.exit(f"classify_imdb.py: error: {e}\n(with the cached archive: --download fetches it again)")
+        hint = "" if args.data is not None else "\n(with the cached archive: --download fetches it again)"
+        sys.exit(f"classify_imdb.py: error: {e}{hint}")
+    except OSError as e:  # no network for --download, a cache folder that is a file, an unreadable file
+        sys.exit(f"classify_imdb.py: error: {e}")
     if args.val_size >= len(train_all):
         sys.exit(f"classify_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
                  f"got {args.val_size}")
@@ -440,8 +450,11 @@ def train(args: argparse.Namespace) -> dict:
     eval_every = args.eval_every or per_epoch
     extra = {"config": config, "run": {k: getattr(args, k) for k in RUN_KEYS}, "tokenizer": tokenizer.state_dict()}
     # A resumed run logs again the steps after its checkpoint: drop the rows a killed run wrote for them.
-    log = (CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
-                     resume_step=step) if run.is_main else NoLog())  # only the main process writes files
+    try:
+        log = (CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
+                         resume_step=step) if run.is_main else NoLog())  # only the main process writes files
+    except ValueError as e:  # the log.csv of another script's run in this --out
+        sys.exit(f"classify_imdb.py: error: {e}")
 
     def diverged(message: str) -> None:
         bar.close()

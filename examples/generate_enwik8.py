@@ -38,7 +38,8 @@ from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.cli import (
-    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog,
+    preset_flags,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -99,6 +100,9 @@ CHECKS = {
     "checkpoint": WRITABLE_FOLDER,
     "out": WRITABLE_FOLDER,
 }
+
+
+OUTPUTS = ("log.csv", "model.pt", "results.json", "loss.png")  # what a training run writes into --out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -193,6 +197,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
+    if blocked := files_in_the_way(args.out, OUTPUTS):
+        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
+                f"move it away or choose another --out")
     return args
 
 
@@ -216,6 +223,8 @@ def load_data(path: Path | None):
               f"torchformer.\n!! Fine for a demo; the figures are NOT enwik8 results. Pass -D path/to/enwik8.zip.\n"
               f"{banner}", file=sys.stderr)
         return enwik8_sample(), "bundled sample (enwik8_sample)"
+    except OSError as e:  # the cache folder (TORCHFORMER_HOME) is a file, -D is a folder, a file is unreadable
+        sys.exit(f"error: {e}")
 
 
 def data_name(source: str) -> str:

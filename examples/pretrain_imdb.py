@@ -39,7 +39,7 @@ from torchformer.train.checkpoint import (
     remove_stale_temporaries, save_checkpoint,
 )
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_epilog, preset_flags,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog, preset_flags,
 )
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+OUTPUTS = ("log.csv", "pretrained.pt", "results.json", "loss.png")  # what a run writes into --out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
@@ -134,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
     if args.stop_at is not None and args.checkpoint is None:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
+    if blocked := files_in_the_way(args.out, OUTPUTS):
+        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
+                f"move it away or choose another --out")
     return args
 
 
@@ -142,7 +148,7 @@ def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], d
     try:
         train_all, test = imdb(args.data)
         unlabelled = imdb_unlabelled(args.data)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # missing, damaged or unreadable files: the message names the file
         sys.exit(f"pretrain_imdb.py: error: {e}")
     if args.val_size >= len(train_all):
         sys.exit(f"pretrain_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
@@ -248,8 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     run = {k: getattr(args, k) for k in RESUME_KEYS}
     extra = {"run": run, "tokenizer": tokenizer.state_dict(), "mask_id": mask_id, "corpus": removed}
-    log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
-                    resume_step=step)
+    try:
+        log = CSVLogger(out / "log.csv", ["step", "epoch", "lr", "train_loss", "val_loss", "val_accuracy", "seconds"],
+                        resume_step=step)
+    except ValueError as e:  # the log.csv of another script's run in this --out
+        sys.exit(f"pretrain_imdb.py: error: {e}")
     eval_every = args.eval_every or max(1, per_epoch // 4)
     bar = progress(total=total, desc="pretrain")
     bar.update(step)

@@ -211,8 +211,10 @@ def test_encodings_batch_like_any_tokenizer(tok):
 
 @needs_tokenizers
 def test_build_rejects_bad_arguments():
-    for bad in (256, 0, 300.0, True, "300"):
-        with pytest.raises(ValueError, match=r"vocab_size must be an int >= 257 \(it counts <pad> and the 256 bytes"):
+    # Above 2**20 the trainer would reserve memory for the whole size first (a billion aborted the process).
+    for bad in (256, 0, 300.0, True, "300", 2**20 + 1, 10**9, 2**64):
+        with pytest.raises(ValueError, match=r"vocab_size must be an int from 257 \(it counts <pad> and the 256 "
+                                             r"bytes\) to 1,048,576 \(2\*\*20\), got"):
             BPETokenizer.build(TRAIN, vocab_size=bad)
     with pytest.raises(TypeError, match="texts must be an iterable of strings, got a single string"):
         BPETokenizer.build("a whole review", vocab_size=300)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from torchformer.train.cli import (
-    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, busy_cores, check_flags, choose_threads, preset_flags, writable_folder,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, busy_cores, check_flags, choose_threads, files_in_the_way, preset_flags,
+    writable_folder,
 )
 
 
@@ -20,6 +21,15 @@ def test_writable_folder(tmp_path):
     assert not writable_folder(tmp_path / "a_file" / "below")  # nor can one be made under a file
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
     assert not writable_folder(tmp_path / "dangling")
+
+
+def test_files_in_the_way_are_the_outputs_taken_by_something_else(tmp_path):
+    (tmp_path / "log.csv").write_text("step\n")  # a file: overwritten or appended to, not in the way
+    (tmp_path / "model.pt").mkdir()
+    (tmp_path / "results.json").mkdir()
+    names = ["log.csv", "results.json", "new.png", "model.pt"]
+    assert files_in_the_way(tmp_path, names) == [tmp_path / "results.json", tmp_path / "model.pt"]
+    assert files_in_the_way(str(tmp_path / "not_yet"), names) == []  # a folder still to be made holds nothing
 
 
 def test_check_flags_names_the_first_bad_flag(capsys, tmp_path):

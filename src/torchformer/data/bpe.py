@@ -44,6 +44,10 @@ __all__ = ["BPETokenizer"]
 INSTALL = 'pip install "torchformer[bpe]"'
 # The 256 byte values, each a token of its own, plus <pad>: the smallest vocabulary, with no merge learned yet.
 MIN_VOCAB_SIZE = 257
+# The largest vocabulary build() accepts. The trainer reserves memory for the requested size up front (about 70
+# bytes per entry: 70 GB for a billion, which aborts the process instead of raising); 2**20 is four times the largest
+# vocabularies in use today (about 256k) and costs tens of MB.
+MAX_VOCAB_SIZE = 2**20
 
 
 def _tokenizers() -> Any:
@@ -140,7 +144,7 @@ class BPETokenizer:
 
         Args:
             texts: the training texts (an iterable of ``str``, read once).
-            vocab_size: the largest vocabulary, ``<pad>`` and the 256 bytes included (at least 257).
+            vocab_size: the largest vocabulary, ``<pad>`` and the 256 bytes included (from 257 to ``2**20``).
             lowercase: lower-case every text before training and encoding (the default; see the module's
                 docstring).
 
@@ -148,10 +152,11 @@ class BPETokenizer:
             The trained tokenizer.
         """
         tk = _tokenizers()
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE):
             raise ValueError(
-                f"vocab_size must be an int >= {MIN_VOCAB_SIZE} (it counts <pad> and the 256 bytes), got "
-                f"{vocab_size!r}"
+                f"vocab_size must be an int from {MIN_VOCAB_SIZE} (it counts <pad> and the 256 bytes) to "
+                f"{MAX_VOCAB_SIZE:,} (2**20), got {vocab_size!r}"
             )
         check_bool(lowercase, "lowercase")
         if isinstance(texts, (str, bytes)):

@@ -45,6 +45,22 @@ def writable_folder(path: object) -> bool:
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
+def files_in_the_way(folder: object, names: Sequence[str]) -> list[Path]:
+    """The paths among ``folder / name`` where a run could not write its file: something else (a folder) is there.
+
+    Check them before training, so a run does not end in an error after hours, when it writes its results.
+
+    Args:
+        folder: the output folder (``--out``); it need not exist yet.
+        names: the files the run writes into it, e.g. ``["log.csv", "model.pt", "results.json"]``.
+
+    Returns:
+        The paths that exist and are not files (empty when the run can write every one), in the order of ``names``.
+    """
+    folder = Path(folder)  # type: ignore[arg-type]
+    return [folder / name for name in names if (folder / name).exists() and not (folder / name).is_file()]
+
+
 POSITIVE_INT: Check = (lambda v: v >= 1, "a positive int")
 POSITIVE: Check = (lambda v: 0 < v < math.inf, "a positive number")
 WRITABLE_FOLDER: Check = (writable_folder, "a folder this user can write in or create (not a file)")
