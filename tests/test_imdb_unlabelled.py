@@ -73,6 +73,31 @@ def test_missing_and_damaged_data_are_named(tmp_path, forms):
         imdb_unlabelled(empty.parent.parent)
 
 
+def test_the_unlabelled_reader_checks_what_the_labelled_one_checks(tmp_path, forms):
+    """The same rules as imdb(): a BOM is skipped, a lone surrogate is an error naming file and line, a file of
+    another kind or a damaged archive is named, and a folder where a file belongs (or the reverse) is named."""
+    jsonl = tmp_path / "bom" / UNLABELLED_JSONL
+    jsonl.parent.mkdir()
+    with gzip.open(jsonl, "wb") as f:
+        f.write(b'\xef\xbb\xbf{"text": "first", "id": 2}\n{"text": "second", "id": 1}\n')
+    assert imdb_unlabelled(jsonl) == ["second", "first"]
+    with gzip.open(jsonl, "wt", encoding="utf-8") as f:
+        f.write('{"text": "fine", "id": 1}\n{"text": "half \\ud800 a pair", "id": 2}\n')
+    with pytest.raises(DataFileError, match=r"line 2: text is not valid Unicode: lone surrogate"):
+        imdb_unlabelled(jsonl)
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(forms["archive"].read_bytes()[:15])  # tarfile.is_tarfile raised a bare EOFError on it
+    with pytest.raises(DataFileError, match=r"cut\.tar\.gz: is neither imdb_unsup\.jsonl\.gz nor a tar archive"):
+        imdb_unlabelled(cut)
+    (tmp_path / "folder_as_file" / UNLABELLED_JSONL).mkdir(parents=True)
+    with pytest.raises(DataFileError, match=r"imdb_unsup\.jsonl\.gz: is a folder, expected a file"):
+        imdb_unlabelled(tmp_path / "folder_as_file")
+    (tmp_path / "file_as_folder" / "train").mkdir(parents=True)
+    (tmp_path / "file_as_folder" / "train" / "unsup").write_text("x")
+    with pytest.raises(DataFileError, match=r"unsup: is a file, expected a folder of reviews"):
+        imdb_unlabelled(tmp_path / "file_as_folder")
+
+
 def test_deduplicate_removes_held_out_texts_and_repeats_in_order():
     corpus = ["a", "test review", "b", "a", "val review", "c", "test review", "b"]
     result = deduplicate(corpus, exclude=["test review", "val review", "never in corpus"])

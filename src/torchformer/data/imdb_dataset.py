@@ -53,7 +53,7 @@ import re
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
@@ -323,15 +323,19 @@ def _read_folder(folder: Path) -> list:
         directory = folder / sentiment
         if not directory.is_dir():
             raise FileNotFoundError(f"IMDb folder '{folder}' has no '{sentiment}/' subfolder")
-        for entry in os.scandir(directory):
-            match = _REVIEW_NAME.fullmatch(entry.name)
-            if match is not None and entry.is_file():
-                path = Path(entry.path)
-                rows.append((_decode(path.read_bytes(), path), label, int(match[1])))
+        with os.scandir(directory) as entries:  # closed also when a file fails to decode
+            for entry in entries:
+                match = _REVIEW_NAME.fullmatch(entry.name)
+                if match is not None and entry.is_file():
+                    path = Path(entry.path)
+                    rows.append((_decode(path.read_bytes(), path), label, int(match[1])))
     return rows
 
 
-def _read_jsonl(path: Path) -> list:
+def _read_jsonl(path: Path, parse: Callable[[str, Path, int], T] | None = None) -> list[T]:
+    """Each non-blank line of a gzipped jsonl file, parsed by ``parse(line, path, line_number)`` (default: a labelled
+    review, :func:`_parse_record`); a damaged file or line is a DataFileError naming the file (and the line)."""
+    parse = _parse_record if parse is None else parse
     rows = []
     try:
         with gzip.open(path, "rb") as f:
@@ -341,7 +345,7 @@ def _read_jsonl(path: Path) -> list:
                     raw = raw[len(codecs.BOM_UTF8):]  # written by some Windows tools; not part of the JSON
                 line = _decode(raw, path, line=line_number)
                 if line.strip():
-                    rows.append(_parse_record(line, path, line_number))
+                    rows.append(parse(line, path, line_number))
     except DAMAGED_DATA_ERRORS as err:
         if not is_damaged_data(err):
             raise  # the system's error (permissions, disk), not damage
@@ -352,21 +356,25 @@ def _read_jsonl(path: Path) -> list:
     return rows
 
 
-def _parse_record(line: str, path: Path, line_number: int) -> tuple[str, int, int]:
-    """One jsonl line as (text, label, id), or a DataFileError naming the file and the line."""
+def _line_error(path: Path, line_number: int) -> Callable[[str], DataFileError]:
+    """``bad(problem)``: the DataFileError for a problem on this line of this file."""
+    return lambda problem: DataFileError(path, problem, "Fix or remove that line.", line=line_number)
 
-    def bad(problem: str) -> DataFileError:
-        return DataFileError(path, problem, "Fix or remove that line.", line=line_number)
 
+def _json_object(line: str, bad: Callable[[str], DataFileError], keys: tuple[str, ...]) -> dict:
+    """The line's JSON object, which must have ``keys``."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise bad(f"is not valid JSON ({error}): {line[:80]!r}") from None
-    if not isinstance(record, dict) or "text" not in record or "label" not in record:
-        raise bad(f"expected a JSON object with 'text' and 'label', got {line[:80]!r}")
-    text, label = record["text"], record["label"]
-    if type(label) is not int or label not in (0, 1):  # type(...) is int: True is not a label
-        raise bad(f"label must be 0 or 1, got {label!r}")
+    if not isinstance(record, dict) or any(key not in record for key in keys):
+        raise bad(f"expected a JSON object with {' and '.join(repr(k) for k in keys)}, got {line[:80]!r}")
+    return record
+
+
+def _review_text(record: dict, bad: Callable[[str], DataFileError]) -> str:
+    """The record's ``"text"``: a string of valid Unicode."""
+    text = record["text"]
     if not isinstance(text, str):
         raise bad(f"text must be a string, got {type(text).__name__}")
     if surrogate := _SURROGATE.search(text):
@@ -374,9 +382,23 @@ def _parse_record(line: str, path: Path, line_number: int) -> tuple[str, int, in
             f"text is not valid Unicode: lone surrogate {surrogate[0]!r} at index {surrogate.start()} "
             "(a \\ud800-\\udfff escape without its pair)"
         )
-    # Without an id, line order stands in for it (the sort is stable). An id must be an int: ids of mixed
-    # types (3 and "7") cannot even be sorted.
+    return text
+
+
+def _review_id(record: dict, line_number: int, bad: Callable[[str], DataFileError]) -> int:
+    """The record's ``"id"``, or without one its line number: line order stands in for it (the sort is stable).
+    An id must be an int: ids of mixed types (3 and "7") cannot even be sorted."""
     review_id = record.get("id", line_number)
     if type(review_id) is not int:
         raise bad(f"id must be an int, got {review_id!r}")
-    return text, label, review_id
+    return review_id
+
+
+def _parse_record(line: str, path: Path, line_number: int) -> tuple[str, int, int]:
+    """One jsonl line as (text, label, id), or a DataFileError naming the file and the line."""
+    bad = _line_error(path, line_number)
+    record = _json_object(line, bad, ("text", "label"))
+    label = record["label"]
+    if type(label) is not int or label not in (0, 1):  # type(...) is int: True is not a label
+        raise bad(f"label must be 0 or 1, got {label!r}")
+    return _review_text(record, bad), label, _review_id(record, line_number, bad)

@@ -19,8 +19,6 @@ per line with ``"text"`` and ideally ``"id"``). Damaged files raise
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import re
 import tarfile
@@ -29,7 +27,9 @@ from pathlib import Path
 from typing import Iterable
 
 from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
-from torchformer.data.imdb_dataset import ARCHIVE_NAME, _decode
+from torchformer.data.imdb_dataset import (
+    ARCHIVE_NAME, _decode, _is_tar, _json_object, _line_error, _read_jsonl, _review_id, _review_text,
+)
 
 __all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled"]
 
@@ -58,15 +58,16 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
         raise FileNotFoundError(f"no unlabelled IMDb reviews at '{path}': expected a folder with {UNLABELLED_JSONL}, "
                                 f"that file, an aclImdb/ folder with train/unsup/, or {ARCHIVE_NAME}")
     if source.name == UNLABELLED_JSONL:
-        rows = _read_jsonl(source)
+        rows = _read_jsonl(source, _parse_unlabelled)
     elif source.is_file():
         rows = _read_tar(source)
     else:
         rows = []
-        for entry in os.scandir(source):
-            match = _UNSUP_MEMBER.fullmatch(f"train/unsup/{entry.name}")
-            if match is not None and entry.is_file():
-                rows.append((int(match[1]), _decode(Path(entry.path).read_bytes(), Path(entry.path))))
+        with os.scandir(source) as entries:  # closed also when a file fails to decode
+            for entry in entries:
+                match = _UNSUP_MEMBER.fullmatch(f"train/unsup/{entry.name}")
+                if match is not None and entry.is_file():
+                    rows.append((int(match[1]), _decode(Path(entry.path).read_bytes(), Path(entry.path))))
     if not rows:
         raise DataFileError(source, "holds no unlabelled review", "Copy it again from the official archive.")
     rows.sort(key=lambda row: row[0])
@@ -76,43 +77,28 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
 def _find(path: Path) -> Path | None:
     """The jsonl file, the ``unsup/`` folder or the archive that ``path`` names or holds."""
     if path.is_file():
-        return path if path.name == UNLABELLED_JSONL or tarfile.is_tarfile(path) else None
+        if path.name == UNLABELLED_JSONL or _is_tar(path):
+            return path
+        raise DataFileError(path, f"is neither {UNLABELLED_JSONL} nor a tar archive (or it is a damaged one)",
+                            f"Pass the folder that holds {UNLABELLED_JSONL}, aclImdb/ or {ARCHIVE_NAME}.")
     if not path.is_dir():
         return None
-    for candidate in (path / UNLABELLED_JSONL, path / "train" / "unsup", path / "aclImdb" / "train" / "unsup",
-                      path / ARCHIVE_NAME):
+    for candidate, folder in ((path / UNLABELLED_JSONL, False), (path / "train" / "unsup", True),
+                              (path / "aclImdb" / "train" / "unsup", True), (path / ARCHIVE_NAME, False)):
+        if candidate.exists() and candidate.is_dir() != folder:
+            raise DataFileError(candidate, f"is a {'file' if folder else 'folder'}, expected a "
+                                           f"{'folder of reviews' if folder else 'file'}",
+                                "Copy it again from the official archive.")
         if candidate.exists():
             return candidate
     return None
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, str]]:
-    rows = []
-    try:
-        with gzip.open(path, "rb") as f:
-            for line_number, raw in enumerate(f, start=1):
-                line = _decode(raw, path, line=line_number)
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataFileError(path, f"is not valid JSON ({error})", "Fix or remove that line.",
-                                        line=line_number) from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise DataFileError(path, f"expected a JSON object with a string 'text', got {line[:80]!r}",
-                                        "Fix or remove that line.", line=line_number)
-                review_id = record.get("id", line_number)  # without ids, the order of the lines
-                if type(review_id) is not int:
-                    raise DataFileError(path, f"id must be an int, got {review_id!r}", "Fix or remove that line.",
-                                        line=line_number)
-                rows.append((review_id, record["text"]))
-    except DAMAGED_DATA_ERRORS as err:
-        if not is_damaged_data(err):
-            raise
-        raise DataFileError(path, f"is not a valid gzip file: damaged or truncated ({type(err).__name__}: {err})",
-                            "Copy it again.") from err
-    return rows
+def _parse_unlabelled(line: str, path: Path, line_number: int) -> tuple[int, str]:
+    """One jsonl line as (id, text): the labelled reader's checks, without a label."""
+    bad = _line_error(path, line_number)
+    record = _json_object(line, bad, ("text",))
+    return _review_id(record, line_number, bad), _review_text(record, bad)
 
 
 def _read_tar(path: Path) -> list[tuple[int, str]]:
