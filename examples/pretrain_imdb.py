@@ -158,6 +158,10 @@ def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], d
     kept = deduplicate(unlabelled + train_texts, exclude=[t for t, _ in test] + val_texts)
     removed = {"unlabelled": len(unlabelled), "training_split": len(train_texts),
                "overlapping_test_or_validation": kept.overlapping, "repeats": kept.repeated, "kept": len(kept.texts)}
+    if not kept.texts:
+        sys.exit(f"pretrain_imdb.py: error: no review is left to pretrain on: all {len(unlabelled):,} unlabelled "
+                 f"and {len(train_texts):,} training reviews occur in the test set or the validation split (is "
+                 f"{args.data}'s test file a copy of its training file?)")
     return kept.texts, train_texts, val_texts, removed
 
 
@@ -181,13 +185,24 @@ def check_resumable(path: Path, args: argparse.Namespace) -> None:
 
 
 @torch.no_grad()
-def validate(model, batches: ClassificationBatches, *, mask_id: int, rate: float, seed: int) -> tuple[float, float]:
-    """Masked-token loss and accuracy on the validation reviews, masked alike at every evaluation (a fixed seed)."""
-    model.eval()
+def masked_validation(batches: ClassificationBatches, *, mask_id: int, rate: float, seed: int) -> list:
+    """The validation batches masked once, with a fixed seed: every evaluation scores the same masked tokens.
+
+    Stops with an error when no token is chosen (a --mask-rate so small that there would be nothing to score)."""
     g = torch.Generator(device=batches.device or "cpu").manual_seed(seed)
+    masked = [(mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=rate, generator=g), mask)
+              for ids, mask, _ in batches]
+    if not any(bool(m.chosen.any()) for m, _ in masked):
+        sys.exit(f"pretrain_imdb.py: error: --mask-rate {rate} chose no token of the {sum(len(mask) for _, mask in masked):,} "
+                 f"validation reviews, so there is nothing to validate on: raise it (BERT: 0.15)")
+    return masked
+
+
+def validate(model, masked: list) -> tuple[float, float]:
+    """Masked-token loss and accuracy on the validation reviews (as :func:`masked_validation` masked them)."""
+    model.eval()
     total = correct = count = 0.0
-    for ids, mask, _ in batches:
-        m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=rate, generator=g)
+    for m, mask in masked:
         log_probs = model(m.inputs, mask, select=m.chosen).float()  # (n, v): the chosen positions only
         targets = m.targets[m.chosen]
         total += masked_lm_loss(log_probs, targets).item() * len(targets)
@@ -230,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
                                           batch_size=args.batch_size, generator=g, device=device)
     val_batches = ClassificationBatches(encode(tokenizer, val_texts, args.max_length), [0] * len(val_texts),
                                         batch_size=2 * args.batch_size, shuffle=False, device=device)
+    val_masked = masked_validation(val_batches, mask_id=mask_id, rate=args.mask_rate, seed=args.seed)
 
     model = MLMTransformer(args.embedding, args.heads, args.depth, args.max_length, mask_id + 1, tie_weights=True,
                            dropout=args.dropout, positions=args.positions, prenorm=args.prenorm).to(device)
@@ -312,8 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
             if step % eval_every == 0 or step == total or step == args.stop_at:
                 stop_if_diverged(running[-(step - checked):] if step > checked else [])
                 checked = step
-                val_loss, val_accuracy = validate(model, val_batches, mask_id=mask_id, rate=args.mask_rate,
-                                                  seed=args.seed)
+                val_loss, val_accuracy = validate(model, val_masked)
                 if not math.isfinite(val_loss):  # the weights broke in the last steps, the losses did not show it yet
                     bar.close()
                     sys.exit(f"error: the masked-token validation loss at step {step} is {val_loss}: the weights "

@@ -10,6 +10,7 @@ import gzip
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,25 @@ def test_a_file_of_another_script_is_not_a_pretrained_model(classify, data_dir, 
     with pytest.raises(SystemExit):
         classify.main(["--data", str(data_dir), "--out", str(tmp_path), "--pretrained", str(other)])
     assert "not a model written by examples/pretrain_imdb.py" in capsys.readouterr().err
+
+
+def test_a_mask_rate_that_chooses_no_validation_token_is_an_error(pretrain, data_dir, tmp_path):
+    with pytest.raises(SystemExit, match=rf"--mask-rate 1e-06 chose no token of the {VAL_SIZE} validation reviews"):
+        pretrain.main(tiny(data_dir, tmp_path, "--mask-rate", "1e-6"))
+    assert not (tmp_path / "pretrained.pt").exists()
+
+
+def test_a_corpus_emptied_by_deduplication_is_an_error(pretrain, data_dir, tmp_path):
+    """Every pretraining text occurs in the held-out texts when the test file is a copy of the training file."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(data_dir / "imdb_train.jsonl.gz", copy / "imdb_train.jsonl.gz")
+    shutil.copy(data_dir / "imdb_train.jsonl.gz", copy / "imdb_test.jsonl.gz")
+    with gzip.open(copy / "imdb_unsup.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(gzip.open(data_dir / "imdb_train.jsonl.gz", "rt", encoding="utf-8").readline())
+    with pytest.raises(SystemExit, match=r"no review is left to pretrain on: all 1 unlabelled and \d+ training "
+                                         r"reviews occur in the test set or the validation split"):
+        pretrain.main(tiny(copy, tmp_path / "out"))
 
 
 def test_pretraining_refuses_torchrun(pretrain, data_dir, tmp_path, monkeypatch, capsys):
