@@ -51,6 +51,7 @@ from torchformer.models import CTransformer, MLMTransformer
 from torchformer.config import POSITIONS
 from torchformer.train.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog, preset_flags,
+    utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -330,7 +331,10 @@ def predict(args: argparse.Namespace) -> None:
             if looks_like_a_path(item):  # a misspelt file name would otherwise be classified as a review
                 sys.exit(f"classify_imdb.py: error: --predict {item}: no such file (a review to classify as it is "
                          f"has words separated by spaces)")
-            texts.append(item)
+            try:
+                texts.append(utf8_text(item))
+            except argparse.ArgumentTypeError as e:  # a word tokenizer would read the bad bytes as <unk>
+                sys.exit(f"classify_imdb.py: error: --predict: {e}")
             continue
         try:
             texts += [t for t in Path(item).read_text(encoding="utf-8").splitlines() if t.strip()]

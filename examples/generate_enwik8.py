@@ -39,7 +39,7 @@ from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog,
-    preset_flags,
+    preset_flags, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -152,7 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
     add("--out", type=Path, default=Path("runs/generate_enwik8"),
         help="folder for the CSV log, the plot, results.json and the final model (model.pt)")
-    add("--generate", metavar="PROMPT", help="no training: continue PROMPT with the trained model (OUT/model.pt, or "
+    add("--generate", metavar="PROMPT", type=utf8_text, help="no training: continue PROMPT with the trained model (OUT/model.pt, or "
         "--checkpoint) and print it")
     add("--sample-length", "--length", type=int, default=600,
         help="bytes to sample at each evaluation (0: none), or to generate with --generate")

@@ -10,7 +10,7 @@ import torch
 
 from torchformer.train.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, busy_cores, check_flags, choose_threads, files_in_the_way, preset_flags,
-    writable_folder,
+    utf8_text, writable_folder,
 )
 
 
@@ -30,6 +30,15 @@ def test_files_in_the_way_are_the_outputs_taken_by_something_else(tmp_path):
     names = ["log.csv", "results.json", "new.png", "model.pt"]
     assert files_in_the_way(tmp_path, names) == [tmp_path / "results.json", tmp_path / "model.pt"]
     assert files_in_the_way(str(tmp_path / "not_yet"), names) == []  # a folder still to be made holds nothing
+
+
+def test_utf8_text_names_a_byte_of_the_command_line_that_is_not_utf8():
+    assert utf8_text("caf\u00e9 \u2014 fine") == "caf\u00e9 \u2014 fine"
+    # Python passes the byte 0xff of argv as the lone surrogate \udcff (surrogateescape).
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 text: the byte 0xff at character 6 of"):
+        utf8_text("great \udcff")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 text: '\\ud800' at character 0"):
+        utf8_text("\ud800")
 
 
 def test_check_flags_names_the_first_bad_flag(capsys, tmp_path):

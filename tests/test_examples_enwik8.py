@@ -224,6 +224,7 @@ def test_presets_fill_only_flags_not_given(script):
         (["--top-k", "0"], "--top-k must be a positive int, got 0"),
         (["--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
         (["--generate", ""], "--generate needs a non-empty prompt"),
+        (["--generate", "ab\udcfe"], "argument --generate: not valid UTF-8 text: the byte 0xfe at character 2"),
         (["--generate", "x", "--length", "0"], "--length must be a positive int with --generate, got 0"),
         (["--generate", "x", "--temperature", "-1"], "--temperature must be 0 (greedy)"),
         (["-E", "100", "-H", "3"], "or pass --wide"),

@@ -251,6 +251,11 @@ def test_predict_with_a_checkpoint_of_another_script_is_a_clear_error(script, tm
         script.main(["--predict", "fine", "--checkpoint", str(tmp_path / "bare.pt")])
 
 
+def test_predict_with_text_that_is_not_utf8_is_a_clear_error(script, trained):
+    with pytest.raises(SystemExit, match=r"--predict: not valid UTF-8 text: the byte 0xff at character 6"):
+        script.main(["--predict", "great \udcff", "--out", str(trained)])  # argv's bytes b"great \xff"
+
+
 def test_predict_with_a_binary_file_is_a_clear_error(script, trained, tmp_path):
     (tmp_path / "blob.bin").write_bytes(b"\xd0\xff\x00")
     with pytest.raises(SystemExit, match="cannot read it as UTF-8 text"):

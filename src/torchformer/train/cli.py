@@ -61,6 +61,31 @@ def files_in_the_way(folder: object, names: Sequence[str]) -> list[Path]:
     return [folder / name for name in names if (folder / name).exists() and not (folder / name).is_file()]
 
 
+def utf8_text(value: str) -> str:
+    """An ``argparse`` type for a flag that takes text (a prompt, a review): the text, if it is valid UTF-8.
+
+    Python hands bytes of the command line that are not UTF-8 to the program as lone surrogates ("\\udcff" for
+    the byte 0xff); a tokenizer would fail on them deep inside, or a word tokenizer read them as an unknown word.
+
+    Args:
+        value: the flag's text, as ``sys.argv`` holds it.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` holds a byte that is not UTF-8 (the message names it and where).
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = value[e.start]
+        byte = f"the byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else repr(char)
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {byte} at character {e.start} of {value!r}; "
+                                         f"pass UTF-8 text") from None
+    return value
+
+
 POSITIVE_INT: Check = (lambda v: v >= 1, "a positive int")
 POSITIVE: Check = (lambda v: 0 < v < math.inf, "a positive number")
 WRITABLE_FOLDER: Check = (writable_folder, "a folder this user can write in or create (not a file)")
