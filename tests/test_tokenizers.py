@@ -232,15 +232,20 @@ def test_decode_accepts_integer_arrays_and_scalars(tok):
 
 
 def test_constructors_and_state_dicts_name_what_is_wrong():
-    with pytest.raises(TypeError, match="vocab must be a sequence of str, got NoneType"):
+    with pytest.raises(TypeError, match=r"vocab must be a sequence of str in id order \(a list\), got NoneType"):
         WordTokenizer(None)
+    # A {token: id} dict would be numbered by its key order, whatever ids it gives: "great" would get id 3.
+    with pytest.raises(TypeError, match=r"vocab must be a sequence of str in id order \(a list\), got dict"):
+        tokenizer_from_state_dict({"kind": "word", "vocab": {"<pad>": 0, "<unk>": 1, "film": 3, "great": 2}})
+    with pytest.raises(TypeError, match="got set"):
+        WordTokenizer({"<pad>", "<unk>"})
     with pytest.raises(TypeError, match="vocab must be a sequence of str, got a single str"):
         WordTokenizer("<pad><unk>")
     with pytest.raises(TypeError, match="texts must be an iterable of strings, got NoneType"):
         WordTokenizer.build(None, vocab_size=10)
     with pytest.raises(ValueError, match="state has no 'vocab'"):
         WordTokenizer.from_state_dict({"kind": "word"})
-    with pytest.raises(TypeError, match="vocab must be a sequence of str, got NoneType"):
+    with pytest.raises(TypeError, match="vocab must be a sequence of str in id order"):
         WordTokenizer.from_state_dict({"kind": "word", "vocab": None})
     for bad in (None, [], "word"):
         with pytest.raises(TypeError, match=f"state must be a dict, got {type(bad).__name__}"):

@@ -121,8 +121,10 @@ class WordTokenizer:
         """Use :meth:`build` or :meth:`from_state_dict`; ``vocab`` lists every token by id."""
         if isinstance(vocab, str):
             raise TypeError("vocab must be a sequence of str, got a single str")
-        if not isinstance(vocab, Iterable):
-            raise TypeError(f"vocab must be a sequence of str, got {type(vocab).__name__}")
+        # A sequence: its order gives the ids. A dict or a set has an order too, but not the ids (a {token: id}
+        # dict would be numbered by key order, whatever ids it says).
+        if not isinstance(vocab, Sequence):
+            raise TypeError(f"vocab must be a sequence of str in id order (a list), got {type(vocab).__name__}")
         vocab = list(vocab)
         if vocab[:2] != [self.PAD_TOKEN, self.UNK_TOKEN]:
             raise ValueError(
