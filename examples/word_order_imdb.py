@@ -73,10 +73,16 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"error: no trained model at {path}: train one with classify_imdb.py first, or pass the --out of "
                  f"its run")
     try:  # the checkpoint holds the model's config and the tokenizer: both are rebuilt from the file alone
+        extra = read_checkpoint(path)["extra"]
+        if extra.get("config", {}).get("model") == "lstm":
+            sys.exit(f"error: {path} is classify_imdb.py's LSTM (--model lstm); this script measures a transformer "
+                     f"(an LSTM reads its words in order by construction)")
         model = CTransformer.from_checkpoint(path).eval()
-        tokenizer = tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
-    except (KeyError, TypeError, ValueError) as e:
+        tokenizer = tokenizer_from_state_dict(extra["tokenizer"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         sys.exit(f"error: {path} is not a model written by classify_imdb.py ({type(e).__name__}: {e})")
+    except ImportError as e:  # a BPE model without the tokenizers package
+        sys.exit(f"error: {path}: {e}")
     try:
         _, test = imdb(args.data)
     except (OSError, ValueError) as e:  # missing or damaged data: the message names the file

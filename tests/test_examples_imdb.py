@@ -419,6 +419,10 @@ def test_the_lstm_baseline_and_bpe_run_through_the_same_pipeline(script, data_di
     script.main(["--predict", "a great film", "--predict", "an awful film", "--out", str(out)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert "-> positive" in lines[0] and "-> negative" in lines[1]
+    if "lstm" in extra:  # word_order_imdb.py measures transformers: it says what the file holds instead
+        with pytest.raises(SystemExit, match=r"model\.pt is classify_imdb\.py's LSTM \(--model lstm\); this script "
+                                             r"measures a transformer"):
+            load_word_order_script().main(["--data", str(data_dir), "--out", str(out), "--threads", "1"])
 
 
 @pytest.mark.parametrize("argv, message", [
