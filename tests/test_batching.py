@@ -51,6 +51,17 @@ def test_pad_batch_bad_inputs():
         pad_batch([[1.5, 2.0]])
     with pytest.raises(TypeError, match="pad"):
         pad_batch([[1]], pad=0.5)
+    with pytest.raises(TypeError, match=r"sequences\[0\] must be a sequence of int token ids .* got str 'abc'"):
+        pad_batch(["abc"])
+    with pytest.raises(TypeError, match=r"sequences\[1\] must be a sequence of int token ids .* got int 7"):
+        pad_batch([[1], 7])
+    with pytest.raises(TypeError, match=r"integer token ids, got dtype torch.int64, shape \(1, 2\)"):
+        pad_batch([[[1, 2]]])  # a batch of batches
+    with pytest.raises(TypeError, match="sequences must hold integer token ids, got other values"):
+        pad_batch([[1, "2"]])
+    with pytest.raises(TypeError, match=r"sequences\[0\] must be 1-D, got shape \(1, 2\)"):
+        pad_batch([torch.tensor([[1, 2]])])
+    assert pad_batch([[1, 2, 3]], max_length=np.int64(2))[0].tolist() == [[1, 2]]  # NumPy ints are ints
 
 
 @settings(max_examples=100, deadline=None)
@@ -162,3 +173,18 @@ def test_classification_batches_bad_arguments():
         ClassificationBatches([], [], batch_size=2)
     with pytest.raises(TypeError, match="labels"):
         ClassificationBatches([[1], [2]], [0.5, 1.0], batch_size=2)
+    with pytest.raises(TypeError, match=r"labels must be a 1-D sequence of ints \(class numbers\), got str 'pos'"):
+        ClassificationBatches([[1], [2]], ["pos", "neg"], batch_size=2)
+    with pytest.raises(TypeError, match="got str '0' among them"):
+        ClassificationBatches([[1], [2]], [1, "0"], batch_size=2)
+    with pytest.raises(ValueError, match="labels must be class numbers >= 0, got -1"):
+        ClassificationBatches([[1], [2]], [0, -1], batch_size=2)
+    with pytest.raises(TypeError, match=r"sequences\[1\] must be a sequence of int token ids .* got str"):
+        ClassificationBatches([[1], "great film"], [0, 1], batch_size=2)  # at once, not mid-epoch
+    with pytest.raises(TypeError, match="shuffle must be a bool, got 'false'"):
+        ClassificationBatches([[1], [2]], [0, 1], batch_size=2, shuffle="false")  # a non-empty str is truthy
+    with pytest.raises(ValueError, match="device must be a torch.device or a name such as 'cpu', got 'bogus'"):
+        ClassificationBatches([[1], [2]], [0, 1], batch_size=2, device="bogus")
+    with pytest.raises(TypeError, match="pad must be an int token id, got 0.5"):
+        ClassificationBatches([[1], [2]], [0, 1], batch_size=2, pad=0.5)
+    assert len(ClassificationBatches([[1], [2]], [0, 1], batch_size=np.int64(1))) == 2

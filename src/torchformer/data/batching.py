@@ -24,12 +24,32 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from torchformer._checks import check_bool
+
 __all__ = ["pad_batch", "bucket_batches", "ClassificationBatches"]
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+def _check_positive_int(name: str, value: object) -> int:
+    # operator.index: Python, NumPy and 0-d tensor integers count as ints; floats and bools do not.
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return n
+
+
+def _as_ids(i: int, sequence: object) -> list:
+    """``sequences[i]`` as a list of token ids (a list, tuple, 1-D tensor or array), or an error naming it."""
+    if isinstance(sequence, (str, bytes)) or not hasattr(sequence, "__len__"):
+        raise TypeError(f"sequences[{i}] must be a sequence of int token ids (a list, tuple or 1-D tensor), got "
+                        f"{type(sequence).__name__} {sequence!r:.60}")
+    if hasattr(sequence, "tolist"):  # a tensor or an array
+        if getattr(sequence, "ndim", 1) != 1:
+            raise TypeError(f"sequences[{i}] must be 1-D, got shape {tuple(sequence.shape)}")
+        return sequence.tolist()
+    return sequence
 
 
 def _as_length(i: int, n: object) -> int:
@@ -63,12 +83,12 @@ def pad_batch(
         ``True`` at real tokens; ``t`` is the longest sequence after truncation.
     """
     if max_length is not None:
-        _check_positive_int("max_length", max_length)
+        max_length = _check_positive_int("max_length", max_length)
     if not isinstance(pad, int) or isinstance(pad, bool):
         raise TypeError(f"pad must be an int token id, got {pad!r}")
     if len(sequences) == 0:
         raise ValueError("sequences must contain at least one sequence, got an empty batch")
-    rows = [s.tolist() if isinstance(s, Tensor) else s for s in sequences]
+    rows = [_as_ids(i, s) for i, s in enumerate(sequences)]
     lengths = [len(row) if max_length is None else min(len(row), max_length) for row in rows]
     for i, n in enumerate(lengths):
         if n == 0:
@@ -78,9 +98,12 @@ def pad_batch(
             )
     # One tensor for all real tokens, scattered into place through the mask: far
     # faster than b small tensor copies.
-    flat = torch.tensor([token for row, n in zip(rows, lengths) for token in row[:n]])
-    if flat.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"sequences must hold integer token ids, got dtype {flat.dtype}")
+    try:
+        flat = torch.tensor([token for row, n in zip(rows, lengths) for token in row[:n]])
+    except (TypeError, ValueError, RuntimeError) as e:  # a string, or a nested list, among the ids
+        raise TypeError(f"sequences must hold integer token ids, got other values ({e})") from None
+    if flat.dim() != 1 or flat.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"sequences must hold integer token ids, got dtype {flat.dtype}, shape {tuple(flat.shape)}")
     lengths_t = torch.tensor(lengths)
     mask = torch.arange(int(lengths_t.max())) < lengths_t[:, None]  # (b, t)
     ids = torch.full(mask.shape, pad, dtype=torch.int64)
@@ -190,22 +213,41 @@ class ClassificationBatches:
         device: torch.device | str | None = None,
         pad: int = 0,
     ):
-        _check_positive_int("batch_size", batch_size)
+        batch_size = _check_positive_int("batch_size", batch_size)
         if max_length is not None:
-            _check_positive_int("max_length", max_length)
+            max_length = _check_positive_int("max_length", max_length)
+        check_bool(shuffle, "shuffle")
+        if not isinstance(pad, int) or isinstance(pad, bool):
+            raise TypeError(f"pad must be an int token id, got {pad!r}")
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as e:
+                raise ValueError(f"device must be a torch.device or a name such as 'cpu', got {device!r} "
+                                 f"({e})") from None
         if len(encoded) != len(labels):
             raise ValueError(
                 f"encoded and labels must have the same length, got {len(encoded)} and {len(labels)}"
             )
         if len(encoded) == 0:
             raise ValueError("encoded must contain at least one sequence, got none")
-        labels_t = torch.as_tensor(labels)
+        try:
+            labels_t = torch.as_tensor(labels)
+        except (TypeError, ValueError, RuntimeError):  # e.g. strings ("pos"), or ints and strings mixed
+            odd = next((y for y in labels if isinstance(y, bool) or not isinstance(y, int)), labels)
+            raise TypeError(f"labels must be a 1-D sequence of ints (class numbers), got {type(odd).__name__} "
+                            f"{odd!r:.60} among them") from None
         if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:
             raise TypeError(
                 f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
                 f"shape {tuple(labels_t.shape)}"
             )
+        if int(labels_t.min()) < 0:
+            raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
         # Checked here rather than mid-epoch, so a bad example fails before training starts.
+        for i, sequence in enumerate(encoded):
+            if isinstance(sequence, (str, bytes)) or not hasattr(sequence, "__len__"):
+                _as_ids(i, sequence)  # raises, naming it
         lengths = [len(s) if max_length is None else min(len(s), max_length) for s in encoded]
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
