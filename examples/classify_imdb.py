@@ -375,7 +375,8 @@ def train(args: argparse.Namespace) -> dict:
     if args.checkpoint:  # checked before the data are read
         for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")
-        resume = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
+        # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
+        resume = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
     if resume is not None:
         check_resumable(resume, args)
     if run.is_main:

@@ -415,7 +415,8 @@ def train(args, threads: int, why: str) -> dict:
     if args.checkpoint:
         for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")
-        ckpt = latest_intact_checkpoint(args.checkpoint)  # warns of each damaged one it skips
+        # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
+        ckpt = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
     if ckpt is not None:
         check_resumable(ckpt, args)
     elif args.minutes:

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.checkpoint:
         for path in remove_stale_temporaries(args.checkpoint):
             print(f"removed {path.name}, left by a save that was interrupted")
-        resume = latest_intact_checkpoint(args.checkpoint)
+        resume = latest_intact_checkpoint(args.checkpoint, set_aside=True)  # renames the damaged ones it skips
     if resume is not None:
         check_resumable(resume, args)
 

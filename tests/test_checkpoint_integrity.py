@@ -4,6 +4,7 @@ behind (torchformer.train.checkpoint)."""
 from __future__ import annotations
 
 import os
+import re
 import random
 import subprocess
 import sys
@@ -145,6 +146,28 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_warns(tmp_path):
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2 and str(newest) in messages[0] and str(middle) in messages[1]
     assert load_checkpoint(found, model=tiny())["step"] == 10
+
+
+def test_a_resumed_run_sets_the_damaged_checkpoints_aside_so_pruning_keeps_its_own(tmp_path):
+    """Resuming at step 10 past damaged steps 20 and 30, then saving steps 11 and 12: without set_aside, pruning
+    (which keeps the highest numbers) deleted 11 and 12 and kept the two damaged files."""
+    for step in (10, 20, 30):
+        saved(tmp_path, step)
+    for step in (20, 30):
+        checkpoint_path(tmp_path, step).write_bytes(b"")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert latest_intact_checkpoint(tmp_path, set_aside=True) == checkpoint_path(tmp_path, 10)
+    assert [re.search(r"(step_\d+)\.pt.*\(renamed \1\.pt\.damaged, so that", str(w.message))[1]
+            for w in caught] == ["step_00000030", "step_00000020"]
+    for step in (11, 12):
+        saved(tmp_path, step)
+        prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000011.pt", "step_00000012.pt", "step_00000020.pt.damaged", "step_00000030.pt.damaged"]
+    assert latest_intact_checkpoint(tmp_path) == checkpoint_path(tmp_path, 12)
+    with pytest.raises(TypeError, match="set_aside must be a bool, got 'yes'"):
+        latest_intact_checkpoint(tmp_path, set_aside="yes")
 
 
 def test_latest_intact_checkpoint_without_any(tmp_path):

@@ -112,6 +112,9 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_logs_each_step_once(script
     assert resumed["bpb"] == whole["bpb"]  # resumed from step 10, the run still ends exactly where it would
     rows = training_rows(read_log(tmp_path / "b" / "log.csv"))
     assert sorted(rows) == list(range(1, 21))
+    # The damaged file was set aside: the run's own step 15 and 20 are the two checkpoints pruning kept.
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000012.pt.damaged", "step_00000015.pt",
+                                                       "step_00000020.pt"]
     # Running a finished run again trains nothing and adds no row.
     before = (tmp_path / "b" / "log.csv").read_text()
     assert script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt)))["bpb"] == whole["bpb"]

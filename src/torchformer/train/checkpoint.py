@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchformer._checks import check_positive_int
+from torchformer._checks import check_bool, check_positive_int
 from torchformer._files import host_tag, is_stale
 from torchformer.config import TransformerConfig
 # No cycle: torchformer/__init__.py imports the models before this module, and models.py imports train.export only
@@ -187,15 +187,21 @@ def latest_checkpoint(directory: PathLike) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def latest_intact_checkpoint(directory: PathLike) -> Optional[Path]:
+def latest_intact_checkpoint(directory: PathLike, *, set_aside: bool = False) -> Optional[Path]:
     """The newest ``step_N.pt`` in ``directory`` that reads back whole and passes its integrity check.
 
     This is where a run resumes: a crash can leave the newest checkpoint damaged (a disk that lost the end of a
     file, a bad copy of the folder), and the one before it is then the right place to continue. Each skipped file
     gets a ``UserWarning`` naming it and saying why. Each candidate is read in full to check it, once.
 
+    A run that resumes there must set the damaged files aside (``set_aside=True``): they carry higher step numbers
+    than the checkpoints it will write, so :func:`prune_checkpoints`, which keeps the highest numbers, would delete
+    the new, intact checkpoints and keep the damaged ones. Each is renamed ``step_N.pt.damaged``: kept for a look,
+    no longer a checkpoint. In a run of several processes only one (the main one) should set them aside.
+
     Args:
         directory: the run's checkpoint folder.
+        set_aside: rename each damaged checkpoint newer than the one returned to ``<name>.damaged``.
 
     Returns:
         The path of the newest intact checkpoint; ``None`` when the folder holds no intact checkpoint (or no
@@ -203,12 +209,21 @@ def latest_intact_checkpoint(directory: PathLike) -> Optional[Path]:
 
     Raises:
         NotADirectoryError: ``directory`` is a file.
+        TypeError: ``set_aside`` is not a bool.
     """
+    check_bool(set_aside, "set_aside")
     for path in reversed(_checkpoints(directory)):
         try:
             verify_checkpoint(path)
+        except FileNotFoundError:  # another process set it aside or pruned it while this one looked
+            continue
         except CheckpointError as e:
-            warnings.warn(f"skipping a damaged checkpoint: {e}", stacklevel=2)
+            note = ""
+            if set_aside:
+                damaged = path.with_name(path.name + ".damaged")
+                os.replace(path, damaged)
+                note = f" (renamed {damaged.name}, so that the checkpoints of the resumed run replace it)"
+            warnings.warn(f"skipping a damaged checkpoint: {e}{note}", stacklevel=2)
             continue
         return path
     return None
