@@ -374,7 +374,10 @@ def main(argv=None) -> dict | str:
     torch.set_num_threads(threads)
     if args.generate is not None:
         return generate_mode(args)
-    result = train(args, threads, why)
+    try:
+        result = train(args, threads, why)
+    except OSError as e:  # a full disk, say, while writing a checkpoint (the message names the file)
+        sys.exit(f"error: {e}. The checkpoints written before are kept.")
     # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
     # in its destructor (gloo).
     teardown_distributed()

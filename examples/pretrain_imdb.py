@@ -213,6 +213,13 @@ def validate(model, masked: list) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    try:
+        return pretrain(args)
+    except OSError as e:  # a full disk, say, while writing a checkpoint (the message names the file)
+        sys.exit(f"pretrain_imdb.py: error: {e}. The checkpoints written before are kept.")
+
+
+def pretrain(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     threads, why = choose_threads(args.threads)
     torch.set_num_threads(threads)

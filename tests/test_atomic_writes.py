@@ -9,6 +9,7 @@ identity (device, inode) of what it acted on.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -100,3 +101,30 @@ def test_a_failed_fsync_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
         write_atomically(path, lambda tmp: tmp.write_bytes(b"new"))
     assert path.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.bin"]
+
+
+def test_a_full_disk_is_an_oserror_naming_the_checkpoint_not_its_temporary(tmp_path, monkeypatch):
+    """torch.save reports a failed write as a RuntimeError of its zip writer ("unexpected pos 64 vs 0"), chained
+    to the OSError; save_checkpoint raises that OSError, with the errno, naming the file it was asked to write."""
+    path = tmp_path / "step_00000001.pt"
+    path.write_bytes(b"old")
+
+    def full_disk(obj, f):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError) as info:
+        save_checkpoint(path, model=torch.nn.Linear(2, 2), step=1)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == f"[Errno 28] cannot write {path}: No space left on device; it is as it was"
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+    def not_a_file_system_error(obj, f):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(torch, "save", not_a_file_system_error)
+    with pytest.raises(RuntimeError, match="a bug"):  # passed on as it is
+        save_checkpoint(path, model=torch.nn.Linear(2, 2), step=1)

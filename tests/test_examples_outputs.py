@@ -54,3 +54,21 @@ def test_a_cache_folder_that_is_a_file_is_an_error_naming_it(name, tmp_path, mon
     with pytest.raises(SystemExit, match=rf"error: root {home} is a file, not a folder"):
         script.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "-N" if
                      name == "generate_enwik8" else "-e", "1"])
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_full_disk_while_saving_is_an_error_naming_the_file(name, corpus, data_dir, tmp_path, monkeypatch):
+    import errno
+
+    import torch
+
+    script = load_script(ROOT / "examples" / f"{name}.py")
+
+    def full_disk(obj, f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(SystemExit, match=rf"error: \[Errno 28\] cannot write {ckpt}/step_\d+\.pt: No space left on "
+                                         rf"device; it is as it was\. The checkpoints written before are kept\."):
+        script.main([*flags(name, corpus, data_dir, tmp_path / "out"), "--checkpoint", str(ckpt)])

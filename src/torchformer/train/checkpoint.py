@@ -422,7 +422,12 @@ def write_payload(path: Path, payload: dict) -> Path:
 
     def write(tmp: Path) -> None:
         with open(tmp, "xb") as f:
-            torch.save(payload, f)
+            try:
+                torch.save(payload, f)
+            except RuntimeError as e:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
+                if not isinstance(e.__context__, OSError):
+                    raise
+                raise e.__context__ from e
 
     return write_atomically(path, write)
 
@@ -914,8 +919,9 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
         ``path``.
 
     Raises:
-        Exception: whatever ``write`` (or the file system) raises, after the temporary file is deleted; ``path`` is
-            then as it was.
+        OSError: the file system failed (a full disk, no permission): the message names ``path``, the ``errno``
+            is the file system's (so a full disk is ``errno.ENOSPC``); ``path`` is then as it was.
+        Exception: whatever else ``write`` raises, after the temporary file is deleted; ``path`` is then as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
@@ -924,6 +930,9 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, no permission, a name too long: name the file, not its temporary
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}; it is as it was") from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
