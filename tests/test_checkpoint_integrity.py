@@ -4,12 +4,13 @@ behind (torchformer.train.checkpoint)."""
 from __future__ import annotations
 
 import os
-import re
 import random
+import re
 import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,7 +248,25 @@ def test_an_optimizer_that_does_not_fit_changes_nothing(tmp_path):
         load_checkpoint(path, model=model, optimizer=torch.optim.Adam(list(model.parameters())[:3]))
     with pytest.raises(ValueError, match="state of a Adam optimizer, but the optimizer given is a SGD"):
         load_checkpoint(path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    # Over the same parameters in reverse order: Adam's moments would go to parameters of other shapes.
+    with pytest.raises(ValueError, match=r"optimizer state 'exp_avg' of shape \(\d+(, \d+)?\) for parameter \d+ of "
+                                         r"group 0, whose shape is \(\d+(, \d+)?\): build the optimizer over the "
+                                         r"same parameters, in the same order"):
+        load_checkpoint(path, model=model, optimizer=torch.optim.Adam(list(model.parameters())[::-1]))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the weights did not change
+
+
+def test_a_factored_optimizer_state_that_broadcasts_to_its_parameter_loads():
+    """The shape check must not refuse state that is smaller than its parameter by design (1 in a dimension)."""
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    saved_state = opt.state_dict()
+    for entry in saved_state["state"].values():
+        entry["row"] = torch.zeros(*entry["exp_avg"].shape[:-1], 1)  # as Adafactor keeps a factored moment
+    from torchformer.train.checkpoint import _check_optimizer_groups
+    _check_optimizer_groups(saved_state, torch.optim.Adam(model.parameters()), Path("c.pt"))
 
 
 def test_a_scheduler_of_another_class_is_refused(tmp_path):

@@ -57,7 +57,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_positive_int
 from torchformer._files import host_tag, is_stale
@@ -640,6 +640,23 @@ def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Opt
     if sizes != saved_sizes:
         raise ValueError(f"checkpoint {path} holds optimizer state for parameter groups of sizes {saved_sizes}, but the "
                          f"optimizer has groups of sizes {sizes}: build it over the same parameters, in the same order")
+    # The state is matched to the parameters by position. An optimizer built over the same parameters in another
+    # order would get each parameter's moments swapped: a state tensor with as many dimensions as its parameter
+    # must broadcast to it (Adam's moments have its shape, Adafactor's factored ones 1 in a dimension). Parameters
+    # of one shape swapped among themselves cannot be told apart. (State keyed by parameter names, as
+    # save_distributed_checkpoint writes it, is matched by name when it is loaded: any order is right.)
+    state = saved.get("state", {})
+    for g, (group, saved_group) in enumerate(zip(groups, saved_groups)):
+        for i, (param, key) in enumerate(zip(group["params"], saved_group["params"])):
+            if isinstance(key, str):
+                continue
+            for name, value in state.get(key, {}).items() if isinstance(state.get(key), Mapping) else ():
+                if (isinstance(value, Tensor) and value.dim() == param.dim() > 0
+                        and any(v not in (1, p) for v, p in zip(value.shape, param.shape))):
+                    raise ValueError(
+                        f"checkpoint {path} holds optimizer state {name!r} of shape {tuple(value.shape)} for "
+                        f"parameter {i} of group {g}, whose shape is {tuple(param.shape)}: build the optimizer over "
+                        f"the same parameters, in the same order")
 
 
 def _check_step(step: object) -> int:
