@@ -333,6 +333,27 @@ def test_a_checkpoint_of_save_checkpoint_resumes_with_its_optimizer_state(tmp_pa
     assert_same_weights(resumed.state_dict(), reference(2, lambda p: torch.optim.AdamW(p, lr=0.01)))
 
 
+def test_a_scheduler_missing_at_load_and_a_bare_state_dict_are_handled(tmp_path):
+    """The optimizer state of a run with a scheduler has 'initial_lr' in its groups: loading it into an optimizer
+    without one was a bare KeyError from set_state_dict. A bare state_dict (no generator states) loads as weights."""
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    train_step(net, opt, 0)
+    save_distributed_checkpoint(tmp_path / "c.pt", model=net, optimizer=opt, scheduler=sched, step=1)
+    fresh = model()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ValueError, match=r"holds optimizer settings \['initial_lr'\] that the optimizer given lacks"):
+        load_distributed_checkpoint(tmp_path / "c.pt", model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in before.items())  # nothing loaded
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.01)
+    torch.optim.lr_scheduler.StepLR(fresh_opt, 10)
+    assert load_distributed_checkpoint(tmp_path / "c.pt", model=fresh, optimizer=fresh_opt)["step"] == 1
+
+    torch.save(net.state_dict(), tmp_path / "bare.pt")
+    assert load_distributed_checkpoint(tmp_path / "bare.pt", model=model())["step"] == 0  # was KeyError: 'rng'
+
+
 def test_arguments_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="strategy must be 'ddp' or 'fsdp', got 'zero'"):
         wrap_model(model(), strategy="zero")

@@ -144,16 +144,22 @@ def load_distributed_checkpoint(
     if optimizer is None:
         set_model_state_dict(target, state, options=options)
     else:
+        saved_keys = {key for group in ckpt["optimizer"].get("param_groups", []) for key in group}
+        missing = sorted(saved_keys - {key for group in optimizer.param_groups for key in group} - {"params"})
+        if missing:  # set_state_dict would fail with a bare KeyError, after the weights were loaded
+            raise ValueError(f"checkpoint {path} holds optimizer settings {missing} that the optimizer given lacks "
+                             f"(a learning-rate scheduler adds 'initial_lr'): build the optimizer and its scheduler "
+                             f"as the saving run did, before loading")
         set_state_dict(target, optimizer, model_state_dict=state, options=options,
                        optim_state_dict=_keyed_by_name(ckpt["optimizer"], optimizer, target))
     if scheduler is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
-    ranks = ckpt.get("ranks") or [{"rng": ckpt["rng"], "generators": ckpt.get("generators", {})}]
+    ranks = ckpt.get("ranks") or [{"rng": ckpt.get("rng"), "generators": ckpt.get("generators", {})}]
     rank, world_size = rank_and_world_size()
     mine = ranks[rank] if len(ranks) == world_size else ranks[0]  # see the module docstring
     for name, g in (generators or {}).items():
         g.set_state(mine["generators"][name].cpu())
-    if restore_rng:
+    if restore_rng and mine["rng"] is not None:  # a bare state_dict saved by other code holds no generator states
         _restore_rng_state(mine["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks)}
 
