@@ -126,6 +126,7 @@ def test_a_checkpoint_without_digest_still_loads(tmp_path):
     path = saved(tmp_path, model=model)
     payload = torch.load(path, weights_only=True)
     del payload["integrity"]
+    payload["format_version"] = 1  # what files of before the digest say
     torch.save(payload, path)
     verify_checkpoint(path)
     load_checkpoint(path, model=tiny(seed=3))
@@ -310,3 +311,19 @@ def test_tensors_without_dense_data_are_refused_by_name(tmp_path):
         save_checkpoint(tmp_path / "c.pt", model=model, step=1, extra={"s": torch.eye(3).to_sparse()})
     with pytest.raises(TypeError, match="a meta tensor"):
         save_checkpoint(tmp_path / "c.pt", model=tiny().to("meta"), step=1)
+
+
+def test_a_newer_format_and_a_removed_digest_are_refused(tmp_path):
+    path = saved(tmp_path)
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, "format_version": 99}, tmp_path / "newer.pt")
+    with pytest.raises(CheckpointError, match=r"newer\.pt has format 99, written by a newer torchformer; this one "
+                                              r"reads formats up to 2"):
+        load_checkpoint(tmp_path / "newer.pt", model=tiny())
+    edited = {k: v for k, v in payload.items() if k != "integrity"}
+    edited["model"] = {k: torch.zeros_like(v) for k, v in edited["model"].items()}  # and the weights zeroed
+    torch.save(edited, tmp_path / "edited.pt")
+    with pytest.raises(CheckpointError, match=r"edited\.pt is damaged: it has format 2 but no integrity record"):
+        verify_checkpoint(tmp_path / "edited.pt")
+    with pytest.raises(TypeError, match="restore_rng must be a bool, got 'no'"):
+        load_checkpoint(path, model=tiny(), restore_rng="no")

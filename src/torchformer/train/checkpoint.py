@@ -473,14 +473,16 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: there is no file at ``path``.
         IsADirectoryError: ``path`` is a folder (:func:`latest_checkpoint` finds the newest file in one).
-        CheckpointError: the file is empty, truncated, damaged (its integrity digest does not match) or not a
-            checkpoint.
+        CheckpointError: the file is empty, truncated, damaged (its integrity digest does not match or is missing)
+            or not a checkpoint, or it was written by a newer torchformer (a higher format version).
+        TypeError: ``restore_rng`` is not a bool.
         ValueError: the checkpoint's architecture differs from the model's (naming every differing field with both
             values), its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), it
             lacks a requested state, or ``map_location`` names a device this machine lacks.
     """
     path = Path(path)
     _check_map_location(map_location)
+    check_bool(restore_rng, "restore_rng")  # "no" would be truthy
     ckpt = _read_payload(path, map_location=map_location, mmap=False, verify=True)
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
@@ -811,7 +813,16 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
             raise CheckpointError(
                 f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
         ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+    version = ckpt.get("format_version", 1)  # files of torchformer before 0.3 have none
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"checkpoint {path} is damaged: its format_version is {version!r}, not a positive int")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format {version}, written by a newer torchformer; this one reads "
+                              f"formats up to {FORMAT_VERSION}: upgrade torchformer to load it")
     integrity = ckpt.pop("integrity", None)
+    if verify and integrity is None and version >= 2:  # format 2 always stores its digest
+        raise CheckpointError(f"checkpoint {path} is damaged: it has format {version} but no integrity record, which "
+                              f"every file of that format has (removed or edited by hand?)")
     if verify and integrity is not None:
         expected = integrity.get("sha256") if isinstance(integrity, dict) else None
         if not isinstance(expected, str):
