@@ -80,7 +80,7 @@ MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", 
 MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None, "positions": "learned", "prenorm": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
-            "pretrained")
+            "pretrained", "gradient_clipping")
 # What --pretrained decides (the pretrained model's flags): giving one of them as well is an error.
 PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size", "positions", "prenorm")
 

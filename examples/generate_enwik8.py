@@ -71,6 +71,9 @@ PRESETS = {
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
                 "window", "wide")
+# Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
+# extends the run; --minutes is turned into -N.)
+RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
@@ -339,6 +342,9 @@ def check_resumable(ckpt: Path, args) -> None:
     # The optimizer and schedule come back with the checkpoint's learning rate: another -l would be ignored.
     if extra.get("learn_rate", args.learn_rate) != args.learn_rate:  # (older checkpoints do not record it)
         changed.append(f"--learn-rate {extra['learn_rate']} (now {args.learn_rate})")
+    run = extra.get("run", {})  # older checkpoints do not record these
+    changed += [f"--{k.replace('_', '-')} {run[k]} (now {getattr(args, k)})" for k in RUN_KEYS
+                if k in run and run[k] != getattr(args, k)]
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
     planned = extra.get("num_batches")  # older checkpoints do not record it
@@ -461,7 +467,7 @@ def train(args, threads: int, why: str) -> dict:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
             extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches,
-                     "learn_rate": args.learn_rate}
+                     "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
                                         scheduler=sched, step=step, extra=extra, generators=generators)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,15 @@ def test_resume_with_another_architecture_is_refused(script, corpus, tmp_path):
     script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "--stop-after", "2"))
     with pytest.raises(SystemExit, match="--heads 2 \\(now 4\\)"):
         script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, "-H", "4"))
+    # The training flags that fix the batches, the dropout masks and the updates: the resumed run would not be the
+    # run it claims to continue (another --lr-warmup ended 0.09 bits/byte away, silently).
+    for flags, named in [(["-b", "8"], "--batch-size 4 (now 8)"), (["--accumulate", "1"], "--accumulate 2 (now 1)"),
+                         (["--lr-warmup", "8"], "--lr-warmup 4 (now 8)"),
+                         (["--dropout", "0.2"], "--dropout 0.1 (now 0.2)"),
+                         (["--gradient-clipping", "0.5"], "--gradient-clipping 1.0 (now 0.5)"),
+                         (["--seed", "7"], "--seed 1 (now 7)")]:
+        with pytest.raises(SystemExit, match=re.escape(named)):
+            script.main(tiny(corpus, tmp_path, "--checkpoint", ckpt, *flags))
 
 
 def test_without_data_uses_bundled_sample_loudly(script, tmp_path, monkeypatch, capsys):

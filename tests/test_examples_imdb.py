@@ -224,6 +224,7 @@ def test_val_size_must_leave_training_reviews(script, data_dir, tmp_path):
         (["--wide"], "--wide False (now True)"),  # other attention weights
         (["--tokenizer", "byte"], "--tokenizer word (now byte)"),  # the checkpoint's vocabulary would be used
         (["-V", "500"], "--vocab-size 64 (now 500)"),
+        (["--gradient-clipping", "0.5"], "--gradient-clipping 1.0 (now 0.5)"),
         (["-e", "5", "-l", "3e-3"], "--num-epochs 4 (now 5), --learn-rate 0.01 (now 0.003)"),
     ],
 )
