@@ -356,6 +356,7 @@ def test_leftover_extraction_temporary_is_removed(tmp_path, raw):
         ({"splits": "abc"}, ValueError, "splits must be three numbers"),
         ({"splits": (float("nan"), 1, 1)}, ValueError, "splits must be finite"),
         ({"splits": (float("inf"), 1, 1)}, ValueError, "splits must be finite"),
+        ({"splits": (1e308, 1e308, 1e308)}, ValueError, "splits must have a finite sum"),
         ({"download": "no"}, TypeError, "download must be a bool, got str"),
         ({"progress": 1}, TypeError, "progress must be a bool, got int"),
     ],

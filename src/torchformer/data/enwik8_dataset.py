@@ -152,6 +152,8 @@ def _check_splits(splits: object) -> tuple:
         raise ValueError(f"splits must be finite numbers, got {tuple(splits)!r}")
     if any(s < 0 for s in splits) or sum(splits) <= 0:
         raise ValueError(f"splits must be non-negative with a positive sum, got {tuple(splits)!r}")
+    if not math.isfinite(sum(splits)):  # each finite, the sum not: (1e308,) * 3 would make the proportions NaN
+        raise ValueError(f"splits must have a finite sum, got {tuple(splits)!r}")
     return tuple(splits)
 
 
