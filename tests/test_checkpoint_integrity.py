@@ -299,6 +299,7 @@ def test_save_paths_that_are_no_file_are_named(tmp_path):
         (tmp_path / "a_file" / "c.pt", NotADirectoryError, "a_file is a file, not a folder"),
         (tmp_path / "a_file" / "deeper" / "c.pt", NotADirectoryError, "a_file is a file, not a folder"),
         (3, TypeError, "path must be a str or os.PathLike"),
+        (f"{tmp_path}/new_folder/", ValueError, "path must name a file, got the folder .*new_folder/'; pass a file"),
     ]:
         with pytest.raises(error, match=match):
             save_checkpoint(path, model=model, step=1)

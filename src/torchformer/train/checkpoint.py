@@ -606,6 +606,10 @@ def _check_file_path(path: object) -> Path:
     """``path`` as a Path to a file that can be written: not empty, not a folder, in a folder (or a new one)."""
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
+    given = os.fspath(path)
+    if given.endswith(("/", os.sep)):  # Path() drops the slash: "runs/new/" would become a file named "new"
+        raise ValueError(f"path must name a file, got the folder {given!r}; pass a file in it, e.g. "
+                         f"checkpoint_path({given!r}, step)")
     path = Path(path)
     if os.fspath(path) in ("", ".", "..") or path.name in ("", ".", ".."):
         raise ValueError(f"path must name a file, got {os.fspath(path)!r} (e.g. checkpoint_path(folder, step))")
