@@ -89,3 +89,34 @@ def test_errors():
         config(ff_mult=0)
     with pytest.raises(TypeError, match="cross"):
         TransformerBlock(config(), cross=True)  # a block with cross-attention is a DecoderBlock
+
+
+@pytest.mark.parametrize("prenorm", [False, True])
+@pytest.mark.parametrize("decoder", [False, True])
+def test_nan_and_inf_padding_reach_no_real_output_nor_any_gradient(prenorm, decoder):
+    """Padded rows holding NaN or inf: the real outputs and every gradient equal those of running each sequence
+    alone, unpadded. (Attention ignored the padded rows, but the norms and the feed-forward network ran on them,
+    and their weight gradients summed 0 * NaN.)"""
+    torch.manual_seed(0)
+    block = (DecoderBlock if decoder else TransformerBlock)(TransformerConfig(16, 2, prenorm=prenorm))
+    context = torch.randn(2, 4, 16)
+    lengths = [3, 4]
+    x = torch.randn(2, 5, 16)
+    x[0, 3:] = float("nan")
+    x[1, 4] = float("inf")
+    mask = torch.arange(5) < torch.tensor(lengths)[:, None]
+    x.requires_grad_(True)
+    y = block(x, context, mask) if decoder else block(x, mask)
+    y[mask].sum().backward()
+    padded_grads = {name: p.grad.clone() for name, p in block.named_parameters()}
+
+    block.zero_grad()
+    for i, n in enumerate(lengths):  # each sequence alone, with no padding at all
+        xi = x.detach()[i:i + 1, :n].clone().requires_grad_(True)
+        yi = block(xi, context[i:i + 1]) if decoder else block(xi)
+        torch.testing.assert_close(y[i, :n], yi[0], rtol=1e-5, atol=1e-6)
+        yi.sum().backward()
+        torch.testing.assert_close(x.grad[i, :n], xi.grad[0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(x.grad[~mask], torch.zeros_like(x.grad[~mask]))  # padding gets no gradient
+    for name, p in block.named_parameters():
+        torch.testing.assert_close(padded_grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)

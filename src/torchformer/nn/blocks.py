@@ -82,6 +82,23 @@ class TransformerBlock(nn.Module):
             config: the architecture the block is built from.
         """
 
+    @staticmethod
+    def zero_padding(x: Tensor, mask: Tensor | None) -> Tensor:
+        """``x`` with its padded rows set to zero, so that padding never reaches real positions, not even backwards.
+
+        Attention already gives padded keys no weight, so real outputs never read padded rows. But the norms and
+        the feed-forward network still run on them, and their weight gradients sum over every row: a padded row
+        holding NaN or inf (what a caller's embeddings may leave there) would make ``0 * NaN = NaN`` gradients.
+
+        Args:
+            x: activations ``(b, t, e)``.
+            mask: ``(b, t)``, True for real tokens; ``None``: every position is real.
+
+        Returns:
+            ``(b, t, e)``: ``x`` where ``mask`` is True, zero elsewhere.
+        """
+        return x if mask is None else x.masked_fill(~mask[..., None], 0.0)
+
     def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """Residual connection around ``f``, with the normalisation before (pre-norm) or after (post-norm).
 
@@ -108,6 +125,7 @@ class TransformerBlock(nn.Module):
         cache: BlockCache | None = None,
     ) -> Tensor:
         kv = None if cache is None else cache.self_attention
+        x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
         return self.sublayer(x, self.norm2, self.ff)
 
@@ -152,6 +170,7 @@ class DecoderBlock(TransformerBlock):
         cache: BlockCache | None = None,
     ) -> Tensor:
         kv, cross_kv = (None, None) if cache is None else (cache.self_attention, cache.cross_attention)
+        x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
         x = self.sublayer(
             x, self.norm_cross,
