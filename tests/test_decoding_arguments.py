@@ -28,6 +28,16 @@ PROMPT = torch.tensor([[1, 2, 3]])
     (lambda: StaticCacheGenerator(C), "StaticCacheGenerator needs a decoder-only model.*CTransformer"),
     (lambda: StaticCacheGenerator(None), "StaticCacheGenerator needs a decoder-only model.*NoneType"),
     (lambda: StaticCacheGenerator(G, compile="no"), "compile must be a bool, got 'no'"),
+    # A flag given as a string is truthy: "no" used the cache, "yes" returned a tuple.
+    (lambda: generate(G, PROMPT, 2, use_cache="no"), "use_cache must be a bool, got 'no'"),
+    (lambda: generate(G, PROMPT, 2, return_logprobs="yes"), "return_logprobs must be a bool, got 'yes'"),
+    (lambda: beam_search(G, PROMPT, 2, beam_size=2, use_cache="x"), "use_cache must be a bool, got 'x'"),
+    (lambda: seq2seq_generate(S, PROMPT, 4, bos=1, eos=2, use_cache="x"), "use_cache must be a bool, got 'x'"),
+    # Failed inside torch.multinomial, or was ignored with temperature=0.
+    (lambda: generate(G, PROMPT, 2, temperature=1.0, generator=0), "generator must be a torch.Generator or None, "
+                                                                      "got int 0"),
+    (lambda: generate(G, PROMPT, 2, temperature=0, generator=0), "generator must be a torch.Generator or None"),
+    (lambda: seq2seq_generate(S, PROMPT, 4, bos=1, eos=2, generator="g"), "generator must be a torch.Generator"),
 ])
 def test_the_wrong_kind_of_model_or_flag_is_named(call, match):
     with pytest.raises(TypeError, match=match):

@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_features, check_positive_int, check_tokens
+from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens
 from torchformer.config import TransformerConfig
 from torchformer.decoding.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
@@ -62,6 +62,11 @@ def _check_token(value: object, name: str, num_tokens: int) -> int:
     if value >= num_tokens:
         raise ValueError(f"{name} must be a token id in [0, {num_tokens}), got {value}")
     return value
+
+
+def _check_generator(generator: object) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
 
 
 def _check_length_penalty(value: object) -> float:
@@ -373,6 +378,9 @@ def generate(
     check_sampling(temperature, top_k, top_p)
     if eos is not None:
         _check_token(eos, "eos", config.num_tokens)
+    check_bool(use_cache, "use_cache")  # "no" would be truthy
+    check_bool(return_logprobs, "return_logprobs")
+    _check_generator(generator)
     if step is None and use_cache:
         step = EagerStep(model)
     stepper = _LMStepper(model, step if use_cache else None, prompt)
@@ -422,6 +430,7 @@ def beam_search(
     _check_length_penalty(length_penalty)
     if eos is not None:
         _check_token(eos, "eos", config.num_tokens)
+    check_bool(use_cache, "use_cache")
     stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt)
     return _beam_loop(stepper, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos)
 
@@ -480,6 +489,8 @@ def seq2seq_generate(
     check_positive_int(max_len, "max_len")
     check_positive_int(beam_size, "beam_size")
     check_sampling(temperature, top_k, top_p)
+    check_bool(use_cache, "use_cache")
+    _check_generator(generator)
     if beam_size > 1 and (temperature != 0 or top_k is not None or top_p is not None or generator is not None):
         raise ValueError(f"temperature, top_k, top_p and generator choose how beam_size=1 samples; beam search "
                          f"(beam_size={beam_size}) keeps the most likely hypotheses and takes none of them")
