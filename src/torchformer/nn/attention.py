@@ -436,6 +436,7 @@ class CrossAttention(MultiHeadAttention):
     computed on the first call and reused afterwards, since the context does not change while the decoder generates.
     The cache remembers that context (by identity, as ``cache.source``): a later call with another context tensor
     is an error, since the cached keys would silently belong to the old one. Reset the cache for a new context.
+    It remembers the context's padding too: later steps use the ``context_mask`` of the first (theirs is not read).
 
     Args:
         emb: embedding size ``e`` of the inputs, the context and the outputs.
@@ -493,12 +494,13 @@ class CrossAttention(MultiHeadAttention):
                     f"one has {context.size(1)}): another source. Use fresh caches (model.new_caches()) or reset() them"
                 )
             cache.source = weakref.ref(source)  # after a reorder: the reordered context
+            context_mask = cache.real  # (b, u) or None: the context's padding, as the first step recorded it
         else:
             if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
                 context = context.masked_fill(~context_mask[:, :, None], 0.0)
             k, v = self.project_keys_values(context)  # (b, h, u, s) each
-            if cache is not None:
-                cache.update(k, v, torch.arange(k.size(2), device=k.device))
+            if cache is not None:  # the keys, values and padding of the context, for every later step
+                cache.update(k, v, torch.arange(k.size(2), device=k.device), context_mask)
                 cache.source = weakref.ref(source)
         attention_mask = AttentionMask(positions, None, context_mask)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
