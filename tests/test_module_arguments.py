@@ -273,3 +273,14 @@ def test_a_decoder_block_gives_its_cross_attention_the_query_positions():
     block(x[:, :2], context, positions=torch.arange(2), cache=cache)
     block(x[:, 2:], context, positions=torch.tensor([2]), cache=cache)
     assert [p.tolist() for p in seen] == [[0, 1, 2], [5, 6, 7], [0, 1], [2]]
+
+
+def test_attention_refuses_the_positions_that_belong_to_the_embeddings():
+    """'learned' and 'sinusoidal' are added to the token embeddings: given to an attention layer they did nothing
+    (its output stayed order-equivariant), silently."""
+    from torchformer import SelfAttention
+
+    for scheme in ("learned", "sinusoidal"):
+        with pytest.raises(ValueError, match=rf"positions='{scheme}' is added to the token embeddings, outside "
+                                             rf"attention: give it to the model"):
+            SelfAttention(16, 2, positions=scheme)

@@ -201,6 +201,10 @@ class MultiHeadAttention(nn.Module):
             )
         self.causal = check_bool(causal, "causal")
         self.kqnorm = check_bool(kqnorm, "kqnorm")
+        if positions in POSITIONS and positions not in (*RELATIVE_POSITIONS, "none"):
+            raise ValueError(f"positions={positions!r} is added to the token embeddings, outside attention: give it "
+                             f"to the model (or TransformerConfig); attention itself takes one of "
+                             f"{(*RELATIVE_POSITIONS, 'none')}")
         check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
