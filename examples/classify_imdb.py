@@ -271,8 +271,14 @@ def load_classifier(path: Path) -> CTransformer | LSTMClassifier:
 def saved_tokenizer(path: Path):
     """The tokenizer in the extra of a checkpoint written by this script."""
     try:
-        return tokenizer_from_state_dict(read_checkpoint(path)["extra"]["tokenizer"])
-    except (OSError, KeyError, TypeError, ValueError, ImportError) as e:
+        extra = read_checkpoint(path)["extra"]
+    except (OSError, ValueError) as e:  # missing, damaged (CheckpointError names it) or not a checkpoint
+        sys.exit(f"classify_imdb.py: error: {e}")
+    try:
+        return tokenizer_from_state_dict(extra["tokenizer"])
+    except ImportError as e:  # a BPE model without the tokenizers package
+        sys.exit(f"classify_imdb.py: error: {path}: {e}")
+    except (KeyError, TypeError, ValueError) as e:
         sys.exit(f"classify_imdb.py: error: {path} holds no tokenizer, so it was not written by this script "
                  f"({type(e).__name__}: {e})")
 
@@ -327,6 +333,8 @@ def predict(args: argparse.Namespace) -> None:
         sys.exit(f"classify_imdb.py: error: {path} holds no model of this script ({type(e).__name__}: {e})")
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
+        if len(item) < 4096 and Path(item).is_dir():
+            sys.exit(f"classify_imdb.py: error: --predict {item}: a folder; pass a text file with one review per line")
         if not (len(item) < 4096 and Path(item).is_file()):
             if looks_like_a_path(item):  # a misspelt file name would otherwise be classified as a review
                 sys.exit(f"classify_imdb.py: error: --predict {item}: no such file (a review to classify as it is "

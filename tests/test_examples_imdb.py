@@ -251,6 +251,15 @@ def test_predict_with_a_checkpoint_of_another_script_is_a_clear_error(script, tm
     save_checkpoint(tmp_path / "bare.pt", model=CTransformer(16, 2, 1, 16, 30, 2), step=1)  # no tokenizer
     with pytest.raises(SystemExit, match="holds no tokenizer"):
         script.main(["--predict", "fine", "--checkpoint", str(tmp_path / "bare.pt")])
+    # A damaged file is called damaged (it was "holds no tokenizer, so it was not written by this script").
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "bare.pt").read_bytes()[:300])
+    with pytest.raises(SystemExit, match=r"error: checkpoint .*cut\.pt is damaged \(truncated\?\)"):
+        script.main(["--predict", "fine", "--checkpoint", str(tmp_path / "cut.pt")])
+
+
+def test_predict_with_a_folder_is_a_clear_error(script, trained, tmp_path):
+    with pytest.raises(SystemExit, match=r"--predict .*: a folder; pass a text file with one review per line"):
+        script.main(["--predict", str(tmp_path), "--out", str(trained)])  # it said "no such file"
 
 
 def test_predict_with_text_that_is_not_utf8_is_a_clear_error(script, trained):
