@@ -43,6 +43,7 @@ from torchformer.train.checkpoint import (
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.imdb_unlabelled import texts_digest
 from torchformer.baselines import LSTMClassifier, LSTMConfig
 from torchformer.data.tokenizers import build_tokenizer, tokenizer_from_state_dict
 from torchformer.train.inspection import attention_weights, plot_attention
@@ -402,6 +403,13 @@ def train(args: argparse.Namespace) -> dict:
         sys.exit(f"classify_imdb.py: error: --val-size must be less than the {len(train_all):,} training reviews, "
                  f"got {args.val_size}")
     train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
+    if args.pretrained:  # the pretraining corpus left out exactly the reviews this run evaluates on?
+        held_out = read_checkpoint(args.pretrained)["extra"].get("corpus", {}).get("held_out_sha256")
+        if held_out is not None and held_out != texts_digest([t for t, _ in test] + [t for t, _ in val_set]):
+            sys.exit(f"classify_imdb.py: error: --pretrained {args.pretrained} was pretrained on a corpus that left "
+                     f"out other test and validation reviews than this run's (other --data?): it may have read "
+                     f"the reviews it would be evaluated on. Pretrain on this data, or use the data it was "
+                     f"pretrained with")
     print(f"tokenizing {len(train_set):,} training and {len(val_set):,} validation reviews ({args.tokenizer} "
           f"tokenizer)")  # several seconds on a CPU
 

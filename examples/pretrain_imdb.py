@@ -30,7 +30,7 @@ import torch
 
 from torchformer.data.batching import ClassificationBatches
 from torchformer.data.imdb_dataset import imdb, train_val_split
-from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
+from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled, texts_digest
 from torchformer.data.tokenizers import build_tokenizer
 from torchformer.config import POSITIONS
 from torchformer.models import MLMTransformer
@@ -155,9 +155,12 @@ def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], d
                  f"got {args.val_size}")
     train_set, val_set = train_val_split(train_all, val_size=args.val_size, seed=args.seed)
     train_texts, val_texts = [t for t, _ in train_set], [t for t, _ in val_set]
-    kept = deduplicate(unlabelled + train_texts, exclude=[t for t, _ in test] + val_texts)
+    held_out = [t for t, _ in test] + val_texts
+    kept = deduplicate(unlabelled + train_texts, exclude=held_out)
+    # The digest of the held-out texts: classify_imdb.py --pretrained checks that it evaluates on these very ones.
     removed = {"unlabelled": len(unlabelled), "training_split": len(train_texts),
-               "overlapping_test_or_validation": kept.overlapping, "repeats": kept.repeated, "kept": len(kept.texts)}
+               "overlapping_test_or_validation": kept.overlapping, "repeats": kept.repeated, "kept": len(kept.texts),
+               "held_out_sha256": texts_digest(held_out)}
     if not kept.texts:
         sys.exit(f"pretrain_imdb.py: error: no review is left to pretrain on: all {len(unlabelled):,} unlabelled "
                  f"and {len(train_texts):,} training reviews occur in the test set or the validation split (is "

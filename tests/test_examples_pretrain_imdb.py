@@ -18,6 +18,7 @@ import torch
 from script_loader import ROOT, load_script
 
 from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.imdb_unlabelled import texts_digest
 from torchformer.data.tokenizers import tokenizer_from_state_dict
 from torchformer.train.checkpoint import read_checkpoint
 
@@ -85,7 +86,7 @@ def test_the_corpus_leaves_out_test_and_validation_reviews_and_repeats(pretrain,
     # The 160 train-split reviews are all distinct and new; of the unlabelled ones, 4 rows copy test reviews and
     # 2 repeat earlier ones.
     assert removed == {"unlabelled": 156, "training_split": 160, "overlapping_test_or_validation": 4, "repeats": 2,
-                       "kept": 150 + 160}
+                       "kept": 150 + 160, "held_out_sha256": texts_digest([t for t, _ in test] + [t for t, _ in val])}
     results = json.loads((pretrained / "results.json").read_text())
     assert results["corpus"] == removed and results["steps"] == 2 * 20  # 310 reviews in batches of 16, 2 epochs
 
@@ -255,6 +256,23 @@ def test_a_corpus_emptied_by_deduplication_is_an_error(pretrain, data_dir, tmp_p
     with pytest.raises(SystemExit, match=r"no review is left to pretrain on: all 1 unlabelled and \d+ training "
                                          r"reviews occur in the test set or the validation split"):
         pretrain.main(tiny(copy, tmp_path / "out"))
+
+
+def test_a_classifier_on_other_held_out_reviews_than_pretraining_is_refused(classify, data_dir, pretrained,
+                                                                            tmp_path):
+    """The pretraining corpus left out the test set and the validation split of its data; fine-tuning on other data
+    (here: one test review fewer) could evaluate on reviews the encoder read. The file's digest catches it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(data_dir / "imdb_train.jsonl.gz", other / "imdb_train.jsonl.gz")
+    lines = gzip.open(data_dir / "imdb_test.jsonl.gz", "rt", encoding="utf-8").readlines()
+    with gzip.open(other / "imdb_test.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(lines[1:])
+    flags = ["--data", str(other), "--out", str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "-e", "1",
+             "--val-size", str(VAL_SIZE), "--seed", str(SEED), "--pretrained", str(pretrained / "pretrained.pt")]
+    with pytest.raises(SystemExit, match=r"was pretrained on a corpus that left out other test and validation "
+                                         r"reviews than this run's"):
+        classify.main(flags)
 
 
 def test_pretraining_refuses_torchrun(pretrain, data_dir, tmp_path, monkeypatch, capsys):

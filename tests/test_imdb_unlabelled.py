@@ -113,3 +113,16 @@ def test_deduplicate_checks_its_arguments():
         deduplicate("one text", exclude=[])
     with pytest.raises(TypeError, match=r"exclude\[1\]"):
         deduplicate(["a"], exclude=["b", 3])
+
+
+def test_texts_digest_is_the_same_for_the_same_texts_in_any_order_only():
+    from torchformer.data.imdb_unlabelled import texts_digest
+
+    texts = ["a fine film", "dull", "é \ud83c\udfac"]
+    assert texts_digest(texts) == texts_digest(reversed(texts)) == texts_digest(list(texts))
+    assert len(texts_digest(texts)) == 64
+    assert texts_digest(texts) != texts_digest(texts[:2])
+    assert texts_digest(["ab", "c"]) != texts_digest(["a", "bc"])  # where one text ends counts
+    assert texts_digest(["x"]) != texts_digest(["x", "x"])
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got int"):
+        texts_digest(["ok", 3])

@@ -19,6 +19,7 @@ per line with ``"text"`` and ideally ``"id"``). Damaged files raise
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tarfile
@@ -31,7 +32,7 @@ from torchformer.data.imdb_dataset import (
     ARCHIVE_NAME, _decode, _is_tar, _json_object, _line_error, _read_jsonl, _review_id, _review_text,
 )
 
-__all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled"]
+__all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled", "texts_digest"]
 
 UNLABELLED_JSONL = "imdb_unsup.jsonl.gz"
 # ".../train/unsup/[id]_0.txt": an unlabelled review carries no rating, hence the 0.
@@ -163,6 +164,26 @@ def deduplicate(texts: Iterable[str], *, exclude: Iterable[str]) -> Deduplicated
             seen.add(text)
             kept.append(text)
     return Deduplicated(kept, overlapping, repeated)
+
+
+def texts_digest(texts: Iterable[str]) -> str:
+    """A SHA-256 fingerprint of a collection of texts, whatever their order: the same texts give the same digest.
+
+    A pretrained model stores the digest of the texts it was kept from (the test set and the validation split);
+    a fine-tuning run compares it with the digest of its own, so that other data (a test set the model may have
+    read) cannot slip past the de-duplication unnoticed.
+
+    Args:
+        texts: the texts (each a str).
+
+    Returns:
+        The hex digest (64 characters).
+    """
+    h = hashlib.sha256()
+    for text in sorted(_strings(texts, "texts")):
+        data = text.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little") + data)  # length first: ["ab", "c"] and ["a", "bc"] differ
+    return h.hexdigest()
 
 
 def _strings(texts: Iterable[str], name: str) -> Iterable[str]:
