@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerConfig
+from torchformer.decoding.cache import BlockCache
 
 
 def seeded(cls, *args, **kwargs):
@@ -211,8 +212,13 @@ def test_positions_with_caches_are_required_and_checked():
         model(x[:, :2], caches=caches, positions=torch.tensor([6, 6]))
     with pytest.raises(ValueError, match="positions must be consecutive"):
         model(x[:, :3], positions=torch.tensor([2, 1, 0]))
-    with pytest.raises(ValueError, match="BlockCaches with a capacity"):
+    with pytest.raises(ValueError, match=r"caches\[0\] must be a BlockCache with a capacity.*got object"):
         model(x[:, :1], caches=[object(), object()], positions=torch.tensor([0]))
+    # Every entry is checked, not only the first (a str second entry failed inside a block, AttributeError).
+    with pytest.raises(ValueError, match=r"caches\[1\] must be a BlockCache with a capacity.*got str"):
+        model(x[:, :1], caches=[model.new_caches()[0], "x"], positions=torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"caches must all have one capacity.*caches\[1\] 20"):
+        model(x[:, :1], caches=[model.new_caches()[0], BlockCache(20)], positions=torch.tensor([0]))
     sinusoidal = seeded(GTransformer, 32, 4, 2, 12, 20, positions="sinusoidal").eval()
     with pytest.raises(ValueError, match=r"caches hold 12 positions"):  # no position limit, but the caches have one
         sinusoidal(x[:, :1], caches=sinusoidal.new_caches(), positions=torch.tensor([12]))

@@ -136,6 +136,8 @@ def test_cross_attention_tells_attend_the_query_positions():
 def test_causal_mask_is_boolean_and_square_by_default():
     assert causal_mask(3).dtype == torch.bool
     assert causal_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    with pytest.raises(ValueError, match=r"u \(keys\) must be at least t \(queries\), got t=3, u=2"):
+        causal_mask(3, 2)  # its first query would see no key
     assert causal_mask(2, 4).dtype == torch.bool
     assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
 

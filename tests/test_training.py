@@ -491,9 +491,11 @@ def test_prune_checkpoints_keeps_the_newest_by_step_number(tmp_path):
     for step in (5, 40, 100, 7):
         checkpoint_path(tmp_path, step).write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "step_\u0663.pt").write_bytes(b"x")  # an Arabic-Indic 3: no step number of ours
     deleted = prune_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in deleted) == ["step_00000005.pt", "step_00000007.pt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step_00000040.pt", "step_00000100.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step_00000040.pt", "step_00000100.pt",
+                                                          "step_\u0663.pt"]
     assert prune_checkpoints(tmp_path / "missing") == []
     with pytest.raises(ValueError, match="keep must be a positive int, got 0"):
         prune_checkpoints(tmp_path, keep=0)

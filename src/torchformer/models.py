@@ -97,21 +97,23 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
         The slots of each self-attention cache (the first block's), or ``None`` when ``caches`` is ``None``.
 
     Raises:
-        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, or its first is not a
-            :class:`~torchformer.decoding.cache.BlockCache`.
+        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
+            :class:`~torchformer.decoding.cache.BlockCache`, or their capacities differ.
     """
     if caches is None:
         return None
     if not isinstance(caches, (list, tuple)) or len(caches) != depth:
         got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
         raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
-    capacity = getattr(getattr(caches[0], "self_attention", None), "capacity", None)
-    if capacity is None:
-        raise ValueError(
-            f"caches must be BlockCaches with a capacity, as model.new_caches() makes them; got "
-            f"{type(caches[0]).__name__}"
-        )
-    return capacity
+    capacities = [getattr(getattr(cache, "self_attention", None), "capacity", None) for cache in caches]
+    for i, (cache, capacity) in enumerate(zip(caches, capacities)):
+        if capacity is None:
+            raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
+                             f"got {type(cache).__name__}")
+        if capacity != capacities[0]:
+            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
+                             f"{capacities[0]} slots, caches[{i}] {capacity}")
+    return capacities[0]
 
 
 def require_input(model: str, config: TransformerConfig) -> None:

@@ -144,6 +144,11 @@ def causal_mask(t: int, u: Optional[int] = None, *, device: Optional[torch.devic
 
     Returns:
         ``(t, u)`` bool, ``True`` where query ``i`` (at position ``u - t + i``) may see key ``j``: ``j <= u - t + i``.
+
+    Raises:
+        ValueError: ``u`` is less than ``t``.
     """
     u = t if u is None else u
+    if u < t:  # the first queries would see no key at all
+        raise ValueError(f"u (keys) must be at least t (queries), got t={t}, u={u}")
     return torch.ones(t, u, dtype=torch.bool, device=device).tril(diagonal=u - t)

@@ -70,7 +70,7 @@ PathLike = Union[str, os.PathLike]
 
 # 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
 FORMAT_VERSION = 2
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+_NAME = re.compile(r"^step_([0-9]+)\.pt$")  # ASCII digits: \d would take "step_\u0663.pt" for step 3
 # Temporary files of write_atomically: ".<target name>.tmp-<host>-<pid>-<random>" (see torchformer._files).
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-[0-9a-f]+$")
 # Wrappers prepend these to every state_dict key: torch.compile (OptimizedModule) and DataParallel/DDP.
