@@ -381,6 +381,9 @@ def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     config = {k: getattr(args, k) for k in MODEL_KEYS}
     resume = None
+    # The final model.pt is written atomically too: a killed save leaves its temporary file in --out.
+    for path in remove_stale_temporaries(out) if run.is_main else []:
+        print(f"removed {path.name}, left by a save that was interrupted")
     if args.checkpoint:  # checked before the data are read
         for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")

@@ -421,6 +421,9 @@ def train(args, threads: int, why: str) -> dict:
     wrapped = wrap_model(model, strategy=args.strategy)
     net = torch.compile(wrapped) if args.compile else wrapped
     ckpt = None
+    # The final model.pt is written atomically too: a killed save leaves its temporary file in --out.
+    for path in remove_stale_temporaries(args.out) if run.is_main else []:
+        print(f"removed {path.name}, left by a save that was interrupted")
     if args.checkpoint:
         for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
             print(f"removed {path.name}, left by a save that was interrupted")

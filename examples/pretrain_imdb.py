@@ -123,8 +123,9 @@ OUTPUTS = ("log.csv", "pretrained.pt", "results.json", "loss.png")  # what a run
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        p.error("pretraining runs in one process; start it with python, not torchrun")
+    if os.environ.get("WORLD_SIZE", "1").strip() != "1":  # torchrun sets it (any other value: not one process)
+        p.error(f"pretraining runs in one process, but WORLD_SIZE is {os.environ['WORLD_SIZE']!r}: start it with "
+                f"python, not torchrun")
     try:
         device = resolve_device(args.device)
     except (ValueError, TypeError) as e:
@@ -232,6 +233,8 @@ def pretrain(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     resume = None
+    for path in remove_stale_temporaries(out):  # pretrained.pt is written atomically: a killed save leaves a temporary
+        print(f"removed {path.name}, left by a save that was interrupted")
     if args.checkpoint:
         for path in remove_stale_temporaries(args.checkpoint):
             print(f"removed {path.name}, left by a save that was interrupted")

@@ -72,3 +72,21 @@ def test_a_full_disk_while_saving_is_an_error_naming_the_file(name, corpus, data
     with pytest.raises(SystemExit, match=rf"error: \[Errno 28\] cannot write {ckpt}/step_\d+\.pt: No space left on "
                                          rf"device; it is as it was\. The checkpoints written before are kept\."):
         script.main([*flags(name, corpus, data_dir, tmp_path / "out"), "--checkpoint", str(ckpt)])
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_temporary_of_a_killed_final_save_in_out_is_removed(name, corpus, data_dir, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from torchformer._files import host_tag
+
+    script = load_script(ROOT / "examples" / f"{name}.py")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process
+    out = tmp_path / "out"
+    out.mkdir()
+    left = out / f".model.pt.tmp-{host_tag()}-{dead.pid}-0badcafe"  # a save of the final model, killed
+    left.write_bytes(b"half a model")
+    script.main(flags(name, corpus, data_dir, out))
+    assert not left.exists() and f"removed {left.name}" in capsys.readouterr().out

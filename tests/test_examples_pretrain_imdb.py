@@ -276,7 +276,8 @@ def test_a_classifier_on_other_held_out_reviews_than_pretraining_is_refused(clas
 
 
 def test_pretraining_refuses_torchrun(pretrain, data_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SystemExit):
-        pretrain.main(tiny(data_dir, tmp_path))
-    assert "one process" in capsys.readouterr().err
+    for value in ("2", "abc"):  # "abc" was a ValueError traceback from int()
+        monkeypatch.setenv("WORLD_SIZE", value)
+        with pytest.raises(SystemExit):
+            pretrain.main(tiny(data_dir, tmp_path))
+        assert f"pretraining runs in one process, but WORLD_SIZE is '{value}'" in capsys.readouterr().err
