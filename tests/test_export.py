@@ -42,6 +42,22 @@ def test_one_flipped_byte_in_the_weights_is_named(tmp_path):
     assert issubclass(CheckpointError, ValueError)
 
 
+def test_an_edited_architecture_in_config_json_is_refused(tmp_path):
+    """heads 2 -> 4 leaves every weight shape as it was: the weights would load into another model, silently."""
+    pytest.importorskip("safetensors")
+    source = model()
+    folder = export_model(source, tmp_path / "export")
+    description = json.loads((folder / "config.json").read_text())
+    description["config"]["heads"] = 4
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match=r"config\.json was changed after export_model wrote it: its model_class or "
+                                         r"config no longer matches its config_sha256"):
+        load_model(folder)
+    del description["config_sha256"]  # a change on purpose, as the message says
+    (folder / "config.json").write_text(json.dumps(description))
+    assert load_model(folder).config.heads == 4
+
+
 def test_a_folder_exported_without_the_digest_still_loads(tmp_path):
     pytest.importorskip("safetensors")
     source = model()

@@ -117,8 +117,9 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds
     ``{"model_class": ..., "config": {...}, "format_version": 1, "torchformer_version": ...,
-    "weights_sha256": ...}``, the last the SHA-256 of ``model.safetensors``, which :func:`load_model` checks. Neither
-    can run code when read, and :func:`load_model` (or ``torchformer.load_model(directory)``) rebuilds the model
+    "config_sha256": ..., "weights_sha256": ...}``: the SHA-256 of the class and config (an edit that would read
+    the weights into another architecture is refused) and of ``model.safetensors``, both checked by
+    :func:`load_model`. Neither file can run code when read, and :func:`load_model` (or ``torchformer.load_model(directory)``) rebuilds the model
     from them without the training script. Each file is replaced atomically (temporary file, then rename). The
     weights keep their dtype (float16, bfloat16, ...).
 
@@ -152,6 +153,7 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
         "format_version": EXPORT_FORMAT_VERSION,
         "torchformer_version": __version__,
     }
+    description["config_sha256"] = _architecture_digest(description["model_class"], description["config"])
 
     def write_weights(tmp: Path) -> None:
         # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
@@ -244,6 +246,12 @@ def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConf
     if version != EXPORT_FORMAT_VERSION:
         raise ValueError(f"{file} has format_version {version!r}; this torchformer reads version "
                          f"{EXPORT_FORMAT_VERSION} (a newer torchformer wrote it?)")
+    recorded = data.get("config_sha256")  # absent in folders exported before it was recorded
+    if recorded is not None and recorded != _architecture_digest(data.get("model_class"), data["config"]):
+        raise ValueError(f"{file} was changed after export_model wrote it: its model_class or config no longer "
+                         f"matches its config_sha256, so the weights could be read into another architecture (same "
+                         f"shapes, other heads, say). Export the model again; to change it on purpose, also "
+                         f"delete config_sha256")
     digest = data.get("weights_sha256")  # absent in folders exported by torchformer before it was recorded
     if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         raise ValueError(f"{file} has a weights_sha256 that is not a SHA-256 digest (64 hex digits): {digest!r:.80}")
@@ -251,6 +259,12 @@ def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConf
         return data.get("model_class"), TransformerConfig.from_dict(data["config"]), digest
     except (TypeError, ValueError) as e:
         raise ValueError(f"{file} holds a config this version of torchformer cannot read: {e}") from e
+
+
+def _architecture_digest(model_class: object, config: object) -> str:
+    """SHA-256 of the class name and config as canonical JSON (sorted keys): what ``config.json`` describes."""
+    text = json.dumps({"model_class": model_class, "config": config}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _sha256(file: Path) -> str:
