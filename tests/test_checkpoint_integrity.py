@@ -328,3 +328,21 @@ def test_a_newer_format_and_a_removed_digest_are_refused(tmp_path):
         verify_checkpoint(tmp_path / "edited.pt")
     with pytest.raises(TypeError, match="restore_rng must be a bool, got 'no'"):
         load_checkpoint(path, model=tiny(), restore_rng="no")
+
+
+def test_hand_made_files_with_a_bad_model_or_rng_entry_are_named_before_anything_loads(tmp_path):
+    payload = torch.load(saved(tmp_path), weights_only=True)
+    payload.pop("integrity")
+    payload["format_version"] = 1  # as a file of before the digest: nothing else would check it
+    torch.save({**payload, "model": "x"}, tmp_path / "model_x.pt")
+    with pytest.raises(CheckpointError, match=r"model_x\.pt is damaged or not a checkpoint: its 'model' must be a "
+                                              r"state_dict \(names -> tensors\), got str 'x'"):
+        load_checkpoint(tmp_path / "model_x.pt", model=tiny())
+    torch.save({**payload, "rng": {**payload["rng"], "torch_cpu": torch.zeros(3)}}, tmp_path / "rng.pt")
+    model = tiny(seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"rng\.pt is damaged: its random number generator states do not "
+                                              r"restore .*restore_rng=False"):
+        load_checkpoint(tmp_path / "rng.pt", model=model)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the weights did not change
+    assert load_checkpoint(tmp_path / "rng.pt", model=model, restore_rng=False)["step"] == 1

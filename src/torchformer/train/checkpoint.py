@@ -488,6 +488,8 @@ def load_checkpoint(
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
     state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
+    if restore_rng and "rng" in ckpt:
+        _check_rng_state(ckpt["rng"], path)
     states = {"optimizer": optimizer, "scheduler": scheduler}
     generators, saved = _check_generators(generators), ckpt.get("generators", {})
 
@@ -778,6 +780,19 @@ def _capture_rng_state() -> dict:
     }
 
 
+def _check_rng_state(state: Any, path: Path) -> None:
+    """Raise CheckpointError unless ``state`` restores: tried on throwaway generators, so nothing changes yet."""
+    try:
+        py = state["python"]
+        random.Random().setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+        np.random.RandomState().set_state(_plain_to_numpy(state["numpy"]))
+        torch.Generator().set_state(state["torch_cpu"].cpu())
+        list(state["torch_cuda"])
+    except Exception as e:  # noqa: BLE001 - a hand-made or damaged entry fails in many ways
+        raise CheckpointError(f"checkpoint {path} is damaged: its random number generator states do not restore "
+                              f"({type(e).__name__}: {e}); pass restore_rng=False to load it without them") from e
+
+
 def _restore_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
@@ -817,6 +832,11 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
             raise CheckpointError(
                 f"{path} is neither a checkpoint nor a state_dict; its keys are {_short_list(list(ckpt))}")
         ckpt = {"step": 0, "model": ckpt, "extra": {}}  # a bare state_dict saved by someone else
+    model_state = ckpt["model"]
+    if not isinstance(model_state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                    for k, v in model_state.items()):
+        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint: its 'model' must be a state_dict "
+                              f"(names -> tensors), got {type(model_state).__name__} {model_state!r:.60}")
     version = ckpt.get("format_version", 1)  # files of torchformer before 0.3 have none
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CheckpointError(f"checkpoint {path} is damaged: its format_version is {version!r}, not a positive int")
