@@ -286,3 +286,20 @@ def test_attention_refuses_the_positions_that_belong_to_the_embeddings():
         with pytest.raises(ValueError, match=rf"positions='{scheme}' is added to the token embeddings, outside "
                                              rf"attention: give it to the model"):
             SelfAttention(16, 2, positions=scheme)
+
+
+def test_a_mask_or_memory_on_another_device_is_named():
+    """The meta device stands in for a GPU: the mask's device was not checked (positions' was), and the error came
+    from inside torch ('Tensor on device cpu is not on the expected device meta!')."""
+    from torchformer import CTransformer, Seq2SeqTransformer
+
+    classifier = CTransformer(16, 2, 1, 8, 20, 2)
+    ids = torch.randint(0, 20, (1, 4))
+    with pytest.raises(ValueError, match=r"mask must be on the inputs' device, cpu, got meta"):
+        classifier(ids, torch.ones(1, 4, dtype=torch.bool, device="meta"))
+    s2s = Seq2SeqTransformer(16, 2, 1, 8, 20, 12)
+    memory, tgt = s2s.encode(ids), torch.randint(0, 12, (1, 3))
+    with pytest.raises(ValueError, match=r"src_mask must be on the inputs' device, cpu, got meta"):
+        s2s.decode(tgt, memory, torch.ones(1, 4, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match=r"memory must be on tgt's device, cpu, got meta"):
+        s2s.decode(tgt, memory.to("meta"))

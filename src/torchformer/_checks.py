@@ -84,10 +84,11 @@ def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = No
 
 
 def check_mask(
-    mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)", true_means: str = "real token"
+    mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)", true_means: str = "real token",
+    *, device: torch.device | None = None,
 ) -> Tensor:
-    """Check a bool mask of ``shape`` (named ``dims`` in messages); ``True`` marks ``true_means`` (a padding mask's
-    real tokens, by default)."""
+    """Check a bool mask of ``shape`` (named ``dims`` in messages) on ``device`` (the inputs', if given); ``True``
+    marks ``true_means`` (a padding mask's real tokens, by default)."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -96,6 +97,8 @@ def check_mask(
         )
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {dims} = {tuple(shape)}, got {tuple(mask.shape)}")
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name} must be on the inputs' device, {device}, got {mask.device}")
     return mask
 
 

@@ -161,7 +161,7 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
     else:
         x = check_features(x, name, config.input_dim, like=like)
     if mask is not None:
-        check_mask(mask, mask_name, tuple(x.shape[:2]))
+        check_mask(mask, mask_name, tuple(x.shape[:2]), device=x.device)
         if config.input_dim is not None:
             x = x.masked_fill(~mask[:, :, None], 0.0)
     return x
@@ -429,7 +429,7 @@ class MLMTransformer(TransformerModel):
         the vocabulary (``e * v`` per position) is most of the cost of a small model."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight)
         if select is not None:
-            check_mask(select, "select", tuple(x.shape), true_means="a position to predict")
+            check_mask(select, "select", tuple(x.shape), true_means="a position to predict", device=x.device)
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
         h = self.encoder(self.embedding(x, positions), mask, positions=positions)  # (b, t) -> (b, t, e)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
@@ -714,8 +714,10 @@ class Seq2SeqTransformer(TransformerModel):
                              f"{tuple(memory.shape)}")
         if tgt.size(0) != b:
             raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
+        if memory.device != tgt.device:
+            raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")
         if src_mask is not None:
-            check_mask(src_mask, "src_mask", (b, u), "(b, u)")
+            check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
                                     capacity=capacity)
