@@ -464,6 +464,7 @@ def train(args: argparse.Namespace) -> dict:
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         step = state["step"]
+        t_start -= state["extra"].get("elapsed_s", 0.0)  # the log's seconds and wall_seconds go on from there
         print(f"resumed from {resume} at step {step}")
         if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
             print(f"note: {resume.name} was written by {state['world_size']} process(es), resumed on "
@@ -552,7 +553,7 @@ def train(args: argparse.Namespace) -> dict:
                     # Every process takes part (the states are gathered onto the main one, which writes the file).
                     save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
                                                 scheduler=sched, step=step, generators={"batches": state},
-                                                extra=extra)
+                                                extra={**extra, "elapsed_s": time.perf_counter() - t_start})
                     if run.is_main:
                         prune_checkpoints(args.checkpoint, keep=2)
             if step == args.stop_at:

@@ -134,6 +134,9 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_logs_each_step_once(scri
         rows = [(r["step"], bool(r["val_loss"])) for r in csv.DictReader(f)]
     assert len(rows) == len(set(rows))  # no step logged twice (steps 29 and 30 were, before the fix)
     assert (tmp_path / "ckpt" / "step_00000030.pt.damaged").exists() and not newest.exists()  # set aside
+    with open(tmp_path / "log.csv", newline="", encoding="utf-8") as f:
+        seconds = [float(r["seconds"]) for r in csv.DictReader(f)]
+    assert seconds == sorted(seconds)  # the resumed run's clock goes on from the checkpoint's (it restarted at 0)
     with open(trained / "log.csv", newline="", encoding="utf-8") as f:
         assert rows == [(r["step"], bool(r["val_loss"])) for r in csv.DictReader(f)]  # the uninterrupted run's
 
