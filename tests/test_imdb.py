@@ -210,6 +210,16 @@ def test_jsonl_without_id_keeps_line_order_within_label(tmp_path):
     assert train == [("a", 0), ("d", 0), ("b", 1), ("c", 1)]
 
 
+def test_jsonl_with_ids_on_some_lines_only_is_named(tmp_path):
+    """Line 2 without an id stood in as id 2, the same as line 1's real id: the sort mixed them up silently."""
+    folder = write_jsonl(tmp_path / "jsonl")
+    with gzip.open(folder / "imdb_train.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write('{"text": "x", "label": 1, "id": 2}\n{"text": "y", "label": 0}\n')
+    with pytest.raises(DataFileError, match=r"imdb_train\.jsonl\.gz, line 2: has no \"id\" while other lines have "
+                                            r"one; give every line an id, or none"):
+        imdb(folder)
+
+
 # ------------------------------------------------------------------ the cached archive is verified
 
 

@@ -153,6 +153,8 @@ def imdb(
         splits = _read_tar(source)
     elif (source / JSONL_NAMES["train"]).is_file():
         splits = {name: _read_jsonl(source / JSONL_NAMES[name]) for name in ("train", "test")}
+        for name, rows in splits.items():
+            _check_ids_everywhere_or_nowhere([review_id for _, _, review_id in rows], source / JSONL_NAMES[name])
     else:
         splits = {name: _read_folder(source / name) for name in ("train", "test")}
 
@@ -356,6 +358,19 @@ def _read_jsonl(path: Path, parse: Callable[[str, Path, int], T] | None = None) 
     return rows
 
 
+def _check_ids_everywhere_or_nowhere(ids: Sequence[int], path: Path) -> None:
+    """Every line of a jsonl file has an ``"id"`` or none has: a line number standing in for a missing id (a
+    :class:`_LineId`) could equal a real id of another line, and the sort by id would then mix them up silently."""
+    missing = [i for i in ids if isinstance(i, _LineId)]
+    if missing and len(missing) != len(ids):
+        raise DataFileError(path, "has no \"id\" while other lines have one; give every line an id, or none (line "
+                                  "order then stands in)", "Fix the file.", line=int(missing[0]))
+
+
+class _LineId(int):
+    """A line number standing in for a missing id: an int, so rows sort as they would by it."""
+
+
 def _line_error(path: Path, line_number: int) -> Callable[[str], DataFileError]:
     """``bad(problem)``: the DataFileError for a problem on this line of this file."""
     return lambda problem: DataFileError(path, problem, "Fix or remove that line.", line=line_number)
@@ -388,8 +403,8 @@ def _review_text(record: dict, bad: Callable[[str], DataFileError]) -> str:
 def _review_id(record: dict, line_number: int, bad: Callable[[str], DataFileError]) -> int:
     """The record's ``"id"``, or without one its line number: line order stands in for it (the sort is stable).
     An id must be an int: ids of mixed types (3 and "7") cannot even be sorted."""
-    review_id = record.get("id", line_number)
-    if type(review_id) is not int:
+    review_id = record.get("id", _LineId(line_number))
+    if type(review_id) not in (int, _LineId):
         raise bad(f"id must be an int, got {review_id!r}")
     return review_id
 

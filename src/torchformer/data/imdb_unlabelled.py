@@ -29,7 +29,8 @@ from typing import Iterable
 
 from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
 from torchformer.data.imdb_dataset import (
-    ARCHIVE_NAME, _decode, _is_tar, _json_object, _line_error, _read_jsonl, _review_id, _review_text,
+    ARCHIVE_NAME, _check_ids_everywhere_or_nowhere, _decode, _is_tar, _json_object, _line_error, _read_jsonl,
+    _review_id, _review_text,
 )
 
 __all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled", "texts_digest"]
@@ -60,6 +61,7 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
                                 f"that file, an aclImdb/ folder with train/unsup/, or {ARCHIVE_NAME}")
     if source.name == UNLABELLED_JSONL:
         rows = _read_jsonl(source, _parse_unlabelled)
+        _check_ids_everywhere_or_nowhere([review_id for review_id, _ in rows], source)
     elif source.is_file():
         rows = _read_tar(source)
     else:
