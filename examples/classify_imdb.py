@@ -51,8 +51,8 @@ from torchformer.train.metrics import Calibration, evaluate_classifier, format_c
 from torchformer.models import CTransformer, MLMTransformer
 from torchformer.config import POSITIONS
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog, preset_flags,
-    utf8_text,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way, preset_epilog,
+    preset_flags, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -240,15 +240,22 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         setattr(args, key, run[key])
 
 
-def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False) -> CTransformer | LSTMClassifier:
-    try:
+def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False,
+                device: torch.device | None = None) -> CTransformer | LSTMClassifier:
+    """The classifier the flags describe; with ``device``, first checked to fit there (on the meta device)."""
+    def build() -> CTransformer | LSTMClassifier:
         if config["model"] == "lstm":
             return LSTMClassifier.from_config(lstm_config(config, num_tokens))
         return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
                             len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
                             wide=config["wide"], positions=config["positions"], prenorm=config["prenorm"],
                             checkpoint_blocks=checkpoint_blocks)
-    except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
+
+    try:
+        if device is not None:
+            check_model_fits(build, device)  # a typo in -M or -E is then an error, not an OOM kill
+        return build()
+    except (ValueError, MemoryError) as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1), -M 10**9
         sys.exit(f"error: cannot build the model from these flags: {e}")
 
 
@@ -439,7 +446,7 @@ def train(args: argparse.Namespace) -> dict:
 
     # With --pretrained the vocabulary has one more id, the [MASK] of pretraining (never in a review).
     num_tokens = len(tokenizer) + 1 if args.pretrained else len(tokenizer)
-    model = build_model(config, num_tokens, args.checkpoint_blocks)
+    model = build_model(config, num_tokens, args.checkpoint_blocks, device=device)
     if args.pretrained and resume is None:  # a resumed run has the fine-tuned weights in its checkpoint
         try:
             model.load_encoder(MLMTransformer.from_checkpoint(args.pretrained))

@@ -38,8 +38,8 @@ from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.cli import (
-    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog,
-    preset_flags, utf8_text,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way,
+    preset_epilog, preset_flags, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -406,12 +406,16 @@ def train(args, threads: int, why: str) -> dict:
         sys.exit(f"--context {args.context} is too long for this data ({len(val):,} validation bytes)")
     train = train.to(args.device)  # 90 MB at most; sampling windows then never leaves the device
 
+    def build() -> GTransformer:
+        return GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
+                            prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
+                            activation=args.activation, kv_heads=args.kv_heads, window=args.window,
+                            wide=args.wide, checkpoint_blocks=args.checkpoint_blocks)
+
     try:
-        model = GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
-                             prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
-                             activation=args.activation, kv_heads=args.kv_heads, window=args.window,
-                             wide=args.wide, checkpoint_blocks=args.checkpoint_blocks).to(args.device)
-    except ValueError as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1)
+        check_model_fits(build, args.device)  # on the meta device first: a typo in -C or -E is no OOM kill
+        model = build().to(args.device)
+    except (ValueError, MemoryError) as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1), -C 10**9
         sys.exit(f"error: cannot build the model from these flags: {e}")
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     flops = model_flops_per_token(model, context=args.context)

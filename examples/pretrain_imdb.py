@@ -39,7 +39,8 @@ from torchformer.train.checkpoint import (
     remove_stale_temporaries, save_checkpoint,
 )
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, files_in_the_way, preset_epilog, preset_flags,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way, preset_epilog,
+    preset_flags,
 )
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
@@ -260,8 +261,15 @@ def pretrain(args: argparse.Namespace) -> dict:
                                         batch_size=2 * args.batch_size, shuffle=False, device=device)
     val_masked = masked_validation(val_batches, mask_id=mask_id, rate=args.mask_rate, seed=args.seed)
 
-    model = MLMTransformer(args.embedding, args.heads, args.depth, args.max_length, mask_id + 1, tie_weights=True,
-                           dropout=args.dropout, positions=args.positions, prenorm=args.prenorm).to(device)
+    def build() -> MLMTransformer:
+        return MLMTransformer(args.embedding, args.heads, args.depth, args.max_length, mask_id + 1, tie_weights=True,
+                              dropout=args.dropout, positions=args.positions, prenorm=args.prenorm)
+
+    try:
+        check_model_fits(build, device)  # on the meta device first: a typo in -M or -E is no OOM kill
+    except MemoryError as e:
+        sys.exit(f"pretrain_imdb.py: error: cannot build the model from these flags: {e}")
+    model = build().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
     per_epoch = len(train_batches)
     total = args.num_epochs * per_epoch

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from torchformer.train.cli import (
-    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, busy_cores, check_flags, choose_threads, files_in_the_way, preset_flags,
-    utf8_text, writable_folder,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, available_memory, busy_cores, check_flags, check_model_fits,
+    choose_threads, files_in_the_way,
+    preset_flags, utf8_text, writable_folder,
 )
 
 
@@ -39,6 +40,28 @@ def test_utf8_text_names_a_byte_of_the_command_line_that_is_not_utf8():
         utf8_text("great \udcff")
     with pytest.raises(argparse.ArgumentTypeError, match=r"not valid UTF-8 text: '\\ud800' at character 0"):
         utf8_text("\ud800")
+
+
+def test_check_model_fits_counts_on_the_meta_device(monkeypatch):
+    import torchformer.train.cli as cli
+
+    built = []
+
+    def build():
+        built.append(torch.get_default_device() if hasattr(torch, "get_default_device") else None)
+        return torch.nn.Linear(1000, 1000)  # 1,001,000 float32 parameters: 4.0 MB, 16.0 MB for training
+
+    monkeypatch.setattr(cli, "available_memory", lambda device: 16_000_000)
+    with pytest.raises(MemoryError, match=r"the model has 1,001,000 parameters \(0\.0 GiB\); training needs at least "
+                                          r"4 times that"):
+        check_model_fits(build, "cpu")
+    monkeypatch.setattr(cli, "available_memory", lambda device: 17_000_000)
+    check_model_fits(build, "cpu")
+    monkeypatch.setattr(cli, "available_memory", lambda device: None)  # unknown: no check
+    check_model_fits(build, "cpu")
+    if built[0] is not None:
+        assert built[0] == torch.device("meta")  # built without memory
+    assert available_memory("meta") is None and available_memory("cpu") > 0
 
 
 def test_check_flags_names_the_first_bad_flag(capsys, tmp_path):

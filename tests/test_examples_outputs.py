@@ -90,3 +90,19 @@ def test_the_temporary_of_a_killed_final_save_in_out_is_removed(name, corpus, da
     left.write_bytes(b"half a model")
     script.main(flags(name, corpus, data_dir, out))
     assert not left.exists() and f"removed {left.name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, size", [("generate_enwik8", ["-E", str(2**17)]), ("classify_imdb", ["-M", str(10**9)]),
+                                        ("pretrain_imdb", ["-E", str(2**17)])])
+def test_a_model_too_large_for_memory_is_an_error_not_an_oom_kill(name, size, corpus, data_dir, tmp_path,
+                                                                  monkeypatch):
+    """Learned positions for 10**9 tokens (32 * 10**9 weights), or -E 131072: the script stopped only when the
+    operating system killed it. The model is now sized on the meta device first (8 GiB free, say)."""
+    import torchformer.train.cli as cli
+
+    monkeypatch.setattr(cli, "available_memory", lambda device: 8 * 2**30)
+    script = load_script(ROOT / "examples" / f"{name}.py")
+    with pytest.raises(SystemExit, match=r"cannot build the model from these flags: the model has [\d,]+ parameters "
+                                         r"\([\d.]+ GiB\); training needs at least 4 times that .* but cpu has 8\.0 "
+                                         r"GiB free: choose smaller sizes"):
+        script.main([*flags(name, corpus, data_dir, tmp_path / "out"), *size])

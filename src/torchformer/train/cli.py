@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
+from torch import nn
 
 Check = tuple[Callable[[Any], bool], str]
 
@@ -84,6 +85,59 @@ def utf8_text(value: str) -> str:
         raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {byte} at character {e.start} of {value!r}; "
                                          f"pass UTF-8 text") from None
     return value
+
+
+def available_memory(device: torch.device | str) -> Optional[int]:
+    """Bytes of memory free for new tensors on ``device``; ``None`` where it cannot be told.
+
+    On a GPU its free memory; on the CPU the machine's available RAM (``MemAvailable`` of ``/proc/meminfo``, so
+    ``None`` on systems without it).
+
+    Args:
+        device: where the model will live.
+
+    Returns:
+        The free bytes, or ``None``.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file counts kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str, *, copies: int = 4) -> None:
+    """Size the model on the ``meta`` device (no memory); stop if ``copies`` of its weights do not fit on ``device``.
+
+    A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of
+    GB and get the process killed by the operating system, with no message. Training holds about four copies of
+    the weights (the weights, their gradients and Adam's two moments), before any activation: a lower bound.
+
+    Args:
+        build: makes the model (the same call that will build it for real), e.g. ``lambda: GTransformer(...)``.
+        device: where it will train.
+        copies: how many copies of the weights training needs at least.
+
+    Raises:
+        MemoryError: they need more than :func:`available_memory` says is free; the message gives both figures.
+    """
+    with torch.device("meta"):
+        model = build()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = available_memory(device)
+    if free is not None and copies * weights > free:
+        count = sum(p.numel() for p in model.parameters())
+        raise MemoryError(f"the model has {count:,} parameters ({weights / 2**30:.1f} GiB); training needs at least "
+                          f"{copies} times that ({copies * weights / 2**30:.1f} GiB: weights, gradients and Adam's "
+                          f"two moments), but {device} has {free / 2**30:.1f} GiB free: choose smaller sizes")
 
 
 POSITIVE_INT: Check = (lambda v: v >= 1, "a positive int")
