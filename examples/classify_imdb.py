@@ -241,8 +241,9 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False,
-                device: torch.device | None = None) -> CTransformer | LSTMClassifier:
-    """The classifier the flags describe; with ``device``, first checked to fit there (on the meta device)."""
+                device: torch.device | None = None, copies: float = 4) -> CTransformer | LSTMClassifier:
+    """The classifier the flags describe; with ``device``, first checked to fit there (``copies`` of its weights,
+    sized on the meta device)."""
     def build() -> CTransformer | LSTMClassifier:
         if config["model"] == "lstm":
             return LSTMClassifier.from_config(lstm_config(config, num_tokens))
@@ -253,7 +254,7 @@ def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False,
 
     try:
         if device is not None:
-            check_model_fits(build, device)  # a typo in -M or -E is then an error, not an OOM kill
+            check_model_fits(build, device, copies=copies)  # a typo in -M or -E is then an error, not an OOM kill
         return build()
     except (ValueError, MemoryError) as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1), -M 10**9
         sys.exit(f"error: cannot build the model from these flags: {e}")
@@ -446,7 +447,9 @@ def train(args: argparse.Namespace) -> dict:
 
     # With --pretrained the vocabulary has one more id, the [MASK] of pretraining (never in a review).
     num_tokens = len(tokenizer) + 1 if args.pretrained else len(tokenizer)
-    model = build_model(config, num_tokens, args.checkpoint_blocks, device=device)
+    sharded = args.strategy == "fsdp" and run.world_size > 1  # FSDP shards all but the model being built
+    model = build_model(config, num_tokens, args.checkpoint_blocks, device=device,
+                        copies=1 + 3 / run.world_size if sharded else 4)
     if args.pretrained and resume is None:  # a resumed run has the fine-tuned weights in its checkpoint
         try:
             model.load_encoder(MLMTransformer.from_checkpoint(args.pretrained))

@@ -413,7 +413,9 @@ def train(args, threads: int, why: str) -> dict:
                             wide=args.wide, checkpoint_blocks=args.checkpoint_blocks)
 
     try:
-        check_model_fits(build, args.device)  # on the meta device first: a typo in -C or -E is no OOM kill
+        # Sized on the meta device first: a typo in -C or -E is no OOM kill. FSDP shards all but the built model.
+        sharded = args.strategy == "fsdp" and run.world_size > 1
+        check_model_fits(build, args.device, copies=1 + 3 / run.world_size if sharded else 4)
         model = build().to(args.device)
     except (ValueError, MemoryError) as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1), -C 10**9
         sys.exit(f"error: cannot build the model from these flags: {e}")

@@ -114,17 +114,19 @@ def available_memory(device: torch.device | str) -> Optional[int]:
     return None
 
 
-def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str, *, copies: int = 4) -> None:
+def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str, *, copies: float = 4) -> None:
     """Size the model on the ``meta`` device (no memory); stop if ``copies`` of its weights do not fit on ``device``.
 
     A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of
     GB and get the process killed by the operating system, with no message. Training holds about four copies of
     the weights (the weights, their gradients and Adam's two moments), before any activation: a lower bound.
+    Sharded over ``n`` processes (FSDP), each holds the whole model while it is built, then a share of the rest:
+    ``copies=1 + 3 / n``.
 
     Args:
         build: makes the model (the same call that will build it for real), e.g. ``lambda: GTransformer(...)``.
         device: where it will train.
-        copies: how many copies of the weights training needs at least.
+        copies: how many copies of the weights training needs at least (on each process).
 
     Raises:
         MemoryError: they need more than :func:`available_memory` says is free; the message gives both figures.
@@ -136,7 +138,7 @@ def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str,
     if free is not None and copies * weights > free:
         count = sum(p.numel() for p in model.parameters())
         raise MemoryError(f"the model has {count:,} parameters ({weights / 2**30:.1f} GiB); training needs at least "
-                          f"{copies} times that ({copies * weights / 2**30:.1f} GiB: weights, gradients and Adam's "
+                          f"{copies:g} times that ({copies * weights / 2**30:.1f} GiB: weights, gradients and Adam's "
                           f"two moments), but {device} has {free / 2**30:.1f} GiB free: choose smaller sizes")
 
 
