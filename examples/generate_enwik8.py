@@ -383,7 +383,8 @@ def main(argv=None) -> dict | str:
     try:
         result = train(args, threads, why)
     except OSError as e:  # a full disk, say, while writing a checkpoint (the message names the file)
-        sys.exit(f"error: {e}. The checkpoints written before are kept.")
+        kept = " The checkpoints written before are kept." if args.checkpoint else ""
+        sys.exit(f"error: {e}.{kept}")
     # Only once train() has let go of the wrapped model: a DDP model that outlives its process group can deadlock
     # in its destructor (gloo).
     teardown_distributed()

@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         return pretrain(args)
     except OSError as e:  # a full disk, say, while writing a checkpoint (the message names the file)
-        sys.exit(f"pretrain_imdb.py: error: {e}. The checkpoints written before are kept.")
+        kept = " The checkpoints written before are kept." if args.checkpoint else ""
+        sys.exit(f"pretrain_imdb.py: error: {e}.{kept}")
 
 
 def pretrain(args: argparse.Namespace) -> dict:

@@ -119,7 +119,8 @@ def test_a_full_disk_is_an_oserror_naming_the_checkpoint_not_its_temporary(tmp_p
     with pytest.raises(OSError) as info:
         save_checkpoint(path, model=torch.nn.Linear(2, 2), step=1)
     assert info.value.errno == errno.ENOSPC
-    assert str(info.value) == f"[Errno 28] cannot write {path}: No space left on device; it is as it was"
+    assert str(info.value) == f"[Errno 28] No space left on device; cannot write the file, which is as it was: '{path}'"
+    assert info.value.filename == str(path)
     assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
     def not_a_file_system_error(obj, f):

@@ -19,6 +19,7 @@ from torchformer import GTransformer
 from torchformer._files import STALE_AFTER_S, host_tag
 from torchformer.train.checkpoint import (
     CheckpointError,
+    CheckpointVersionError,
     checkpoint_path,
     latest_intact_checkpoint,
     load_checkpoint,
@@ -346,3 +347,50 @@ def test_hand_made_files_with_a_bad_model_or_rng_entry_are_named_before_anything
         load_checkpoint(tmp_path / "rng.pt", model=model)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the weights did not change
     assert load_checkpoint(tmp_path / "rng.pt", model=model, restore_rng=False)["step"] == 1
+
+
+def test_lbfgs_state_of_its_own_shapes_still_loads(tmp_path):
+    """L-BFGS keeps flat vectors as long as all parameters together under parameter 0: not a misordering."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))  # parameter 0 is 1-D, (4,)
+    opt = torch.optim.LBFGS(model.parameters())
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.ones(3, 4)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    path = save_checkpoint(tmp_path / "lbfgs.pt", model=model, optimizer=opt, step=1)
+    fresh = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    assert load_checkpoint(path, model=fresh, optimizer=torch.optim.LBFGS(fresh.parameters()))["step"] == 1
+
+
+def test_a_checkpoint_of_a_newer_torchformer_is_neither_skipped_nor_set_aside(tmp_path):
+    """It is intact: skipping it would go back to an older step silently, renaming it would lose it."""
+    saved(tmp_path, 1)
+    newer = saved(tmp_path, 2)
+    payload = torch.load(newer, weights_only=True)
+    torch.save({**payload, "format_version": 3}, newer)
+    with pytest.raises(CheckpointVersionError, match=r"step_00000002\.pt has format 3, written by a newer"):
+        latest_intact_checkpoint(tmp_path, set_aside=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
+
+
+def test_a_checkpoint_the_system_cannot_read_is_not_called_damaged(tmp_path, monkeypatch):
+    """A permission or I/O error says nothing about the file: it is raised as it is, and nothing is set aside."""
+    import errno
+
+    saved(tmp_path, 1)
+    saved(tmp_path, 2)
+    real_load = torch.load
+
+    def load(path, *args, **kwargs):
+        if "step_00000002" in str(path):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(OSError, match="Input/output error"):
+        latest_intact_checkpoint(tmp_path, set_aside=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt", "step_00000002.pt"]

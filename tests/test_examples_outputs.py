@@ -69,8 +69,9 @@ def test_a_full_disk_while_saving_is_an_error_naming_the_file(name, corpus, data
 
     monkeypatch.setattr(torch, "save", full_disk)
     ckpt = tmp_path / "ckpt"
-    with pytest.raises(SystemExit, match=rf"error: \[Errno 28\] cannot write {ckpt}/step_\d+\.pt: No space left on "
-                                         rf"device; it is as it was\. The checkpoints written before are kept\."):
+    with pytest.raises(SystemExit, match=rf"error: \[Errno 28\] No space left on device; cannot write the file, which "
+                                         rf"is as it was: '{ckpt}/step_\d+\.pt'\. The checkpoints written before "
+                                         rf"are kept\."):
         script.main([*flags(name, corpus, data_dir, tmp_path / "out"), "--checkpoint", str(ckpt)])
 
 

@@ -429,7 +429,7 @@ class MLMTransformer(TransformerModel):
         the vocabulary (``e * v`` per position) is most of the cost of a small model."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight)
         if select is not None:
-            check_mask(select, "select", tuple(x.shape), true_means="a position to predict", device=x.device)
+            check_mask(select, "select", tuple(x.shape), true_means="a position to predict")  # indexes: any device
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
         h = self.encoder(self.embedding(x, positions), mask, positions=positions)  # (b, t) -> (b, t, e)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)

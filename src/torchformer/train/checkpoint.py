@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import hashlib
 import os
 import random
@@ -90,6 +91,14 @@ class CheckpointError(ValueError):
     Empty, truncated, damaged after it was written, or not a checkpoint at all; the message names the file. (A
     ``ValueError``, so ``except ValueError`` still catches it; a checkpoint that is intact but does not fit the model
     raises a plain ``ValueError``.)
+    """
+
+
+class CheckpointVersionError(CheckpointError):
+    """An intact checkpoint written by a newer torchformer (a higher format version): upgrade to read it.
+
+    :func:`latest_intact_checkpoint` raises it rather than skip the file: the run would silently go back to an
+    older step.
     """
 
 
@@ -217,6 +226,8 @@ def latest_intact_checkpoint(directory: PathLike, *, set_aside: bool = False) ->
             verify_checkpoint(path)
         except FileNotFoundError:  # another process set it aside or pruned it while this one looked
             continue
+        except CheckpointVersionError:
+            raise  # intact, only newer than this torchformer: not to be skipped (the run would go back) nor set aside
         except CheckpointError as e:
             note = ""
             if set_aside:
@@ -649,18 +660,21 @@ def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Opt
         raise ValueError(f"checkpoint {path} holds optimizer state for parameter groups of sizes {saved_sizes}, but the "
                          f"optimizer has groups of sizes {sizes}: build it over the same parameters, in the same order")
     # The state is matched to the parameters by position. An optimizer built over the same parameters in another
-    # order would get each parameter's moments swapped: a state tensor with as many dimensions as its parameter
-    # must broadcast to it (Adam's moments have its shape, Adafactor's factored ones 1 in a dimension). Parameters
-    # of one shape swapped among themselves cannot be told apart. (State keyed by parameter names, as
+    # order would get each parameter's moments swapped: refused when a state tensor does not broadcast to its
+    # parameter (Adam's moments have its shape, Adafactor's factored ones 1 in a dimension) but has the shape of
+    # another parameter of the group. (Other state, such as L-BFGS's flat vectors, has shapes of its own.)
+    # Parameters of one shape swapped among themselves cannot be told apart. (State keyed by parameter names, as
     # save_distributed_checkpoint writes it, is matched by name when it is loaded: any order is right.)
     state = saved.get("state", {})
     for g, (group, saved_group) in enumerate(zip(groups, saved_groups)):
+        shapes = {tuple(p.shape) for p in group["params"]}
         for i, (param, key) in enumerate(zip(group["params"], saved_group["params"])):
             if isinstance(key, str):
                 continue
             for name, value in state.get(key, {}).items() if isinstance(state.get(key), Mapping) else ():
                 if (isinstance(value, Tensor) and value.dim() == param.dim() > 0
-                        and any(v not in (1, p) for v, p in zip(value.shape, param.shape))):
+                        and any(v not in (1, p) for v, p in zip(value.shape, param.shape))
+                        and tuple(value.shape) in shapes):
                     raise ValueError(
                         f"checkpoint {path} holds optimizer state {name!r} of shape {tuple(value.shape)} for "
                         f"parameter {i} of group {g}, whose shape is {tuple(param.shape)}: build the optimizer over "
@@ -822,6 +836,13 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
     mmap = mmap and zipfile.is_zipfile(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except (PermissionError, MemoryError):  # the file may be fine: the system could not read it
+        raise
+    except OSError as e:
+        if e.errno in (errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EACCES):  # the system's, as above
+            raise
+        raise CheckpointError(f"checkpoint {path} is damaged (truncated?) or not a checkpoint: "
+                              f"torch.load(weights_only=True) failed with {_load_error(e)}") from e
     except Exception as e:  # noqa: BLE001 - bad content raises pickle, zip, EOF, key and even OS errors
         raise CheckpointError(f"checkpoint {path} is damaged (truncated?) or not a checkpoint: "
                               f"torch.load(weights_only=True) failed with {_load_error(e)}") from e
@@ -841,7 +862,7 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CheckpointError(f"checkpoint {path} is damaged: its format_version is {version!r}, not a positive int")
     if version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format {version}, written by a newer torchformer; this one reads "
+        raise CheckpointVersionError(f"checkpoint {path} has format {version}, written by a newer torchformer; this one reads "
                               f"formats up to {FORMAT_VERSION}: upgrade torchformer to load it")
     integrity = ckpt.pop("integrity", None)
     if verify and integrity is None and version >= 2:  # format 2 always stores its digest
@@ -984,7 +1005,9 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
         os.replace(tmp, path)
     except OSError as e:  # a full disk, no permission, a name too long: name the file, not its temporary
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}; it is as it was") from e
+        if e.errno is None:  # not the file system's (e.g. a compressor's): as it is
+            raise
+        raise OSError(e.errno, f"{e.strerror}; cannot write the file, which is as it was", str(path)) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
