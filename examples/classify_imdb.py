@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
-    remove_stale_temporaries,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -51,8 +50,8 @@ from torchformer.train.metrics import Calibration, evaluate_classifier, format_c
 from torchformer.models import CTransformer, MLMTransformer
 from torchformer.config import POSITIONS
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way, preset_epilog,
-    preset_flags, utf8_text,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
+    preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -203,9 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
         p.error("--download fetches the archive into the cache: give it without --data")
-    if blocked := files_in_the_way(args.out, OUTPUTS):
-        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
-                f"move it away or choose another --out")
+    check_outputs(p, args.out, OUTPUTS)
     return args
 
 
@@ -219,7 +216,9 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         p.error(f"--pretrained sets the model and the tokenizer: leave out {', '.join(given)}")
     try:
         extra = read_checkpoint(args.pretrained)["extra"]
-        run, mask_id = extra["run"], extra["mask_id"]
+        run = extra["run"]
+        if "mask_id" not in extra:  # every file of pretrain_imdb.py has it
+            raise KeyError("it has no mask_id")
         tokenizer_from_state_dict(extra["tokenizer"])
         # A file from before --positions and --prenorm was pretrained with learned positions and post-norm.
         run = {**{k: MODEL_DEFAULTS[k] for k in ("positions", "prenorm")}, **run}
@@ -389,12 +388,9 @@ def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     config = {k: getattr(args, k) for k in MODEL_KEYS}
     resume = None
-    # The final model.pt is written atomically too: a killed save leaves its temporary file in --out.
-    for path in remove_stale_temporaries(out) if run.is_main else []:
-        print(f"removed {path.name}, left by a save that was interrupted")
+    if run.is_main:  # the final model.pt is written atomically too: a killed save leaves its temporary in --out
+        remove_interrupted_saves(out, args.checkpoint)
     if args.checkpoint:  # checked before the data are read
-        for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
-            print(f"removed {path.name}, left by a save that was interrupted")
         # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
         resume = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
     if resume is not None:

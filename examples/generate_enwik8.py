@@ -38,8 +38,8 @@ from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.train.cli import (
-    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way,
-    preset_epilog, preset_flags, utf8_text,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads,
+    preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -50,7 +50,7 @@ from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, warmup_cosine,
 )
-from torchformer.train.checkpoint import read_checkpoint, remove_stale_temporaries
+from torchformer.train.checkpoint import read_checkpoint
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-23): 2.21 validation bits per byte on enwik8_prefix after 6.0 min
@@ -155,7 +155,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
     add("--out", type=Path, default=Path("runs/generate_enwik8"),
         help="folder for the CSV log, the plot, results.json and the final model (model.pt)")
-    add("--generate", metavar="PROMPT", type=utf8_text, help="no training: continue PROMPT with the trained model (OUT/model.pt, or "
+    add("--generate", metavar="PROMPT", type=utf8_text,
+        help="no training: continue PROMPT with the trained model (OUT/model.pt, or "
         "--checkpoint) and print it")
     add("--sample-length", "--length", type=int, default=600,
         help="bytes to sample at each evaluation (0: none), or to generate with --generate")
@@ -200,9 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
-    if blocked := files_in_the_way(args.out, OUTPUTS):
-        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
-                f"move it away or choose another --out")
+    check_outputs(p, args.out, OUTPUTS)
     return args
 
 
@@ -428,12 +427,9 @@ def train(args, threads: int, why: str) -> dict:
     wrapped = wrap_model(model, strategy=args.strategy)
     net = torch.compile(wrapped) if args.compile else wrapped
     ckpt = None
-    # The final model.pt is written atomically too: a killed save leaves its temporary file in --out.
-    for path in remove_stale_temporaries(args.out) if run.is_main else []:
-        print(f"removed {path.name}, left by a save that was interrupted")
+    if run.is_main:  # the final model.pt is written atomically too: a killed save leaves its temporary in --out
+        remove_interrupted_saves(args.out, args.checkpoint)
     if args.checkpoint:
-        for path in remove_stale_temporaries(args.checkpoint) if run.is_main else []:
-            print(f"removed {path.name}, left by a save that was interrupted")
         # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
         ckpt = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
     if ckpt is not None:

@@ -36,11 +36,11 @@ from torchformer.config import POSITIONS
 from torchformer.models import MLMTransformer
 from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
-    remove_stale_temporaries, save_checkpoint,
+    save_checkpoint,
 )
 from torchformer.train.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, choose_threads, files_in_the_way, preset_epilog,
-    preset_flags,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
+    preset_flags, remove_interrupted_saves,
 )
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
@@ -139,9 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads}")
     if args.stop_at is not None and args.checkpoint is None:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
-    if blocked := files_in_the_way(args.out, OUTPUTS):
-        p.error(f"--out {args.out}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
-                f"move it away or choose another --out")
+    check_outputs(p, args.out, OUTPUTS)
     return args
 
 
@@ -198,8 +196,9 @@ def masked_validation(batches: ClassificationBatches, *, mask_id: int, rate: flo
     masked = [(mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=rate, generator=g), mask)
               for ids, mask, _ in batches]
     if not any(bool(m.chosen.any()) for m, _ in masked):
-        sys.exit(f"pretrain_imdb.py: error: --mask-rate {rate} chose no token of the {sum(len(mask) for _, mask in masked):,} "
-                 f"validation reviews, so there is nothing to validate on: raise it (BERT: 0.15)")
+        reviews = sum(len(mask) for _, mask in masked)
+        sys.exit(f"pretrain_imdb.py: error: --mask-rate {rate} chose no token of the {reviews:,} validation reviews, "
+                 f"so there is nothing to validate on: raise it (BERT: 0.15)")
     return masked
 
 
@@ -235,11 +234,8 @@ def pretrain(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     resume = None
-    for path in remove_stale_temporaries(out):  # pretrained.pt is written atomically: a killed save leaves a temporary
-        print(f"removed {path.name}, left by a save that was interrupted")
+    remove_interrupted_saves(out, args.checkpoint)  # pretrained.pt too is written atomically (a kill leaves a file)
     if args.checkpoint:
-        for path in remove_stale_temporaries(args.checkpoint):
-            print(f"removed {path.name}, left by a save that was interrupted")
         resume = latest_intact_checkpoint(args.checkpoint, set_aside=True)  # renames the damaged ones it skips
     if resume is not None:
         check_resumable(resume, args)

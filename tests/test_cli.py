@@ -10,7 +10,7 @@ import torch
 
 from torchformer.train.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, available_memory, busy_cores, check_flags, check_model_fits,
-    choose_threads, files_in_the_way,
+    check_outputs, choose_threads, files_in_the_way, remove_interrupted_saves,
     preset_flags, utf8_text, writable_folder,
 )
 
@@ -31,6 +31,33 @@ def test_files_in_the_way_are_the_outputs_taken_by_something_else(tmp_path):
     names = ["log.csv", "results.json", "new.png", "model.pt"]
     assert files_in_the_way(tmp_path, names) == [tmp_path / "results.json", tmp_path / "model.pt"]
     assert files_in_the_way(str(tmp_path / "not_yet"), names) == []  # a folder still to be made holds nothing
+
+
+def test_check_outputs_is_a_usage_error_naming_the_path(tmp_path, capsys):
+    (tmp_path / "model.pt").mkdir()
+    parser = argparse.ArgumentParser(prog="train.py")
+    check_outputs(parser, tmp_path, ["log.csv"])  # nothing in the way
+    with pytest.raises(SystemExit) as info:
+        check_outputs(parser, tmp_path, ["log.csv", "model.pt"])
+    assert info.value.code == 2
+    assert f"--out {tmp_path}: {tmp_path / 'model.pt'} is not a file (a folder?)" in capsys.readouterr().err
+
+
+def test_remove_interrupted_saves_names_each_file_it_removes(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from torchformer._files import host_tag
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process
+    left = tmp_path / f".model.pt.tmp-{host_tag()}-{dead.pid}-00"
+    left.write_bytes(b"half")
+    live = tmp_path / f".step_00000002.pt.tmp-{host_tag()}-{os.getpid()}-00"  # a save in progress: kept
+    live.write_bytes(b"half")
+    remove_interrupted_saves(tmp_path, None, tmp_path / "missing")
+    assert not left.exists() and live.exists()
+    assert capsys.readouterr().out == f"removed {left.name}, left by a save that was interrupted\n"
 
 
 def test_utf8_text_names_a_byte_of_the_command_line_that_is_not_utf8():

@@ -40,11 +40,16 @@ def _check_positive_int(name: str, value: object) -> int:
     return n
 
 
-def _as_ids(i: int, sequence: object) -> list:
-    """``sequences[i]`` as a list of token ids (a list, tuple, 1-D tensor or array), or an error naming it."""
+def _check_sequence(i: int, sequence: object) -> None:
+    """A sequence of ids has a length and is not text: else an error naming ``sequences[i]``."""
     if isinstance(sequence, (str, bytes)) or not hasattr(sequence, "__len__"):
         raise TypeError(f"sequences[{i}] must be a sequence of int token ids (a list, tuple or 1-D tensor), got "
                         f"{type(sequence).__name__} {sequence!r:.60}")
+
+
+def _as_ids(i: int, sequence: object) -> list:
+    """``sequences[i]`` as a list of token ids (a list, tuple, 1-D tensor or array), or an error naming it."""
+    _check_sequence(i, sequence)
     if hasattr(sequence, "tolist"):  # a tensor or an array
         if getattr(sequence, "ndim", 1) != 1:
             raise TypeError(f"sequences[{i}] must be 1-D, got shape {tuple(sequence.shape)}")
@@ -246,8 +251,7 @@ class ClassificationBatches:
             raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
         # Checked here rather than mid-epoch, so a bad example fails before training starts.
         for i, sequence in enumerate(encoded):
-            if isinstance(sequence, (str, bytes)) or not hasattr(sequence, "__len__"):
-                _as_ids(i, sequence)  # raises, naming it
+            _check_sequence(i, sequence)
         lengths = [len(s) if max_length is None else min(len(s), max_length) for s in encoded]
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:

@@ -71,6 +71,8 @@ PathLike = Union[str, os.PathLike]
 
 # 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
 FORMAT_VERSION = 2
+# Errors of the system, not of the file's content, when reading it: raised as they are, never called damage.
+_SYSTEM_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 _NAME = re.compile(r"^step_([0-9]+)\.pt$")  # ASCII digits: \d would take "step_\u0663.pt" for step 3
 # Temporary files of write_atomically: ".<target name>.tmp-<host>-<pid>-<random>" (see torchformer._files).
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-[0-9a-f]+$")
@@ -218,6 +220,8 @@ def latest_intact_checkpoint(directory: PathLike, *, set_aside: bool = False) ->
 
     Raises:
         NotADirectoryError: ``directory`` is a file.
+        CheckpointVersionError: the newest checkpoint is intact but written by a newer torchformer.
+        OSError: the system could not read a checkpoint (permissions, an I/O error): nothing is set aside.
         TypeError: ``set_aside`` is not a bool.
     """
     check_bool(set_aside, "set_aside")
@@ -485,7 +489,8 @@ def load_checkpoint(
         FileNotFoundError: there is no file at ``path``.
         IsADirectoryError: ``path`` is a folder (:func:`latest_checkpoint` finds the newest file in one).
         CheckpointError: the file is empty, truncated, damaged (its integrity digest does not match or is missing)
-            or not a checkpoint, or it was written by a newer torchformer (a higher format version).
+            or not a checkpoint; :class:`CheckpointVersionError` when a newer torchformer wrote it.
+        OSError: the system could not read it (permissions, an I/O error): the file itself may be fine.
         TypeError: ``restore_rng`` is not a bool.
         ValueError: the checkpoint's architecture differs from the model's (naming every differing field with both
             values), its weights do not fit the model (listing the missing, unexpected and mis-shaped keys), it
@@ -836,14 +841,9 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
     mmap = mmap and zipfile.is_zipfile(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except (PermissionError, MemoryError):  # the file may be fine: the system could not read it
-        raise
-    except OSError as e:
-        if e.errno in (errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EACCES):  # the system's, as above
-            raise
-        raise CheckpointError(f"checkpoint {path} is damaged (truncated?) or not a checkpoint: "
-                              f"torch.load(weights_only=True) failed with {_load_error(e)}") from e
     except Exception as e:  # noqa: BLE001 - bad content raises pickle, zip, EOF, key and even OS errors
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in _SYSTEM_ERRNOS):
+            raise  # the file may be fine: the system could not read it (permissions, I/O, memory)
         raise CheckpointError(f"checkpoint {path} is damaged (truncated?) or not a checkpoint: "
                               f"torch.load(weights_only=True) failed with {_load_error(e)}") from e
     if not isinstance(ckpt, dict):
@@ -862,8 +862,8 @@ def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) ->
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CheckpointError(f"checkpoint {path} is damaged: its format_version is {version!r}, not a positive int")
     if version > FORMAT_VERSION:
-        raise CheckpointVersionError(f"checkpoint {path} has format {version}, written by a newer torchformer; this one reads "
-                              f"formats up to {FORMAT_VERSION}: upgrade torchformer to load it")
+        raise CheckpointVersionError(f"checkpoint {path} has format {version}, written by a newer torchformer; this "
+                                     f"one reads formats up to {FORMAT_VERSION}: upgrade torchformer to load it")
     integrity = ckpt.pop("integrity", None)
     if verify and integrity is None and version >= 2:  # format 2 always stores its digest
         raise CheckpointError(f"checkpoint {path} is damaged: it has format {version} but no integrity record, which "

@@ -62,6 +62,38 @@ def files_in_the_way(folder: object, names: Sequence[str]) -> list[Path]:
     return [folder / name for name in names if (folder / name).exists() and not (folder / name).is_file()]
 
 
+def check_outputs(parser: argparse.ArgumentParser, folder: object, names: Sequence[str]) -> None:
+    """Stop with a usage error when one of the files a run writes into ``folder`` is taken by something else.
+
+    Args:
+        parser: the script's parser, which prints the usage message.
+        folder: the output folder (``--out``); it need not exist yet.
+        names: the files the run writes into it.
+
+    Raises:
+        SystemExit: :func:`files_in_the_way` found one (exit status 2, after the usage message naming it).
+    """
+    if blocked := files_in_the_way(folder, names):
+        parser.error(f"--out {folder}: {blocked[0]} is not a file (a folder?), and this run writes a file there: "
+                     f"move it away or choose another --out")
+
+
+def remove_interrupted_saves(*folders: Optional[object]) -> None:
+    """Delete what saves killed mid-write left in each folder (``None`` skipped), and say so for each file.
+
+    Checkpoints and the final model are written atomically, through a temporary file that a kill leaves behind
+    (:func:`~torchformer.train.checkpoint.remove_stale_temporaries` tells those from a save in progress).
+
+    Args:
+        *folders: the run's output and checkpoint folders.
+    """
+    from torchformer.train.checkpoint import remove_stale_temporaries  # the checkpoint module imports torch's own
+
+    for folder in folders:
+        for path in remove_stale_temporaries(folder) if folder is not None else ():
+            print(f"removed {path.name}, left by a save that was interrupted")
+
+
 def utf8_text(value: str) -> str:
     """An ``argparse`` type for a flag that takes text (a prompt, a review): the text, if it is valid UTF-8.
 

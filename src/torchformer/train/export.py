@@ -119,9 +119,9 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     ``{"model_class": ..., "config": {...}, "format_version": 1, "torchformer_version": ...,
     "config_sha256": ..., "weights_sha256": ...}``: the SHA-256 of the class and config (an edit that would read
     the weights into another architecture is refused) and of ``model.safetensors``, both checked by
-    :func:`load_model`. Neither file can run code when read, and :func:`load_model` (or ``torchformer.load_model(directory)``) rebuilds the model
-    from them without the training script. Each file is replaced atomically (temporary file, then rename). The
-    weights keep their dtype (float16, bfloat16, ...).
+    :func:`load_model`. Neither file can run code when read, and :func:`load_model` (or
+    ``torchformer.load_model(directory)``) rebuilds the model from them without the training script. Each file is
+    replaced atomically (temporary file, then rename). The weights keep their dtype (float16, bfloat16, ...).
 
     Requires a :class:`~torchformer.models.TransformerModel` (``TypeError`` otherwise), a folder path that is not
     empty (``""`` would mean the current folder) and not an existing file (``ValueError``/``NotADirectoryError``),
