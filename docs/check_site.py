@@ -5,13 +5,20 @@
     mkdocs build --strict                   # the site, into site/
     python docs/check_site.py               # serves site/ on 127.0.0.1, checks, saves docs/screenshots/*.png
 
-It checks the home page (and that the search index loads: a search for "rotary" lists results), the tutorial pages
-with formulas (attention.md, positions.md, modern-blocks.md, relative-positions.md: every formula is typeset by
-MathJax as an SVG, no raw TeX is left on the page) and an API page (``SelfAttention``'s signature and its
-"Parameters" table list its constructor's arguments), and the learner's path ("Your first model" first in the
-navigation; every figure of the concept pages loaded). It exits 1 with the failed checks named, and fails on any
-JavaScript error. CI does not run it: CI machines have no browser. Screenshots go to docs/screenshots/
-(git-ignored).
+It checks:
+
+* the home page, and that the search index loads (a search for "rotary" lists results);
+* every page with display formulas ($$ math), at a desktop's width (1280 px) and a phone's (375 px): every formula
+  is typeset by MathJax as an SVG, no raw TeX is left on the page, and every display formula is more than 50 px
+  wide (below 720 px Material's CSS once squeezed them to 1 px; docs/stylesheets/extra.css is the fix);
+* an API page: ``SelfAttention``'s signature and its "Parameters" table list its constructor's arguments;
+* the learner's path: "Your first model" first in the navigation; every figure of the concept pages loaded;
+* the site opened from disk (site/index.html, no server, as the README says): every navigation link leads to an
+  HTML file, not a folder, and a page reached by clicking has its formulas typeset;
+* no network: every request the pages make goes to 127.0.0.1 (no Google Fonts, no CDN), and no JavaScript error.
+
+It exits 1 with the failed checks named. CI does not run it: CI machines have no browser. Screenshots (the home,
+attention and positions pages at both widths, and a few more) go to docs/screenshots/ (git-ignored).
 """
 
 from __future__ import annotations
@@ -26,14 +33,28 @@ import pathlib
 import shutil
 import sys
 import threading
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The pages whose formulas are written as $$ math (attention, sinusoidal positions, RMSNorm, rotary).
-FORMULA_PAGES = ["attention", "positions", "modern-blocks", "relative-positions"]
 # The pages with figures drawn by docs/make_figures.py.
 FIGURE_PAGES = ["blocks", "masks", "heads", "positions", "attention"]
+# (width, height) in CSS pixels: a desktop, and a phone (an iPhone's 375 x 812). Material restyles display maths
+# below 720 px, so both sides of that line are checked.
+VIEWPORTS = [(1280, 900), (375, 812)]
+# Pages saved as screenshots at every width (scrolled to their first display formula, if any).
+SCREENSHOT_PAGES = ["index", "attention", "positions"]
+# A display formula narrower than this has collapsed (the bug this guards against left them 1 px wide).
+MIN_FORMULA_WIDTH = 50
+# The only hosts the pages may ask for anything: the site must work with no network.
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 EVERY_FORMULA_TYPESET = (
     "() => [...document.querySelectorAll('.arithmatex')].every(f => f.querySelector('mjx-container svg'))"
+)
+# The rendered width of each display formula ($$ math: a div; inline $ math is a span), 0 if it has no SVG.
+DISPLAY_FORMULA_WIDTHS = (
+    "() => [...document.querySelectorAll('div.arithmatex')]"
+    ".map(f => f.querySelector('mjx-container svg')?.getBoundingClientRect().width ?? 0)"
 )
 
 
@@ -63,6 +84,95 @@ def find_chromium() -> str:
     raise SystemExit("no Chromium found: apt-get install chromium, or set CHROMIUM=/path/to/chrome")
 
 
+def page_url(base: str, site: pathlib.Path, name: str) -> str:
+    """The URL of page ``name`` ("attention", "api/torchformer"): ``name.html`` as mkdocs.yml builds it
+    (``use_directory_urls: false``, so the site also works from disk), or ``name/`` if built the other way."""
+    return f"{base}/{name}.html" if (site / f"{name}.html").exists() else f"{base}/{name}/"
+
+
+def display_formula_pages(site: pathlib.Path) -> list[str]:
+    """The pages of the built site with display formulas, found in the HTML so that a new page is checked too."""
+    pages = []
+    for html in sorted(site.rglob("*.html")):
+        if '<div class="arithmatex">' in html.read_text(encoding="utf-8"):
+            name = html.relative_to(site).with_suffix("").as_posix()
+            pages.append(name.removesuffix("/index"))  # attention/index.html, if built with directory URLs
+    return pages
+
+
+def open_page(browser, viewport: tuple[int, int], errors: list[str], requests: list[str]):
+    """A new browser tab of the given size that records its JavaScript errors and the URL of every request."""
+    width, height = viewport
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.on("pageerror", lambda error: errors.append(f"{page.url}: {error}"))
+    page.on("request", lambda request: requests.append(request.url))
+    return page
+
+
+def typeset(page) -> bool:
+    """Whether MathJax has typeset every formula of the page (as an SVG) within 15 s."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    try:
+        page.wait_for_function(EVERY_FORMULA_TYPESET, timeout=15000)
+    except PlaywrightTimeoutError:
+        return False
+    return True
+
+
+def check_formulas(page, url: str, name: str, shots: pathlib.Path) -> list[str]:
+    """Open one page (at the tab's width): every formula typeset, none left as raw TeX, every display formula wide
+    enough to read. Saves a screenshot, scrolled to the first display formula, of the SCREENSHOT_PAGES."""
+    failures = []
+    width = page.viewport_size["width"]
+    page.goto(url)
+    if not typeset(page):
+        failures.append(f"{name}: not every formula was typeset (no mjx-container svg)")
+    formulas = page.locator(".arithmatex")
+    raw = [text for text in formulas.all_inner_texts() if "\\" in text]
+    if raw:
+        failures.append(f"{name}: raw TeX still shown: {raw[:2]}")
+    widths = [round(w) for w in page.evaluate(DISPLAY_FORMULA_WIDTHS)]
+    collapsed = [w for w in widths if w <= MIN_FORMULA_WIDTH]
+    if not widths or collapsed:
+        failures.append(f"{name} at {width} px: {len(collapsed)} of {len(widths)} display formula(s) "
+                        f"{MIN_FORMULA_WIDTH} px wide or less: widths {widths} px")
+    print(f"{name} at {width} px: {formulas.count()} formula(s), display formulas {widths} px wide")
+    if name in SCREENSHOT_PAGES:
+        page.locator("div.arithmatex").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / f"{name}-{width}.png"))
+    return failures
+
+
+def check_from_disk(browser, site: pathlib.Path, requests: list[str]) -> list[str]:
+    """Open site/index.html as a file, with no server, and click through: every navigation link must lead to an
+    HTML file (a link to a folder would show the browser's folder listing), and a page's formulas must render."""
+    # Its JavaScript errors are not recorded: search cannot load from disk (browsers refuse file:// fetches).
+    page = open_page(browser, VIEWPORTS[0], [], requests)
+    page.goto((site / "index.html").as_uri())
+    hrefs = page.evaluate("() => [...document.querySelectorAll('nav.md-nav--primary a.md-nav__link[href]')]"
+                          ".map(a => a.href)")
+    not_files = [h for h in hrefs if not pathlib.Path(url2pathname(urlsplit(h).path)).is_file()]
+    if not hrefs or not_files:
+        page.close()
+        return [f"from disk: {len(not_files)} of {len(hrefs)} navigation links lead to no HTML file: {not_files[:3]}"]
+    page.locator('nav.md-nav--primary a.md-nav__link[href="attention.html"]').first.click()
+    page.wait_for_load_state()
+    widths = [round(w) for w in page.evaluate(DISPLAY_FORMULA_WIDTHS)] if typeset(page) else []
+    failures = []
+    if not page.url.endswith("/attention.html") or not widths or min(widths) <= MIN_FORMULA_WIDTH:
+        failures.append(f"from disk: clicking 'attention' led to {page.url}, display formulas {widths} px wide")
+    print(f"from disk: {len(hrefs)} navigation links, all to HTML files; attention.html by a click, "
+          f"display formulas {widths} px wide")
+    page.close()
+    return failures
+
+
+def external_requests(urls: list[str]) -> list[str]:
+    """The requested URLs that leave this machine (file:, data: and blob: URLs have no host and stay)."""
+    return [url for url in urls if urlsplit(url).hostname not in {None, *LOCAL_HOSTS}]
+
+
 def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
     try:
         from playwright.sync_api import sync_playwright
@@ -72,18 +182,16 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
     from torchformer.nn.attention import SelfAttention
 
     failures = []
+    errors, requests = [], []  # every page's JavaScript errors, and the URL of every request any page makes
     shots.mkdir(parents=True, exist_ok=True)
     with serve(site) as base, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=find_chromium(), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+        page = open_page(browser, VIEWPORTS[0], errors, requests)
 
         # 1. The home page, and the search index: typing a query must list results.
         page.goto(f"{base}/")
         if "torchformer" not in page.title():
             failures.append(f"home page: title is {page.title()!r}")
-        page.screenshot(path=str(shots / "home.png"))
         page.fill("input.md-search__input", "rotary")
         try:
             page.wait_for_selector(".md-search-result__item", timeout=15000)
@@ -93,26 +201,21 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
             failures.append("search: no results for 'rotary' (the search index did not load)")
         page.screenshot(path=str(shots / "search.png"))
 
-        # 2. The tutorial pages with formulas: MathJax must have replaced every formula's TeX by an SVG.
-        for name in FORMULA_PAGES:
-            page.goto(f"{base}/{name}/")
-            formulas = page.locator(".arithmatex")
-            try:
-                page.wait_for_function(EVERY_FORMULA_TYPESET, timeout=15000)
-            except Exception:
-                failures.append(f"{name}: not every formula was typeset (no mjx-container svg)")
-            raw = [text for text in formulas.all_inner_texts() if "\\" in text]
-            if formulas.count() == 0 or raw:
-                failures.append(f"{name}: {formulas.count()} formulas, raw TeX still shown: {raw[:2]}")
-            print(f"{name}: {formulas.count()} formula(s), typeset by MathJax")
-            first = formulas.first
-            first.scroll_into_view_if_needed()
-            if name == "positions":
-                page.screenshot(path=str(shots / "formula-page.png"))
-            first.screenshot(path=str(shots / f"formula-{name}.png"))
+        # 2. Every page with display formulas, at each width: MathJax must have replaced every formula's TeX by an
+        # SVG a reader can see (a page that typesets fine on a desktop can still squeeze its formulas on a phone).
+        formula_pages = display_formula_pages(site)
+        if not formula_pages:
+            failures.append("no page of the site has a display formula (was it built with pymdownx.arithmatex?)")
+        for viewport in VIEWPORTS:
+            tab = open_page(browser, viewport, errors, requests)
+            tab.goto(page_url(base, site, "index"))
+            tab.screenshot(path=str(shots / f"index-{viewport[0]}.png"))
+            for name in formula_pages:
+                failures += check_formulas(tab, page_url(base, site, name), name, shots)
+            tab.close()
 
         # 3. An API page: SelfAttention's section lists every argument of its constructor.
-        page.goto(f"{base}/api/torchformer.nn.attention/")
+        page.goto(page_url(base, site, "api/torchformer.nn.attention"))
         section = page.locator("div.doc-class:has(> h2#torchformer\\.nn\\.attention\\.SelfAttention)")
         if section.count() != 1:
             failures.append("API page: no section for torchformer.nn.attention.SelfAttention")
@@ -141,7 +244,7 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
         if "Your first model" not in links[:4]:
             failures.append(f"navigation: 'Your first model' is not among the first entries: {links[:6]}")
         for name in FIGURE_PAGES:
-            page.goto(f"{base}/{name}/")
+            page.goto(page_url(base, site, name))
             images = page.locator("article img")
             sizes = page.evaluate("() => [...document.querySelectorAll('article img')].map(i => [i.getAttribute('src'),"
                                   " i.complete && i.naturalWidth])")
@@ -152,6 +255,14 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
             if name == "heads":
                 images.first.scroll_into_view_if_needed()
                 page.screenshot(path=str(shots / "figure-page.png"))
+
+        # 5. The site opened from disk, as the README suggests; then, of all the pages above, no request may have
+        # left 127.0.0.1: with no network, a font or script from elsewhere fails (and a reader waits for it).
+        failures += check_from_disk(browser, site, requests)
+        outside = external_requests(requests)
+        if outside:
+            failures.append(f"network: {len(outside)} request(s) to other hosts than 127.0.0.1: {sorted(set(outside))}")
+        print(f"network: {len(requests)} requests, {len(outside)} to other hosts than 127.0.0.1")
         if errors:
             failures.append(f"JavaScript errors: {errors}")
         browser.close()
