@@ -8,7 +8,7 @@ on ``i`` and ``j`` themselves:
 * :class:`Rotary` (RoPE, Su et al. 2021) rotates each pair of coordinates ``(x_2m, x_2m+1)`` of queries and keys by
   the angle ``p * theta_m`` with ``theta_m = 10000^(-2m/s)``. A rotation by ``i`` on the query and by ``j`` on the
   key leaves their dot product a function of ``i - j`` only: ``R(i)q · R(j)k = q · R(j - i)k``.
-* :class:`ALiBi` (Press et al. 2021) adds ``-m_h |i - j|`` to the scores of head ``h``, a linear penalty with a
+* :class:`ALiBi` (Press et al., 2022) adds ``-m_h |i - j|`` to the scores of head ``h``, a linear penalty with a
   fixed slope per head (steep heads look locally, flat ones far).
 * :class:`RelativeBias` (Raffel et al. 2020, T5) adds a learned scalar per head and *bucket* of ``i - j``: one
   bucket per distance up close, logarithmically wider buckets further away, all distances beyond ``max_distance``
