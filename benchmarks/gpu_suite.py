@@ -104,8 +104,11 @@ class Suite:
             record["notes"].append(f"not run, no time left in --budget: {shown}")
             return -1, ""
         tic = time.monotonic()
+        # SIGINT back to its default in the child: a suite started in the background (`nohup ... &`) has it ignored,
+        # and a Python stage that inherits "ignored" never raises KeyboardInterrupt, so it could not report.
         process = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace", start_new_session=True)
+                                   text=True, errors="replace", start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             output, _ = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
