@@ -63,7 +63,17 @@ def gated_hidden_size(emb: int, ff_mult: int) -> int:
 
 
 class FeedForward(nn.Module):
-    """``W2 act(W1 x + b1) + b2``: ``(b, t, e) -> (b, t, h) -> (b, t, e)``, ``h = ff_mult * e``.
+    r"""``W2 act(W1 x + b1) + b2``: ``(b, t, e) -> (b, t, h) -> (b, t, e)``, ``h = ff_mult * e``.
+
+    For the vector $x$ ``(e,)`` of each position:
+
+    $$
+    \operatorname{FF}(x) = W_2 \operatorname{act}(W_1 x + b_1) + b_2
+    $$
+
+    $W_1$ ``(h, e)`` and $b_1$ are ``net[0].weight`` and ``net[0].bias``, $W_2$ ``(e, h)`` and $b_2$ are
+    ``net[3].weight`` and ``net[3].bias``; ``act`` is ReLU, GELU or ReLU squared (``activation``), and ``dropout``
+    acts on its output (``net[2]``, training only).
 
     Args:
         emb: embedding size ``e``.
@@ -118,7 +128,16 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """A gated linear unit (Shazeer 2020): ``W2 (act(W1 x) * (V x))``, ``(b, t, e) -> (b, t, h) -> (b, t, e)``.
+    r"""A gated linear unit (Shazeer 2020): ``W2 (act(W1 x) * (V x))``, ``(b, t, e) -> (b, t, h) -> (b, t, e)``.
+
+    For the vector $x$ ``(e,)`` of each position:
+
+    $$
+    \operatorname{GLU}(x) = W_2 \left(\operatorname{act}(W_1 x) \odot V x\right)
+    $$
+
+    $W_1$ ``(h, e)`` is ``w1.weight``, $V$ ``(h, e)`` is ``v.weight``, $W_2$ ``(e, h)`` is ``w2.weight``; there are
+    no biases. ``dropout`` acts on the product (``drop``, training only).
 
     ``act(W1 x)`` ``(b, t, h)`` is the gate, ``V x`` ``(b, t, h)`` the gated value; their element-wise product is
     the hidden layer. ``act`` is SiLU, ``x * sigmoid(x)`` (``"swiglu"``), or GELU (``"geglu"``). The hidden size is

@@ -23,7 +23,15 @@ from torchformer.config import NORMS
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square normalisation: ``y = x / sqrt(mean(x^2) + eps) * g``, over the last dimension.
+    r"""Root-mean-square normalisation: ``y = x / sqrt(mean(x^2) + eps) * g``, over the last dimension.
+
+    For each vector $x$ of ``e`` components (the last dimension):
+
+    $$
+    \operatorname{RMSNorm}(x) = \frac{x}{\sqrt{\frac{1}{e} \sum_{k=1}^{e} x_k^2 + \epsilon}} \odot g
+    $$
+
+    with $\epsilon$ = ``eps``, inside the square root, and $g$ = ``weight``.
 
     ``(..., e) -> (..., e)``; typically ``(b, t, e)``. ``g`` (``weight``, shape ``(e,)``) is a learned gain that
     starts at 1, so a fresh layer returns vectors of root mean square 1. There is no bias and no centering: the

@@ -63,10 +63,18 @@ def default_positions(x: Tensor) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """Adds the fixed sinusoidal position encoding of Vaswani et al.; no parameters, works for any length.
+    r"""Adds the fixed sinusoidal position encoding of Vaswani et al.; no parameters, works for any length.
 
     Dimensions ``2i`` and ``2i + 1`` of position ``p`` get ``sin(p / 10000^(2i/e))`` and ``cos(p / 10000^(2i/e))``
-    (:func:`sinusoidal_table`).
+    (:func:`sinusoidal_table`):
+
+    $$
+    \mathrm{PE}_{p,\,2i} = \sin\left(\frac{p}{10000^{2i/e}}\right),
+    \qquad
+    \mathrm{PE}_{p,\,2i+1} = \cos\left(\frac{p}{10000^{2i/e}}\right)
+    $$
+
+    and the vector $x_p$ of position $p$ becomes $x_p + \mathrm{PE}_p$.
 
     Args:
         emb: the embedding size ``e``.
@@ -90,6 +98,9 @@ class SinusoidalPositions(nn.Module):
 
 class LearnedPositions(nn.Module):
     """Adds a learned vector per position; knows the positions ``0 .. max_len - 1`` only.
+
+    The vector $x_p$ of position $p$ becomes $x_p + P_p$, where $P$ ``(max_len, e)`` is ``embedding.weight``, one
+    learned row per position.
 
     Positions are not checked here (on a GPU that would wait for the device): the models check them at their
     boundary and raise a ``ValueError`` for positions at or beyond ``max_len``.

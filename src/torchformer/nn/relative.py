@@ -69,11 +69,22 @@ class AttentionPositions(nn.Module):
 
 
 class Rotary(AttentionPositions):
-    """Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
+    r"""Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
 
-    Pair ``m`` of a vector at position ``p`` is rotated by ``p * theta_m``, ``theta_m = base^(-2m/s)``:
+    Pair ``m`` (``m = 0 .. s/2 - 1``) of a query or key $x$ ``(s,)`` of one head, at position ``p``, is rotated by
+    ``p * theta_m``, ``theta_m = base^(-2m/s)``:
 
-        (x_2m, x_2m+1) -> (x_2m cos(p theta_m) - x_2m+1 sin(p theta_m), x_2m sin(p theta_m) + x_2m+1 cos(p theta_m))
+    $$
+    \begin{pmatrix} x_{2m} \\ x_{2m+1} \end{pmatrix}
+    \mapsto
+    \begin{pmatrix} \cos p\theta_m & -\sin p\theta_m \\ \sin p\theta_m & \cos p\theta_m \end{pmatrix}
+    \begin{pmatrix} x_{2m} \\ x_{2m+1} \end{pmatrix},
+    \qquad
+    \theta_m = \mathrm{base}^{-2m/s}
+    $$
+
+    ``base`` is 10000 unless given; there are no parameters. Attention rotates its queries and keys after ``kqnorm``
+    and before the scores, so that $R(i)q \cdot R(j)k = q \cdot R(j - i)k$ depends on ``i - j`` only.
 
     Args:
         head_size: ``s``, even (the coordinates are rotated in pairs).
@@ -136,7 +147,16 @@ def alibi_slopes(heads: int) -> Tensor:
 
 
 class ALiBi(AttentionPositions):
-    """Attention with linear biases: ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
+    r"""Attention with linear biases: ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
+
+    The score of the query at position $i$ and the key at position $j$, in a head of slope $m_h$:
+
+    $$
+    \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} - m_h \, |i - j|
+    $$
+
+    The slopes are the buffer ``slopes`` ``(h,)`` (:func:`alibi_slopes`); :meth:`bias` returns $-m_h |i - j|$ for
+    every head, and attention adds it to the scaled scores, before the mask and the softmax.
 
     Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
     causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
@@ -203,7 +223,17 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
 
 
 class RelativeBias(AttentionPositions):
-    """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
+    r"""A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
+
+    The score of the query at position $i$ and the key at position $j$, in head $h$:
+
+    $$
+    \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} + B_{\operatorname{bucket}(i - j),\,h}
+    $$
+
+    $B$ is ``table.weight`` ``(num_buckets, heads)``, one learned column per head, and $\operatorname{bucket}$ is
+    :func:`relative_bucket` (with this layer's ``bidirectional``, ``num_buckets`` and ``max_distance``);
+    :meth:`bias` returns $B_{\operatorname{bucket}(i - j),\,h}$ for every head, ``(h, t, u)``.
 
     Unlike T5, which shares one table across layers, every attention layer learns its own. The table starts at
     zero, so a fresh layer attends as if there were no bias.
