@@ -59,20 +59,29 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
-def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = None) -> tuple[int, int, int]:
+def check_embeddings(
+    x: object, name: str, emb: int, *, like: Tensor | None = None, batch: int | None = None, dims: str = "(b, t)"
+) -> tuple[int, int, int]:
     """Check that ``x`` is a float tensor of shape ``(b, t, emb)`` and return ``(b, t, emb)``.
 
-    With ``like`` (a parameter of the module), also check that ``x`` has the parameters' dtype, unless autocast is
-    on (then the mismatch is intended and autocast resolves it).
+    The door check of every module that takes vectors: shapes and dtypes only, as Python integers, so it costs no
+    device sync (and a compiled graph runs it once, at trace time). With ``batch``, ``b`` must be it (a context has
+    the batch of the queries; ``dims`` then names its letters, e.g. ``"(b, u)"``). With ``like`` (a parameter of
+    the module), also check that ``x`` has the parameters' dtype, unless autocast is on (then the mismatch is
+    intended and autocast resolves it).
     """
+    shape = f"{dims[:-1]}, {emb})"  # "(b, t)" -> "(b, t, 16)"
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (b, t, {emb}), got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
     if x.dim() != 3:
-        raise ValueError(f"{name} must have shape (b, t, {emb}) (3 dimensions), got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape {shape} (3 dimensions), got shape {tuple(x.shape)}")
     if x.size(-1) != emb:
         raise ValueError(
             f"{name} must have embedding size {emb} in its last dimension, got shape {tuple(x.shape)}"
         )
+    if batch is not None and x.size(0) != batch:
+        raise ValueError(f"{name} must have shape {shape} with b = {batch} (the batch of x), got shape "
+                         f"{tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
     if like is not None and x.dtype != like.dtype and not _autocast_enabled(x.device.type):
@@ -177,15 +186,7 @@ def check_positions(
             )
         _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
         return torch.arange(t, device=device)
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be a torch.Tensor of shape (t,) = ({t},), got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must hold integer positions (torch.long), got dtype {positions.dtype}")
-    if tuple(positions.shape) != (t,):
-        raise ValueError(f"positions must have shape (t,) = ({t},), one per token, got {tuple(positions.shape)}")
-    if positions.device != device:
-        raise ValueError(f"positions must be on the tokens' device ({device}), got {positions.device}")
-    positions = positions if positions.dtype == torch.long else positions.long()
+    positions = check_position_shape(positions, t, device)
     if _values_readable(positions):
         _check_bounds(int(positions.min()), int(positions.max()), limit, capacity)
         if t > 1 and not bool((positions[1:] - positions[:-1] == 1).all()):
@@ -194,6 +195,44 @@ def check_positions(
                 f"other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}"
             )
     return positions
+
+
+def check_position_shape(positions: object, t: int, device: torch.device) -> Tensor:
+    """Check that ``positions`` holds ``t`` integer positions ``(t,)`` on ``device``; return them as ``torch.long``.
+
+    Shapes and dtypes only (a module's door check); :func:`check_positions` adds the values' checks of a model.
+    """
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor of shape (t,) = ({t},), got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"positions must hold integer positions (torch.long), got dtype {positions.dtype}")
+    if tuple(positions.shape) != (t,):
+        raise ValueError(f"positions must have shape (t,) = ({t},), one per token, got {tuple(positions.shape)}")
+    if positions.device != device:
+        raise ValueError(f"positions must be on the tokens' device ({device}), got {positions.device}")
+    return positions if positions.dtype == torch.long else positions.long()
+
+
+def check_sequence_inputs(
+    x: object, mask: object, positions: object, emb: int, *, like: Tensor | None = None
+) -> tuple[int, int]:
+    """The door check of a module that takes ``x`` ``(b, t, emb)``, an optional padding ``mask`` ``(b, t)`` and
+    optional ``positions`` ``(t,)`` (attention, a block, a stack); returns ``(b, t)``. Shapes and dtypes only."""
+    b, t, _ = check_embeddings(x, "x", emb, like=like)
+    if mask is not None:
+        check_mask(mask, "mask", (b, t), device=x.device)  # type: ignore[union-attr]
+    if positions is not None:
+        check_position_shape(positions, t, x.device)  # type: ignore[union-attr]
+    return b, t
+
+
+def check_context(context: object, context_mask: object, emb: int, batch: int) -> int:
+    """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b``, and of its
+    padding mask ``(b, u)``; returns ``u``."""
+    _, u, _ = check_embeddings(context, "context", emb, batch=batch, dims="(b, u)")
+    if context_mask is not None:
+        check_mask(context_mask, "context_mask", (batch, u), "(b, u)", device=context.device)  # type: ignore[union-attr]
+    return u
 
 
 def _check_bounds(lo: int, hi: int, limit: int | None, capacity: int | None) -> None:

@@ -43,7 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_choice, check_positive_int, check_probability
+from torchformer._checks import (
+    check_bool, check_choice, check_context, check_positive_int, check_probability, check_sequence_inputs,
+)
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.masks import AttentionMask
 from torchformer.nn.relative import attention_positions
@@ -364,7 +366,28 @@ class MultiHeadAttention(nn.Module):
 
 
 class SelfAttention(MultiHeadAttention):
-    """Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
+    r"""Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
+
+    For one sequence ``x`` ``(t, e)``, one row per position, and ``h`` heads of size ``s``:
+
+    $$
+    \begin{aligned}
+    Q &= x W_q, \qquad K = x W_k, \qquad V = x W_v \\
+    \operatorname{head}_n &= \operatorname{softmax}\left(\frac{Q_n K_n^\top}{\sqrt{s}} + M\right) V_n,
+    \qquad n = 1, \ldots, h \\
+    y &= \left[\operatorname{head}_1, \ldots, \operatorname{head}_h\right] W_o + b_o
+    \end{aligned}
+    $$
+
+    $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias; ``toqueries(x)`` is $x W_q$, so $W_q$
+    is ``toqueries.weight.T``), and $W_o$, $b_o$ are ``unifyheads`` (``unifyheads.weight.T``, ``unifyheads.bias``).
+    :meth:`~MultiHeadAttention.split_heads` cuts $Q$, $K$, $V$ into the heads $Q_n$, $K_n$, $V_n$ ``(t, s)``
+    (consecutive blocks of ``s`` columns), :meth:`~MultiHeadAttention.merge_heads` puts them side by side again.
+    $M$ ``(t, u)`` (``u = t``, or the cache's slots) is 0 where query ``i`` may see key ``j`` and $-\infty$ where
+    ``causal``, ``window``, ``mask`` or the cache forbids it. With ``kv_heads=g``, $K$ and $V$ have ``g`` heads,
+    each shared by ``h / g`` consecutive query heads. ``kqnorm`` layer-normalises each $Q_n$ and $K_n$;
+    ``positions="rotary"`` then rotates them, ``"alibi"`` and ``"relative"`` add their bias to the scores,
+    beside $M$ (:mod:`torchformer.nn.relative`). ``dropout`` acts on the softmax's weights.
 
     ``forward(x, mask=None, *, positions=None, cache=None, return_weights=False)``:
 
@@ -376,7 +399,9 @@ class SelfAttention(MultiHeadAttention):
       queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
-    Inputs are not checked here (the models check theirs once, at their boundary): pass the documented shapes.
+    The shapes and dtypes of ``x``, ``mask`` and ``positions`` are checked at the door (Python integers, no device
+    sync): a wrong width or a mask of another length is a ``ValueError`` naming both. Values (positions beyond a
+    cache) are the models' to check, at their boundary.
 
     Args:
         emb: embedding size ``e`` of the inputs and outputs.
@@ -404,6 +429,7 @@ class SelfAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
+        check_sequence_inputs(x, mask, positions, self.emb, like=self.toqueries.weight)
         if positions is None:
             if cache is not None:  # the default 0 .. t-1 would overwrite the first slots of a filled cache
                 raise ValueError("positions must be given with a cache: the absolute positions of x's tokens, (t,)")
@@ -430,7 +456,24 @@ class SelfAttention(MultiHeadAttention):
 
 
 class CrossAttention(MultiHeadAttention):
-    """Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
+    r"""Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
+
+    For one sequence ``x`` ``(t, e)`` and its context $z$ ``(u, e)``, one row per position, and ``h`` heads of size
+    ``s``:
+
+    $$
+    \begin{aligned}
+    Q &= x W_q, \qquad K = z W_k, \qquad V = z W_v \\
+    \operatorname{head}_n &= \operatorname{softmax}\left(\frac{Q_n K_n^\top}{\sqrt{s}} + M\right) V_n,
+    \qquad n = 1, \ldots, h \\
+    y &= \left[\operatorname{head}_1, \ldots, \operatorname{head}_h\right] W_o + b_o
+    \end{aligned}
+    $$
+
+    As in :class:`SelfAttention`: $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias;
+    ``toqueries(x)`` is $x W_q$), $W_o$, $b_o$ are ``unifyheads``, and the heads $Q_n$ ``(t, s)``, $K_n$, $V_n$
+    ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and $-\infty$
+    where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
 
     This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None)``: ``context_mask``
     marks real context tokens. Cross-attention is never causal: every query may see the whole context (``causal``
@@ -486,6 +529,8 @@ class CrossAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
+        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.toqueries.weight)
+        check_context(context, context_mask, self.emb, b)
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         source = context  # the tensor the caller passed (masking below makes a new one)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 
 from torch import Tensor, nn
 
+from torchformer._checks import check_context, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.feedforward import FeedForward
@@ -64,7 +65,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, config: TransformerConfig, *, causal: bool = False) -> None:
         super().__init__()
-        self.prenorm = config.prenorm
+        self.emb, self.prenorm = config.emb, config.prenorm
         self.attention = self.attention_class.from_config(config, causal=causal)
         self.norm1 = make_norm(config.norm, config.emb)
         self.build_middle(config)
@@ -124,6 +125,7 @@ class TransformerBlock(nn.Module):
         positions: Tensor | None = None,
         cache: BlockCache | None = None,
     ) -> Tensor:
+        check_sequence_inputs(x, mask, positions, self.emb)
         kv = None if cache is None else cache.self_attention
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
@@ -169,6 +171,8 @@ class DecoderBlock(TransformerBlock):
         positions: Tensor | None = None,
         cache: BlockCache | None = None,
     ) -> Tensor:
+        b, _ = check_sequence_inputs(x, mask, positions, self.emb)
+        check_context(context, context_mask, self.emb, b)
         kv, cross_kv = (None, None) if cache is None else (cache.self_attention, cache.cross_attention)
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))

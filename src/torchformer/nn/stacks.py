@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from torchformer._checks import check_context, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.norms import make_norm
@@ -86,6 +87,7 @@ class Encoder(nn.Module):
         block_class: type[TransformerBlock] = TransformerBlock,
     ) -> None:
         super().__init__()
+        self.emb = config.emb
         self.blocks = nn.ModuleList(block_class(config, causal=causal) for _ in range(config.depth))
         self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
@@ -98,6 +100,7 @@ class Encoder(nn.Module):
         positions: Tensor | None = None,
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
+        check_sequence_inputs(x, mask, positions, self.emb)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
                           cache=None if caches is None else caches[i])
@@ -123,6 +126,7 @@ class Decoder(nn.Module):
     def __init__(self, config: TransformerConfig, *, block_class: type[DecoderBlock] = DecoderBlock) -> None:
         super().__init__()
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
+        self.emb = config.emb
         self.blocks = nn.ModuleList(block_class(config) for _ in range(depth))
         self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
@@ -137,6 +141,8 @@ class Decoder(nn.Module):
         positions: Tensor | None = None,
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
+        b, _ = check_sequence_inputs(x, mask, positions, self.emb)
+        check_context(context, context_mask, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
                           cache=None if caches is None else caches[i])
