@@ -38,7 +38,8 @@ class TransformerConfig:
         emb: embedding size ``e``.
         heads: attention heads ``h``.
         depth: transformer blocks (of the encoder, for an encoder-decoder model).
-        seq_length: the longest sequence the model is built for (the learned position table has this many rows).
+        seq_length: the longest sequence the model is built for (the learned position table has this many rows,
+            and a KV cache this many slots).
         num_tokens: vocabulary size of the input (the source, for an encoder-decoder model).
         num_classes: classes of a classifier (:class:`~torchformer.models.CTransformer` only).
         tgt_tokens: target vocabulary size (:class:`~torchformer.models.Seq2SeqTransformer` only).
@@ -46,8 +47,10 @@ class TransformerConfig:
         wide: wide attention heads (every head sees all ``e`` dimensions) instead of narrow ones (``e // h`` each).
         positions: added to the embeddings: ``"learned"``, ``"sinusoidal"`` or ``"none"``; or acting inside
             attention: ``"rotary"`` (RoPE), ``"alibi"`` or ``"relative"`` (T5-style learned bias).
-        dropout: dropout after the embedding, on the attention weights and after each sublayer.
-        prenorm: layer norm before each sublayer (GPT-2) instead of after the residual (Vaswani et al., former).
+        dropout: dropout after the embedding, on the attention weights, inside the feed-forward network and after
+            each sublayer.
+        prenorm: the norm (``norm``) before each sublayer (GPT-2) instead of after the residual (Vaswani et al.,
+            former).
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
         activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"relu2"`` (ReLU squared), or a gated
             linear unit, ``"swiglu"`` or ``"geglu"`` (hidden size 2/3 of ``ff_mult * emb``, so the parameter count
