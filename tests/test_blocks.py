@@ -68,14 +68,14 @@ def test_a_subclass_swaps_a_part_by_naming_its_class():
             self.linear = torch.nn.Linear(emb, emb)
 
         @classmethod
-        def from_config(cls, config):
+        def from_config(cls, config, *, layer=0):
             return cls(config.emb)
 
         def forward(self, x):
             return 2 * self.linear(x)
 
     class MyBlock(TransformerBlock):
-        feedforward_class = Doubled
+        feedforward_classes = {**TransformerBlock.feedforward_classes, "relu": Doubled}
 
     blk = MyBlock(config(), causal=True)
     assert isinstance(blk.ff, Doubled) and blk.attention.causal

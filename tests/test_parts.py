@@ -113,9 +113,14 @@ REFERENCES = {
 }
 
 
+def feedforward(config):
+    """The feed-forward network a block of ``config`` builds: the class its activation names."""
+    return TransformerBlock.feedforward_classes[config.activation].from_config(config)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_each_feedforward_is_its_formula(activation):
-    ff = seeded(FeedForward.from_config, TransformerConfig(16, 4, ff_mult=3, activation=activation)).double()
+    ff = seeded(feedforward, TransformerConfig(16, 4, ff_mult=3, activation=activation)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     torch.testing.assert_close(ff(x), REFERENCES[activation](ff, x))
     gated = activation in ("swiglu", "geglu")
@@ -129,12 +134,12 @@ def test_gated_units_keep_the_parameter_count_of_the_plain_network():
     """emb 64, ff_mult 4: plain 2 * 64 * 256 + 256 + 64 = 33,088; gated h = round(2/3 * 256) = 171,
     3 * 64 * 171 = 32,832, 0.8% fewer."""
     config = TransformerConfig(64, 4, ff_mult=4)
-    plain = count(FeedForward.from_config(config))
+    plain = count(feedforward(config))
     assert plain == 33_088 and gated_hidden_size(64, 4) == 171
     for activation in ("swiglu", "geglu"):
-        gated = count(FeedForward.from_config(config.replace(activation=activation)))
+        gated = count(feedforward(config.replace(activation=activation)))
         assert gated == 32_832 and abs(gated - plain) / plain < 0.05
-    assert count(FeedForward.from_config(config.replace(activation="relu2"))) == plain
+    assert count(feedforward(config.replace(activation="relu2"))) == plain
     assert gated_hidden_size(1, 1) == 1  # never an empty layer
 
 
@@ -154,16 +159,28 @@ def test_a_block_still_takes_a_feedforward_class_of_its_own():
             self.linear = nn.Linear(emb, emb)
 
         @classmethod
-        def from_config(cls, config):
+        def from_config(cls, config, *, layer=0):
             return cls(config.emb)
 
         def forward(self, x):
             return self.linear(x) / 2
 
     class MyBlock(TransformerBlock):
-        feedforward_class = Halved
+        feedforward_classes = dict.fromkeys(ACTIVATIONS, Halved)  # this network, whatever the activation
 
     assert isinstance(MyBlock(TransformerConfig(16, 4, activation="swiglu")).ff, Halved)
+    assert isinstance(TransformerBlock(TransformerConfig(16, 4, activation="swiglu")).ff, GatedFeedForward)
+
+
+def test_from_config_builds_the_class_it_is_called_on():
+    """A subclass of FeedForward is never silently swapped for another network: with a gated activation,
+    FeedForward.from_config refuses (before, it returned a GatedFeedForward for any subclass)."""
+    class Scaled(FeedForward):
+        pass
+
+    assert type(Scaled.from_config(TransformerConfig(16, 4))) is Scaled
+    with pytest.raises(ValueError, match="activation 'swiglu' is a gated linear unit"):
+        Scaled.from_config(TransformerConfig(16, 4, activation="swiglu"))
 
 
 # ------------------------------------------------------------------------------------------- whole models

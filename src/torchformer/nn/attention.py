@@ -48,7 +48,7 @@ from torchformer._checks import (
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.masks import AttentionMask
-from torchformer.nn.relative import attention_positions
+from torchformer.nn.relative import ALiBi, AttentionPositions, RelativeBias, Rotary
 
 if TYPE_CHECKING:  # only for type hints: the cache lives with decoding, attention merely writes into it
     from torchformer.decoding.cache import KVCache
@@ -174,6 +174,11 @@ class MultiHeadAttention(nn.Module):
         :class:`SelfAttention` and :class:`CrossAttention` say what their ``forward`` takes.
     """
 
+    # The scheme inside attention for each ``positions`` (:mod:`torchformer.nn.relative`); any other value (the
+    # absolute schemes, "none") gives the base AttentionPositions, which does nothing. A variant replaces a scheme
+    # here: position_classes = {**SelfAttention.position_classes, "rotary": MyRotary}.
+    position_classes: dict[str, type[AttentionPositions]] = {"rotary": Rotary, "alibi": ALiBi, "relative": RelativeBias}
+
     def __init__(
         self,
         emb: int,
@@ -219,16 +224,19 @@ class MultiHeadAttention(nn.Module):
         self.unifyheads = nn.Linear(inner, emb)
         self.qnorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
         self.knorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
-        self.relative = attention_positions(positions, heads=heads, head_size=self.head_size, causal=self.causal)
+        scheme = self.position_classes.get(positions, AttentionPositions)  # absolute schemes act elsewhere: none
+        self.relative = scheme.from_sizes(heads=heads, head_size=self.head_size, causal=self.causal)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
+    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
         """The self-attention layer a block of ``config`` uses.
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
                 ``kv_heads``, ``window`` and, when it is ``"rotary"``, ``"alibi"`` or ``"relative"``, ``positions``.
             causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
+            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
+                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
         Returns:
             A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
@@ -503,7 +511,7 @@ class CrossAttention(MultiHeadAttention):
         super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig, *, causal: bool = False) -> MultiHeadAttention:
+    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
         """The cross-attention layer of a decoder block of ``config``.
 
         Never causal, no window, no relative positions: the context is another sequence.
@@ -512,6 +520,8 @@ class CrossAttention(MultiHeadAttention):
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl`` and
                 ``kv_heads`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
+            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
+                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
         Returns:
             A layer of the class this is called on (a :class:`CrossAttention`).

@@ -19,9 +19,12 @@ Two kinds of block:
 * :class:`DecoderBlock`: causal self-attention, cross-attention to a ``context`` (the encoder's output), and the
   feed-forward network: the decoder block of an encoder-decoder model.
 
-Both are built from a :class:`~torchformer.config.TransformerConfig`. The classes of their parts are class
-attributes (``attention_class``, ``cross_attention_class``, ``feedforward_class``), so a variant is a subclass
-that names another class; see ``docs/extending.md``.
+Both are built from a :class:`~torchformer.config.TransformerConfig` and their index in the stack (``layer``, from 0),
+which reaches every part's ``from_config``. The classes of their parts are class attributes (``attention_class``,
+``cross_attention_class``, and ``feedforward_classes`` by ``activation``), so a variant is a subclass that names
+another class; the sublayers are methods (``self_attend``, ``cross_attend``, ``sublayer``), so a block wired another
+way overrides only ``forward``, and ``needs_final_norm`` tells the stack whether to end with a norm. See
+``docs/extending.md``.
 
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
@@ -35,7 +38,7 @@ from torch import Tensor, nn
 from torchformer._checks import check_context, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
-from torchformer.nn.feedforward import FeedForward
+from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.norms import make_norm
 
 if TYPE_CHECKING:
@@ -60,24 +63,44 @@ class TransformerBlock(nn.Module):
     """
 
     attention_class: type[MultiHeadAttention] = SelfAttention
-    # FeedForward.from_config builds the network config.activation names (a GatedFeedForward for the gated units).
-    feedforward_class: type[nn.Module] = FeedForward
+    # The feed-forward network for each config.activation, built with its from_config. A variant replaces one
+    # entry ({**TransformerBlock.feedforward_classes, "swiglu": MyGLU}) or all (dict.fromkeys(ACTIVATIONS, MyFF)).
+    feedforward_classes: dict[str, type[nn.Module]] = {
+        "relu": FeedForward, "gelu": FeedForward, "relu2": FeedForward,
+        "swiglu": GatedFeedForward, "geglu": GatedFeedForward,
+    }
 
-    def __init__(self, config: TransformerConfig, *, causal: bool = False) -> None:
+    def __init__(self, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> None:
         super().__init__()
         self.emb, self.prenorm = config.emb, config.prenorm
-        self.attention = self.attention_class.from_config(config, causal=causal)
+        self.layer = layer  # which block of the stack this is, from 0: a variant may depend on its depth
+        self.attention = self.attention_class.from_config(config, causal=causal, layer=layer)
         self.norm1 = make_norm(config.norm, config.emb)
         self.build_middle(config)
-        self.ff = self.feedforward_class.from_config(config)  # type: ignore[attr-defined]
+        self.ff = self.feedforward_classes[config.activation].from_config(config, layer=layer)  # type: ignore[attr-defined]
         self.norm2 = make_norm(config.norm, config.emb)
         self.drop = nn.Dropout(config.dropout)
+
+    @classmethod
+    def needs_final_norm(cls, config: TransformerConfig) -> bool:
+        """Whether a stack of these blocks ends with a norm: with pre-norm, a block leaves its output unnormalised
+        (the residual stream), so the stack normalises it once at the end.
+
+        Args:
+            config: the architecture of the blocks.
+
+        Returns:
+            ``config.prenorm`` here; a variant whose output is unnormalised in another way (a parallel block)
+            says so by overriding this.
+        """
+        return config.prenorm
 
     def build_middle(self, config: TransformerConfig) -> None:
         """Build the sublayers between self-attention and feed-forward: none here.
 
         The constructor calls it after the self-attention and before the feed-forward network, so the parameters are
-        created (and listed) in the order they run. A :class:`DecoderBlock` adds its cross-attention here.
+        created (and listed) in the order they run; ``self.layer`` is already set. A :class:`DecoderBlock` adds its
+        cross-attention here.
 
         Args:
             config: the architecture the block is built from.
@@ -126,10 +149,30 @@ class TransformerBlock(nn.Module):
         cache: BlockCache | None = None,
     ) -> Tensor:
         check_sequence_inputs(x, mask, positions, self.emb)
-        kv = None if cache is None else cache.self_attention
         x = self.zero_padding(x, mask)
-        x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
+        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
         return self.sublayer(x, self.norm2, self.ff)
+
+    def self_attend(
+        self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None
+    ) -> Tensor:
+        """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
+
+        The pieces of :meth:`forward` are methods (this, :meth:`sublayer`, :meth:`zero_padding`, ``self.ff``), so a
+        block that wires them another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) writes only
+        the wiring.
+
+        Args:
+            y: the (normalised) activations ``(b, t, e)``.
+            mask: ``(b, t)``, True for real tokens; ``None``: all real.
+            positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
+            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+
+        Returns:
+            Self-attention's output ``(b, t, e)`` (before dropout and the residual).
+        """
+        kv = None if cache is None else cache.self_attention
+        return self.attention(y, mask, positions=positions, cache=kv)
 
 
 class DecoderBlock(TransformerBlock):
@@ -149,8 +192,8 @@ class DecoderBlock(TransformerBlock):
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
 
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__(config, causal=True)
+    def __init__(self, config: TransformerConfig, *, layer: int = 0) -> None:
+        super().__init__(config, causal=True, layer=layer)
 
     def build_middle(self, config: TransformerConfig) -> None:
         """Build the cross-attention and its norm, between self-attention and feed-forward.
@@ -158,7 +201,7 @@ class DecoderBlock(TransformerBlock):
         Args:
             config: the architecture; ``cross_attention_class.from_config(config)`` builds the cross-attention.
         """
-        self.cross_attention = self.cross_attention_class.from_config(config)
+        self.cross_attention = self.cross_attention_class.from_config(config, layer=self.layer)
         self.norm_cross = make_norm(config.norm, config.emb)
 
     def forward(  # type: ignore[override]
@@ -173,11 +216,26 @@ class DecoderBlock(TransformerBlock):
     ) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         check_context(context, context_mask, self.emb, b)
-        kv, cross_kv = (None, None) if cache is None else (cache.self_attention, cache.cross_attention)
         x = self.zero_padding(x, mask)
-        x = self.sublayer(x, self.norm1, lambda y: self.attention(y, mask, positions=positions, cache=kv))
-        x = self.sublayer(
-            x, self.norm_cross,
-            lambda y: self.cross_attention(y, context, context_mask, positions=positions, cache=cross_kv),
-        )
+        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
+        x = self.sublayer(x, self.norm_cross, lambda y: self.cross_attend(y, context, context_mask, positions, cache))
         return self.sublayer(x, self.norm2, self.ff)
+
+    def cross_attend(
+        self, y: Tensor, context: Tensor, context_mask: Tensor | None, positions: Tensor | None,
+        cache: BlockCache | None,
+    ) -> Tensor:
+        """The cross-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
+
+        Args:
+            y: the (normalised) activations ``(b, t, e)``.
+            context: the encoder's output ``(b, u, e)``.
+            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real.
+            positions: ``(t,)``, the absolute positions of the queries; ``None``: ``0 .. t-1``.
+            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+
+        Returns:
+            Cross-attention's output ``(b, t, e)`` (before dropout and the residual).
+        """
+        kv = None if cache is None else cache.cross_attention
+        return self.cross_attention(y, context, context_mask, positions=positions, cache=kv)

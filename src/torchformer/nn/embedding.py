@@ -19,12 +19,29 @@ from typing import Optional, Union
 
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int, check_probability
+from torchformer._checks import check_choice, check_positive_int, check_probability
 from torchformer.config import TransformerConfig
-from torchformer.nn.positions import make_positions
+from torchformer.nn.positions import LearnedPositions, NoPositions, SinusoidalPositions
 
 
-class TokenEmbedding(nn.Module):
+class EmbeddingPositions:
+    """What an embedding adds for each value of the config's ``positions``: the class attribute
+    ``position_classes``, which a variant replaces to try another scheme (its classes build themselves with
+    ``from_sizes(emb, max_len)``). The schemes that act inside attention (``"rotary"``, ``"alibi"``,
+    ``"relative"``) and ``"none"`` add nothing here: :class:`~torchformer.nn.positions.NoPositions`."""
+
+    position_classes: dict[str, type[nn.Module]] = {
+        "learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions,
+        "rotary": NoPositions, "alibi": NoPositions, "relative": NoPositions,
+    }
+
+    def position_class(self, positions: str) -> type[nn.Module]:
+        """The class of the scheme ``positions`` names; a ``ValueError`` listing the known names otherwise."""
+        check_choice(positions, "positions", tuple(self.position_classes))
+        return self.position_classes[positions]
+
+
+class TokenEmbedding(EmbeddingPositions, nn.Module):
     """Token ids ``(b, t)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
 
     Args:
@@ -45,7 +62,7 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.num_tokens = check_positive_int(num_tokens, "num_tokens")
         self.tokens = nn.Embedding(num_tokens, check_positive_int(emb, "emb"))
-        self.positions = make_positions(positions, emb, check_positive_int(max_len, "max_len"))
+        self.positions = self.position_class(positions).from_sizes(emb, check_positive_int(max_len, "max_len"))
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
     @classmethod
@@ -70,7 +87,7 @@ class TokenEmbedding(nn.Module):
         return self.drop(self.positions(self.tokens(x), positions))  # (b, t) -> (b, t, e)
 
 
-class VectorEmbedding(nn.Module):
+class VectorEmbedding(EmbeddingPositions, nn.Module):
     """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
 
     ``W x + b``, plus the position encoding, then dropout.
@@ -96,7 +113,7 @@ class VectorEmbedding(nn.Module):
         super().__init__()
         self.input_dim = check_positive_int(input_dim, "input_dim")
         self.project = nn.Linear(input_dim, check_positive_int(emb, "emb"))
-        self.positions = make_positions(positions, emb, check_positive_int(max_len, "max_len"))
+        self.positions = self.position_class(positions).from_sizes(emb, check_positive_int(max_len, "max_len"))
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
     @classmethod

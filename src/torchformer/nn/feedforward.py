@@ -11,15 +11,15 @@ with the same weights at every position. Two shapes of network:
   component, how much of a second, linear path passes. It has three matrices instead of two, so its hidden size is
   ``2/3`` of ``ff_mult * e`` to keep the parameter count about the same.
 
-:meth:`FeedForward.from_config` is the one place that maps ``config.activation`` to a network; blocks call it
-through their ``feedforward_class`` attribute, which a variant can point at a class of its own.
+A block builds the class its ``feedforward_classes`` names for ``config.activation``: :class:`FeedForward` for the
+plain nonlinearities, :class:`GatedFeedForward` for the gated units. A variant names a class of its own there, and
+``from_config`` always builds the class it is called on.
 
 Shapes: b batch size, t sequence length, e embedding size, h hidden size.
 """
 
 from __future__ import annotations
 
-from typing import Union
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -96,7 +96,7 @@ class FeedForward(nn.Module):
         if activation in GATES:
             raise ValueError(
                 f"activation {activation!r} is a gated linear unit, which has three matrices: build a "
-                f"GatedFeedForward (FeedForward.from_config picks it from the config)"
+                f"GatedFeedForward (a block's feedforward_classes name it for the gated units)"
             )
         check_choice(activation, "activation", tuple(NONLINEARITIES))
         self.net = nn.Sequential(
@@ -107,20 +107,24 @@ class FeedForward(nn.Module):
         )
 
     @classmethod
-    def from_config(cls, config: TransformerConfig) -> Union[FeedForward, GatedFeedForward]:
-        """The network ``config.activation`` names.
+    def from_config(cls, config: TransformerConfig, *, layer: int = 0) -> FeedForward:
+        """The network of one block of ``config``: always of the class this is called on.
 
-        A :class:`GatedFeedForward` for ``"swiglu"`` and ``"geglu"``, this class for the others. (A subclass that
-        should replace the gated network too overrides this.)
+        A block builds the class its ``feedforward_classes`` names for ``config.activation``: this one for
+        ``"relu"``, ``"gelu"`` and ``"relu2"``, :class:`GatedFeedForward` for the gated units (this class refuses
+        those).
 
         Args:
             config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
+                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
         Returns:
             The feed-forward network of one block.
+
+        Raises:
+            ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``).
         """
-        if config.activation in GATES:
-            return GatedFeedForward.from_config(config)
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -167,11 +171,13 @@ class GatedFeedForward(nn.Module):
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
     @classmethod
-    def from_config(cls, config: TransformerConfig) -> GatedFeedForward:
+    def from_config(cls, config: TransformerConfig, *, layer: int = 0) -> GatedFeedForward:
         """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``.
 
         Args:
             config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
+                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
         Returns:
             The gated feed-forward network of one block.

@@ -88,6 +88,22 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
 
+    @classmethod
+    def from_sizes(cls, emb: int, max_len: int) -> SinusoidalPositions:
+        """The scheme of an embedding of size ``emb`` (``max_len`` is not needed: every position has a vector).
+
+        Every scheme of the embedding side has this constructor, so an embedding builds whichever its
+        ``position_classes`` names for the config's ``positions``.
+
+        Args:
+            emb: the embedding size ``e``.
+            max_len: the positions the model takes (its ``seq_length``).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(emb)
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         positions = default_positions(x) if positions is None else positions
         return x + sinusoidal_table(positions, self.emb, dtype=x.dtype)  # (b, t, e) + (t, e)
@@ -120,6 +136,19 @@ class LearnedPositions(nn.Module):
         self.max_len = check_positive_int(max_len, "max_len")
         self.embedding = nn.Embedding(max_len, emb)
 
+    @classmethod
+    def from_sizes(cls, emb: int, max_len: int) -> LearnedPositions:
+        """A table of ``max_len`` learned vectors of size ``emb`` (see :meth:`SinusoidalPositions.from_sizes`).
+
+        Args:
+            emb: the embedding size ``e``.
+            max_len: how many positions have a vector (the model's ``seq_length``).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(emb, max_len)
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         positions = default_positions(x) if positions is None else positions
         return x + self.embedding(positions).to(x.dtype)  # (b, t, e) + (t, e)
@@ -131,41 +160,25 @@ class LearnedPositions(nn.Module):
 class NoPositions(nn.Module):
     """Adds nothing: the model sees its input as a set. Useful to demonstrate permutation equivariance.
 
-    :func:`make_positions` returns it for ``"none"`` and for the schemes that act inside attention
+    The embeddings use it for ``"none"`` and for the schemes that act inside attention
     (:mod:`torchformer.nn.relative`), which add nothing to the embeddings.
 
     Shapes:
         ``forward(x, positions=None)``: ``x`` ``(b, t, e)`` -> ``x`` itself; ``positions`` is ignored.
     """
 
+    @classmethod
+    def from_sizes(cls, emb: int, max_len: int) -> NoPositions:
+        """Nothing to size (see :meth:`SinusoidalPositions.from_sizes`).
+
+        Args:
+            emb: the embedding size ``e`` (unused).
+            max_len: the positions the model takes (unused).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls()
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         return x
-
-
-def make_positions(kind: str, emb: int, max_len: int) -> nn.Module:
-    """What the embedding adds for the config's ``positions``.
-
-    Nothing for ``"none"`` (a bag of tokens) and for the schemes that act inside attention (``"rotary"``,
-    ``"alibi"``, ``"relative"``; see :mod:`torchformer.nn.relative`).
-
-    Args:
-        kind: ``"learned"``, ``"sinusoidal"``, ``"none"``, ``"rotary"``, ``"alibi"`` or ``"relative"``.
-        emb: the embedding size ``e``.
-        max_len: how many positions a ``"learned"`` table has (the model's ``seq_length``); unused otherwise.
-
-    Returns:
-        The module to add: a :class:`LearnedPositions`, :class:`SinusoidalPositions` or :class:`NoPositions`; each maps
-        ``x`` ``(b, t, e)`` and ``positions`` ``(t,)`` to ``(b, t, e)``.
-
-    Raises:
-        ValueError: ``kind`` is none of these.
-    """
-    if kind == "learned":
-        return LearnedPositions(emb, max_len)
-    if kind == "sinusoidal":
-        return SinusoidalPositions(emb)
-    if kind in ("none", "rotary", "alibi", "relative"):
-        return NoPositions()
-    raise ValueError(
-        f"positions must be one of 'learned', 'sinusoidal', 'none', 'rotary', 'alibi', 'relative'; got {kind!r}"
-    )

@@ -14,7 +14,9 @@ on ``i`` and ``j`` themselves:
   bucket per distance up close, logarithmically wider buckets further away, all distances beyond ``max_distance``
   sharing the last bucket.
 
-Each is an :class:`AttentionPositions`: attention calls ``rotate(x, positions)`` on its queries and keys (before a
+Each is an :class:`AttentionPositions`, built by ``from_sizes(heads=, head_size=, causal=)``: an attention layer
+builds the class its ``position_classes`` names for the config's ``positions``, so a variant replaces a scheme by
+subclassing it and naming the subclass there. Attention calls ``rotate(x, positions)`` on its queries and keys (before a
 key is cached, so a cached key is stored rotated) and adds ``bias(mask)`` to its scores. Positions are absolute
 (see :class:`~torchformer.nn.masks.AttentionMask`), so all three work with the KV cache and in a compiled decoding
 step, and none has a largest position: they accept inputs longer than those trained on.
@@ -43,6 +45,23 @@ class AttentionPositions(nn.Module):
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``;
         ``bias(mask)`` -> ``(h, t, u)`` or ``None``.
     """
+
+    @classmethod
+    def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
+        """The scheme of an attention layer of ``heads`` heads of size ``head_size``.
+
+        Every scheme has this constructor, so an attention layer builds whichever class its ``position_classes``
+        names; each takes what it needs (rotary the head size, ALiBi and the relative bias the heads).
+
+        Args:
+            heads: the number of heads ``h``.
+            head_size: the head size ``s``.
+            causal: whether the layer is causal (a causal layer's relative bias has buckets for past keys only).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls()
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here.
@@ -99,6 +118,20 @@ class Rotary(AttentionPositions):
         if head_size % 2 != 0:
             raise ValueError(f"rotary positions rotate coordinate pairs: the head size must be even, got {head_size}")
         self.head_size, self.base = head_size, base
+
+    @classmethod
+    def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> Rotary:
+        """Rotary positions for heads of size ``head_size`` (see :meth:`AttentionPositions.from_sizes`).
+
+        Args:
+            heads: the number of heads (unused: every head rotates alike).
+            head_size: the head size ``s``, even.
+            causal: whether the layer is causal (unused).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(head_size)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate each pair of coordinates by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
@@ -172,6 +205,20 @@ class ALiBi(AttentionPositions):
     def __init__(self, heads: int) -> None:
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (h,)
+
+    @classmethod
+    def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> ALiBi:
+        """ALiBi's slopes for ``heads`` heads (see :meth:`AttentionPositions.from_sizes`).
+
+        Args:
+            heads: the number of heads ``h``: one slope each.
+            head_size: the head size (unused).
+            causal: whether the layer is causal (unused: the penalty is on ``|i - j|``).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(heads)
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
         """ALiBi's bias ``-m_h |i - j|`` ``(h, t, u)`` for the mask's query and key positions.
@@ -254,6 +301,21 @@ class RelativeBias(AttentionPositions):
         self.table = nn.Embedding(num_buckets, heads)  # bucket -> one scalar per head
         nn.init.zeros_(self.table.weight)  # start as plain attention; training finds which distances matter
 
+    @classmethod
+    def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> RelativeBias:
+        """A learned bias table for ``heads`` heads, one-sided in a causal layer (see
+        :meth:`AttentionPositions.from_sizes`).
+
+        Args:
+            heads: the number of heads ``h``: one scalar per bucket each.
+            head_size: the head size (unused).
+            causal: a causal layer sees only past keys: its buckets are for ``i - j >= 0`` only.
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(heads, bidirectional=not causal)
+
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
         """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)``.
 
@@ -271,26 +333,3 @@ class RelativeBias(AttentionPositions):
 
     def extra_repr(self) -> str:
         return f"bidirectional={self.bidirectional}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
-
-
-def attention_positions(kind: str, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
-    """The scheme a config's ``positions`` names, as attention applies it (absolute schemes: nothing).
-
-    Args:
-        kind: the config's ``positions``: ``"rotary"``, ``"alibi"`` or ``"relative"``; any other value (the
-            absolute schemes, ``"none"``) gives the base class, which does nothing.
-        heads: the number of heads ``h`` (ALiBi's slopes, the relative bias's table).
-        head_size: the head size ``s`` (rotary's frequencies).
-        causal: whether the layer is causal: a causal layer's relative bias has buckets for past keys only.
-
-    Returns:
-        The scheme's module: a :class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias` or plain
-        :class:`AttentionPositions`.
-    """
-    if kind == "rotary":
-        return Rotary(head_size)
-    if kind == "alibi":
-        return ALiBi(heads)
-    if kind == "relative":
-        return RelativeBias(heads, bidirectional=not causal)
-    return AttentionPositions()

@@ -88,8 +88,8 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.emb = config.emb
-        self.blocks = nn.ModuleList(block_class(config, causal=causal) for _ in range(config.depth))
-        self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
+        self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i) for i in range(config.depth))
+        self.norm = make_norm(config.norm, config.emb) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(
@@ -127,8 +127,8 @@ class Decoder(nn.Module):
         super().__init__()
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.emb = config.emb
-        self.blocks = nn.ModuleList(block_class(config) for _ in range(depth))
-        self.norm = make_norm(config.norm, config.emb) if config.prenorm else nn.Identity()
+        self.blocks = nn.ModuleList(block_class(config, layer=i) for i in range(depth))
+        self.norm = make_norm(config.norm, config.emb) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(

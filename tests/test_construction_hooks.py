@@ -1,0 +1,143 @@
+"""What a variant can change without copying library code: every part learns its block's index, position schemes
+are classes named by class attributes, ``from_config`` builds the class it is called on, and a block wired another
+way (a parallel block) overrides only ``forward`` and tells the stack whether it needs a final norm."""
+
+import pytest
+import torch
+from torch import nn
+
+from torchformer import (
+    CrossAttention, Decoder, DecoderBlock, Encoder, FeedForward, GTransformer, SelfAttention, TransformerBlock,
+    TransformerConfig,
+)
+from torchformer.nn.embedding import TokenEmbedding
+from torchformer.nn.positions import SinusoidalPositions
+from torchformer.nn.relative import Rotary
+
+CONFIG = TransformerConfig(16, 4, 3, 12, 20)
+
+
+def recording(base):
+    """A subclass of ``base`` whose ``from_config`` records the ``layer`` it was given."""
+
+    class Recording(base):
+        @classmethod
+        def from_config(cls, config, *, layer=0, **options):
+            part = super().from_config(config, layer=layer, **options)
+            part.built_for = layer
+            return part
+
+    return Recording
+
+
+def test_every_block_and_part_learns_its_layer():
+    class Block(TransformerBlock):
+        attention_class = recording(SelfAttention)
+        feedforward_classes = dict.fromkeys(TransformerBlock.feedforward_classes, recording(FeedForward))
+
+    class Cross(DecoderBlock):
+        attention_class = recording(SelfAttention)
+        cross_attention_class = recording(CrossAttention)
+
+    encoder, decoder = Encoder(CONFIG, block_class=Block), Decoder(CONFIG.replace(decoder_depth=2), block_class=Cross)
+    assert [b.layer for b in encoder.blocks] == [0, 1, 2]
+    assert [(b.attention.built_for, b.ff.built_for) for b in encoder.blocks] == [(0, 0), (1, 1), (2, 2)]
+    assert [(b.layer, b.attention.built_for, b.cross_attention.built_for) for b in decoder.blocks] == [(0, 0, 0),
+                                                                                                     (1, 1, 1)]
+
+
+def test_a_depth_dependent_variant_needs_no_patching_after_construction():
+    """Depth-scaled initialisation (as GPT-2 scales its residual projections), decided in from_config."""
+
+    class Scaled(SelfAttention):
+        @classmethod
+        def from_config(cls, config, *, causal=False, layer=0):
+            attention = super().from_config(config, causal=causal, layer=layer)
+            with torch.no_grad():
+                attention.unifyheads.weight.mul_(1 / (layer + 1))
+            return attention
+
+    class Block(TransformerBlock):
+        attention_class = Scaled
+
+    class Model(GTransformer):
+        block_class = Block
+
+    torch.manual_seed(0)
+    model = Model(config=CONFIG)
+    torch.manual_seed(0)
+    plain = GTransformer(config=CONFIG)
+    for i, (ours, theirs) in enumerate(zip(model.blocks.blocks, plain.blocks.blocks)):
+        torch.testing.assert_close(ours.attention.unifyheads.weight, theirs.attention.unifyheads.weight / (i + 1))
+
+
+def test_a_position_scheme_is_replaced_by_naming_a_subclass():
+    class HalfRotary(Rotary):
+        """Rotates the first half of each head only (a variant's own scheme)."""
+
+        def rotate(self, x, positions):
+            s = x.size(-1) // 2
+            return torch.cat([super(HalfRotary, self).rotate(x[..., :s], positions), x[..., s:]], dim=-1)
+
+        @classmethod
+        def from_sizes(cls, *, heads, head_size, causal):
+            return cls(head_size // 2)
+
+    class Attention(SelfAttention):
+        position_classes = {**SelfAttention.position_classes, "rotary": HalfRotary}
+
+    attention = Attention.from_config(CONFIG.replace(positions="rotary"), causal=True)
+    assert type(attention.relative) is HalfRotary and attention.relative.head_size == 2
+    x = torch.randn(2, 5, 16)
+    assert attention(x).shape == (2, 5, 16)
+    assert type(SelfAttention.from_config(CONFIG.replace(positions="rotary")).relative) is Rotary  # untouched
+
+    class Embedding(TokenEmbedding):
+        position_classes = {**TokenEmbedding.position_classes, "learned": SinusoidalPositions}
+
+    assert type(Embedding.from_config(CONFIG).positions) is SinusoidalPositions
+    with pytest.raises(ValueError, match="positions must be one of"):
+        TokenEmbedding(20, 16, 12, positions="learnd")
+
+
+class ParallelBlock(TransformerBlock):
+    """GPT-J and PaLM: attention and feed-forward read the same normalised input, side by side."""
+
+    def __init__(self, config, *, causal=False, layer=0):
+        super().__init__(config, causal=causal, layer=layer)
+        del self.norm2  # one norm feeds both sublayers
+
+    @classmethod
+    def needs_final_norm(cls, config):
+        return True  # the residual stream is never normalised inside the block
+
+    def forward(self, x, mask=None, *, positions=None, cache=None):
+        x = self.zero_padding(x, mask)
+        h = self.norm1(x)
+        return x + self.drop(self.self_attend(h, mask, positions, cache)) + self.drop(self.ff(h))
+
+
+def test_a_parallel_block_is_its_formula_and_gets_a_final_norm():
+    torch.manual_seed(0)
+    config = CONFIG.replace(depth=1)
+    stack = Encoder(config, causal=True, block_class=ParallelBlock)
+    assert not isinstance(stack.norm, nn.Identity)  # asked of the block, though config.prenorm is False
+    assert isinstance(Encoder(config).norm, nn.Identity)
+    block = stack.blocks[0]
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    stack.double()
+    h = block.norm1(x)
+    expected = stack.norm(x + block.attention(h) + block.ff(h))
+    torch.testing.assert_close(stack(x), expected)
+
+
+def test_a_model_of_parallel_blocks_decodes_with_the_cache_as_without():
+    class ParallelGPT(GTransformer):
+        block_class = ParallelBlock
+
+    torch.manual_seed(0)
+    model = ParallelGPT(config=CONFIG).eval()
+    prompt = torch.randint(0, 20, (2, 4))
+    cached = model.generate(prompt, 6, temperature=0)
+    recomputed = model.generate(prompt, 6, temperature=0, use_cache=False)
+    assert torch.equal(cached, recomputed)
