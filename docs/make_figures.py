@@ -33,6 +33,15 @@ from torchformer.nn.masks import AttentionMask, causal_mask
 from torchformer.nn.positions import sinusoidal_table
 from torchformer.train.inspection import capture_attention
 
+# docs/ on the path, as `python docs/make_figures.py` has it: the tests load this file by its path, and
+# import docs/figures/ through it.
+import sys  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from figures.models import draw_model_decoder_only, draw_model_encoder_decoder  # noqa: E402
+from figures.decoding import (  # noqa: E402
+    draw_beam_search, draw_going_big_memory, draw_pooling, draw_sampling, draw_tokens,
+)
+
 IMAGES = pathlib.Path(__file__).resolve().parent / "images"
 DPI = 110  # sharp enough on a screen, small enough to check in (each file stays well under 150 KB)
 
@@ -502,6 +511,13 @@ FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "heads": draw_heads,
     "sinusoids": draw_sinusoids,
     "reversal-attention": draw_reversal_attention,
+    "model-decoder-only": draw_model_decoder_only,
+    "model-encoder-decoder": draw_model_encoder_decoder,
+    "sampling": draw_sampling,
+    "beam-search": draw_beam_search,
+    "pooling": draw_pooling,
+    "tokens": draw_tokens,
+    "going-big-memory": draw_going_big_memory,
 }
 
 
