@@ -73,7 +73,8 @@ def test_checkpoint_stores_class_and_config_as_plain_data(tmp_path):
     raw = torch.load(path, weights_only=True)  # plain data: weights_only loading reads it
     assert raw["model_class"] == "GTransformer" and raw["config"] == model.config.to_dict()
     info = read_checkpoint(path)
-    assert info == {"step": 4, "extra": {"note": "x"}, "config": model.config, "model_class": "GTransformer"}
+    assert info == {"step": 4, "extra": {"note": "x"}, "config": model.config, "model_class": "GTransformer",
+                    "model_class_path": "torchformer.models:GTransformer"}
 
 
 def test_other_heads_are_refused_naming_both_values_and_nothing_changes(tmp_path):
@@ -117,7 +118,8 @@ def test_a_plain_module_saves_and_loads_as_before(tmp_path):
     source = nn.Linear(3, 2)
     path = save_checkpoint(tmp_path / "c.pt", model=source, step=2)
     assert not {"config", "model_class"} & set(torch.load(path, weights_only=True))
-    assert read_checkpoint(path) == {"step": 2, "extra": {}, "config": None, "model_class": None}
+    assert read_checkpoint(path) == {"step": 2, "extra": {}, "config": None, "model_class": None,
+                                     "model_class_path": None}
     target = nn.Linear(3, 2)
     assert load_checkpoint(path, model=target) == {"step": 2, "extra": {}}
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
@@ -161,14 +163,22 @@ def test_load_model_leaves_the_global_random_numbers_alone(tmp_path):
     assert torch.equal(torch.rand(4), expected)
 
 
-def test_user_subclasses_load_when_named(tmp_path):
+def test_user_subclasses_load_by_their_import_path_or_when_named(tmp_path):
     path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer", cls=MyGPT), step=0)
     assert read_checkpoint(path)["model_class"] == "MyGPT"
-    with pytest.raises(ValueError, match=r"holds a MyGPT, which is not one of torchformer's model classes.*classes="):
-        load_model(path)
-    for model in (load_model(path, classes={"MyGPT": MyGPT}), load_model(path, model_class=MyGPT),
-                  MyGPT.from_checkpoint(path)):
+    assert read_checkpoint(path)["model_class_path"] == f"{__name__}:MyGPT"
+    for model in (load_model(path), load_model(path, classes={"MyGPT": MyGPT}), load_model(path, model_class=MyGPT),
+                  MyGPT.from_checkpoint(path), TransformerModel.from_checkpoint(path)):
         assert type(model) is MyGPT
+
+    class Local(GTransformer):  # defined in a function: no import path reaches it
+        pass
+
+    local = save_checkpoint(tmp_path / "l.pt", model=make("GTransformer", cls=Local), step=0)
+    with pytest.raises(ValueError, match=r"holds a Local, which was defined at .*<locals>\.Local and cannot be "
+                                         r"imported from there .*classes=\{'Local': Local\}"):
+        load_model(local)
+    assert type(load_model(local, classes={"Local": Local})) is Local
     # A subclass of the saved class is fine; an unrelated class is not.
     gpt_path = save_checkpoint(tmp_path / "g.pt", model=make("GTransformer"), step=0)
     assert type(MyGPT.from_checkpoint(gpt_path)) is MyGPT
@@ -259,7 +269,16 @@ def test_exported_folders_fail_clearly(tmp_path):
         load_model(folder)
     description["model_class"] = "Unknown"
     (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="holds a Unknown, but torchformer.models:GTransformer is .*not a torchformer "
+                                         "model class of that name"):
+        load_model(folder)
+    del description["model_class_path"]  # as folders exported before 0.5 are
+    (folder / "config.json").write_text(json.dumps(description))
     with pytest.raises(ValueError, match="holds a Unknown, which is not one of torchformer's model classes"):
+        load_model(folder)
+    description["model_class_path"] = "no_such_module_xyz:Unknown"
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="defined at no_such_module_xyz:Unknown and cannot be imported from there"):
         load_model(folder)
 
 

@@ -294,7 +294,7 @@ def test_save_paths_that_are_no_file_are_named(tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "a_file").write_text("x")
     for path, error, match in [
-        (tmp_path / "folder", IsADirectoryError, "is a folder; pass a file in it"),
+        (tmp_path / "folder", IsADirectoryError, "got the existing folder .*folder; pass a file in it"),
         ("", ValueError, "path must name a file"),
         (".", ValueError, "path must name a file"),
         (tmp_path / "a_file" / "c.pt", NotADirectoryError, "a_file is a file, not a folder"),

@@ -141,3 +141,42 @@ def test_a_model_of_parallel_blocks_decodes_with_the_cache_as_without():
     cached = model.generate(prompt, 6, temperature=0)
     recomputed = model.generate(prompt, 6, temperature=0, use_cache=False)
     assert torch.equal(cached, recomputed)
+
+
+class ScaledGPT(GTransformer):
+    """A variant with a hyperparameter of its own, in the config's ``extra``: its output is multiplied by it."""
+
+    def forward(self, x, **options):
+        return super().forward(x, **options) * self.config.extra["scale"]
+
+
+def test_a_variant_and_its_own_hyperparameters_come_back_from_a_file_without_naming_its_class(tmp_path):
+    pytest.importorskip("safetensors")
+    from torchformer import export_model, load_model
+    from torchformer.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = ScaledGPT(config=CONFIG.replace(extra={"scale": 0.5})).eval()
+    x = torch.randint(0, 20, (2, 6))
+    for path in (export_model(model, tmp_path / "folder"), save_checkpoint(tmp_path / "c.pt", model=model, step=1)):
+        loaded = load_model(path)  # the class is imported from where the file says it lives
+        assert type(loaded) is ScaledGPT and loaded.config.extra == {"scale": 0.5}
+        torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("extra", "error", "message"), [
+    ({"a": (1, 2)}, ValueError, "a tuple comes back as a list"),
+    ({1: 2}, TypeError, "extra's keys must be str"),
+    ([1], TypeError, "extra must be a dict"),
+    ({"x": float("nan")}, ValueError, "extra must hold JSON values"),
+    ({"x": object()}, ValueError, "extra must hold JSON values"),
+])
+def test_extra_holds_json_only(extra, error, message):
+    with pytest.raises(error, match=message):
+        TransformerConfig(16, 2, extra=extra)
+
+
+def test_extra_is_part_of_the_config_but_not_of_its_hash():
+    a, b = TransformerConfig(16, 2, extra={"k": [1, 2]}), TransformerConfig(16, 2)
+    assert a != b and a.differences(b) == ["extra: {'k': [1, 2]} vs {}"]
+    assert TransformerConfig.from_dict(a.to_dict()) == a and hash(a) == hash(b)

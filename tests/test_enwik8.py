@@ -241,10 +241,10 @@ def test_a_path_that_is_not_a_regular_file(tmp_path):
 
 
 def test_loading_from_the_cache_removes_dead_temporaries(tmp_path, raw):
-    from torchformer.data.download import _temporary_file
+    from torchformer._files import part_file
 
     root = _cache(tmp_path, "enwik8", raw)
-    fd, leftover = _temporary_file(root / "enwik8")
+    fd, leftover = part_file(root / "enwik8")
     os.close(fd)
     leftover.rename(leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-")))
     enwik8(root=root, **_official(raw))
@@ -329,11 +329,11 @@ def test_downloaded_zip_of_the_wrong_size_is_not_cached(tmp_path, raw):
 
 
 def test_leftover_extraction_temporary_is_removed(tmp_path, raw):
-    from torchformer.data.download import _temporary_file
+    from torchformer._files import part_file
 
     root = tmp_path / "cache"
     root.mkdir()
-    fd, leftover = _temporary_file(root / "enwik8")
+    fd, leftover = part_file(root / "enwik8")
     os.close(fd)
     dead = leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-"))  # no such process
     leftover.rename(dead)

@@ -63,10 +63,10 @@ def counted_reads(monkeypatch) -> Counter:
     for name in READS:
         monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
     monkeypatch.setattr(torch.cuda, "synchronize", counting("torch.cuda.synchronize", torch.cuda.synchronize))
-    # torchformer checks token ids and positions only where reading them is free (CPU tensors, `_values_readable`);
+    # torchformer checks token ids and positions only where reading them is free (CPU tensors, `values_readable`);
     # on a GPU these checks are skipped. Make them behave here as they do there.
-    monkeypatch.setattr(torchformer._checks, "_values_readable", lambda x: False)
-    monkeypatch.setattr(torchformer.models, "_values_readable", lambda x: False)
+    monkeypatch.setattr(torchformer._checks, "values_readable", lambda x: False)
+    monkeypatch.setattr(torchformer.models, "values_readable", lambda x: False)
     yield calls
     monkeypatch.undo()
 

@@ -407,13 +407,13 @@ def test_root_that_is_a_file(tmp_path):
 
 
 def test_loading_from_root_removes_dead_temporaries(forms, tmp_path, monkeypatch):
-    from torchformer.data.download import _temporary_file
+    from torchformer._files import part_file
 
     root = tmp_path / "cache"
     root.mkdir()
     (root / "aclImdb_v1.tar.gz").write_bytes(forms["tar"].read_bytes())
     monkeypatch.setattr(imdb_module, "IMDB_MD5", hashlib.md5(forms["tar"].read_bytes()).hexdigest())
-    fd, leftover = _temporary_file(root / "aclImdb_v1.tar.gz")
+    fd, leftover = part_file(root / "aclImdb_v1.tar.gz")
     os.close(fd)
     leftover.rename(leftover.with_name(leftover.name.replace(f"-{os.getpid()}-", "-999999999-")))
     imdb(root=root)

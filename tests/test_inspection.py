@@ -154,14 +154,14 @@ def test_plot_attention_writes_exactly_at_path_or_refuses_it(tmp_path, monkeypat
     folder = tmp_path / "plots"
     folder.mkdir()
     weights, labels = torch.rand(3, 4), dict(x_labels=list("abcd"), y_labels=list("xyz"))
-    for path, message in [(folder, "path must be a file path, got the existing folder"),
-                          ("", "path must be a file path, got an empty path"),
+    for path, message in [(folder, "path must name a file, got the existing folder"),
+                          ("", "path must name a file, got an empty path"),
                           (tmp_path / "attention", "path must name a .png file"),  # matplotlib would add .png
                           (tmp_path / "attention.jpg", "path must name a .png file")]:
         with pytest.raises(ValueError, match=message):
             plot_attention(weights, **labels, path=path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plots"]  # no plots.png, no .png, no attention.png
-    with pytest.raises(TypeError, match="path must be a file path .*got NoneType"):
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike naming a file, got NoneType"):
         plot_attention(weights, **labels, path=None)
     with pytest.raises(TypeError, match="x_labels must be a sequence of labels, got NoneType"):
         plot_attention(weights, x_labels=None, y_labels=list("xyz"), path=folder / "a.png")

@@ -546,11 +546,11 @@ def test_csv_files_that_are_not_utf8_are_named(tmp_path):
 
 def test_csv_logger_paths_and_fieldnames(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="path must be a file path, got the existing folder"):
+    with pytest.raises(ValueError, match="path must name a file, got the existing folder"):
         CSVLogger(tmp_path, ["step"])
-    with pytest.raises(ValueError, match="path must be a file path, got an empty path"):
+    with pytest.raises(ValueError, match="path must name a file, got an empty path"):
         CSVLogger("", ["step"])
-    with pytest.raises(TypeError, match="path must be a file path .*got NoneType"):
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike naming a file, got NoneType"):
         CSVLogger(None, ["step"])
     with pytest.raises(TypeError, match="fieldnames must be a sequence of non-empty str, got NoneType"):
         CSVLogger(tmp_path / "a.csv", None)
@@ -567,8 +567,8 @@ def test_plot_curves_refuses_paths_that_are_no_png_file_and_names_bad_cells(tmp_
     csv_path.write_text("step,loss,note\n1,2.5,a\n2,,b\n3,2.0\n")
     folder = tmp_path / "plots"
     folder.mkdir()
-    for png, message in [(folder, "png_path must be a file path, got the existing folder"),
-                         ("", "png_path must be a file path, got an empty path"),
+    for png, message in [(folder, "png_path must name a file, got the existing folder"),
+                         ("", "png_path must name a file, got an empty path"),
                          (tmp_path / "curves", "png_path must name a .png file"),
                          (tmp_path / "curves.jpg", "png_path must name a .png file")]:
         with pytest.raises(ValueError, match=message):

@@ -52,7 +52,8 @@ def check_choice(value: object, name: str, choices: tuple) -> str:
     return value  # type: ignore[return-value]
 
 
-def _autocast_enabled(device_type: str) -> bool:
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (``"cpu"``, ``"cuda"``), on every torch version we support."""
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4 has one function per device type
@@ -84,7 +85,7 @@ def check_embeddings(
                          f"{tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
-    if like is not None and x.dtype != like.dtype and not _autocast_enabled(x.device.type):
+    if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
             f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
@@ -111,7 +112,7 @@ def check_mask(
     return mask
 
 
-def _values_readable(x: Tensor) -> bool:
+def values_readable(x: Tensor) -> bool:
     """Whether reading ``x``'s values is free: on the CPU, and not while ``torch.compile`` traces."""
     return x.device.type == "cpu" and x.numel() > 0 and not _is_compiling()
 
@@ -130,7 +131,7 @@ def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
     if x.size(0) == 0 or x.size(1) == 0:
         raise ValueError(f"{name} must contain at least one sequence of at least one token, got shape {tuple(x.shape)}")
     x = x if x.dtype == torch.long else x.long()  # embeddings index with long ids (uint16..64 lack min/max, too)
-    if _values_readable(x):
+    if values_readable(x):
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= num_tokens:
             raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
@@ -161,7 +162,7 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
         raise ValueError(
             f"{name} must contain at least one sequence of at least one vector, got shape {tuple(x.shape)}"
         )
-    if like is not None and x.dtype != like.dtype and not _autocast_enabled(x.device.type):
+    if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
             f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast"
@@ -187,7 +188,7 @@ def check_positions(
         _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
         return torch.arange(t, device=device)
     positions = check_position_shape(positions, t, device)
-    if _values_readable(positions):
+    if values_readable(positions):
         _check_bounds(int(positions.min()), int(positions.max()), limit, capacity)
         if t > 1 and not bool((positions[1:] - positions[:-1] == 1).all()):
             raise ValueError(

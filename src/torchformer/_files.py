@@ -1,18 +1,25 @@
-"""Telling the temporary file of a killed writer from one still being written.
+"""The file helpers that several modules share: checking a file path, temporary files, SHA-256 digests.
 
-Checkpoints (:mod:`torchformer.train.checkpoint`) and downloads (:mod:`torchformer.data.download`) are written to a
-temporary file that is renamed into place when complete. A process killed mid-write (``kill -9``, a power cut)
+A private module with public names: checkpoints, exports, logs, plots and downloads import from here, so that no
+module reaches into another's private helpers, and this module imports nothing of torchformer (no cycle).
+
+Telling the temporary file of a killed writer from one still being written: checkpoints
+(:mod:`torchformer.train.checkpoint`) and downloads (:mod:`torchformer.data.download`) are written to a temporary
+file that is renamed into place when complete. A process killed mid-write (``kill -9``, a power cut)
 cannot clean up, so the temporary file's name records who writes it, host and process id, and the next writer
 removes the leftovers that are surely dead, never a live writer's file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
+import tempfile
 import time
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 # A temporary file nobody has written to for this long is abandoned, whoever wrote it: the rule for files of other
 # machines sharing the folder (whose process ids mean nothing here) and for files whose name records no writer.
@@ -44,3 +51,153 @@ def is_stale(host: Optional[str], pid: Optional[int], mtime: float) -> bool:
     is a dead writer's leftover: its process is gone from this machine, or nobody wrote to it for a day."""
     dead = host == host_tag() and pid is not None and not process_alive(pid)
     return dead or time.time() - mtime > STALE_AFTER_S
+
+
+# The temporary files of downloads and extractions (torchformer.data): ".{dest.name}.{host}-{pid}-{random}.part".
+# What sits between ".{dest.name}." and ".part": "host-pid-random" (this version) or mkstemp's 8 random
+# characters alone (older versions, which did not record the writer).
+_PART_MIDDLE = re.compile(r"(?:(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-)?[a-z0-9_]{8}")
+
+
+def part_file(dest: Path) -> tuple[int, Path]:
+    """Create ``.{dest.name}.{host}-{pid}-{8 random chars}.part`` next to ``dest``; return (fd, path)."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{host_tag()}-{os.getpid()}-", suffix=".part")
+    return fd, Path(name)
+
+
+def remove_stale_part_files(dest: Path) -> list[Path]:
+    """Remove leftover temporary files of earlier downloads of ``dest``; return the removed paths.
+
+    A temporary file is stale when it was written on this host by a process that no longer exists, or when it
+    has not been modified for 24 hours (the only rule for other hosts sharing the folder, whose process ids mean
+    nothing here, and for the unnamed temporaries of older versions). Temporaries of other files and files that
+    do not follow the naming scheme are never touched. Removal is best effort: a file that cannot be removed is
+    left alone, it never makes a download fail.
+    """
+    prefix, suffix = f".{dest.name}.", ".part"
+    removed = []
+    try:
+        entries = list(os.scandir(dest.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            continue
+        match = _PART_MIDDLE.fullmatch(name[len(prefix):-len(suffix)])
+        if match is None:
+            continue
+        try:
+            mtime = entry.stat().st_mtime
+        except OSError:
+            continue  # its owner just renamed or removed it
+        if is_stale(match["host"], match["pid"] and int(match["pid"]), mtime):
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except OSError:
+                pass
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# File paths
+
+
+class IsAFolderError(IsADirectoryError, ValueError):
+    """A folder given where a file path is expected.
+
+    Both an ``IsADirectoryError`` (as ``open()`` would raise: what checkpoint code has always raised) and a
+    ``ValueError`` (a wrong argument: what the loggers and plots have always raised), so every caller's ``except``
+    still catches it.
+    """
+
+
+def check_file_path(path: object, name: str = "path", *, example: str = "") -> Path:
+    """``path`` as a ``Path`` naming a file that can be written; else an error naming ``name`` and what is wrong.
+
+    Refused: a type other than str or os.PathLike (``TypeError``); ``""``, ``"."``, ``".."`` and a name ending in a
+    slash, which ``Path`` would silently drop, making ``"runs/new/"`` a file named ``new`` (``ValueError``); an
+    existing folder (:class:`IsAFolderError`); a path through an existing file (``NotADirectoryError``).
+    ``example`` shows how to name a file in a folder, ``{folder}`` standing for it (e.g.
+    ``"checkpoint_path({folder}, step)"``); the messages about folders end with it.
+    """
+    text = _path_text(path, name)
+    if text.endswith(("/", os.sep)):
+        raise ValueError(f"{name} must name a file, got the folder {text!r}; pass a file in it{_hint(example, text)}")
+    if text == "":
+        raise ValueError(f"{name} must name a file, got an empty path{_hint(example, None)}")
+    file = Path(text)
+    if text in (".", "..") or file.name in ("", ".", ".."):
+        raise ValueError(f"{name} must name a file, got the folder {text!r}{_hint(example, text)}")
+    if file.is_dir():
+        raise IsAFolderError(f"{name} must name a file, got the existing folder {file}; pass a file in it"
+                             f"{_hint(example, str(file))}")
+    check_parents(file, name)
+    return file
+
+
+def _path_text(path: object, name: str) -> str:
+    """``path`` as a str; a ``TypeError`` for anything else (``bytes`` too: ``Path`` refuses them)."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {path!r}")
+    return os.fspath(path)
+
+
+def _hint(example: str, folder: Optional[str]) -> str:
+    """", e.g. <example>" with the folder filled in (``None``: the word "folder"), or "" without an example."""
+    return f", e.g. {example.format(folder='folder' if folder is None else repr(folder))}" if example else ""
+
+
+def check_parents(path: Path, name: str) -> None:
+    """Raise ``NotADirectoryError`` when a folder on the way to ``path`` is an existing file."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{name} {path} cannot be created: {parent} is a file, not a folder")
+            return
+
+
+def check_png_path(path: object, name: str) -> Path:
+    """A file path ending in ``.png``: matplotlib picks the format from the suffix and appends ``.png`` to a name
+    without one, so the picture would not be at ``path``."""
+    path = check_file_path(path, name)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{name} must name a .png file, got {str(path)!r}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Digests
+
+_CHUNK = 1 << 20  # 1 MiB: large enough to be fast, small enough to keep memory flat
+HEX_LENGTHS = {"sha256": 64, "md5": 32}
+
+
+def hash_file(path: str | os.PathLike, h: Any) -> str:
+    """The hex digest of the file at ``path`` by the hashlib object ``h``, read in chunks (little memory)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 hex digest of the file at ``path``."""
+    return hash_file(path, hashlib.sha256())
+
+
+def expected_digests(sha256: Optional[str], md5: Optional[str]) -> dict[str, str]:
+    """Validate the expected digests and return them as {algorithm: lowercase hex}."""
+    expected = {}
+    for algorithm, value in (("sha256", sha256), ("md5", md5)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise TypeError(f"{algorithm} must be a hex string or None, got {type(value).__name__}")
+        value = value.strip().lower()
+        length = HEX_LENGTHS[algorithm]
+        if len(value) != length or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError(f"{algorithm} must be {length} hex digits, got {value!r}")
+        expected[algorithm] = value
+    return expected

@@ -15,6 +15,7 @@ was received, before any module is built.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -25,6 +26,36 @@ ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 RELATIVE_POSITIONS = ("rotary", "alibi", "relative")
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
 ACTIVATIONS = ("relu", "gelu", "relu2", "swiglu", "geglu")
+
+
+def check_extra(extra: object) -> dict:
+    """A variant's own hyperparameters, checked, as a new plain dict.
+
+    String keys, JSON values that read back the same (``config.json`` and checkpoints store them), so a tuple is
+    refused (JSON reads it back as a list).
+
+    Args:
+        extra: the mapping given as ``TransformerConfig(extra=...)``.
+
+    Returns:
+        A new ``dict`` with the same items.
+
+    Raises:
+        TypeError: ``extra`` is not a mapping, or a key is not a str.
+        ValueError: a value is not JSON, or would not read back the same.
+    """
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"extra must be a dict of a variant's own hyperparameters, got {type(extra).__name__}")
+    bad_keys = [key for key in extra if not isinstance(key, str)]
+    if bad_keys:
+        raise TypeError(f"extra's keys must be str (JSON's object keys), got {bad_keys[0]!r}")
+    try:
+        same = json.loads(json.dumps(dict(extra), allow_nan=False)) == extra
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra must hold JSON values (str, int, float, bool, None, lists and dicts of them): {e}") from e
+    if not same:
+        raise ValueError(f"extra must read back from JSON as it is (a tuple comes back as a list: use lists), got {extra!r}")
+    return dict(extra)
 NORMS = ("layer", "rms")
 POOLING = ("max", "mean", "first")
 IMPLEMENTATIONS = ("sdpa", "reference")
@@ -71,6 +102,9 @@ class TransformerConfig:
             memory (the activations of one block instead of all of them) for about a third more compute; the
             results and gradients are the same, dropout included. A training-time choice, not architecture: a
             checkpoint saved with it loads into a model without it. Never applies while decoding with a KV cache.
+        extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
+            ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
+            ``from_config``, and it is saved with the rest of the config, so the variant comes back with it.
     """
 
     emb: int
@@ -96,6 +130,8 @@ class TransformerConfig:
     window: Optional[int] = None
     input_dim: Optional[int] = None
     checkpoint_blocks: bool = False
+    # Not part of the hash (a dict is unhashable); equality and the saved config include it.
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -107,6 +143,7 @@ class TransformerConfig:
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "checkpoint_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
         check_choice(self.positions, "positions", POSITIONS)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    _values_readable, check_embeddings, check_features, check_mask, check_positions, check_tokens,
+    check_embeddings, check_features, check_mask, check_positions, check_tokens, values_readable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
@@ -226,6 +226,18 @@ class TransformerModel(nn.Module):
 
         return load_model(path, model_class=cls, map_location=map_location)
 
+    @classmethod
+    def import_path(cls) -> str:
+        """Where the class can be imported from, ``"module:qualname"`` (``"__main__:MyGPT"`` for a script's class).
+
+        Checkpoints and exported folders record it next to the class name, so that a variant's model is rebuilt
+        from its file without naming its class (``load_model(path)`` imports it).
+
+        Returns:
+            ``f"{cls.__module__}:{cls.__qualname__}"``.
+        """
+        return f"{cls.__module__}:{cls.__qualname__}"
+
     def transformer_blocks(self) -> list[nn.Module]:
         """Every transformer block of the model, in the order they run.
 
@@ -294,7 +306,7 @@ class CTransformer(TransformerModel):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight)
-        if self.config.pool == "first" and mask is not None and _values_readable(mask) and not bool(mask[:, 0].all()):
+        if self.config.pool == "first" and mask is not None and values_readable(mask) and not bool(mask[:, 0].all()):
             rows = (~mask[:, 0]).nonzero().flatten().tolist()
             raise ValueError(f"pool='first' classifies from position 0, but mask marks it as padding in rows "
                              f"{rows[:10]}{' ...' if len(rows) > 10 else ''}: pad on the right, or pool 'max'/'mean'")

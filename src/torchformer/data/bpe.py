@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from torchformer._checks import check_bool
-from torchformer.data.tokenizers import _BREAK, _check_ids, _check_max_length, _check_state, _check_text
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
 
 if TYPE_CHECKING:  # only for the annotations: the package is imported when it is needed, not before
     import tokenizers
@@ -66,7 +66,7 @@ def _tokenizers() -> Any:
 
 
 def _normalize(text: str, lowercase: bool) -> str:
-    text = _BREAK.sub(" ", text)
+    text = BREAK.sub(" ", text)
     return text.lower() if lowercase else text
 
 
@@ -198,7 +198,7 @@ class BPETokenizer:
         Returns:
             The normalised text.
         """
-        return _normalize(_check_text(text), self.lowercase)
+        return _normalize(check_text(text), self.lowercase)
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
         """Token ids of ``text``, never 0 (``<pad>``), cut to ``max_length``.
@@ -213,8 +213,8 @@ class BPETokenizer:
         Returns:
             The ids, each in ``[1, len(self))``.
         """
-        normalized = _normalize(_check_unicode(_check_text(text), "text"), self.lowercase)
-        _check_max_length(max_length)
+        normalized = _normalize(_check_unicode(check_text(text), "text"), self.lowercase)
+        check_max_length(max_length)
         ids = self._tokenizer.encode(normalized).ids
         return ids if max_length is None else ids[:max_length]
 
@@ -227,7 +227,7 @@ class BPETokenizer:
         Returns:
             The text, ``normalize(text)`` for the ids of ``encode(text)``.
         """
-        checked, n = _check_ids(ids), len(self)
+        checked, n = check_ids(ids), len(self)
         for i in checked:
             if not 0 <= i < n:
                 raise ValueError(f"ids must be in [0, {n}), got {i}")
@@ -273,7 +273,7 @@ class BPETokenizer:
         Returns:
             The tokenizer, encoding exactly as the one that wrote ``state``.
         """
-        _check_state(state, "bpe")
+        check_state(state, "bpe")
         missing = sorted({"lowercase", "tokenizer"} - set(state))
         if missing:
             raise ValueError(

@@ -9,7 +9,7 @@ left at the destination.
 
 A killed process (``kill -9``, a power cut) cannot clean up, so the temporary file's name records who writes it:
 ``.{name}.{host}-{pid}-{random}.part``. The next download of the same file removes the leftovers that are surely
-dead (see :func:`_remove_stale_temporaries`) and never touches a live download's.
+dead (see ``torchformer._files.remove_stale_part_files``) and never touches a live download's.
 
 A file that is already at the destination is checked like a fresh download (size and digests, when given) before
 it is trusted; if it fails, it is downloaded again.
@@ -30,21 +30,18 @@ import http.client
 import lzma
 import os
 import pathlib
-import re
 import tarfile
-import tempfile
 import urllib.request
 import warnings
 import zipfile
 import zlib
 from typing import BinaryIO, Callable, Optional, Union
 
-from torchformer._files import host_tag, is_stale
+from torchformer._files import expected_digests, hash_file, part_file, remove_stale_part_files
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 _CHUNK = 1 << 20  # 1 MiB: large enough to be fast, small enough to keep memory flat
-_HEX_LENGTHS = {"sha256": 64, "md5": 32}
 
 
 class ChecksumError(ValueError):
@@ -199,27 +196,7 @@ def file_digest(path: PathLike, algorithm: str = "sha256") -> str:
     Returns:
         The hex digest, a ``str``.
     """
-    h = _new_hash(algorithm)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _expected_digests(sha256: Optional[str], md5: Optional[str]) -> dict[str, str]:
-    """Validate the expected digests and return them as {algorithm: lowercase hex}."""
-    expected = {}
-    for algorithm, value in (("sha256", sha256), ("md5", md5)):
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise TypeError(f"{algorithm} must be a hex string or None, got {type(value).__name__}")
-        value = value.strip().lower()
-        length = _HEX_LENGTHS[algorithm]
-        if len(value) != length or any(c not in "0123456789abcdef" for c in value):
-            raise ValueError(f"{algorithm} must be {length} hex digits, got {value!r}")
-        expected[algorithm] = value
-    return expected
+    return hash_file(path, _new_hash(algorithm))
 
 
 def _check_size(size: Optional[int]) -> Optional[int]:
@@ -249,7 +226,7 @@ def verify(
         size: the expected size in bytes, or ``None``.
         advice: replaces the error's default advice.
     """
-    expected = _expected_digests(sha256, md5)
+    expected = expected_digests(sha256, md5)
     _check_size(size)
     advice = advice or "The file is corrupt or not the expected one; delete it and download it again."
     if size is not None:
@@ -306,7 +283,7 @@ def download(
     A file already at ``dest`` is verified like a download (``size``, ``sha256``, ``md5``) and returned without
     downloading if it passes; if it fails, a warning says so and it is downloaded again. With none of the three
     given, an existing ``dest`` is trusted. Leftover temporary files of earlier, killed downloads of ``dest`` are
-    removed first (see :func:`_remove_stale_temporaries`).
+    removed first (see ``torchformer._files.remove_stale_part_files``).
 
     Returns:
         ``dest``, as a :class:`pathlib.Path`.
@@ -319,7 +296,7 @@ def download(
     if not isinstance(url, str) or not url:
         raise TypeError(f"url must be a non-empty str, got {url!r}")
     dest = check_path(dest, "dest")
-    expected = _expected_digests(sha256, md5)
+    expected = expected_digests(sha256, md5)
     _check_size(size)
     if opener is not None and not callable(opener):
         raise TypeError(f"opener must be a callable, got {type(opener).__name__}")
@@ -333,7 +310,7 @@ def download(
         raise NotADirectoryError(f"{dest.parent} is a file, not a folder: cannot download {dest.name} into it")
     if dest.parent.is_dir():
         # Also when dest is already there: a killed concurrent download may have left its temporary beside it.
-        _remove_stale_temporaries(dest)
+        remove_stale_part_files(dest)
     if dest.exists():
         try:
             verify(dest, size=size, **expected)
@@ -345,7 +322,7 @@ def download(
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     # The temporary file lives next to dest so that os.replace is a rename, not a copy.
-    fd, tmp = _temporary_file(dest)
+    fd, tmp = part_file(dest)
     received = 0
     try:
         with os.fdopen(fd, "wb") as out:
@@ -408,57 +385,6 @@ def download(
         tmp.unlink(missing_ok=True)
         raise
     return dest
-
-
-# --------------------------------------------------------------------------- #
-# Temporary files: named after their writer, so that leftovers can be told from live downloads.
-# --------------------------------------------------------------------------- #
-
-
-def _temporary_file(dest: pathlib.Path) -> tuple[int, pathlib.Path]:
-    """Create ``.{dest.name}.{host}-{pid}-{8 random chars}.part`` next to ``dest``; return (fd, path)."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{host_tag()}-{os.getpid()}-", suffix=".part")
-    return fd, pathlib.Path(name)
-
-
-# What sits between ".{dest.name}." and ".part": "host-pid-random" (this version) or mkstemp's 8 random
-# characters alone (older versions, which did not record the writer).
-_TEMPORARY_MIDDLE = re.compile(r"(?:(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-)?[a-z0-9_]{8}")
-
-
-def _remove_stale_temporaries(dest: pathlib.Path) -> list[pathlib.Path]:
-    """Remove leftover temporary files of earlier downloads of ``dest``; return the removed paths.
-
-    A temporary file is stale when it was written on this host by a process that no longer exists, or when it
-    has not been modified for 24 hours (the only rule for other hosts sharing the folder, whose process ids mean
-    nothing here, and for the unnamed temporaries of older versions). Temporaries of other files and files that
-    do not follow the naming scheme are never touched. Removal is best effort: a file that cannot be removed is
-    left alone, it never makes a download fail.
-    """
-    prefix, suffix = f".{dest.name}.", ".part"
-    removed = []
-    try:
-        entries = list(os.scandir(dest.parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(prefix) and name.endswith(suffix)):
-            continue
-        match = _TEMPORARY_MIDDLE.fullmatch(name[len(prefix):-len(suffix)])
-        if match is None:
-            continue
-        try:
-            mtime = entry.stat().st_mtime
-        except OSError:
-            continue  # its owner just renamed or removed it
-        if is_stale(match["host"], match["pid"] and int(match["pid"]), mtime):
-            try:
-                os.unlink(entry.path)
-                removed.append(pathlib.Path(entry.path))
-            except OSError:
-                pass
-    return removed
 
 
 def _progress_bar(total: Optional[int], name: str):

@@ -33,14 +33,12 @@ import torch
 from torch import Tensor
 
 from torchformer._checks import check_positive_int
+from torchformer._files import expected_digests, part_file, remove_stale_part_files
 
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     ChecksumError,
     DataFileError,
-    _expected_digests,
-    _remove_stale_temporaries,
-    _temporary_file,
     check_bool,
     check_path,
     default_root,
@@ -195,8 +193,8 @@ def _fetch(
     # would trust it, since the zip's own checksum is not published. Start from a fresh download.
     archive_path.unlink(missing_ok=True)
     _download(url, archive_path, opener=opener, progress=progress)
-    _remove_stale_temporaries(dest)  # an extraction killed half-way leaves one
-    fd, tmp = _temporary_file(dest)
+    remove_stale_part_files(dest)  # an extraction killed half-way leaves one
+    fd, tmp = part_file(dest)
     advice = "Nothing was kept. Retry, or download it yourself and pass its path."
     try:
         h, size = hashlib.md5(), 0
@@ -261,7 +259,7 @@ def _from_cache(
         raise NotADirectoryError(f"root {root} is a file, not a folder; pass the folder that caches enwik8")
     repair = f"Delete it, or call enwik8(download=True, root={str(root)!r}) to replace it with a fresh download."
     if root.is_dir():
-        _remove_stale_temporaries(root / "enwik8")  # what a killed extraction left behind
+        remove_stale_part_files(root / "enwik8")  # what a killed extraction left behind
     for candidate in (root / "enwik8", root / "enwik8.zip"):
         if candidate.is_dir():
             # Never deleted: a folder is the user's, not something this loader wrote.
@@ -330,7 +328,7 @@ def enwik8(
     check_bool(download, "download")
     check_bool(progress, "progress")
     check_positive_int(expected_size, "expected_size")
-    md5 = _expected_digests(None, md5).get("md5")  # validated and lower-cased, or None
+    md5 = expected_digests(None, md5).get("md5")  # validated and lower-cased, or None
     _check_splits(splits)  # before reading 100 MB, not after
     if path is None:
         root = check_path(root, "root") if root is not None else default_root()

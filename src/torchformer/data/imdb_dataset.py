@@ -44,21 +44,21 @@ Files are checked, not trusted:
 
 from __future__ import annotations
 
-import codecs
-import gzip
-import json
 import os
 import random
 import re
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
+from torchformer._files import remove_stale_part_files
+from torchformer.data._imdb_files import (
+    check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
+)
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     DataFileError,
-    _remove_stale_temporaries,
     check_bool,
     check_path,
     default_root,
@@ -85,13 +85,6 @@ _ACCEPTED = (
     f"the official archive '{ARCHIVE_NAME}', an extracted 'aclImdb/' folder (or its parent), "
     f"or a folder with '{JSONL_NAMES['train']}' and '{JSONL_NAMES['test']}'"
 )
-
-_UTF8_ADVICE = (
-    "IMDb texts are UTF-8 and the official files are valid UTF-8, so this copy is damaged or was re-encoded: "
-    "restore it from the official archive, or re-encode it as UTF-8."
-)
-# A lone surrogate ("\ud800") is valid JSON ("\\ud800") but not valid Unicode: it has no UTF-8 bytes.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 Example = tuple[str, int]
 T = TypeVar("T")
@@ -139,7 +132,7 @@ def imdb(
         source = _find_source(root_dir) if root_dir.is_dir() else None
         archive = root_dir / ARCHIVE_NAME
         if root_dir.is_dir():
-            _remove_stale_temporaries(archive)  # what a killed download left behind
+            remove_stale_part_files(archive)  # what a killed download left behind
         if source == archive or (source is None and download):
             # The archive in root is the cache's copy of the official one: checked (or fetched) like a download.
             source = _cached_archive(archive, download)
@@ -152,9 +145,9 @@ def imdb(
     if source.is_file():
         splits = _read_tar(source)
     elif (source / JSONL_NAMES["train"]).is_file():
-        splits = {name: _read_jsonl(source / JSONL_NAMES[name]) for name in ("train", "test")}
+        splits = {name: read_jsonl(source / JSONL_NAMES[name], _parse_record) for name in ("train", "test")}
         for name, rows in splits.items():
-            _check_ids_everywhere_or_nowhere([review_id for _, _, review_id in rows], source / JSONL_NAMES[name])
+            check_ids_everywhere_or_nowhere([i for _, _, i in rows], source / JSONL_NAMES[name])
     else:
         splits = {name: _read_folder(source / name) for name in ("train", "test")}
 
@@ -242,7 +235,7 @@ def train_val_split(
 def _find_source(path: Path) -> Path | None:
     """Resolve ``path`` to an archive file, an aclImdb-style folder or a jsonl folder."""
     if path.is_file():
-        if not _is_tar(path):
+        if not is_tar(path):
             raise DataFileError(path, "is not a tar archive (or is a damaged one)", f"imdb() expects {_ACCEPTED}.")
         return path
     if not path.is_dir():
@@ -272,27 +265,6 @@ def _what_is_missing(path: Path) -> str:
     return f"expected {_ACCEPTED}"
 
 
-def _is_tar(path: Path) -> bool:
-    try:
-        return tarfile.is_tarfile(path)
-    except DAMAGED_DATA_ERRORS as err:  # a damaged compressed file can fail before tarfile decides
-        if not is_damaged_data(err):
-            raise
-        return False
-
-
-def _decode(data: bytes, path: Path, *, where: str = "", line: int | None = None) -> str:
-    """Strict UTF-8 (see the module docstring): invalid bytes are an error naming the file, never replaced."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        bad = data[err.start:err.end]
-        raise DataFileError(
-            path, f"{where}is not valid UTF-8 (byte {err.start}{' of the line' if line else ''} is {bad!r})",
-            _UTF8_ADVICE, line=line,
-        ) from err
-
-
 def _read_tar(path: Path) -> dict[str, list]:
     splits: dict[str, list] = {"train": [], "test": []}
     try:
@@ -306,7 +278,7 @@ def _read_tar(path: Path) -> dict[str, list]:
                     continue
                 handle = tar.extractfile(member)
                 assert handle is not None  # a regular file always has contents
-                text = _decode(handle.read(), path, where=f"member {member.name} ")
+                text = decode(handle.read(), path, where=f"member {member.name} ")
                 splits[split].append((text, _LABELS[sentiment], int(match[1])))
             # tarfile stops at the archive's end marker and never reads the last bytes of the compressed
             # stream, where gzip keeps its CRC: read them, so that a changed byte is an error, not a review.
@@ -330,90 +302,15 @@ def _read_folder(folder: Path) -> list:
                 match = _REVIEW_NAME.fullmatch(entry.name)
                 if match is not None and entry.is_file():
                     path = Path(entry.path)
-                    rows.append((_decode(path.read_bytes(), path), label, int(match[1])))
+                    rows.append((decode(path.read_bytes(), path), label, int(match[1])))
     return rows
-
-
-def _read_jsonl(path: Path, parse: Callable[[str, Path, int], T] | None = None) -> list[T]:
-    """Each non-blank line of a gzipped jsonl file, parsed by ``parse(line, path, line_number)`` (default: a labelled
-    review, :func:`_parse_record`); a damaged file or line is a DataFileError naming the file (and the line)."""
-    parse = _parse_record if parse is None else parse
-    rows = []
-    try:
-        with gzip.open(path, "rb") as f:
-            # Bytes, decoded line by line, so that a bad byte is reported with its line number.
-            for line_number, raw in enumerate(f, start=1):
-                if line_number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]  # written by some Windows tools; not part of the JSON
-                line = _decode(raw, path, line=line_number)
-                if line.strip():
-                    rows.append(parse(line, path, line_number))
-    except DAMAGED_DATA_ERRORS as err:
-        if not is_damaged_data(err):
-            raise  # the system's error (permissions, disk), not damage
-        raise DataFileError(
-            path, f"is not a valid gzip file: damaged, truncated, or not gzip-compressed ({type(err).__name__}: {err})",
-            "Write it again with gzip (e.g. gzip.open(path, 'wt', encoding='utf-8')), or copy it again.",
-        ) from err
-    return rows
-
-
-def _check_ids_everywhere_or_nowhere(ids: Sequence[int], path: Path) -> None:
-    """Every line of a jsonl file has an ``"id"`` or none has: a line number standing in for a missing id (a
-    :class:`_LineId`) could equal a real id of another line, and the sort by id would then mix them up silently."""
-    missing = [i for i in ids if isinstance(i, _LineId)]
-    if missing and len(missing) != len(ids):
-        raise DataFileError(path, "has no \"id\" while other lines have one; give every line an id, or none (line "
-                                  "order then stands in)", "Fix the file.", line=int(missing[0]))
-
-
-class _LineId(int):
-    """A line number standing in for a missing id: an int, so rows sort as they would by it."""
-
-
-def _line_error(path: Path, line_number: int) -> Callable[[str], DataFileError]:
-    """``bad(problem)``: the DataFileError for a problem on this line of this file."""
-    return lambda problem: DataFileError(path, problem, "Fix or remove that line.", line=line_number)
-
-
-def _json_object(line: str, bad: Callable[[str], DataFileError], keys: tuple[str, ...]) -> dict:
-    """The line's JSON object, which must have ``keys``."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise bad(f"is not valid JSON ({error}): {line[:80]!r}") from None
-    if not isinstance(record, dict) or any(key not in record for key in keys):
-        raise bad(f"expected a JSON object with {' and '.join(repr(k) for k in keys)}, got {line[:80]!r}")
-    return record
-
-
-def _review_text(record: dict, bad: Callable[[str], DataFileError]) -> str:
-    """The record's ``"text"``: a string of valid Unicode."""
-    text = record["text"]
-    if not isinstance(text, str):
-        raise bad(f"text must be a string, got {type(text).__name__}")
-    if surrogate := _SURROGATE.search(text):
-        raise bad(
-            f"text is not valid Unicode: lone surrogate {surrogate[0]!r} at index {surrogate.start()} "
-            "(a \\ud800-\\udfff escape without its pair)"
-        )
-    return text
-
-
-def _review_id(record: dict, line_number: int, bad: Callable[[str], DataFileError]) -> int:
-    """The record's ``"id"``, or without one its line number: line order stands in for it (the sort is stable).
-    An id must be an int: ids of mixed types (3 and "7") cannot even be sorted."""
-    review_id = record.get("id", _LineId(line_number))
-    if type(review_id) not in (int, _LineId):
-        raise bad(f"id must be an int, got {review_id!r}")
-    return review_id
 
 
 def _parse_record(line: str, path: Path, line_number: int) -> tuple[str, int, int]:
     """One jsonl line as (text, label, id), or a DataFileError naming the file and the line."""
-    bad = _line_error(path, line_number)
-    record = _json_object(line, bad, ("text", "label"))
+    bad = line_error(path, line_number)
+    record = json_object(line, bad, ("text", "label"))
     label = record["label"]
     if type(label) is not int or label not in (0, 1):  # type(...) is int: True is not a label
         raise bad(f"label must be 0 or 1, got {label!r}")
-    return _review_text(record, bad), label, _review_id(record, line_number, bad)
+    return review_text(record, bad), label, review_id(record, line_number, bad)

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
-from torchformer.data.imdb_dataset import (
-    ARCHIVE_NAME, _check_ids_everywhere_or_nowhere, _decode, _is_tar, _json_object, _line_error, _read_jsonl,
-    _review_id, _review_text,
+from torchformer.data._imdb_files import (
+    check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
 )
+from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
+from torchformer.data.imdb_dataset import ARCHIVE_NAME
 
 __all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled", "texts_digest"]
 
@@ -60,8 +60,8 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
         raise FileNotFoundError(f"no unlabelled IMDb reviews at '{path}': expected a folder with {UNLABELLED_JSONL}, "
                                 f"that file, an aclImdb/ folder with train/unsup/, or {ARCHIVE_NAME}")
     if source.name == UNLABELLED_JSONL:
-        rows = _read_jsonl(source, _parse_unlabelled)
-        _check_ids_everywhere_or_nowhere([review_id for review_id, _ in rows], source)
+        rows = read_jsonl(source, _parse_unlabelled)
+        check_ids_everywhere_or_nowhere([i for i, _ in rows], source)
     elif source.is_file():
         rows = _read_tar(source)
     else:
@@ -70,7 +70,7 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
             for entry in entries:
                 match = _UNSUP_MEMBER.fullmatch(f"train/unsup/{entry.name}")
                 if match is not None and entry.is_file():
-                    rows.append((int(match[1]), _decode(Path(entry.path).read_bytes(), Path(entry.path))))
+                    rows.append((int(match[1]), decode(Path(entry.path).read_bytes(), Path(entry.path))))
     if not rows:
         raise DataFileError(source, "holds no unlabelled review", "Copy it again from the official archive.")
     rows.sort(key=lambda row: row[0])
@@ -80,7 +80,7 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
 def _find(path: Path) -> Path | None:
     """The jsonl file, the ``unsup/`` folder or the archive that ``path`` names or holds."""
     if path.is_file():
-        if path.name == UNLABELLED_JSONL or _is_tar(path):
+        if path.name == UNLABELLED_JSONL or is_tar(path):
             return path
         raise DataFileError(path, f"is neither {UNLABELLED_JSONL} nor a tar archive (or it is a damaged one)",
                             f"Pass the folder that holds {UNLABELLED_JSONL}, aclImdb/ or {ARCHIVE_NAME}.")
@@ -99,9 +99,9 @@ def _find(path: Path) -> Path | None:
 
 def _parse_unlabelled(line: str, path: Path, line_number: int) -> tuple[int, str]:
     """One jsonl line as (id, text): the labelled reader's checks, without a label."""
-    bad = _line_error(path, line_number)
-    record = _json_object(line, bad, ("text",))
-    return _review_id(record, line_number, bad), _review_text(record, bad)
+    bad = line_error(path, line_number)
+    record = json_object(line, bad, ("text",))
+    return review_id(record, line_number, bad), review_text(record, bad)
 
 
 def _read_tar(path: Path) -> list[tuple[int, str]]:
@@ -114,7 +114,7 @@ def _read_tar(path: Path) -> list[tuple[int, str]]:
                     continue
                 handle = tar.extractfile(member)
                 assert handle is not None  # a regular file has contents
-                rows.append((int(match[1]), _decode(handle.read(), path, where=f"member {member.name} ")))
+                rows.append((int(match[1]), decode(handle.read(), path, where=f"member {member.name} ")))
             while tar.fileobj.read(1 << 20):  # read to the end, where gzip keeps its CRC (see imdb_dataset)
                 pass
     except DAMAGED_DATA_ERRORS as err:

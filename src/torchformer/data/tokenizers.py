@@ -24,77 +24,24 @@ its tokens), ``decode`` takes a sequence of ints (a list, a 1-D integer tensor o
 
 from __future__ import annotations
 
-import operator
 import re
 from collections import Counter
-from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
+from typing import Iterable, Sequence, Union
 
-if TYPE_CHECKING:
-    from torchformer.data.bpe import BPETokenizer
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
+# No cycle: bpe.py imports the shared checks from _tokenizing, not this module, and it imports the optional
+# tokenizers package only when a BPETokenizer is built or loaded.
+from torchformer.data.bpe import BPETokenizer
 
 __all__ = ["WordTokenizer", "ByteTokenizer", "build_tokenizer", "tokenizer_from_state_dict"]
 
-# IMDb reviews mark line breaks with HTML tags; they would otherwise become the
-# most frequent "words" of the corpus. Replaced by a space so the words on either
-# side do not fuse.
-_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
 # A word is a run of letters/digits, optionally with inner apostrophes ("don't",
 # "it's"); every other non-space character is a token of its own ("!!" -> "!", "!").
 _TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
 
 
 def _words(text: str) -> list[str]:
-    return _TOKEN.findall(_BREAK.sub(" ", text.lower()))
-
-
-def _check_text(text: object) -> str:
-    if not isinstance(text, str):
-        hint = ""
-        if isinstance(text, (bytes, bytearray)):
-            hint = " (decode them first, e.g. text.decode('utf-8'))"
-        elif isinstance(text, (list, tuple)):
-            hint = " (encode one text at a time)"
-        raise TypeError(f"text must be a str, got {type(text).__name__}{hint}")
-    return text
-
-
-def _check_ids(ids: object) -> list[int]:
-    """``ids`` as a list of Python ints: a sequence of ints, or a 1-D integer tensor or numpy array."""
-    kind = type(ids).__name__
-    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes, bytearray)):
-        ids = ids.tolist()  # tensors and arrays: one C-level conversion instead of a Python loop over 0-d tensors
-    # bytes are iterable ints too, but surely a mistake here: decode() turns ids into text, not bytes into text.
-    # Sets and dicts iterate in no meaningful order: the text would come out shuffled.
-    if isinstance(ids, (str, bytes, bytearray, AbstractSet, Mapping)) or not isinstance(ids, Iterable):
-        raise TypeError(f"ids must be a sequence of ints, got {kind}")
-    checked = []
-    for k, i in enumerate(ids):
-        # operator.index takes ints, numpy ints and 0-d integer tensors, never floats or strings (int() would
-        # silently turn 2.7 into 2 and "3" into 3). bool is an int to Python, but not a token id.
-        try:
-            value = None if isinstance(i, bool) else operator.index(i)
-        except TypeError:
-            value = None
-        if value is None:
-            raise TypeError(f"ids[{k}] must be an int, got {type(i).__name__} {i!r}")
-        checked.append(value)
-    return checked
-
-
-def _check_max_length(max_length: int | None) -> None:
-    if max_length is not None and (
-        not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
-    ):
-        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
-
-
-def _check_state(state: Any, kind: str) -> None:
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
-    if state.get("kind") != kind:
-        raise ValueError(f"state must be a dict with kind={kind!r}, got {state.get('kind')!r}")
+    return _TOKEN.findall(BREAK.sub(" ", text.lower()))
 
 
 class WordTokenizer:
@@ -189,7 +136,7 @@ class WordTokenizer:
         Raises:
             TypeError: ``text`` is not a ``str``.
         """
-        return _words(_check_text(text))
+        return _words(check_text(text))
 
     def encode(self, text: str, *, max_length: int | None = None) -> list[int]:
         """Token ids of ``text``, unknown words as ``UNK`` (id 1), cut to ``max_length``.
@@ -208,8 +155,8 @@ class WordTokenizer:
             TypeError: ``text`` is not a ``str``.
             ValueError: ``max_length`` is neither a positive int nor ``None``.
         """
-        _check_text(text)
-        _check_max_length(max_length)
+        check_text(text)
+        check_max_length(max_length)
         lookup, unk = self._token_to_id.get, self.UNK
         ids = [lookup(token, unk) for token in _words(text)]
         return ids if max_length is None else ids[:max_length]
@@ -231,7 +178,7 @@ class WordTokenizer:
         """
         vocab, n = self._id_to_token, len(self._id_to_token)
         tokens = []
-        for i in _check_ids(ids):
+        for i in check_ids(ids):
             if not 0 <= i < n:
                 raise ValueError(f"ids must be in [0, {n}), got {i}")
             if i != self.PAD:
@@ -268,7 +215,7 @@ class WordTokenizer:
             ValueError: ``state`` is another kind's, has no ``"vocab"``, or a vocabulary that does not start with
                 ``<pad>``, ``<unk>`` or repeats a token.
         """
-        _check_state(state, "word")
+        check_state(state, "word")
         if "vocab" not in state:
             raise ValueError(f"state has no 'vocab' (keys: {sorted(state)}); pass what state_dict() returned")
         return cls(state["vocab"])
@@ -315,7 +262,7 @@ class ByteTokenizer:
             data = bytes(text)
         else:
             raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
-        _check_max_length(max_length)
+        check_max_length(max_length)
         if max_length is not None:
             data = data[:max_length]
         return [b + 1 for b in data]
@@ -334,7 +281,7 @@ class ByteTokenizer:
             ValueError: an id is outside ``[0, 257)``.
         """
         data = bytearray()
-        for i in _check_ids(ids):
+        for i in check_ids(ids):
             if not 0 <= i <= 256:
                 raise ValueError(f"ids must be in [0, 257), got {i}")
             if i != self.PAD:
@@ -369,7 +316,7 @@ class ByteTokenizer:
             TypeError: ``state`` is not a dict.
             ValueError: ``state`` is another kind's.
         """
-        _check_state(state, "byte")
+        check_state(state, "byte")
         return cls()
 
 
@@ -389,8 +336,6 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
         ValueError: ``state["kind"]`` is none of these, or the state is not valid for its class.
         ImportError: ``state`` is a BPE tokenizer's and the ``tokenizers`` package is missing.
     """
-    from torchformer.data.bpe import BPETokenizer  # here: that module builds on this one
-
     classes = {"word": WordTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict, got {type(state).__name__} (pass what state_dict() returned)")
@@ -427,8 +372,6 @@ def build_tokenizer(
     if kind == "word":
         return WordTokenizer.build(texts, vocab_size)
     if kind == "bpe":
-        from torchformer.data.bpe import BPETokenizer  # here: that module builds on this one
-
         return BPETokenizer.build(texts, vocab_size)
     if kind == "byte":
         return ByteTokenizer()

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import _autocast_enabled
+from torchformer._checks import autocast_enabled
 from torchformer.decoding import generation
 from torchformer.decoding.cache import BlockCache, mark_static_address
 
@@ -39,7 +39,7 @@ __all__ = ["StaticCacheGenerator"]
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    if not _autocast_enabled(device_type):
+    if not autocast_enabled(device_type):
         return None
     try:
         return torch.get_autocast_dtype(device_type)

@@ -57,6 +57,7 @@ class TransformerBlock(nn.Module):
             ``activation``, and what the attention reads: ``kqnorm``, ``impl``, ``positions``, ``kv_heads``,
             ``window``).
         causal: self-attention only looks backwards (generators).
+        layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``.
@@ -83,8 +84,10 @@ class TransformerBlock(nn.Module):
 
     @classmethod
     def needs_final_norm(cls, config: TransformerConfig) -> bool:
-        """Whether a stack of these blocks ends with a norm: with pre-norm, a block leaves its output unnormalised
-        (the residual stream), so the stack normalises it once at the end.
+        """Whether a stack of these blocks ends with a norm.
+
+        With pre-norm, a block leaves its output unnormalised (the residual stream), so the stack normalises it once
+        at the end.
 
         Args:
             config: the architecture of the blocks.
@@ -184,6 +187,7 @@ class DecoderBlock(TransformerBlock):
 
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
+        layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)``,

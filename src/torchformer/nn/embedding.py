@@ -25,10 +25,13 @@ from torchformer.nn.positions import LearnedPositions, NoPositions, SinusoidalPo
 
 
 class EmbeddingPositions:
-    """What an embedding adds for each value of the config's ``positions``: the class attribute
-    ``position_classes``, which a variant replaces to try another scheme (its classes build themselves with
-    ``from_sizes(emb, max_len)``). The schemes that act inside attention (``"rotary"``, ``"alibi"``,
-    ``"relative"``) and ``"none"`` add nothing here: :class:`~torchformer.nn.positions.NoPositions`."""
+    """What an embedding adds for each value of the config's ``positions``.
+
+    The class attribute ``position_classes`` names the scheme's class; a variant replaces it to try another scheme
+    (its classes build themselves with ``from_sizes(emb, max_len)``). The schemes that act inside attention
+    (``"rotary"``, ``"alibi"``, ``"relative"``) and ``"none"`` add nothing here:
+    :class:`~torchformer.nn.positions.NoPositions`.
+    """
 
     position_classes: dict[str, type[nn.Module]] = {
         "learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions,
@@ -36,7 +39,17 @@ class EmbeddingPositions:
     }
 
     def position_class(self, positions: str) -> type[nn.Module]:
-        """The class of the scheme ``positions`` names; a ``ValueError`` listing the known names otherwise."""
+        """The class of the scheme ``positions`` names.
+
+        Args:
+            positions: the config's ``positions``, a key of ``position_classes``.
+
+        Returns:
+            The class, which builds itself with ``from_sizes(emb, max_len)``.
+
+        Raises:
+            ValueError: ``positions`` is not a key of ``position_classes`` (the message lists them).
+        """
         check_choice(positions, "positions", tuple(self.position_classes))
         return self.position_classes[positions]
 

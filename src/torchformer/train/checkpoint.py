@@ -61,7 +61,8 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_positive_int
-from torchformer._files import host_tag, is_stale
+from torchformer._devices import check_map_location
+from torchformer._files import check_file_path, host_tag, is_stale
 from torchformer.config import TransformerConfig
 # No cycle: torchformer/__init__.py imports the models before this module, and models.py imports train.export only
 # inside TransformerModel.from_checkpoint.
@@ -85,6 +86,8 @@ _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
 # model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
 # and activation checkpointing is a memory choice of the training run).
 TRAINING_ONLY_FIELDS = ("dropout", "impl", "checkpoint_blocks")
+# How the messages about a checkpoint path that names a folder say to name a file in it (torchformer._files).
+PATH_EXAMPLE = "checkpoint_path({folder}, step)"
 
 
 class CheckpointError(ValueError):
@@ -315,7 +318,8 @@ def save_checkpoint(
     ``step`` is the number of optimizer steps taken so far, i.e. the step to resume from. ``extra`` must hold
     only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
     ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
-    the checkpoint also holds ``"model_class"`` (its class name) and ``"config"`` (``model.config.to_dict()``).
+    the checkpoint also holds ``"model_class"`` (its class name), ``"model_class_path"`` (where to import it from,
+    :meth:`~torchformer.models.TransformerModel.import_path`) and ``"config"`` (``model.config.to_dict()``).
 
     Args:
         path: the file to write (e.g. :func:`checkpoint_path`); an existing file is replaced.
@@ -338,7 +342,7 @@ def save_checkpoint(
         IsADirectoryError: ``path`` is a folder.
         NotADirectoryError: a parent of ``path`` is a file.
     """
-    path = _check_file_path(path)
+    path = check_file_path(path, "path", example=PATH_EXAMPLE)
     target = unwrap_model(model)
     payload = build_payload(
         target, target.state_dict(), optimizer, None if optimizer is None else optimizer.state_dict(), scheduler,
@@ -394,11 +398,12 @@ def build_payload(
         "scheduler": None if scheduler is None else scheduler.state_dict(),
         "scheduler_class": None if scheduler is None else type(scheduler).__name__,
         "extra": {} if extra is None else dict(extra),
-        "rng": _capture_rng_state(),
+        "rng": capture_rng_state(),
         "generators": generator_states(generators),
     }
     if isinstance(target, TransformerModel):  # plain data, so weights_only loading reads it back
         payload["model_class"] = model_class(target).__name__
+        payload["model_class_path"] = model_class(target).import_path()  # so a variant's class is found on loading
         payload["config"] = target.config.to_dict()
     return payload
 
@@ -497,9 +502,9 @@ def load_checkpoint(
             lacks a requested state, or ``map_location`` names a device this machine lacks.
     """
     path = Path(path)
-    _check_map_location(map_location)
+    check_map_location(map_location)
     check_bool(restore_rng, "restore_rng")  # "no" would be truthy
-    ckpt = _read_payload(path, map_location=map_location, mmap=False, verify=True)
+    ckpt = read_payload(path, map_location=map_location, mmap=False, verify=True)
 
     # Check everything before changing anything, so a bad checkpoint leaves the run as it was.
     target = unwrap_model(model)
@@ -516,7 +521,7 @@ def load_checkpoint(
     for name, g in generators.items():
         g.set_state(saved[name].cpu())  # generator states are CPU byte tensors, even for CUDA generators
     if restore_rng and "rng" in ckpt:
-        _restore_rng_state(ckpt["rng"])
+        restore_rng_state(ckpt["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
 
 
@@ -570,7 +575,8 @@ def check_payload(
 def read_checkpoint(path: PathLike) -> dict:
     """What a checkpoint file holds besides its weights, without loading the weights into memory.
 
-    Returns ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None}``:
+    Returns ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None,
+    "model_class_path": str or None}``:
     ``config`` and ``model_class`` are ``None`` for a checkpoint of a plain ``nn.Module`` (or a bare
     ``state_dict``). The file is read with ``torch.load(..., weights_only=True, mmap=True)``: the tensors are
     mapped, not read, so this is cheap even for a checkpoint of many gigabytes; for the same reason the weights'
@@ -580,7 +586,8 @@ def read_checkpoint(path: PathLike) -> dict:
         path: the checkpoint file.
 
     Returns:
-        ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None}``.
+        ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None,
+        "model_class_path": str or None}``.
 
     Raises:
         FileNotFoundError: there is no file at ``path``.
@@ -589,12 +596,13 @@ def read_checkpoint(path: PathLike) -> dict:
         ValueError: the stored config cannot be read by this version of torchformer.
     """
     path = Path(path)
-    ckpt = _read_payload(path, map_location="cpu", mmap=True, verify=False)
+    ckpt = read_payload(path, map_location="cpu", mmap=True, verify=False)
     return {
         "step": int(ckpt.get("step", 0)),
         "extra": ckpt.get("extra", {}),
         "config": _saved_config(ckpt, path),
         "model_class": ckpt.get("model_class"),
+        "model_class_path": ckpt.get("model_class_path"),  # absent in checkpoints written before 0.5
     }
 
 
@@ -613,46 +621,11 @@ def verify_checkpoint(path: PathLike) -> None:
         IsADirectoryError: ``path`` is a folder.
         CheckpointError: the file is empty, truncated, damaged, or not a checkpoint.
     """
-    _read_payload(Path(path), map_location="cpu", mmap=True, verify=True)
+    read_payload(Path(path), map_location="cpu", mmap=True, verify=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Helpers
-
-
-def _check_file_path(path: object) -> Path:
-    """``path`` as a Path to a file that can be written: not empty, not a folder, in a folder (or a new one)."""
-    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
-    given = os.fspath(path)
-    if given.endswith(("/", os.sep)):  # Path() drops the slash: "runs/new/" would become a file named "new"
-        raise ValueError(f"path must name a file, got the folder {given!r}; pass a file in it, e.g. "
-                         f"checkpoint_path({given!r}, step)")
-    path = Path(path)
-    if os.fspath(path) in ("", ".", "..") or path.name in ("", ".", ".."):
-        raise ValueError(f"path must name a file, got {os.fspath(path)!r} (e.g. checkpoint_path(folder, step))")
-    if path.is_dir():
-        raise IsADirectoryError(f"path {path} is a folder; pass a file in it, e.g. checkpoint_path({str(path)!r}, step)")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(f"cannot save {path}: {parent} is a file, not a folder")
-            break
-    return path
-
-
-def _check_map_location(map_location: Any) -> None:
-    """A device that does not exist here is the caller's mistake: say so, not "the file is damaged" later."""
-    if not isinstance(map_location, (str, torch.device)):
-        return  # a dict or a function, as torch.load accepts: torch checks those
-    try:
-        device = torch.device(map_location)
-    except RuntimeError as e:
-        raise ValueError(f"map_location must name a device such as 'cpu' or 'cuda:0', got {map_location!r}") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"map_location {map_location!r}: CUDA is not available on this machine; use 'cpu'")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"map_location {map_location!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
@@ -787,7 +760,14 @@ def _plain_to_numpy(obj: Any) -> Any:
     return obj
 
 
-def _capture_rng_state() -> dict:
+def capture_rng_state() -> dict:
+    """The states of the global random number generators, in a form ``torch.load(weights_only=True)`` reads back.
+
+    Python's ``random``, NumPy's global generator, torch's CPU generator and, once CUDA is in use, every visible GPU's.
+
+    Returns:
+        ``{"python": ..., "numpy": ..., "torch_cpu": ..., "torch_cuda": [...]}``, for :func:`restore_rng_state`.
+    """
     version, internal, gauss_next = random.getstate()
     return {
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
@@ -812,7 +792,14 @@ def _check_rng_state(state: Any, path: Path) -> None:
                               f"({type(e).__name__}: {e}); pass restore_rng=False to load it without them") from e
 
 
-def _restore_rng_state(state: Mapping[str, Any]) -> None:
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Set the global random number generators to ``state``, so the run draws the numbers it would have drawn.
+
+    A run resumed on fewer GPUs restores those it has; on a machine without CUDA the GPUs' states are skipped.
+
+    Args:
+        state: what :func:`capture_rng_state` returned (possibly saved and loaded again).
+    """
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
     np.random.set_state(_plain_to_numpy(state["numpy"]))
@@ -823,12 +810,28 @@ def _restore_rng_state(state: Mapping[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
 
 
-def _read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) -> dict:
+def read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) -> dict:
     """The dict in the checkpoint file ``path`` (a bare ``state_dict`` becomes ``{"step": 0, "model": ...}``).
 
     Every way a file can fail to be a checkpoint (empty, truncated, random bytes, pickled objects, bytes changed
     after writing) becomes one :class:`CheckpointError` naming the file, instead of whichever pickle, zip, EOF or
     OS error torch.load happens to raise, or silently wrong weights.
+
+    Args:
+        path: the checkpoint file.
+        map_location: where the tensors are loaded, as ``torch.load`` takes it.
+        mmap: map the tensors instead of reading them (files in torch's zip format; others are read whole).
+        verify: recompute the integrity digest and compare it with the stored one.
+
+    Returns:
+        The checkpoint's entries (``"model"``, ``"step"``, ``"extra"``, ...), the integrity record removed.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError: ``path`` is a folder.
+        CheckpointError: the file is empty, truncated, damaged or not a checkpoint;
+            :class:`CheckpointVersionError` when a newer torchformer wrote it.
+        OSError: the system could not read it (permissions, an I/O error): the file itself may be fine.
     """
     if path.is_dir():
         raise IsADirectoryError(f"expected a checkpoint file, got the folder {path} (latest_checkpoint(folder) finds "

@@ -35,9 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
 
+from torchformer._files import check_file_path
 from torchformer.train.checkpoint import (
-    PathLike, _capture_rng_state, _check_file_path, _read_payload, _restore_rng_state, build_payload,
-    check_payload, generator_states, unwrap_model, write_payload,
+    PATH_EXAMPLE, PathLike, build_payload, capture_rng_state, check_payload, generator_states, read_payload,
+    restore_rng_state, unwrap_model, write_payload,
 )
 from torchformer.train.distributed import rank_and_world_size
 
@@ -73,14 +74,14 @@ def save_distributed_checkpoint(
         Exception: on rank 0, whatever made the write fail (as ``save_checkpoint`` raises it); on the other
             processes a ``RuntimeError`` quoting it, so that no process waits forever.
     """
-    path = _check_file_path(path)
+    path = check_file_path(path, "path", example=PATH_EXAMPLE)
     target = unwrap_model(model)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
     if optimizer is None:
         model_state, optimizer_state = get_model_state_dict(target, options=options), None
     else:
         model_state, optimizer_state = get_state_dict(target, optimizer, options=options)
-    ranks = _gather({"rng": _capture_rng_state(), "generators": generator_states(generators)})
+    ranks = _gather({"rng": capture_rng_state(), "generators": generator_states(generators)})
     error = None
     if ranks is not None:  # the main process
         try:
@@ -134,7 +135,7 @@ def load_distributed_checkpoint(
         TypeError: ``restore_rng`` is not a bool.
     """
     path = Path(path)
-    ckpt = _read_payload(path, map_location="cpu", mmap=False, verify=True)
+    ckpt = read_payload(path, map_location="cpu", mmap=False, verify=True)
     target = unwrap_model(model)
     state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
     if not isinstance(restore_rng, bool):
@@ -160,7 +161,7 @@ def load_distributed_checkpoint(
     for name, g in (generators or {}).items():
         g.set_state(mine["generators"][name].cpu())
     if restore_rng and mine["rng"] is not None:  # a bare state_dict saved by other code holds no generator states
-        _restore_rng_state(mine["rng"])
+        restore_rng_state(mine["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks)}
 
 

@@ -19,6 +19,7 @@ Either way the model comes back in the dtype it was saved in (a ``model.half()``
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -29,12 +30,13 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from torchformer._devices import map_location_device
+from torchformer._files import check_parents, file_sha256
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
 from torchformer.train.checkpoint import (
     CheckpointError, is_or_extends, load_checkpoint, read_checkpoint, unwrap_model, write_atomically,
 )
-from torchformer.train.training import _check_parents, _resolve_device
 
 PathLike = Union[str, os.PathLike]
 
@@ -57,8 +59,12 @@ def load_model(
         path: a checkpoint file written by :func:`~torchformer.train.checkpoint.save_checkpoint`, or a folder
             written by :func:`export_model`.
         model_class: the class to build (``model_class.from_config(config)``): the saved class or a subclass of it.
-            By default the saved class name is looked up in :data:`torchformer.models.MODEL_CLASSES` and ``classes``.
-        classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: your own subclasses.
+            By default the saved class name is looked up in ``classes``, then in
+            :data:`torchformer.models.MODEL_CLASSES`, then imported from where the file says it lives
+            (:meth:`~torchformer.models.TransformerModel.import_path`, e.g. ``"my_variants:ParallelGPT"``): a
+            variant of your own loads without naming it, wherever its module is importable.
+        classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: a class that cannot be imported
+            by its recorded path (defined in a script that is not running, or moved or renamed since).
         map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
 
     Returns:
@@ -79,10 +85,10 @@ def load_model(
     ``model_class`` or ``classes`` that are not torchformer model classes.
     """
     path = _check_path(path, "path")
-    device = _check_device(map_location)
+    device = map_location_device(map_location)
     if path.is_dir():
         safetensors_torch = _import_safetensors()  # before any work: a missing package is the first thing to fix
-        saved_class, config, digest = _read_export_config(path)
+        saved_class, config, digest, saved_path = _read_export_config(path)
         weights = path / WEIGHTS_FILE
         if not weights.is_file():
             raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
@@ -92,7 +98,7 @@ def load_model(
         dtypes = _safetensors_dtypes(weights)
     else:
         info = read_checkpoint(path)
-        saved_class, config = info["model_class"], info["config"]
+        saved_class, config, saved_path = info["model_class"], info["config"], info["model_class_path"]
         if config is None:
             raise ValueError(
                 f"checkpoint {path} holds no model config (it was saved from a plain nn.Module or by an older "
@@ -100,7 +106,7 @@ def load_model(
                 f"load_checkpoint({str(path)!r}, model=model)"
             )
         dtypes = _checkpoint_dtypes(path)
-    cls = _resolve_model_class(saved_class, model_class, classes, path)
+    cls = _resolve_model_class(saved_class, model_class, classes, path, saved_path)
     with torch.random.fork_rng(devices=[]):  # the random initial weights are overwritten: don't consume the RNG
         model = cls.from_config(config)
     _adopt_dtypes(model, dtypes)  # before loading: float32 would round float64 weights
@@ -116,7 +122,8 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
 
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds
-    ``{"model_class": ..., "config": {...}, "format_version": 1, "torchformer_version": ...,
+    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "format_version": 1,
+    "torchformer_version": ...,
     "config_sha256": ..., "weights_sha256": ...}``: the SHA-256 of the class and config (an edit that would read
     the weights into another architecture is refused) and of ``model.safetensors``, both checked by
     :func:`load_model`. Neither file can run code when read, and :func:`load_model` (or
@@ -143,12 +150,13 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     directory = _check_path(directory, "directory")
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"directory must be a folder to export the model to, got the file {directory}")
-    _check_parents(directory, "directory")
+    check_parents(directory, "directory")
     safetensors_torch = _import_safetensors()
     from torchformer import __version__  # imported here: torchformer/__init__.py imports this module
 
     description = {
         "model_class": type(target).__name__,
+        "model_class_path": type(target).import_path(),  # so that load_model finds a variant's class by itself
         "config": target.config.to_dict(),
         "format_version": EXPORT_FORMAT_VERSION,
         "torchformer_version": __version__,
@@ -158,7 +166,7 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     def write_weights(tmp: Path) -> None:
         # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
         safetensors_torch.save_model(target, str(tmp))
-        description["weights_sha256"] = _sha256(tmp)  # of the bytes written, before they are renamed into place
+        description["weights_sha256"] = file_sha256(tmp)  # of the bytes written, before they are renamed into place
 
     write_atomically(directory / WEIGHTS_FILE, write_weights)
     write_atomically(directory / CONFIG_FILE,
@@ -171,8 +179,10 @@ def _resolve_model_class(
     model_class: Optional[type[TransformerModel]],
     classes: Optional[Mapping[str, type[TransformerModel]]],
     path: Path,
+    saved_path: Optional[str] = None,
 ) -> type[TransformerModel]:
-    """The class :func:`load_model` builds: ``model_class``, or the class named ``saved`` in the file."""
+    """The class :func:`load_model` builds: ``model_class``, or the class named ``saved`` in the file (found in
+    ``classes``, then among the built-in classes, then imported from ``saved_path``, ``"module:qualname"``)."""
     known: dict[str, type[TransformerModel]] = dict(MODEL_CLASSES)
     if classes is not None:
         if not isinstance(classes, Mapping):
@@ -190,12 +200,37 @@ def _resolve_model_class(
         return model_class
     if saved is None:
         raise ValueError(f"{path} does not say which model class it holds; pass model_class=... (e.g. GTransformer)")
-    if saved not in known:
-        raise ValueError(
-            f"{path} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
-            f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
-        )
-    return known[saved]
+    if saved in known:
+        return known[saved]
+    if saved_path is not None:
+        return _import_model_class(saved, saved_path, path)
+    raise ValueError(
+        f"{path} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
+        f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
+    )
+
+
+def _import_model_class(saved: str, saved_path: object, path: Path) -> type[TransformerModel]:
+    """The class at ``saved_path`` (``"module:qualname"``), which must be a TransformerModel called ``saved``.
+
+    The module is imported as ``import`` would (a script's ``__main__`` is the running script): only module names
+    are read from the file, never code.
+    """
+    how = f"pass the class: load_model(path, classes={{{saved!r}: {saved}}})"
+    module_name, _, qualname = saved_path.partition(":") if isinstance(saved_path, str) else ("", "", "")
+    if not module_name or not qualname:
+        raise ValueError(f"{path} records its class's import path as {saved_path!r}, not 'module:qualname'; {how}")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{path} holds a {saved}, which was defined at {saved_path} and cannot be imported from "
+                         f"there ({type(e).__name__}: {e}); {how}") from e
+    if not (isinstance(found, type) and issubclass(found, TransformerModel) and found.__name__ == saved):
+        raise ValueError(f"{path} holds a {saved}, but {saved_path} is {found!r}, not a torchformer model class of "
+                         f"that name; {how}")
+    return found
 
 
 def _check_model_class(cls: Any, name: str) -> None:
@@ -213,12 +248,6 @@ def _check_path(path: object, name: str) -> Path:
     return Path(path)
 
 
-def _check_device(map_location: Any) -> torch.device:
-    if not isinstance(map_location, (str, torch.device)):
-        raise TypeError(f"map_location must be a device such as 'cpu' or 'cuda:0', got {map_location!r}")
-    return _resolve_device(map_location, "map_location")  # also says so when the device does not exist here
-
-
 def _import_safetensors() -> Any:
     """``safetensors.torch``, an optional dependency: needed only for exported folders."""
     try:
@@ -229,9 +258,11 @@ def _import_safetensors() -> Any:
     return safetensors.torch
 
 
-def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConfig, Optional[str]]:
-    """The class name, the config and the weights' SHA-256 (``None`` if not recorded) in ``directory/config.json``,
-    written by :func:`export_model`."""
+def _read_export_config(
+    directory: Path,
+) -> tuple[Optional[str], TransformerConfig, Optional[str], Optional[str]]:
+    """The class name, the config, the weights' SHA-256 and the class's import path (each ``None`` if not
+    recorded) in ``directory/config.json``, written by :func:`export_model`."""
     file = directory / CONFIG_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{directory} holds no {CONFIG_FILE}; expected a folder written by export_model "
@@ -256,9 +287,10 @@ def _read_export_config(directory: Path) -> tuple[Optional[str], TransformerConf
     if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         raise ValueError(f"{file} has a weights_sha256 that is not a SHA-256 digest (64 hex digits): {digest!r:.80}")
     try:
-        return data.get("model_class"), TransformerConfig.from_dict(data["config"]), digest
+        config = TransformerConfig.from_dict(data["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{file} holds a config this version of torchformer cannot read: {e}") from e
+    return data.get("model_class"), config, digest, data.get("model_class_path")
 
 
 def _architecture_digest(model_class: object, config: object) -> str:
@@ -267,17 +299,9 @@ def _architecture_digest(model_class: object, config: object) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _sha256(file: Path) -> str:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _verify_weights(file: Path, expected: str) -> None:
     """Raise :class:`CheckpointError` naming ``file`` unless its SHA-256 is ``expected``."""
-    received = _sha256(file)
+    received = file_sha256(file)
     if received != expected:
         raise CheckpointError(
             f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., {CONFIG_FILE} "

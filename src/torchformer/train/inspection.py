@@ -26,9 +26,9 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from torchformer._files import check_png_path
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.train.checkpoint import unwrap_model
-from torchformer.train.training import _check_png_path
 
 __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 
@@ -169,7 +169,7 @@ def plot_attention(
     if t == 0 or u == 0:
         raise ValueError(f"weights must have at least one row and one column, got shape {(t, u)}")
     x_labels, y_labels = _labels(x_labels, "x_labels"), _labels(y_labels, "y_labels")
-    path = _check_png_path(path, "path")
+    path = check_png_path(path, "path")
     if len(y_labels) != t or len(x_labels) != u:
         raise ValueError(
             f"weights has shape (t, u) = ({t}, {u}), so y_labels needs {t} labels and x_labels {u}; "

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchformer._devices import parse_device, resolve_named_device
+from torchformer._files import check_file_path, check_png_path
 from torchformer.train.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -84,69 +86,7 @@ def resolve_device(device: Union[str, torch.device, None] = None) -> torch.devic
         ValueError: the device is unknown, missing here, ``"meta"``, or ``"cpu:N"`` with ``N != 0``.
         TypeError: ``device`` is not a str, ``torch.device`` or ``None``.
     """
-    return _resolve_device(device, "device")
-
-
-def _resolve_device(device: object, name: str) -> torch.device:
-    """:func:`resolve_device`, its errors naming the argument ``name`` (``map_location``, ...)."""
-    parsed = _parse_device(device, name)
-    if parsed is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _check_available(parsed, name)
-    return parsed
-
-
-def _parse_device(device: object, name: str = "device") -> Optional[torch.device]:
-    """``device`` as a ``torch.device`` (``None`` for ``None``/``"auto"``), checked to be a device that can run a
-    model, but not checked to exist on this machine (:func:`_check_available` does that)."""
-    if device is None:
-        return None
-    if isinstance(device, str):
-        text = device.strip().lower()  # torch's device names are lower case, and " cpu" is no other device
-        if text == "auto":
-            return None
-        try:
-            device = torch.device(text)
-        except RuntimeError as e:
-            raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda', 'cuda:N', ...; got {device!r} ({e})") from None
-    elif not isinstance(device, torch.device):
-        raise TypeError(f"{name} must be a str, torch.device or None, got {type(device).__name__} {device!r}")
-    if device.type == "meta":
-        raise ValueError(f"{name} must be a device that can run a model, got {str(device)!r}: the meta device holds "
-                         f"shapes but no data; use 'cpu', 'cuda' or 'auto'")
-    if device.type == "cpu" and device.index not in (None, 0):
-        raise ValueError(f"{name} must be 'cpu' (or 'cpu:0': there is one CPU device, whatever the cores), got "
-                         f"{str(device)!r}; did you mean 'cuda:{device.index}'?")
-    return device
-
-
-def _check_available(device: torch.device, name: str = "device") -> None:
-    """Raise ``ValueError`` naming ``device`` unless this machine can put tensors on it."""
-    if device.type == "cpu":
-        return
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"{name} {str(device)!r} was requested but CUDA is not available "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use 'cpu' or 'auto'"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
-        return
-    backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
-    is_available = getattr(backend, "is_available", None)
-    if callable(is_available) and not is_available():
-        raise ValueError(f"{name} {str(device)!r} was requested but is not available on this machine")
-    # Many device types are merely names to torch ("opengl", "xla" without torch_xla, "mkldnn", which is a CPU
-    # library): the one sure test is to place an empty tensor there.
-    try:
-        torch.empty(0, device=device)
-    except Exception as e:  # noqa: BLE001 - NotImplementedError, AssertionError, RuntimeError, ... by backend
-        reason = " ".join(str(e).split())[:160]
-        raise ValueError(f"{name} {str(device)!r} was requested but this torch cannot place tensors there "
-                         f"({type(e).__name__}: {reason}); use 'cpu', 'cuda' or 'auto'") from None
+    return resolve_named_device(device, "device")
 
 
 def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) -> ContextManager:
@@ -172,7 +112,7 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
-    parsed = _parse_device(device)
+    parsed = parse_device(device)
     if not enabled:
         return contextlib.nullcontext()
     device = resolve_device(parsed)
@@ -394,7 +334,7 @@ class CSVLogger:
             raise ValueError(f"resume_step must be a non-negative int or None, got {resume_step!r}")
         if resume_step is not None and step_column not in self.fieldnames:
             raise ValueError(f"step_column {step_column!r} is not one of the fieldnames {self.fieldnames}")
-        self.path = _check_file_path(path, "path")
+        self.path = check_file_path(path, "path")
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
         rows = _read_csv(self.path) if self.path.exists() and self.path.stat().st_size > 0 else None
@@ -495,37 +435,6 @@ def _read_csv(path: Path) -> list[list[str]]:
         raise ValueError(f"{path} is not a readable CSV file ({e}); use a new file") from None
 
 
-def _check_file_path(path: object, name: str) -> Path:
-    """``path`` as a ``Path``, refusing what cannot name a file: other types, ``""`` and existing folders."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a file path (str or os.PathLike), got {type(path).__name__} {path!r}")
-    if os.fspath(path) in ("", b""):
-        raise ValueError(f"{name} must be a file path, got an empty path")
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{name} must be a file path, got the existing folder {path}")
-    _check_parents(path, name)
-    return path
-
-
-def _check_parents(path: Path, name: str) -> None:
-    """Raise ``NotADirectoryError`` when a folder on the way to ``path`` is an existing file."""
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(f"{name} {path} cannot be created: {parent} is a file, not a folder")
-            return
-
-
-def _check_png_path(path: object, name: str) -> Path:
-    """A file path ending in ``.png``: matplotlib picks the format from the suffix and appends ``.png`` to a name
-    without one, so the picture would not be at ``path``."""
-    path = _check_file_path(path, name)
-    if path.suffix.lower() != ".png":
-        raise ValueError(f"{name} must name a .png file, got {str(path)!r}")
-    return path
-
-
 def plot_curves(
     csv_path: PathLike,
     png_path: PathLike,
@@ -573,8 +482,8 @@ def plot_curves(
         if not (isinstance(label, str) and isinstance(point, (tuple, list)) and len(point) == 2
                 and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in point)):
             raise ValueError(f"marks must map labels (str) to (x, y) number pairs, got {label!r}: {point!r}")
-    csv_path = _check_file_path(csv_path, "csv_path")
-    png_path = _check_png_path(png_path, "png_path")
+    csv_path = check_file_path(csv_path, "csv_path")
+    png_path = check_png_path(png_path, "png_path")
     if not csv_path.is_file():
         raise FileNotFoundError(f"csv_path {csv_path} does not exist (a CSVLogger writes it)")
     lines = _read_csv(csv_path)
