@@ -38,7 +38,8 @@ from urllib.request import url2pathname
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The pages with figures drawn by docs/make_figures.py.
-FIGURE_PAGES = ["blocks", "masks", "heads", "positions", "attention"]
+# Every page that shows a figure (a Markdown image of docs/images/), found from the pages themselves.
+FIGURE_PAGES = sorted(page.stem for page in (ROOT / "docs").glob("*.md") if "](images/" in page.read_text())
 # (width, height) in CSS pixels: a desktop, and a phone (an iPhone's 375 x 812). Material restyles display maths
 # below 720 px, so both sides of that line are checked.
 VIEWPORTS = [(1280, 900), (375, 812)]
