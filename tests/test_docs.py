@@ -112,3 +112,14 @@ def test_known_cases(recorded, fresh, rules, holds):
 def test_an_unknown_rule_is_an_error():
     with pytest.raises(ValueError, match="unknown rule 'decimal 2%'"):
         update_snippets.parse_rules("decimal 2%")
+
+
+def test_the_reading_order_of_index_md_is_the_sidebar_s():
+    """The learner's path is the same in the sidebar (mkdocs.yml's nav) and in index.md's "Reading order"."""
+    root = DOCS.parent
+    nav = (root / "mkdocs.yml").read_text()
+    nav = nav[nav.index("\nnav:"):]
+    sidebar = [page for page in re.findall(r"([\w/-]+\.md)", nav) if "/" not in page and page != "index.md"]
+    index = (DOCS / "index.md").read_text()
+    order = re.findall(r"\]\(([\w-]+\.md)\)", index[index.index("## Reading order"):])
+    assert order == sidebar
