@@ -1,10 +1,12 @@
 """Draw the figures of the docs from the library itself, so that they stay true to the code.
 
-Every figure is computed or checked by torchformer's own modules: the masks come from ``AttentionMask``, the
-sinusoids from ``sinusoidal_table``, the tensor shapes of the heads figure from running ``SelfAttention``, and the
-wiring of the block diagram is checked against ``TransformerBlock`` and ``Encoder`` before it is drawn (the script
-stops with an error if the code and the picture disagree). The attention map is measured on a small model that the
-script trains, seeded, in a few seconds on one CPU thread.
+The figures of the concept pages are drawn here; those of the models and of decoding live in ``docs/figures/``
+(``models.py``, ``decoding.py``), and ``docs/figures/canvas.py`` holds what all share (a figure without pyplot,
+saved with no timestamp). Every figure is computed or checked by torchformer's own modules: the masks come from
+``AttentionMask``, the sinusoids from ``sinusoidal_table``, the tensor shapes of the heads figure from running
+``SelfAttention``, and the wiring of the block diagram is checked against ``TransformerBlock`` and ``Encoder``
+before it is drawn (the script stops with an error if the code and the picture disagree). The attention map is
+measured on a small model that the script trains, seeded, in a few seconds on one CPU thread.
 
     python docs/make_figures.py                            # every figure, into docs/images/
     python docs/make_figures.py --only masks               # one figure (repeat --only for more)
@@ -37,32 +39,17 @@ from torchformer.train.inspection import capture_attention
 # import docs/figures/ through it.
 import sys  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from figures.canvas import new_figure, save  # noqa: E402
 from figures.models import draw_model_decoder_only, draw_model_encoder_decoder  # noqa: E402
 from figures.decoding import (  # noqa: E402
     draw_beam_search, draw_going_big_memory, draw_pooling, draw_sampling, draw_tokens,
 )
 
 IMAGES = pathlib.Path(__file__).resolve().parent / "images"
-DPI = 110  # sharp enough on a screen, small enough to check in (each file stays well under 150 KB)
 
 # One colour per head (and per kind of part in the block diagram), reused across the figures so they read alike.
 HEAD_COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
 PART_COLOURS = {"attention": "#c9daf8", "ff": "#d9ead3", "norm": "#fff2cc", "drop": "#eeeeee", "final": "#fce5cd"}
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure with its own Agg canvas: no pyplot, no global state, no GUI backend needed."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def save(figure, path: pathlib.Path) -> None:
-    # No "Software" entry (matplotlib's version): the same drawing gives the same bytes.
-    figure.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
 
 
 # --- post-norm and pre-norm ---------------------------------------------------------------------------------------

@@ -34,26 +34,12 @@ from torchformer.decoding.generation import beam_search
 from torchformer.decoding.sampling import sample_next
 from torchformer.nn.heads import ClassifierHead
 
+from figures.canvas import new_figure, save
+
 DOCS = pathlib.Path(__file__).resolve().parents[1]
 # The same canvas and PNG settings as make_figures.py. (Importing them from there would run the script a second
 # time, under another module name, when it is started as `python docs/make_figures.py`.)
-DPI = 110
 BLUE, ORANGE, GREEN, RED, GREY = "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#999999"
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure with its own Agg canvas: no pyplot, no global state, no GUI backend needed."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def save(figure, path: pathlib.Path) -> None:
-    # No "Software" entry (matplotlib's version): the same drawing gives the same bytes.
-    figure.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
 
 
 def shown_byte(token: int) -> str:

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from torchformer.models import GTransformer, Seq2SeqTransformer
 
-DPI = 110  # make_figures.DPI: the figures of the docs read alike
+from figures.canvas import new_figure, save
+
 COLOURS = {"attention": "#c9daf8", "ff": "#d9ead3", "norm": "#fff2cc", "embedding": "#ead1dc", "head": "#fce5cd",
            "frame": "#f7f7f7"}  # make_figures.PART_COLOURS, plus the parts outside the blocks
 INK, GREY = "#333333", "#666666"
@@ -43,21 +44,6 @@ KINDS = {"attention": "attention", "cross_attention": "attention", "ff": "ff"}
 # Data units (the axes have equal aspect): a box's width, its first line's centre below its top, the step to each
 # further line, and the room below its last line (more than above it: arrows arrive from below).
 BOX_W, FIRST, LINE_H, BELOW = 3.3, 0.18, 0.22, 0.21
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure with its own Agg canvas: no pyplot, no global state (as make_figures.new_figure)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def save(figure, path: pathlib.Path) -> None:
-    # No "Software" entry (matplotlib's version): the same drawing gives the same bytes.
-    figure.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
 
 
 # --- the models, checked ------------------------------------------------------------------------------------------
