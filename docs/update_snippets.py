@@ -128,10 +128,11 @@ def parse_rules(rules: str | None) -> dict:
 
 
 def last_digit(number: str) -> float:
-    """One unit of the last printed digit: 0.01 for "3.72", 1e-08 for "1.2e-07", 1 for "95"."""
+    """One unit of the last printed digit: 0.01 for "3.72", 1e-08 for "1.2e-07"; 0 for a number with no digit after
+    its point ("95", "1.", "2e-04"), whose last digit is the whole value: such a number is compared exactly."""
     mantissa, _, exponent = number.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
-    return 10.0 ** (int(exponent or 0) - decimals)
+    return 10.0 ** (int(exponent or 0) - decimals) if decimals else 0.0
 
 
 def numbers_agree(recorded: str, fresh: str, rules: dict, percent: bool) -> bool:
@@ -143,8 +144,14 @@ def numbers_agree(recorded: str, fresh: str, rules: dict, percent: bool) -> bool
         return abs(b) <= max(10 * abs(a), ROUND_OFF_FLOOR)
     if not any(c in recorded.lower() for c in ".e"):
         return recorded.lstrip("+") == fresh.lstrip("+")  # an integer: a count, a size, a step, an id
-    slack = max(last_digit(recorded), last_digit(fresh), rules["decimals"] * abs(a))
+    slack = max(last_digit(recorded), rules["decimals"] * abs(a))  # the recorded number's: "3.72" is not "4"
     return abs(a - b) <= slack * (1 + 1e-9)
+
+
+def spaced(text: str) -> str:
+    """``text`` with each run of spaces and tabs as one space: a number of another width moves the columns. Line
+    breaks stay: they are the output's structure."""
+    return re.sub(r"[ \t]+", " ", text).strip(" ")
 
 
 def disagreement(recorded: str, fresh: str, rules: str | None) -> str | None:
@@ -158,7 +165,7 @@ def disagreement(recorded: str, fresh: str, rules: str | None) -> str | None:
         recorded, fresh = QUOTED.sub("'...'", recorded), QUOTED.sub("'...'", fresh)
     split_recorded, split_fresh = NUMBER.split(recorded), NUMBER.split(fresh)
     numbers_recorded, numbers_fresh = NUMBER.findall(recorded), NUMBER.findall(fresh)
-    same_text = [" ".join(t.split()) for t in split_recorded] == [" ".join(t.split()) for t in split_fresh]
+    same_text = [spaced(t) for t in split_recorded] == [spaced(t) for t in split_fresh]
     if not same_text:
         return f"the text differs:\n--- recorded\n{recorded}--- fresh\n{fresh}"
     for number, new, after in zip(numbers_recorded, numbers_fresh, split_recorded[1:]):

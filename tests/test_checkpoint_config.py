@@ -175,8 +175,8 @@ def test_user_subclasses_load_by_their_import_path_or_when_named(tmp_path):
         pass
 
     local = save_checkpoint(tmp_path / "l.pt", model=make("GTransformer", cls=Local), step=0)
-    with pytest.raises(ValueError, match=r"holds a Local, which was defined at .*<locals>\.Local and cannot be "
-                                         r"imported from there .*classes=\{'Local': Local\}"):
+    with pytest.raises(ValueError, match=r"holds a Local, defined at .*<locals>\.Local, which is not a torchformer "
+                                         r"model class of that name there .*classes=\{'Local': Local\}"):
         load_model(local)
     assert type(load_model(local, classes={"Local": Local})) is Local
     # A subclass of the saved class is fine; an unrelated class is not.
@@ -269,8 +269,8 @@ def test_exported_folders_fail_clearly(tmp_path):
         load_model(folder)
     description["model_class"] = "Unknown"
     (folder / "config.json").write_text(json.dumps(description))
-    with pytest.raises(ValueError, match="holds a Unknown, but torchformer.models:GTransformer is .*not a torchformer "
-                                         "model class of that name"):
+    with pytest.raises(ValueError, match="holds a Unknown, defined at torchformer.models:GTransformer, which is not a "
+                                         "torchformer model class of that name there"):
         load_model(folder)
     del description["model_class_path"]  # as folders exported before 0.5 are
     (folder / "config.json").write_text(json.dumps(description))
@@ -278,7 +278,7 @@ def test_exported_folders_fail_clearly(tmp_path):
         load_model(folder)
     description["model_class_path"] = "no_such_module_xyz:Unknown"
     (folder / "config.json").write_text(json.dumps(description))
-    with pytest.raises(ValueError, match="defined at no_such_module_xyz:Unknown and cannot be imported from there"):
+    with pytest.raises(ValueError, match="defined in the module no_such_module_xyz, which is not imported"):
         load_model(folder)
 
 
@@ -302,3 +302,40 @@ def test_map_location_places_the_model(tmp_path):
     if torch.cuda.is_available():
         model = load_model(path, map_location="cuda")
         assert next(model.parameters()).device.type == "cuda"
+
+
+def test_load_model_never_imports_a_module_a_file_names(tmp_path, monkeypatch):
+    """A folder could bring a module of its own (a downloaded model with an evil.py beside it): naming it in
+    config.json must not run it. The class is looked up in modules already imported, and an edited path is
+    refused by config_sha256 anyway."""
+    folder = export_model(make("GTransformer", cls=MyGPT), tmp_path / "folder")
+    (tmp_path / "evil.py").write_text("import builtins\nbuiltins.EVIL_RAN = True\nclass MyGPT: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    description = json.loads((folder / "config.json").read_text())
+    description["model_class_path"] = "evil:MyGPT"
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="was changed after export_model wrote it"):  # the digest covers the path
+        load_model(folder)
+    del description["config_sha256"]
+    (folder / "config.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match="defined in the module evil, which is not imported .*never imports"):
+        load_model(folder)
+    import builtins
+    assert not hasattr(builtins, "EVIL_RAN") and "evil" not in sys.modules
+
+
+def test_a_variant_named_like_a_built_in_is_found_by_its_path(tmp_path):
+    """A researcher's own class called CTransformer (in their module) is not loaded as torchformer's."""
+    import types
+
+    module = types.ModuleType("my_variants_for_test")
+    variant = type("CTransformer", (CTransformer,), {"__module__": module.__name__})
+    variant.__qualname__ = "CTransformer"
+    module.CTransformer = variant
+    sys.modules[module.__name__] = module
+    try:
+        model = variant(16, 2, 1, 8, 20, 3)
+        loaded = load_model(export_model(model, tmp_path / "folder"))
+        assert type(loaded) is variant
+    finally:
+        del sys.modules[module.__name__]

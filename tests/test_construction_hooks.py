@@ -180,3 +180,26 @@ def test_extra_is_part_of_the_config_but_not_of_its_hash():
     a, b = TransformerConfig(16, 2, extra={"k": [1, 2]}), TransformerConfig(16, 2)
     assert a != b and a.differences(b) == ["extra: {'k': [1, 2]} vs {}"]
     assert TransformerConfig.from_dict(a.to_dict()) == a and hash(a) == hash(b)
+
+
+def test_the_old_feedforward_class_attribute_is_refused_not_ignored():
+    with pytest.raises(TypeError, match="feedforward_class is no longer read.*feedforward_classes"):
+        class Old(TransformerBlock):  # noqa: F841 - the class statement itself raises
+            feedforward_class = FeedForward
+
+    class Partial(TransformerBlock):
+        feedforward_classes = {"relu": FeedForward}
+
+    with pytest.raises(ValueError, match="Partial.feedforward_classes has no network for activation 'gelu'"):
+        Partial(CONFIG.replace(activation="gelu"))
+
+
+def test_extra_is_stored_as_plain_json_and_left_out_of_to_dict_when_empty():
+    import numpy as np
+
+    inner = {"k": [1, 2]}
+    config = TransformerConfig(16, 2, extra={"v": np.float64(0.5), "inner": inner})
+    inner["k"].append(3)  # the caller's list is not the config's
+    assert config.extra == {"v": 0.5, "inner": {"k": [1, 2]}} and type(config.extra["v"]) is float
+    assert "extra" not in TransformerConfig(16, 2).to_dict()  # an older torchformer can read it
+    assert TransformerConfig.from_dict(TransformerConfig(16, 2).to_dict()) == TransformerConfig(16, 2)

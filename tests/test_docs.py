@@ -46,10 +46,13 @@ def moved(number: str, rules: dict, percent: bool, factor: float) -> str:
     elif rules["round-off"] and e:
         new = max(abs(value) * 10 * factor, update_snippets.ROUND_OFF_FLOOR * factor)
         return f"{new:.{decimals}e}"
-    elif "." not in number and not e:
+    elif "." not in number and not e:  # an integer: a count, a size, a step; always exact
         return number if factor < 1 else str(int(value) + 1)
     else:
         slack = max(update_snippets.last_digit(number), rules["decimals"] * abs(value))
+        if slack == 0:  # "1." or "2e-04" (no digit after the point), or a zero under a relative rule: exact
+            first = next(i for i, c in enumerate(number) if c.isdigit())
+            return number if factor < 1 else number[:first] + str((int(number[first]) + 1) % 10) + number[first + 1:]
         new = value + factor * slack
     if e:
         return f"{new:.{decimals}e}"
@@ -101,6 +104,10 @@ def test_the_comparison_allows_the_stated_slack_and_no_more(page):
     ("torch.Size([2, 5, 16])\n", "torch.Size([2, 5, 17])\n", "decimals 2%", False),  # integers are exact
     ("loss 3.68\n", "Loss 3.68\n", "decimals 2%", False),
     ("a   b 1.0\n", "a b 1.0\n", None, True),  # columns move when a number changes width
+    ("a: 1\nb: 2\n", "a: 1 b: 2\n", None, False),  # line breaks are structure
+    ("tensor([0., 1., 0.])\n", "tensor([1., 0., 0.])\n", None, False),  # a whole-number float is exact
+    ("bits 3.72\n", "bits 4\n", None, False),  # the slack is the recorded number's
+    ("1,217 of 8,192\n", "1,218 of 8,192\n", "decimals 3%", False),  # integers stay exact
     ("greedy: b'the the'\n  cached: True\n", "greedy: b\"it's 2\"\n  cached: True\n", "quotes", True),
     ("greedy: b'the the'\n  cached: True\n", "greedy: b'the the'\n  cached: False\n", "quotes", False),
     ("greedy: b'the the'\n", "greedy: b'the then'\n", None, False),

@@ -111,3 +111,31 @@ def test_a_compiled_module_still_checks_at_trace_time():
     assert attention(torch.randn(B, T, E)).shape == (B, T, E)
     with pytest.raises(ValueError, match="x must have embedding size 16"):
         attention(torch.randn(B, T, 12))
+
+
+def test_a_variant_with_other_projections_passes_the_door():
+    """The dtype check reads any parameter, not one attribute: a fused projection (no toqueries) still runs."""
+
+    class Fused(SelfAttention):
+        def __init__(self, emb, heads=8, **options):
+            super().__init__(emb, heads, **options)
+            del self.toqueries, self.tokeys, self.tovalues
+            self.qkv = torch.nn.Linear(emb, 3 * emb, bias=False)
+
+        def project_queries(self, x):
+            return self.split_heads(self.qkv(x).chunk(3, dim=-1)[0])
+
+        def project_keys_values(self, y):
+            _, k, v = self.qkv(y).chunk(3, dim=-1)
+            return self.split_heads(k), self.split_heads(v)
+
+    assert Fused(E, H)(torch.randn(B, T, E)).shape == (B, T, E)
+    with pytest.raises(TypeError, match="x has dtype torch.float64"):
+        Fused(E, H)(torch.randn(B, T, E, dtype=torch.float64))
+
+
+def test_the_context_s_dtype_and_empty_inputs_are_named():
+    with pytest.raises(TypeError, match="context has dtype torch.float64 but the module's parameters are torch.float32"):
+        CrossAttention(E, H)(torch.randn(B, T, E), torch.randn(B, U, E, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x must hold at least one sequence of at least one position, got shape \(2, 0, 16\)"):
+        SelfAttention(E, H)(torch.randn(B, 0, E))

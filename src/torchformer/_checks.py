@@ -85,7 +85,9 @@ def check_embeddings(
                          f"{tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
-    if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
+    # Only against a floating point parameter: a quantised (int8) weight says nothing about the inputs' dtype.
+    mismatch = like is not None and like.is_floating_point() and x.dtype != like.dtype
+    if mismatch and not autocast_enabled(x.device.type):  # type: ignore[union-attr]
         raise TypeError(
             f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
             f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
@@ -220,6 +222,8 @@ def check_sequence_inputs(
     """The door check of a module that takes ``x`` ``(b, t, emb)``, an optional padding ``mask`` ``(b, t)`` and
     optional ``positions`` ``(t,)`` (attention, a block, a stack); returns ``(b, t)``. Shapes and dtypes only."""
     b, t, _ = check_embeddings(x, "x", emb, like=like)
+    if b == 0 or t == 0:  # a view into heads cannot infer a size from 0 elements: say so here
+        raise ValueError(f"x must hold at least one sequence of at least one position, got shape {tuple(x.shape)}")
     if mask is not None:
         check_mask(mask, "mask", (b, t), device=x.device)  # type: ignore[union-attr]
     if positions is not None:
@@ -227,10 +231,12 @@ def check_sequence_inputs(
     return b, t
 
 
-def check_context(context: object, context_mask: object, emb: int, batch: int) -> int:
-    """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b``, and of its
-    padding mask ``(b, u)``; returns ``u``."""
-    _, u, _ = check_embeddings(context, "context", emb, batch=batch, dims="(b, u)")
+def check_context(
+    context: object, context_mask: object, emb: int, batch: int, *, like: Tensor | None = None
+) -> int:
+    """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b`` (and, with
+    ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
+    _, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")
     if context_mask is not None:
         check_mask(context_mask, "context_mask", (batch, u), "(b, u)", device=context.device)  # type: ignore[union-attr]
     return u

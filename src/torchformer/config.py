@@ -50,12 +50,14 @@ def check_extra(extra: object) -> dict:
     if bad_keys:
         raise TypeError(f"extra's keys must be str (JSON's object keys), got {bad_keys[0]!r}")
     try:
-        same = json.loads(json.dumps(dict(extra), allow_nan=False)) == extra
+        plain = json.loads(json.dumps(dict(extra), allow_nan=False))
     except (TypeError, ValueError) as e:
         raise ValueError(f"extra must hold JSON values (str, int, float, bool, None, lists and dicts of them): {e}") from e
-    if not same:
+    if plain != extra:
         raise ValueError(f"extra must read back from JSON as it is (a tuple comes back as a list: use lists), got {extra!r}")
-    return dict(extra)
+    # What JSON read back: plain types (a NumPy float becomes a float, which a checkpoint can store), and nothing
+    # shared with the caller's dicts and lists.
+    return plain
 NORMS = ("layer", "rms")
 POOLING = ("max", "mean", "first")
 IMPLEMENTATIONS = ("sdpa", "reference")
@@ -224,9 +226,14 @@ class TransformerConfig:
         """Plain data (str, int, float, bool, None): what checkpoints and ``config.json`` store.
 
         Returns:
-            The fields as a new dict, ``{name: value}``, every field included; :meth:`from_dict` reads it back.
+            The fields as a new dict, ``{name: value}``, every field included but an empty ``extra`` (so that an
+            older torchformer, which has no such field, still reads the config of a model without one);
+            :meth:`from_dict` reads it back.
         """
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not data["extra"]:
+            del data["extra"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:

@@ -437,7 +437,7 @@ class SelfAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        check_sequence_inputs(x, mask, positions, self.emb, like=self.toqueries.weight)
+        check_sequence_inputs(x, mask, positions, self.emb, like=next(self.parameters(), None))
         if positions is None:
             if cache is not None:  # the default 0 .. t-1 would overwrite the first slots of a filled cache
                 raise ValueError("positions must be given with a cache: the absolute positions of x's tokens, (t,)")
@@ -539,8 +539,9 @@ class CrossAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.toqueries.weight)
-        check_context(context, context_mask, self.emb, b)
+        like = next(self.parameters(), None)  # any parameter: a variant may replace the projections
+        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=like)
+        check_context(context, context_mask, self.emb, b, like=like)
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         source = context  # the tensor the caller passed (masking below makes a new one)

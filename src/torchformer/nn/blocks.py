@@ -31,7 +31,7 @@ Shapes: b batch size, t sequence length, u context length, e embedding size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import Tensor, nn
 
@@ -78,9 +78,21 @@ class TransformerBlock(nn.Module):
         self.attention = self.attention_class.from_config(config, causal=causal, layer=layer)
         self.norm1 = make_norm(config.norm, config.emb)
         self.build_middle(config)
+        if config.activation not in self.feedforward_classes:
+            raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
+                             f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
         self.ff = self.feedforward_classes[config.activation].from_config(config, layer=layer)  # type: ignore[attr-defined]
         self.norm2 = make_norm(config.norm, config.emb)
         self.drop = nn.Dropout(config.dropout)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "feedforward_class" in vars(cls):  # the attribute of torchformer < 0.5 would now be silently ignored
+            raise TypeError(
+                f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, e.g. "
+                f"feedforward_classes = dict.fromkeys(ACTIVATIONS, {vars(cls)['feedforward_class'].__name__}) "
+                f"(ACTIVATIONS from torchformer.config), or {{**TransformerBlock.feedforward_classes, 'relu': ...}}"
+            )
 
     @classmethod
     def needs_final_norm(cls, config: TransformerConfig) -> bool:

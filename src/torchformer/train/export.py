@@ -19,10 +19,10 @@ Either way the model comes back in the dtype it was saved in (a ``model.half()``
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import re
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -60,11 +60,12 @@ def load_model(
             written by :func:`export_model`.
         model_class: the class to build (``model_class.from_config(config)``): the saved class or a subclass of it.
             By default the saved class name is looked up in ``classes``, then in
-            :data:`torchformer.models.MODEL_CLASSES`, then imported from where the file says it lives
-            (:meth:`~torchformer.models.TransformerModel.import_path`, e.g. ``"my_variants:ParallelGPT"``): a
-            variant of your own loads without naming it, wherever its module is importable.
-        classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: a class that cannot be imported
-            by its recorded path (defined in a script that is not running, or moved or renamed since).
+            :data:`torchformer.models.MODEL_CLASSES`, then where the file says it lives
+            (:meth:`~torchformer.models.TransformerModel.import_path`, e.g. ``"my_variants:ParallelGPT"``) in a
+            module already imported: a variant of your own loads without naming it once its module is imported
+            (``load_model`` never imports a module a file names, which could run code).
+        classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: a class whose recorded place is
+            not imported, or that was moved or renamed since.
         map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
 
     Returns:
@@ -161,7 +162,8 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
         "format_version": EXPORT_FORMAT_VERSION,
         "torchformer_version": __version__,
     }
-    description["config_sha256"] = _architecture_digest(description["model_class"], description["config"])
+    description["config_sha256"] = _architecture_digest(description["model_class"], description["config"],
+                                                        description["model_class_path"])
 
     def write_weights(tmp: Path) -> None:
         # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
@@ -200,36 +202,40 @@ def _resolve_model_class(
         return model_class
     if saved is None:
         raise ValueError(f"{path} does not say which model class it holds; pass model_class=... (e.g. GTransformer)")
+    if saved_path is not None and saved in MODEL_CLASSES and MODEL_CLASSES[saved].import_path() != saved_path:
+        # A variant that took a built-in's name (my_variants:CTransformer): the recorded path decides, not the name.
+        return _find_model_class(saved, saved_path, path)
     if saved in known:
         return known[saved]
     if saved_path is not None:
-        return _import_model_class(saved, saved_path, path)
+        return _find_model_class(saved, saved_path, path)
     raise ValueError(
         f"{path} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
         f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
     )
 
 
-def _import_model_class(saved: str, saved_path: object, path: Path) -> type[TransformerModel]:
-    """The class at ``saved_path`` (``"module:qualname"``), which must be a TransformerModel called ``saved``.
+def _find_model_class(saved: str, saved_path: object, path: Path) -> type[TransformerModel]:
+    """The class at ``saved_path`` (``"module:qualname"``) in a module **already imported**, which must be a
+    TransformerModel called ``saved``.
 
-    The module is imported as ``import`` would (a script's ``__main__`` is the running script): only module names
-    are read from the file, never code.
+    Never imports a module itself: a file names the module, and importing a module named by a file (say a
+    ``evil.py`` beside a downloaded folder) would run its code. Import the module that defines your variant first,
+    as you import the class to train it; a script's classes are in ``__main__``, which is always imported.
     """
-    how = f"pass the class: load_model(path, classes={{{saved!r}: {saved}}})"
+    how = f"import the module that defines it first, or pass the class: load_model(path, classes={{{saved!r}: {saved}}})"
     module_name, _, qualname = saved_path.partition(":") if isinstance(saved_path, str) else ("", "", "")
     if not module_name or not qualname:
         raise ValueError(f"{path} records its class's import path as {saved_path!r}, not 'module:qualname'; {how}")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{path} holds a {saved}, which was defined at {saved_path} and cannot be imported from "
-                         f"there ({type(e).__name__}: {e}); {how}") from e
+    found: Any = sys.modules.get(module_name)
+    if found is None:
+        raise ValueError(f"{path} holds a {saved}, defined in the module {module_name}, which is not imported "
+                         f"(load_model never imports a module a file names: that could run its code); {how}")
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
     if not (isinstance(found, type) and issubclass(found, TransformerModel) and found.__name__ == saved):
-        raise ValueError(f"{path} holds a {saved}, but {saved_path} is {found!r}, not a torchformer model class of "
-                         f"that name; {how}")
+        raise ValueError(f"{path} holds a {saved}, defined at {saved_path}, which is not a torchformer model class "
+                         f"of that name there (renamed, moved, or defined inside a function?); {how}")
     return found
 
 
@@ -278,7 +284,8 @@ def _read_export_config(
         raise ValueError(f"{file} has format_version {version!r}; this torchformer reads version "
                          f"{EXPORT_FORMAT_VERSION} (a newer torchformer wrote it?)")
     recorded = data.get("config_sha256")  # absent in folders exported before it was recorded
-    if recorded is not None and recorded != _architecture_digest(data.get("model_class"), data["config"]):
+    described = _architecture_digest(data.get("model_class"), data["config"], data.get("model_class_path"))
+    if recorded is not None and recorded != described:
         raise ValueError(f"{file} was changed after export_model wrote it: its model_class or config no longer "
                          f"matches its config_sha256, so the weights could be read into another architecture (same "
                          f"shapes, other heads, say). Export the model again; to change it on purpose, also "
@@ -293,9 +300,13 @@ def _read_export_config(
     return data.get("model_class"), config, digest, data.get("model_class_path")
 
 
-def _architecture_digest(model_class: object, config: object) -> str:
-    """SHA-256 of the class name and config as canonical JSON (sorted keys): what ``config.json`` describes."""
-    text = json.dumps({"model_class": model_class, "config": config}, sort_keys=True, separators=(",", ":"))
+def _architecture_digest(model_class: object, config: object, model_class_path: object = None) -> str:
+    """SHA-256 of the class name, config and (when recorded) the class's import path as canonical JSON (sorted
+    keys): what ``config.json`` describes. Folders exported before the path was recorded keep their digest."""
+    described = {"model_class": model_class, "config": config}
+    if model_class_path is not None:  # an edited path would lead load_model to another class
+        described["model_class_path"] = model_class_path
+    text = json.dumps(described, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
