@@ -71,28 +71,32 @@ def check_embeddings(
     the module), also check that ``x`` has the parameters' dtype, unless autocast is on (then the mismatch is
     intended and autocast resolves it).
     """
-    shape = f"{dims[:-1]}, {emb})"  # "(b, t)" -> "(b, t, 16)"
+    # Runs on every call of every module (a decoding step calls it a dozen times): one look at the shape, and the
+    # messages are only formatted when they are raised.
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(f"{name} must have shape {shape} (3 dimensions), got shape {tuple(x.shape)}")
-    if x.size(-1) != emb:
-        raise ValueError(
-            f"{name} must have embedding size {emb} in its last dimension, got shape {tuple(x.shape)}"
-        )
-    if batch is not None and x.size(0) != batch:
-        raise ValueError(f"{name} must have shape {shape} with b = {batch} (the batch of x), got shape "
-                         f"{tuple(x.shape)}")
+        raise TypeError(f"{name} must be a torch.Tensor of shape {_shape(dims, emb)}, got {type(x).__name__}")
+    size = x.shape
+    if len(size) != 3:
+        raise ValueError(f"{name} must have shape {_shape(dims, emb)} (3 dimensions), got shape {tuple(size)}")
+    if size[2] != emb:
+        raise ValueError(f"{name} must have embedding size {emb} in its last dimension, got shape {tuple(size)}")
+    if batch is not None and size[0] != batch:
+        raise ValueError(f"{name} must have shape {_shape(dims, emb)} with b = {batch} (the batch of x), got shape "
+                         f"{tuple(size)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
     # Only against a floating point parameter: a quantised (int8) weight says nothing about the inputs' dtype.
-    mismatch = like is not None and like.is_floating_point() and x.dtype != like.dtype
-    if mismatch and not autocast_enabled(x.device.type):  # type: ignore[union-attr]
+    if like is not None and x.dtype != like.dtype and like.is_floating_point() and not autocast_enabled(x.device.type):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
             f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
         )
-    return x.size(0), x.size(1), x.size(2)
+    return size[0], size[1], size[2]
+
+
+def _shape(dims: str, emb: int) -> str:
+    """ "(b, t)", 16 -> "(b, t, 16)": the shape a message asks for."""
+    return f"{dims[:-1]}, {emb})"
 
 
 def check_mask(

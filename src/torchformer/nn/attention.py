@@ -437,7 +437,8 @@ class SelfAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        check_sequence_inputs(x, mask, positions, self.emb, like=next(self.parameters(), None))
+        # The dtype is compared with unifyheads' (finish() uses it), not the projections': a variant may replace those.
+        check_sequence_inputs(x, mask, positions, self.emb, like=self.unifyheads.weight)
         if positions is None:
             if cache is not None:  # the default 0 .. t-1 would overwrite the first slots of a filled cache
                 raise ValueError("positions must be given with a cache: the absolute positions of x's tokens, (t,)")
@@ -539,9 +540,8 @@ class CrossAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        like = next(self.parameters(), None)  # any parameter: a variant may replace the projections
-        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=like)
-        check_context(context, context_mask, self.emb, b, like=like)
+        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.unifyheads.weight)
+        check_context(context, context_mask, self.emb, b, like=self.unifyheads.weight)
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         source = context  # the tensor the caller passed (masking below makes a new one)
