@@ -1,8 +1,8 @@
 """Input checks, shared by the public entry points.
 
-The models' ``forward``, ``generate`` and the loaders validate their inputs here, once, so that a wrong shape or
-dtype fails with a message that names the argument, what was expected and what was received, instead of an opaque
-error deep inside a matmul. The modules inside a model trust the shapes documented in their docstrings.
+The models' ``forward``, ``generate``, the loaders and every public module's ``forward`` (attention, blocks,
+stacks) validate their inputs here, so that a wrong shape or dtype fails with a message that names the argument,
+what was expected and what was received, instead of an opaque error deep inside a matmul.
 
 Checks never make the host wait for an accelerator: shapes and dtypes are metadata, free to read; *values* (token
 ids in range, positions in range) are read only from tensors on the CPU. On a GPU an out-of-range id or position
@@ -11,8 +11,32 @@ ends in the device's own assertion instead; run the same input on the CPU to get
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
+
+
+# Python's bool is an int (True == 1): a count, a size or a rate given as True is a mistake, never a number. These
+# are the one place that says so; every check of a number starts from one of them.
+def is_int(value: object) -> bool:
+    """A Python ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_integral(value: object) -> bool:
+    """An integer of any kind (``int``, a NumPy integer) that is not a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """An ``int`` or ``float`` (a NumPy float is one) that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """A real number of any kind (``int``, ``float``, NumPy's, ``Fraction``) that is not a ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _is_compiling() -> bool:
@@ -22,13 +46,13 @@ def _is_compiling() -> bool:
 
 
 def check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
 
 def check_int_at_least(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
@@ -41,7 +65,7 @@ def check_bool(value: object, name: str) -> bool:
 
 
 def check_probability(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not is_number(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
     return float(value)
 

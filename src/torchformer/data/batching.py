@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from torchformer._checks import check_bool
+from torchformer._checks import check_bool, is_int
 
 __all__ = ["pad_batch", "bucket_batches", "ClassificationBatches"]
 
@@ -239,7 +239,7 @@ class ClassificationBatches:
         try:
             labels_t = torch.as_tensor(labels)
         except (TypeError, ValueError, RuntimeError):  # e.g. strings ("pos"), or ints and strings mixed
-            odd = next((y for y in labels if isinstance(y, bool) or not isinstance(y, int)), labels)
+            odd = next((y for y in labels if not is_int(y)), labels)
             raise TypeError(f"labels must be a 1-D sequence of ints (class numbers), got {type(odd).__name__} "
                             f"{odd!r:.60} among them") from None
         if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from torchformer._checks import check_bool
+from torchformer._checks import check_bool, is_int
 from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
 
 if TYPE_CHECKING:  # only for the annotations: the package is imported when it is needed, not before
@@ -152,7 +152,7 @@ class BPETokenizer:
             The trained tokenizer.
         """
         tk = _tokenizers()
-        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+        if (not is_int(vocab_size)
                 or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE):
             raise ValueError(
                 f"vocab_size must be an int from {MIN_VOCAB_SIZE} (it counts <pad> and the 256 bytes) to "

@@ -37,6 +37,7 @@ import zipfile
 import zlib
 from typing import BinaryIO, Callable, Optional, Union
 
+from torchformer._checks import is_int
 from torchformer._files import expected_digests, hash_file, part_file, remove_stale_part_files
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -200,7 +201,7 @@ def file_digest(path: PathLike, algorithm: str = "sha256") -> str:
 
 
 def _check_size(size: Optional[int]) -> Optional[int]:
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+    if size is not None and (not is_int(size) or size < 0):
         raise ValueError(f"size must be a byte count (an int >= 0) or None, got {size!r}")
     return size
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
-import numbers
 import os
 import pathlib
 import warnings
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchformer._checks import check_positive_int
+from torchformer._checks import check_positive_int, is_real
 from torchformer._files import expected_digests, part_file, remove_stale_part_files
 
 from torchformer.data.download import (
@@ -144,7 +143,7 @@ def _check_splits(splits: object) -> tuple:
     if isinstance(splits, (str, bytes)) or not isinstance(splits, (Sequence, np.ndarray)):
         raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
     # numbers.Real also admits numpy's numbers; bool is a number to Python but surely a mistake here.
-    if len(splits) != 3 or any(isinstance(s, bool) or not isinstance(s, numbers.Real) for s in splits):
+    if len(splits) != 3 or any(not is_real(s) for s in splits):
         raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
     if not all(math.isfinite(s) for s in splits):
         raise ValueError(f"splits must be finite numbers, got {tuple(splits)!r}")

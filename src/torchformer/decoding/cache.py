@@ -25,6 +25,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from torchformer._checks import is_int
+
 
 def mark_static_address(*tensors: Tensor) -> None:
     """Tell ``torch.compile`` that these tensors keep their memory across calls.
@@ -61,7 +63,7 @@ class KVCache:
     """
 
     def __init__(self, capacity: Optional[int] = None) -> None:
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0):
+        if capacity is not None and (not is_int(capacity) or capacity <= 0):
             raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
         self.capacity = capacity
         self.keys: Optional[Tensor] = None  # (b, h, c, s)
@@ -206,7 +208,7 @@ class BlockCache:
     """
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        if not is_int(capacity) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int (the positions a block's cache holds), got {capacity!r}")
         self.self_attention = KVCache(capacity)
         self.cross_attention = KVCache()

@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens
+from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens, is_int, is_number
 from torchformer.config import TransformerConfig
 from torchformer.decoding.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
@@ -57,7 +57,7 @@ __all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_gener
 
 
 def _check_token(value: object, name: str, num_tokens: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}")
     if value >= num_tokens:
         raise ValueError(f"{name} must be a token id in [0, {num_tokens}), got {value}")
@@ -70,7 +70,7 @@ def _check_generator(generator: object) -> None:
 
 
 def _check_length_penalty(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"length_penalty must be a finite float, got {value!r}")
     return float(value)
 

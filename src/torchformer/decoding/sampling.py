@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from torchformer._checks import check_positive_int
+from torchformer._checks import check_positive_int, is_number
 
 __all__ = ["check_finite_logp", "check_sampling", "sample_next"]
 
@@ -33,13 +33,13 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
     Raises:
         ValueError: an option is out of its range or of the wrong type (a bool included).
     """
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
+    if (not is_number(temperature) or not temperature >= 0
             or not math.isfinite(temperature)):
         raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None:
         check_positive_int(top_k, "top_k")
     if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
+        not is_number(top_p) or not 0.0 < top_p <= 1.0
     ):
         raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
 

@@ -25,6 +25,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from torchformer._checks import is_int
+
 
 class AttentionMask:
     """Positions of queries and keys, the causal rule and the padding of the keys (see the module docstring).
@@ -57,7 +59,7 @@ class AttentionMask:
     ) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        if window is not None and (not is_int(window) or window <= 0):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         if key_mask is not None and key_mask.dtype != torch.bool:
             raise TypeError(f"key_mask must have dtype torch.bool (True = real key), got {key_mask.dtype}")

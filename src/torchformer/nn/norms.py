@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int
+from torchformer._checks import check_choice, check_positive_int, is_number
 from torchformer.config import NORMS
 
 
@@ -49,7 +49,7 @@ class RMSNorm(nn.Module):
     def __init__(self, emb: int, *, eps: float = 1e-5) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        if not is_number(eps) or not eps > 0:
             raise ValueError(f"eps must be a positive float, got {eps!r}")
         self.eps = float(eps)
         # Named `weight`, as LayerNorm's gain is, so code that treats norm gains specially (weight decay) finds it.

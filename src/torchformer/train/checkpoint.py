@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_positive_int
+from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer._devices import check_map_location
 from torchformer._files import check_file_path, host_tag, is_stale
 from torchformer.config import TransformerConfig
@@ -660,7 +660,7 @@ def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Opt
 
 
 def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not is_int(step) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     return step
 
@@ -862,7 +862,7 @@ def read_payload(path: Path, *, map_location: Any, mmap: bool, verify: bool) -> 
         raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint: its 'model' must be a state_dict "
                               f"(names -> tensors), got {type(model_state).__name__} {model_state!r:.60}")
     version = ckpt.get("format_version", 1)  # files of torchformer before 0.3 have none
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not is_int(version) or version < 1:
         raise CheckpointError(f"checkpoint {path} is damaged: its format_version is {version!r}, not a positive int")
     if version > FORMAT_VERSION:
         raise CheckpointVersionError(f"checkpoint {path} has format {version}, written by a newer torchformer; this "

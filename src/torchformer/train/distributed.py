@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchformer._checks import is_number
 from torchformer.models import TransformerModel
 
 STRATEGIES = ("ddp", "fsdp")
@@ -270,7 +271,7 @@ def all_reduce_mean(value: float) -> float:
     Raises:
         ValueError: ``value`` is not a finite number.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
     _, world_size = rank_and_world_size()
     return all_reduce_sum(torch.tensor(float(value), dtype=torch.float64)).item() / world_size

@@ -35,7 +35,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int
+from torchformer._checks import check_positive_int, is_int
 from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import progress as progress_bar
 
@@ -109,11 +109,11 @@ def bits_per_byte(
     check_positive_int(batch_size, "batch_size")
     if stride is None:
         stride = max(1, context // 2)
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
+    if not is_int(stride) or not 1 <= stride <= context:
         raise ValueError(f"stride must be an int in [1, context={context}], got {stride!r}")
     if windows is not None:
         check_positive_int(windows, "windows")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not isinstance(distributed, bool):
         raise TypeError(f"distributed must be a bool, got {type(distributed).__name__} {distributed!r}")

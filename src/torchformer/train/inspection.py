@@ -19,13 +19,13 @@ Shapes: b batch size, h heads, t queries, u keys (``t`` for self-attention, the 
 from __future__ import annotations
 
 import inspect
-import numbers
 import os
 from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from torchformer._checks import is_integral
 from torchformer._files import check_png_path
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.train.checkpoint import unwrap_model
@@ -111,7 +111,7 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
             f"model must have a self_attention_layers() method (CTransformer and GTransformer do), got "
             f"{type(inner).__name__}; use capture_attention() for other models"
         )
-    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not -len(layers) <= layer < len(layers):
+    if not is_integral(layer) or not -len(layers) <= layer < len(layers):
         raise ValueError(f"layer must be an int in [{-len(layers)}, {len(layers)}), got {layer!r}")
     call = (ids,) if mask is None else (ids, mask)
     try:

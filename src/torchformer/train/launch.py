@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchformer._checks import is_int
 from torchformer.train.distributed import (
     STRATEGIES, DistributedRun, all_reduce_sum, rank_and_world_size, setup_distributed,
 )
@@ -155,7 +156,7 @@ def share_batch(batch_size: int) -> BatchShare:
     Raises:
         ValueError: ``batch_size`` is not a positive int.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     rank, world_size = rank_and_world_size()
     index = torch.arange(rank, world_size * math.ceil(batch_size / world_size), world_size)

@@ -19,7 +19,6 @@ Shapes: n number of examples, c number of classes.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchformer._checks import is_integral
 from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import autocast
 
@@ -78,7 +78,7 @@ def _check_pair(predictions: object, targets: object) -> tuple[Tensor, Tensor]:
 
 
 def _check_num_classes(num_classes: object) -> int:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+    if not is_integral(num_classes) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return int(num_classes)
 
@@ -296,7 +296,7 @@ def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins:
     if probabilities.dim() != 2 or probabilities.size(0) < 1 or probabilities.size(1) < 2:
         raise ValueError(f"probabilities must have shape (n, c) with n >= 1 examples and c >= 2 classes, got "
                          f"{tuple(probabilities.shape)}")
-    if isinstance(bins, bool) or not isinstance(bins, numbers.Integral) or not 1 <= bins <= MAX_BINS:
+    if not is_integral(bins) or not 1 <= bins <= MAX_BINS:
         raise ValueError(f"bins must be an int in [1, {MAX_BINS:,}], got {bins!r}")
     p = probabilities.detach().double().cpu()
     n, c = p.shape

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchformer._checks import is_int, is_number, is_real
 from torchformer._devices import parse_device, resolve_named_device
 from torchformer._files import check_file_path, check_png_path
 from torchformer.train.checkpoint import (
@@ -157,7 +158,7 @@ def warmup_cosine(
     _check_int(total_steps, "total_steps", minimum=1)
     if total_steps < warmup_steps:
         raise ValueError(f"total_steps must be >= warmup_steps ({warmup_steps}), got {total_steps}")
-    if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) or not 0 <= min_lr_ratio <= 1:
+    if not is_number(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"min_lr_ratio must be a float in [0, 1], got {min_lr_ratio!r}")
 
     def factor(step: int) -> float:
@@ -329,7 +330,7 @@ class CSVLogger:
             raise TypeError(f"fieldnames must be a sequence of non-empty str, got {self.fieldnames!r}")
         if not self.fieldnames or len(set(self.fieldnames)) != len(self.fieldnames):
             raise ValueError(f"fieldnames must be non-empty and unique, got {self.fieldnames}")
-        if resume_step is not None and (isinstance(resume_step, bool) or not isinstance(resume_step, int)
+        if resume_step is not None and (not is_int(resume_step)
                                         or resume_step < 0):
             raise ValueError(f"resume_step must be a non-negative int or None, got {resume_step!r}")
         if resume_step is not None and step_column not in self.fieldnames:
@@ -563,7 +564,7 @@ def progress(
     """
     if iterable is not None and not isinstance(iterable, Iterable):
         raise TypeError(f"iterable must be an iterable or None, got {type(iterable).__name__}")
-    if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Real) or not total >= 0):
+    if total is not None and (not is_real(total) or not total >= 0):
         raise ValueError(f"total must be a number >= 0 or None, got {total!r}")
     if desc is not None and not isinstance(desc, str):
         raise TypeError(f"desc must be a str or None, got {type(desc).__name__} {desc!r}")
@@ -614,7 +615,7 @@ class _PlainProgress:
 
 
 def _check_int(value: object, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
