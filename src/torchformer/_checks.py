@@ -57,6 +57,17 @@ def check_int_at_least(value: object, name: str, minimum: int) -> int:
     return value
 
 
+def check_heads(emb: int, heads: int, kv_heads: int | None, wide: bool) -> None:
+    """The head layout's one check, for a config and for an attention layer built by hand: ``kv_heads`` divides
+    ``heads``, and narrow heads split ``emb`` evenly."""
+    if kv_heads is not None and heads % kv_heads != 0:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads}): each group of heads // kv_heads query "
+                         f"heads shares one key/value head")
+    if not wide and emb % heads != 0:
+        raise ValueError(f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads (each head gets "
+                         f"emb // heads dimensions); choose another heads or use wide=True")
+
+
 def check_bool(value: object, name: str) -> bool:
     # A flag given as a string ("False", "no") is truthy: only a real bool says what it means.
     if not isinstance(value, bool):
@@ -266,7 +277,8 @@ def check_context(
     ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
     _, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")
     if context_mask is not None:
-        check_mask(context_mask, "context_mask", (batch, u), "(b, u)", device=context.device)  # type: ignore[union-attr]
+        device = context.device  # type: ignore[union-attr]
+        check_mask(context_mask, "context_mask", (batch, u), "(b, u)", device=device)
     return u
 
 

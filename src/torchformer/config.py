@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
+from torchformer._checks import check_choice, check_heads, check_positive_int, check_probability
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
@@ -52,9 +52,11 @@ def check_extra(extra: object) -> dict:
     try:
         plain = json.loads(json.dumps(dict(extra), allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"extra must hold JSON values (str, int, float, bool, None, lists and dicts of them): {e}") from e
+        raise ValueError(f"extra must hold JSON values (str, int, float, bool, None, lists and dicts of them): "
+                         f"{e}") from e
     if plain != extra:
-        raise ValueError(f"extra must read back from JSON as it is (a tuple comes back as a list: use lists), got {extra!r}")
+        raise ValueError(f"extra must read back from JSON as it is (a tuple comes back as a list: use lists), got "
+                         f"{extra!r}")
     # What JSON read back: plain types (a NumPy float becomes a float, which a checkpoint can store), and nothing
     # shared with the caller's dicts and lists.
     return plain
@@ -153,16 +155,7 @@ class TransformerConfig:
         check_choice(self.impl, "impl", IMPLEMENTATIONS)
         check_choice(self.pool, "pool", POOLING)
         check_choice(self.norm, "norm", NORMS)
-        if self.kv_heads is not None and self.heads % self.kv_heads != 0:
-            raise ValueError(
-                f"kv_heads ({self.kv_heads}) must divide heads ({self.heads}): each group of heads // kv_heads query "
-                f"heads shares one key/value head"
-            )
-        if not self.wide and self.emb % self.heads != 0:
-            raise ValueError(
-                f"emb ({self.emb}) must be divisible by heads ({self.heads}) for narrow heads (each head gets "
-                f"emb // heads dimensions); choose another heads or use wide=True"
-            )
+        check_heads(self.emb, self.heads, self.kv_heads, self.wide)
 
     @property
     def head_size(self) -> int:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_choice, check_context, check_positive_int, check_probability, check_sequence_inputs,
+    check_bool, check_choice, check_context, check_heads, check_positive_int, check_probability, check_sequence_inputs,
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.masks import AttentionMask
@@ -197,15 +197,9 @@ class MultiHeadAttention(nn.Module):
         self.emb = check_positive_int(emb, "emb")
         self.heads = check_positive_int(heads, "heads")
         self.kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
-        if heads % self.kv_heads != 0:
-            raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
         self.window = None if window is None else check_positive_int(window, "window")
         self.wide = check_bool(wide, "wide")
-        if not wide and emb % heads != 0:
-            raise ValueError(
-                f"emb ({emb}) must be divisible by heads ({heads}) for narrow heads "
-                f"(each head gets emb // heads dimensions); choose another heads or use wide=True"
-            )
+        check_heads(emb, heads, self.kv_heads, wide)
         self.causal = check_bool(causal, "causal")
         self.kqnorm = check_bool(kqnorm, "kqnorm")
         if positions in POSITIONS and positions not in (*RELATIVE_POSITIONS, "none"):
