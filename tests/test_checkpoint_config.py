@@ -339,3 +339,12 @@ def test_a_variant_named_like_a_built_in_is_found_by_its_path(tmp_path):
         assert type(loaded) is variant
     finally:
         del sys.modules[module.__name__]
+
+
+def test_classes_given_win_over_the_recorded_path(tmp_path):
+    path = save_checkpoint(tmp_path / "c.pt", model=make("GTransformer", cls=MyGPT), step=0)
+
+    class Replacement(MyGPT):  # e.g. the class moved: the caller names the one to use
+        pass
+
+    assert type(load_model(path, classes={"MyGPT": Replacement})) is Replacement

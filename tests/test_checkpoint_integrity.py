@@ -283,7 +283,7 @@ def test_a_scheduler_of_another_class_is_refused(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_an_unavailable_map_location_is_named_not_called_damage(tmp_path):
     path = saved(tmp_path)
-    with pytest.raises(ValueError, match="map_location 'cuda': CUDA is not available"):
+    with pytest.raises(ValueError, match="map_location 'cuda' was requested but CUDA is not available"):
         load_checkpoint(path, model=tiny(), map_location="cuda")
     with pytest.raises(ValueError, match="map_location must name a device.*'gpu'"):
         load_checkpoint(path, model=tiny(), map_location="gpu")

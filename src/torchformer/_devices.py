@@ -88,10 +88,7 @@ def check_map_location(map_location: Any) -> None:
         device = torch.device(map_location)
     except RuntimeError as e:
         raise ValueError(f"map_location must name a device such as 'cpu' or 'cuda:0', got {map_location!r}") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"map_location {map_location!r}: CUDA is not available on this machine; use 'cpu'")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"map_location {map_location!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    check_device_available(device, "map_location")
 
 
 def map_location_device(map_location: Any) -> torch.device:

@@ -183,15 +183,14 @@ def _resolve_model_class(
     path: Path,
     saved_path: Optional[str] = None,
 ) -> type[TransformerModel]:
-    """The class :func:`load_model` builds: ``model_class``, or the class named ``saved`` in the file (found in
-    ``classes``, then among the built-in classes, then imported from ``saved_path``, ``"module:qualname"``)."""
-    known: dict[str, type[TransformerModel]] = dict(MODEL_CLASSES)
+    """The class :func:`load_model` builds: ``model_class``, or the class named ``saved`` in the file: found in
+    ``classes``, else where ``saved_path`` (``"module:qualname"``) says it lives, else (files written before the path
+    was recorded) among the built-in classes by name."""
     if classes is not None:
         if not isinstance(classes, Mapping):
             raise TypeError(f"classes must be a dict of class name -> model class, got {type(classes).__name__}")
         for name, cls in classes.items():
             _check_model_class(cls, f"classes[{name!r}]")
-        known.update(classes)
     # TransformerModel itself cannot be built (it has no layers): TransformerModel.from_checkpoint means "any model".
     if model_class is not None and model_class is not TransformerModel:
         _check_model_class(model_class, "model_class")
@@ -202,13 +201,13 @@ def _resolve_model_class(
         return model_class
     if saved is None:
         raise ValueError(f"{path} does not say which model class it holds; pass model_class=... (e.g. GTransformer)")
-    if saved_path is not None and saved in MODEL_CLASSES and MODEL_CLASSES[saved].import_path() != saved_path:
-        # A variant that took a built-in's name (my_variants:CTransformer): the recorded path decides, not the name.
-        return _find_model_class(saved, saved_path, path)
-    if saved in known:
-        return known[saved]
+    if classes is not None and saved in classes:
+        return classes[saved]
+    # The recorded path decides, not the name: a variant may have taken a built-in's name (my_variants:CTransformer).
     if saved_path is not None:
         return _find_model_class(saved, saved_path, path)
+    if saved in MODEL_CLASSES:
+        return MODEL_CLASSES[saved]
     raise ValueError(
         f"{path} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
         f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
