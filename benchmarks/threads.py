@@ -9,7 +9,7 @@ whole step runs at the pace of its unluckiest thread. This benchmark trains the 
 * ``busy``: ``--busy`` other processes, each spinning on one core (a Python ``while True: pass``).
 
 and three thread settings: ``1``, ``all`` (the cores this process may use: PyTorch's default) and ``auto``
-(:func:`torchformer.train.cli.choose_threads`, what the example scripts use without ``--threads``: the cores that
+(:func:`torchformer.scripts.cli.choose_threads`, what the example scripts use without ``--threads``: the cores that
 other programs leave idle, measured over a quarter of a second at the start). It prints seconds per step (median
 over the measured steps), the ratio to 1 thread under the same load, the threads ``auto`` picked, and the loss
 after the last step, so one can also see whether the thread count changes the numbers, not only the speed.
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import GTransformer
-from torchformer.train.cli import choose_threads
+from torchformer.scripts.cli import choose_threads
 
 
 def run(threads: str, warmup: int, steps: int) -> dict:

@@ -48,14 +48,15 @@ from torchformer.data.tokenizers import build_tokenizer, tokenizer_from_state_di
 from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer, MLMTransformer
+from torchformer.train.loading import load_model
 from torchformer.config import POSITIONS
-from torchformer.train.cli import (
+from torchformer.scripts.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
     preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
-from torchformer.train.launch import (
+from torchformer.scripts.launch import (
     NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
 )
 from torchformer.train.training import (
@@ -270,7 +271,7 @@ def load_classifier(path: Path) -> CTransformer | LSTMClassifier:
     saved = read_checkpoint(path)
     config = {**MODEL_DEFAULTS, **saved["extra"]["config"]}
     if config["model"] != "lstm":
-        return CTransformer.from_checkpoint(path)
+        return load_model(path, model_class=CTransformer)
     model = build_model(config, len(tokenizer_from_state_dict(saved["extra"]["tokenizer"])))
     load_checkpoint(path, model=model, restore_rng=False)
     return model
@@ -448,7 +449,7 @@ def train(args: argparse.Namespace) -> dict:
                         copies=1 + 3 / run.world_size if sharded else 4)
     if args.pretrained and resume is None:  # a resumed run has the fine-tuned weights in its checkpoint
         try:
-            model.load_encoder(MLMTransformer.from_checkpoint(args.pretrained))
+            model.load_encoder(load_model(args.pretrained, model_class=MLMTransformer))
         except ValueError as e:
             sys.exit(f"classify_imdb.py: error: --pretrained {args.pretrained}: {e}")
         print(f"encoder and embedding from {args.pretrained}")
@@ -603,7 +604,7 @@ def report(model, tokenizer, eval_set, eval_batches: ClassificationBatches, args
         print("matplotlib is not installed: no calibration.png (pip install matplotlib)")
     if writes and args.model == "transformer":  # one process draws it, with a whole copy of the model (an FSDP2
         # model's blocks are sharded); the LSTM has no attention to draw
-        plot_one_review(CTransformer.from_checkpoint(out / "model.pt"), tokenizer, eval_set, eval_batches, out)
+        plot_one_review(load_model(out / "model.pt", model_class=CTransformer), tokenizer, eval_set, eval_batches, out)
     seconds = time.perf_counter() - t_start
     results = {"split": split, "accuracy": result.accuracy, "loss": result.loss, "count": result.count,
                "confusion": result.confusion.tolist(), "calibration": calibration.to_dict(),

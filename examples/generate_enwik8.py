@@ -33,17 +33,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchformer import GTransformer
+from torchformer import GTransformer, load_model
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
-from torchformer.train.cli import (
+from torchformer.scripts.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads,
     preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
-from torchformer.train.launch import (
+from torchformer.scripts.launch import (
     NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
 )
 from torchformer.train.training import (
@@ -261,7 +261,7 @@ def generate_mode(args) -> str:
         sys.exit(f"error: no trained model at {source}: train first (the final model goes to --out, now "
                  f"{args.out}), or pass --out or --checkpoint to point at one")
     try:  # the file holds the model's config: the model is rebuilt from it alone
-        model = GTransformer.from_checkpoint(path, map_location=args.device)
+        model = load_model(path, model_class=GTransformer, map_location=args.device)
     except ValueError as e:  # not a checkpoint, damaged, or one of another model
         sys.exit(f"error: {e}")
     prompt = torch.tensor(list(args.generate.encode("utf-8")), device=args.device)[None]  # (1, t) byte ids

@@ -38,7 +38,7 @@ from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
     save_checkpoint,
 )
-from torchformer.train.cli import (
+from torchformer.scripts.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
     preset_flags, remove_interrupted_saves,
 )

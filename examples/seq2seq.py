@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from torchformer.models import Seq2SeqTransformer
 from torchformer.train.checkpoint import read_checkpoint, save_checkpoint
-from torchformer.train.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
+from torchformer.train.loading import load_model
+from torchformer.scripts.cli import POSITIVE_INT, WRITABLE_FOLDER, check_flags, choose_threads, preset_flags
 from torchformer.train.training import resolve_device
 
 PAD, BOS, EOS, DIGIT0 = 0, 1, 2, 3  # token ids; digit d is DIGIT0 + d
@@ -167,7 +168,7 @@ def decode(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: no trained model at {path}: train first (the model goes to --out), or pass "
                          f"--out with the folder of a run")
     try:  # the checkpoint holds the model's config: the model is rebuilt from the file alone
-        model = Seq2SeqTransformer.from_checkpoint(path, map_location=args.device).eval()
+        model = load_model(path, model_class=Seq2SeqTransformer, map_location=args.device).eval()
     except ValueError as e:  # not a checkpoint, damaged, or one of another model
         raise SystemExit(f"error: {e}")
     longest = model.config.seq_length - 2  # the target holds BOS, the digits and EOS

@@ -25,7 +25,8 @@ from torchformer.data.imdb_dataset import imdb
 from torchformer.data.tokenizers import tokenizer_from_state_dict
 from torchformer.models import CTransformer
 from torchformer.train.checkpoint import read_checkpoint
-from torchformer.train.cli import POSITIVE_INT, check_flags, choose_threads
+from torchformer.train.loading import load_model
+from torchformer.scripts.cli import POSITIVE_INT, check_flags, choose_threads
 from torchformer.train.training import progress
 
 CHECKS = {"batch_size": POSITIVE_INT, "threads": POSITIVE_INT,
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         if extra.get("config", {}).get("model") == "lstm":
             sys.exit(f"error: {path} is classify_imdb.py's LSTM (--model lstm); this script measures a transformer "
                      f"(an LSTM reads its words in order by construction)")
-        model = CTransformer.from_checkpoint(path).eval()
+        model = load_model(path, model_class=CTransformer).eval()
         tokenizer = tokenizer_from_state_dict(extra["tokenizer"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         sys.exit(f"error: {path} is not a model written by classify_imdb.py ({type(e).__name__}: {e})")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchformer.train.checkpoint import save_checkpoint, write_atomically
+from torchformer._files import write_atomically
+from torchformer.train.checkpoint import save_checkpoint
 
 
 def identity(st: os.stat_result) -> tuple[int, int]:

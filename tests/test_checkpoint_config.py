@@ -1,7 +1,7 @@
 """Checkpoints carry the model's config: mismatches are refused by name, and a model is rebuilt from its file alone.
 
 Covers ``save_checkpoint``/``load_checkpoint`` with a :class:`TransformerModel`, ``read_checkpoint``, ``load_model``
-(``Model.from_checkpoint``) and ``export_model`` (safetensors + config.json).
+(``model_class=``) and ``export_model`` (safetensors + config.json).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 import torchformer
 from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.train.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from torchformer.train.export import export_model, load_model
+from torchformer import export_model, load_model
 
 KINDS = ("CTransformer", "GTransformer", "Seq2SeqTransformer")
 
@@ -141,7 +141,7 @@ def test_load_model_rebuilds_the_model_exactly(kind, tmp_path):
     path = save_checkpoint(tmp_path / "c.pt", model=source, step=7)
     expected = outputs(source)
     cls = torchformer.models.MODEL_CLASSES[kind]
-    for model in (torchformer.load_model(path), cls.from_checkpoint(path)):
+    for model in (torchformer.load_model(path), load_model(path, model_class=cls)):
         assert type(model) is cls and model.config == source.config and not model.training
         assert torch.equal(outputs(model), expected)
 
@@ -168,7 +168,7 @@ def test_user_subclasses_load_by_their_import_path_or_when_named(tmp_path):
     assert read_checkpoint(path)["model_class"] == "MyGPT"
     assert read_checkpoint(path)["model_class_path"] == f"{__name__}:MyGPT"
     for model in (load_model(path), load_model(path, classes={"MyGPT": MyGPT}), load_model(path, model_class=MyGPT),
-                  MyGPT.from_checkpoint(path), TransformerModel.from_checkpoint(path)):
+                  load_model(path, model_class=TransformerModel)):
         assert type(model) is MyGPT
 
     class Local(GTransformer):  # defined in a function: no import path reaches it
@@ -181,10 +181,10 @@ def test_user_subclasses_load_by_their_import_path_or_when_named(tmp_path):
     assert type(load_model(local, classes={"Local": Local})) is Local
     # A subclass of the saved class is fine; an unrelated class is not.
     gpt_path = save_checkpoint(tmp_path / "g.pt", model=make("GTransformer"), step=0)
-    assert type(MyGPT.from_checkpoint(gpt_path)) is MyGPT
-    assert type(TransformerModel.from_checkpoint(gpt_path)) is GTransformer  # the base class: whatever was saved
+    assert type(load_model(gpt_path, model_class=MyGPT)) is MyGPT
+    assert type(load_model(gpt_path, model_class=TransformerModel)) is GTransformer  # the base class: whatever was saved
     with pytest.raises(ValueError, match="holds a GTransformer, and a CTransformer was asked for: a CTransformer cannot be built from it"):
-        CTransformer.from_checkpoint(gpt_path)
+        load_model(gpt_path, model_class=CTransformer)
     with pytest.raises(TypeError, match="model_class must be a TransformerModel subclass"):
         load_model(gpt_path, model_class=nn.Linear)
     with pytest.raises(TypeError, match=r"classes\['x'\] must be a TransformerModel subclass"):
@@ -195,7 +195,7 @@ def test_a_variant_s_checkpoint_is_not_loaded_as_its_base_class(tmp_path):
     # MyGPT's weights fit a plain GTransformer exactly, but a variant computes something else (e.g. an attend
     # override with no parameters of its own): the class must match, not only the shapes.
     path = save_checkpoint(tmp_path / "v.pt", model=make("GTransformer", cls=MyGPT), step=0)
-    for load in (lambda: GTransformer.from_checkpoint(path), lambda: load_model(path, model_class=GTransformer),
+    for load in (lambda: load_model(path, model_class=GTransformer),
                  lambda: load_checkpoint(path, model=make("GTransformer"))):
         with pytest.raises(ValueError, match="holds a MyGPT.*GTransformer"):
             load()
@@ -248,7 +248,7 @@ def test_export_and_load_round_trip(kind, tmp_path):
 def test_tied_weights_survive_export(tmp_path):
     pytest.importorskip("safetensors")
     source = make("GTransformer", tie_weights=True)
-    model = GTransformer.from_checkpoint(export_model(source, tmp_path / "export"))
+    model = load_model(export_model(source, tmp_path / "export"), model_class=GTransformer)
     tied, embedding = model.head.toprobs.weight, model.embedding.tokens.weight
     assert tied is embedding and tied.data_ptr() == embedding.data_ptr()
     assert torch.equal(outputs(model), outputs(source))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from torchformer import GTransformer
-from torchformer._files import STALE_AFTER_S, host_tag
+from torchformer._files import STALE_AFTER_S, host_tag, write_atomically
 from torchformer.train.checkpoint import (
     CheckpointError,
     CheckpointVersionError,
@@ -28,7 +28,6 @@ from torchformer.train.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
     verify_checkpoint,
-    write_atomically,
 )
 
 
@@ -218,7 +217,7 @@ def test_stale_temporaries_of_killed_saves_are_removed_and_live_ones_kept(tmp_pa
 def test_a_killed_save_leaves_a_temporary_that_the_next_start_removes(tmp_path):
     # A real kill -9 in the middle of write_atomically: the process writes part of its temporary file and dies.
     script = (
-        "import os, sys; from pathlib import Path; from torchformer.train.checkpoint import write_atomically\n"
+        "import os, sys; from pathlib import Path; from torchformer._files import write_atomically\n"
         "def write(tmp):\n"
         "    tmp.write_bytes(b'partial'); os.kill(os.getpid(), 9)\n"
         "write_atomically(Path(sys.argv[1]) / 'step_00000002.pt', write)\n"

@@ -1,4 +1,4 @@
-"""torchformer.train.cli: the flag checks the example scripts share."""
+"""torchformer.scripts.cli: the flag checks the example scripts share."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from torchformer.train.cli import (
+from torchformer.scripts.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, available_memory, busy_cores, check_flags, check_model_fits,
     check_outputs, choose_threads, files_in_the_way, remove_interrupted_saves,
     preset_flags, utf8_text, writable_folder,
@@ -70,7 +70,7 @@ def test_utf8_text_names_a_byte_of_the_command_line_that_is_not_utf8():
 
 
 def test_check_model_fits_counts_on_the_meta_device(monkeypatch):
-    import torchformer.train.cli as cli
+    import torchformer.scripts.cli as cli
 
     built = []
 
@@ -128,7 +128,7 @@ def test_preset_flags_appends_each_flags_default_or_what_each_preset_sets():
 
 
 def test_choose_threads_leaves_the_busy_cores_to_other_programs(monkeypatch):
-    import torchformer.train.cli as cli
+    import torchformer.scripts.cli as cli
 
     assert choose_threads(1) == (1, "--threads")
     usable = len(os.sched_getaffinity(0))
@@ -165,7 +165,7 @@ def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
 
 def test_busy_cores_counts_only_the_cores_asked_about(monkeypatch):
     """Core 1 fully busy and core 0 idle over the interval: 1 busy core in all, none among {0}, one among {1}."""
-    import torchformer.train.cli as cli
+    import torchformer.scripts.cli as cli
 
     # ticks per core: user nice system idle iowait; between the two reads core 0 idles 100 ticks, core 1 works 100.
     reads = iter([{0: [0, 0, 0, 0, 0], 1: [0, 0, 0, 0, 0]}, {0: [0, 0, 0, 100, 0], 1: [80, 0, 20, 0, 0]}] * 3)
@@ -178,7 +178,7 @@ def test_busy_cores_counts_only_the_cores_asked_about(monkeypatch):
 
 
 def test_preset_epilog_writes_each_preset_as_flags_without_splitting_one():
-    from torchformer.train.cli import as_flag, preset_epilog
+    from torchformer.scripts.cli import as_flag, preset_epilog
 
     assert as_flag("num_batches", 2000) == "--num-batches 2000"
     assert as_flag("kqnorm", True) == "--kqnorm" and as_flag("kqnorm", False) == "--no-kqnorm"

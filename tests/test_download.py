@@ -219,7 +219,7 @@ def test_a_folder_at_dest_is_an_error_not_a_cached_file(tmp_path):
         ({"opener": 5}, TypeError, "opener must be a callable, got int"),
         ({"opener": lambda url: None}, TypeError, "opener must return a binary file-like object.*got NoneType"),
         ({"opener": lambda url: io.StringIO("text")}, TypeError, "read.* must return bytes, got str"),
-        ({"progress": "yes"}, TypeError, "progress must be a bool, got str"),
+        ({"progress": "yes"}, TypeError, "progress must be a bool, got 'yes'"),
     ],
 )
 def test_bad_arguments_are_named(tmp_path, kwargs, error, match):

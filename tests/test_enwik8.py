@@ -357,8 +357,8 @@ def test_leftover_extraction_temporary_is_removed(tmp_path, raw):
         ({"splits": (float("nan"), 1, 1)}, ValueError, "splits must be finite"),
         ({"splits": (float("inf"), 1, 1)}, ValueError, "splits must be finite"),
         ({"splits": (1e308, 1e308, 1e308)}, ValueError, "splits must have a finite sum"),
-        ({"download": "no"}, TypeError, "download must be a bool, got str"),
-        ({"progress": 1}, TypeError, "progress must be a bool, got int"),
+        ({"download": "no"}, TypeError, "download must be a bool, got 'no'"),
+        ({"progress": 1}, TypeError, "progress must be a bool, got 1"),
     ],
 )
 def test_bad_arguments_are_named(tmp_path, raw, kwargs, error, match):

@@ -339,7 +339,7 @@ def test_a_foreign_file_in_the_checkpoint_folder_is_a_clear_error(script, corpus
 def test_the_final_model_is_saved_and_generate_continues_a_prompt_with_it(script, corpus, tmp_path, capsys):
     """Without --checkpoint the trained model still lands in --out; --generate rebuilds it from that file alone and
     samples exactly what GTransformer.generate samples with the same seed."""
-    from torchformer.train.export import load_model
+    from torchformer import load_model
 
     script.main(tiny(corpus, tmp_path, "-N", "10", "--dropout", "0.0"))
     assert (tmp_path / "model.pt").is_file()
@@ -401,7 +401,7 @@ def test_help_shows_each_flags_default_and_what_the_presets_set(script, capsys):
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
 def test_wide_heads_train_when_the_embedding_is_not_divisible(script, corpus, tmp_path, capsys):
-    from torchformer.train.export import load_model
+    from torchformer import load_model
 
     script.main(tiny(corpus, tmp_path, "-N", "2", "-E", "18", "-H", "4", "--wide"))
     assert load_model(tmp_path / "model.pt").config.wide

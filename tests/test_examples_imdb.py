@@ -25,8 +25,8 @@ from torchformer.data.batching import pad_batch
 from torchformer.data.imdb_dataset import imdb
 from torchformer.data.tokenizers import tokenizer_from_state_dict
 from torchformer.train.checkpoint import read_checkpoint
-from torchformer.train.cli import as_flag
-from torchformer.train.export import load_model
+from torchformer.scripts.cli import as_flag
+from torchformer import load_model
 from torchformer.train.metrics import calibration
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "classify_imdb.py"

@@ -99,7 +99,7 @@ def test_a_model_too_large_for_memory_is_an_error_not_an_oom_kill(name, size, co
                                                                   monkeypatch):
     """Learned positions for 10**9 tokens (32 * 10**9 weights), or -E 131072: the script stopped only when the
     operating system killed it. The model is now sized on the meta device first (8 GiB free, say)."""
-    import torchformer.train.cli as cli
+    import torchformer.scripts.cli as cli
 
     monkeypatch.setattr(cli, "available_memory", lambda device: 8 * 2**30)
     script = load_script(ROOT / "examples" / f"{name}.py")

@@ -68,7 +68,7 @@ def test_the_trained_model_is_saved_and_decode_reverses_strings_with_it(script, 
     """--decode rebuilds the model from --out/model.pt alone and prints what Seq2SeqTransformer.generate gives."""
     import torch
 
-    from torchformer.train.export import load_model
+    from torchformer import load_model
 
     script.main(["--steps", "3", "--threads", "1", "--device", "cpu", "--out", str(tmp_path)])
     assert ", 1 CPU thread(s) (--threads)" in capsys.readouterr().out

@@ -33,7 +33,7 @@ from torchformer.data.imdb_dataset import imdb  # noqa: E402
 from torchformer.data.tokenizers import tokenizer_from_state_dict  # noqa: E402
 from torchformer.train.checkpoint import read_checkpoint  # noqa: E402
 from torchformer.train.evaluation import bits_per_byte  # noqa: E402
-from torchformer.train.export import load_model  # noqa: E402
+from torchformer import load_model  # noqa: E402
 from torchformer.train.metrics import evaluate_classifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

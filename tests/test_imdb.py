@@ -392,7 +392,7 @@ def test_half_present_forms_name_what_is_missing(forms, tmp_path):
         ({"path": 5}, TypeError, "path must be a str or os.PathLike, got int"),
         ({"path": ""}, ValueError, "path must not be empty"),
         ({"root": 5}, TypeError, "root must be a str or os.PathLike, got int"),
-        ({"download": "yes"}, TypeError, "download must be a bool, got str"),
+        ({"download": "yes"}, TypeError, "download must be a bool, got 'yes'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, error, match):

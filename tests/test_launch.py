@@ -1,4 +1,4 @@
-"""torchformer.train.launch: how a global batch is shared out, and what one process sees (no process group)."""
+"""torchformer.scripts.launch: how a global batch is shared out, and what one process sees (no process group)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer.train import launch
+from torchformer.scripts import launch
 from torchformer.train.distributed import DistributedRun
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import CTransformer, GTransformer, MaskedLMHead, MLMTransformer
-from torchformer.train.export import export_model, load_model
+from torchformer import export_model, load_model
 from torchformer.train.masked_lm import IGNORE, mask_tokens, masked_lm_loss
 
 V, MASK = 1000, 999  # a vocabulary whose last id is [MASK]

@@ -24,7 +24,7 @@ from torchformer.nn.feedforward import gated_hidden_size
 from torchformer.nn.norms import make_norm
 from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.train.checkpoint import save_checkpoint
-from torchformer.train.export import load_model
+from torchformer import load_model
 
 ACTIVATIONS = ["relu", "gelu", "relu2", "swiglu", "geglu"]
 

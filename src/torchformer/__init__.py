@@ -36,7 +36,8 @@ from torchformer.nn.masks import AttentionMask
 from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
-from torchformer.train.export import export_model, load_model
+from torchformer.saving import export_model
+from torchformer.train.loading import load_model
 from torchformer.train.evaluation import bits_per_byte
 
 __version__ = "0.4.0"

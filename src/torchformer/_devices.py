@@ -2,7 +2,7 @@
 
 One family, in one place, for every module that takes a device: :func:`~torchformer.train.training.resolve_device`
 and :func:`~torchformer.train.training.autocast`, :func:`~torchformer.train.checkpoint.load_checkpoint`'s and
-:func:`~torchformer.train.export.load_model`'s ``map_location``. A device this machine lacks is the caller's
+:func:`~torchformer.train.loading.load_model`'s ``map_location``. A device this machine lacks is the caller's
 mistake: say so, naming the argument, before a file is read or a model is built. A private module with public names,
 importing nothing of torchformer, so that any module can use it without an import cycle.
 """

@@ -1,4 +1,5 @@
-"""The file helpers that several modules share: checking a file path, temporary files, SHA-256 digests.
+"""The file helpers that several modules share: checking a file path, writing a file atomically, temporary files,
+SHA-256 digests.
 
 A private module with public names: checkpoints, exports, logs, plots and downloads import from here, so that no
 module reaches into another's private helpers, and this module imports nothing of torchformer (no cycle).
@@ -15,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # A temporary file nobody has written to for this long is abandoned, whoever wrote it: the rule for files of other
 # machines sharing the folder (whose process ids mean nothing here) and for files whose name records no writer.
@@ -113,6 +115,16 @@ class IsAFolderError(IsADirectoryError, ValueError):
     """
 
 
+def check_path(value: object, name: str) -> Path:
+    """``value`` as a ``Path``: a ``TypeError`` naming ``name`` unless it is a str or ``os.PathLike`` (bytes are
+    refused), a ``ValueError`` for ``""`` (which ``Path`` would read as the current folder). ``~`` is not expanded."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__} {value!r:.60}")
+    if os.fspath(value) == "":
+        raise ValueError(f"{name} must not be empty, got {value!r} (write '.' to mean the current folder)")
+    return Path(value)
+
+
 def check_file_path(path: object, name: str = "path", *, example: str = "") -> Path:
     """``path`` as a ``Path`` naming a file that can be written; else an error naming ``name`` and what is wrong.
 
@@ -165,6 +177,63 @@ def check_png_path(path: object, name: str) -> Path:
     if path.suffix.lower() != ".png":
         raise ValueError(f"{name} must name a .png file, got {str(path)!r}")
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing a file whole or not at all
+
+
+def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
+    """Create or replace ``path`` with what ``write(temporary_path)`` writes: all of it, or nothing.
+
+    The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system,
+    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and
+    its name holds the host and process id of the writer, so that :func:`~torchformer.train.checkpoint.remove_stale_temporaries` can tell the
+    leftovers of a killed save from a save in progress.
+
+    Args:
+        path: the file to create or replace; missing parent folders are created.
+        write: called once with the temporary path; it must create that file and write all of it.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: the file system failed (a full disk, no permission): the message names ``path``, the ``errno``
+            is the file system's (so a full disk is ``errno.ENOSPC``); ``path`` is then as it was.
+        Exception: whatever else ``write`` raises, after the temporary file is deleted; ``path`` is then as it was.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk, no permission, a name too long: name the file, not its temporary
+        tmp.unlink(missing_ok=True)
+        if e.errno is None:  # not the file system's (e.g. a compressor's): as it is
+            raise
+        raise OSError(e.errno, f"{e.strerror}; cannot write the file, which is as it was", str(path)) from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Make the rename itself durable (POSIX). Windows cannot open folders; there the rename is already durable.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ v vocabulary size.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -170,8 +169,9 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
 class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
-    ``model.config`` is plain data; checkpoints store it, so :meth:`from_checkpoint` rebuilds the model from its
-    file alone and loading a checkpoint of another architecture is an error naming the differing fields.
+    ``model.config`` is plain data; checkpoints and exported folders store it (:mod:`torchformer.saving`), so
+    :func:`torchformer.load_model` rebuilds the model from its file alone, and loading the weights of another
+    architecture is an error naming the differing fields.
 
     Args:
         config: the architecture; kept as ``model.config``.
@@ -202,36 +202,11 @@ class TransformerModel(nn.Module):
         return cls(config=config)
 
     @classmethod
-    def from_checkpoint(
-        cls, path: Union[str, os.PathLike], *, map_location: Any = "cpu"
-    ) -> TransformerModel:
-        """The model saved at ``path`` (a checkpoint file, or a folder exported with ``export_model``), weights loaded.
-
-        See :func:`torchformer.train.export.load_model`, which this calls with ``model_class`` this class; on
-        :class:`TransformerModel` itself, the class saved in the file is built.
-
-        Args:
-            path: a checkpoint file written by :func:`~torchformer.train.checkpoint.save_checkpoint`, or a folder
-                written by :func:`~torchformer.train.export.export_model`.
-            map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
-
-        Returns:
-            The model, rebuilt from its stored config, in ``eval()`` mode.
-
-        Raises:
-            ValueError: the file holds no config, holds another kind of model than this class, or holds weights
-                that do not fit the config.
-        """
-        from torchformer.train.export import load_model  # experiment support, imported only when used
-
-        return load_model(path, model_class=cls, map_location=map_location)
-
-    @classmethod
     def import_path(cls) -> str:
         """Where the class can be imported from, ``"module:qualname"`` (``"__main__:MyGPT"`` for a script's class).
 
         Checkpoints and exported folders record it next to the class name, so that a variant's model is rebuilt
-        from its file without naming its class (``load_model(path)`` imports it).
+        from its file without naming its class (``load_model(path)`` finds it in the imported module).
 
         Returns:
             ``f"{cls.__module__}:{cls.__qualname__}"``.

@@ -37,8 +37,8 @@ import zipfile
 import zlib
 from typing import BinaryIO, Callable, Optional, Union
 
-from torchformer._checks import is_int
-from torchformer._files import expected_digests, hash_file, part_file, remove_stale_part_files
+from torchformer._checks import check_bool, is_int
+from torchformer._files import check_path, expected_digests, hash_file, part_file, remove_stale_part_files
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -121,49 +121,6 @@ def is_damaged_data(err: BaseException) -> bool:
     if isinstance(err, OSError) and err.errno is not None:
         return False
     return isinstance(err, DAMAGED_DATA_ERRORS)
-
-
-def check_path(value: object, name: str) -> pathlib.Path:
-    """``value`` as a Path; a TypeError or ValueError naming the argument ``name`` unless it is a usable path.
-
-    Args:
-        value: what the caller passed as a path.
-        name: the argument's name, for the error message.
-
-    Returns:
-        ``pathlib.Path(value)``; ``~`` is not expanded.
-
-    Raises:
-        TypeError: ``value`` is neither a str nor an ``os.PathLike`` (bytes included).
-        ValueError: ``value`` is empty (which pathlib would read as the current folder).
-    """
-    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
-    if os.fspath(value) == "":
-        # pathlib would read "" as ".", the current folder: surely not what was meant.
-        raise ValueError(f"{name} must not be empty, got {value!r}")
-    return pathlib.Path(value)
-
-
-def check_bool(value: object, name: str) -> bool:
-    """``value`` if it is a real bool; a :class:`TypeError` naming ``name`` otherwise.
-
-    A flag given as a string, such as ``"no"``, would be truthy.
-
-    Args:
-        value: what the caller passed as a flag.
-        name: the argument's name, for the error message.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        TypeError: ``value`` is not a bool.
-    """
-    # A flag given as a string ("no") would be truthy: refuse anything but a real bool.
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def default_root() -> pathlib.Path:

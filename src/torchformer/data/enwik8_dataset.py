@@ -31,15 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchformer._checks import check_positive_int, is_real
-from torchformer._files import expected_digests, part_file, remove_stale_part_files
+from torchformer._checks import check_bool, check_positive_int, is_real
+from torchformer._files import check_path, expected_digests, part_file, remove_stale_part_files
 
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     ChecksumError,
     DataFileError,
-    check_bool,
-    check_path,
     default_root,
     is_damaged_data,
 )

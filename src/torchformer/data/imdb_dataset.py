@@ -52,15 +52,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence, TypeVar
 
-from torchformer._files import remove_stale_part_files
+from torchformer._checks import check_bool
+from torchformer._files import check_path, remove_stale_part_files
 from torchformer.data._imdb_files import (
     check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
 )
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     DataFileError,
-    check_bool,
-    check_path,
     default_root,
     is_damaged_data,
     verify,

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from torchformer._files import check_path
 from torchformer.data._imdb_files import (
     check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
 )
-from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, check_path, is_damaged_data
+from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, is_damaged_data
 from torchformer.data.imdb_dataset import ARCHIVE_NAME
 
 __all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled", "texts_digest"]

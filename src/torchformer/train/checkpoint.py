@@ -12,8 +12,8 @@ A checkpoint is one file holding everything needed to continue training as if it
 
 For a torchformer model (a :class:`~torchformer.models.TransformerModel`) the checkpoint also stores the model's
 class name and its :class:`~torchformer.config.TransformerConfig`. Loading it into a model of another architecture
-is then an error naming the fields that differ, and :func:`~torchformer.train.export.load_model` rebuilds the model
-from the file alone (:mod:`torchformer.train.export`).
+is then an error naming the fields that differ, and :func:`~torchformer.train.loading.load_model` rebuilds the model
+from the file alone (the record: :mod:`torchformer.saving`).
 
 Two properties matter in production:
 
@@ -44,17 +44,15 @@ Typical use::
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import hashlib
 import os
 import random
 import re
-import secrets
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -62,11 +60,9 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer._devices import check_map_location
-from torchformer._files import check_file_path, host_tag, is_stale
-from torchformer.config import TransformerConfig
-# No cycle: torchformer/__init__.py imports the models before this module, and models.py imports train.export only
-# inside TransformerModel.from_checkpoint.
+from torchformer._files import check_file_path, is_stale, write_atomically
 from torchformer.models import TransformerModel
+from torchformer.saving import CheckpointError, check_architecture, model_record, saved_config, unwrap_model
 
 PathLike = Union[str, os.PathLike]
 
@@ -82,21 +78,8 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 # What torch.load(weights_only=True) accepts (on every torch version we support), besides tensors.
 _SAFE_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _SAFE_CONTAINERS = (dict, collections.OrderedDict, list, tuple, torch.Size)
-# Config fields that change how a model trains or computes, not what its weights mean: a checkpoint loads into a
-# model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
-# and activation checkpointing is a memory choice of the training run).
-TRAINING_ONLY_FIELDS = ("dropout", "impl", "checkpoint_blocks")
 # How the messages about a checkpoint path that names a folder say to name a file in it (torchformer._files).
 PATH_EXAMPLE = "checkpoint_path({folder}, step)"
-
-
-class CheckpointError(ValueError):
-    """A file that cannot be used as a checkpoint.
-
-    Empty, truncated, damaged after it was written, or not a checkpoint at all; the message names the file. (A
-    ``ValueError``, so ``except ValueError`` still catches it; a checkpoint that is intact but does not fit the model
-    raises a plain ``ValueError``.)
-    """
 
 
 class CheckpointVersionError(CheckpointError):
@@ -105,52 +88,6 @@ class CheckpointVersionError(CheckpointError):
     :func:`latest_intact_checkpoint` raises it rather than skip the file: the run would silently go back to an
     older step.
     """
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile`` (``._orig_mod``) and DataParallel/DDP (``.module``) wrappers.
-
-    Wrappers can nest (``torch.compile(DDP(model))``): all are removed. A model sharded by FSDP2's ``fully_shard``
-    is not wrapped (it is the model itself, its class swapped; see :func:`model_class`) and is returned as it is.
-
-    Args:
-        model: a module, wrapped or not.
-
-    Returns:
-        The innermost module; ``model`` itself when it is not wrapped.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    while True:  # wrappers can nest, e.g. torch.compile(DDP(model))
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(inner, nn.Module):
-            model = inner
-        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        else:
-            return model
-
-
-def model_class(model: nn.Module) -> type:
-    """The class ``model`` was built as.
-
-    FSDP2's ``fully_shard`` swaps a module's class for a generated subclass (``FSDPGTransformer``), which no other
-    process could rebuild: the class saved is the one it derives from.
-
-    Args:
-        model: a module, sharded with FSDP2 or not (unwrap other wrappers first, :func:`unwrap_model`).
-
-    Returns:
-        ``type(model)``, or for a sharded model the first class of its MRO that is not an FSDP class.
-    """
-    try:
-        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6, and only where torch.distributed is built
-    except ImportError:
-        return type(model)
-    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
 
 
 def checkpoint_path(directory: PathLike, step: int) -> Path:
@@ -323,7 +260,7 @@ def save_checkpoint(
 
     Args:
         path: the file to write (e.g. :func:`checkpoint_path`); an existing file is replaced.
-        model: the model; its weights are taken from the module behind any wrapper (:func:`unwrap_model`).
+        model: the model; its weights are taken from the module behind any wrapper (:func:`~torchformer.saving.unwrap_model`).
         optimizer: the optimizer whose state to save; ``None``: none.
         scheduler: the learning-rate scheduler (anything with ``state_dict()``) whose state to save; ``None``: none.
         step: the number of optimizer steps taken so far, a non-negative int.
@@ -401,10 +338,8 @@ def build_payload(
         "rng": capture_rng_state(),
         "generators": generator_states(generators),
     }
-    if isinstance(target, TransformerModel):  # plain data, so weights_only loading reads it back
-        payload["model_class"] = model_class(target).__name__
-        payload["model_class_path"] = model_class(target).import_path()  # so a variant's class is found on loading
-        payload["config"] = target.config.to_dict()
+    if isinstance(target, TransformerModel):  # class name, import path and config: plain data that rebuilds it
+        payload.update(model_record(target))
     return payload
 
 
@@ -471,7 +406,7 @@ def load_checkpoint(
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
     configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
-    ``checkpoint_blocks`` (:data:`TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
+    ``checkpoint_blocks`` (:data:`~torchformer.saving.TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
     routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing.
     Other modules are checked by their weights' keys and shapes. Nothing is changed unless everything fits.
 
@@ -552,7 +487,7 @@ def check_payload(
         ValueError: naming what does not fit: another architecture or model class, missing, unexpected or
             mis-shaped weights, a missing or different optimizer or scheduler state, a generator not saved.
     """
-    _check_architecture(_saved_config(ckpt, path), ckpt.get("model_class"), target, path)
+    check_architecture(saved_config(ckpt, f"checkpoint {path}"), ckpt.get("model_class"), target, f"checkpoint {path}")
     state = _match_state_dict(ckpt["model"], target, path)
     for name, obj in {"optimizer": optimizer, "scheduler": scheduler}.items():
         if obj is None:
@@ -600,7 +535,7 @@ def read_checkpoint(path: PathLike) -> dict:
     return {
         "step": int(ckpt.get("step", 0)),
         "extra": ckpt.get("extra", {}),
-        "config": _saved_config(ckpt, path),
+        "config": saved_config(ckpt, f"checkpoint {path}"),
         "model_class": ckpt.get("model_class"),
         "model_class_path": ckpt.get("model_class_path"),  # absent in checkpoints written before 0.5
     }
@@ -919,116 +854,3 @@ def _load_error(error: Exception) -> str:
         message = message.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
     message = " ".join(message.split())
     return f"{type(error).__name__}: {message[:200] + '...' if len(message) > 200 else message}"
-
-
-def _saved_config(ckpt: Mapping[str, Any], path: Path) -> Optional[TransformerConfig]:
-    """The config stored in a checkpoint, or None for a checkpoint of a plain module."""
-    # save_checkpoint stores "config" together with "model_class". Other programs' checkpoints may hold a "config"
-    # of their own (nanoGPT's do): that is not ours to read.
-    data = ckpt.get("config")
-    if data is None or "model_class" not in ckpt:
-        return None
-    try:
-        return TransformerConfig.from_dict(data)
-    except (TypeError, ValueError) as e:  # e.g. a field added by a newer torchformer
-        raise ValueError(f"checkpoint {path} holds a config this version of torchformer cannot read: {e}") from e
-
-
-def is_or_extends(cls: type, name: str) -> bool:
-    """Whether ``cls`` is the class called ``name`` or a subclass of one.
-
-    Compared by name: the saved class may be a user's class that this process has not imported.
-
-    Args:
-        cls: the class of the model to load into.
-        name: the class name a checkpoint saved.
-
-    Returns:
-        True when a class of ``cls``'s MRO is called ``name``.
-    """
-    return any(base.__name__ == name for base in cls.__mro__)
-
-
-def _check_architecture(
-    saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module, path: Path
-) -> None:
-    """Refuse a checkpoint of another model class (a variant's weights can fit a plain model exactly), or whose
-    config differs from ``target``'s outside :data:`TRAINING_ONLY_FIELDS`."""
-    if saved is None or not isinstance(target, TransformerModel):
-        return  # nothing to compare: the state_dict's keys and shapes are checked instead
-    if saved_class is not None and not is_or_extends(type(target), saved_class):
-        raise ValueError(
-            f"checkpoint {path} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
-            f"that class nor a subclass of it; build a {saved_class} (load_model(path, model_class={saved_class}))"
-        )
-    differing = [
-        f"{field.name}: {getattr(saved, field.name)!r} (checkpoint) vs {getattr(target.config, field.name)!r} (model)"
-        for field in dataclasses.fields(saved)
-        if field.name not in TRAINING_ONLY_FIELDS and getattr(saved, field.name) != getattr(target.config, field.name)
-    ]
-    if differing:
-        raise ValueError(
-            f"checkpoint {path} was saved from a model with another architecture: {'; '.join(differing)}; "
-            f"build the model with load_model(path) (it reads the checkpoint's config), or change these fields"
-        )
-
-
-
-
-
-
-
-
-def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
-    """Create or replace ``path`` with what ``write(temporary_path)`` writes: all of it, or nothing.
-
-    The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system,
-    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and
-    its name holds the host and process id of the writer, so that :func:`remove_stale_temporaries` can tell the
-    leftovers of a killed save from a save in progress.
-
-    Args:
-        path: the file to create or replace; missing parent folders are created.
-        write: called once with the temporary path; it must create that file and write all of it.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        OSError: the file system failed (a full disk, no permission): the message names ``path``, the ``errno``
-            is the file system's (so a full disk is ``errno.ENOSPC``); ``path`` is then as it was.
-        Exception: whatever else ``write`` raises, after the temporary file is deleted; ``path`` is then as it was.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())  # the data must be on disk before the rename makes it visible
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, no permission, a name too long: name the file, not its temporary
-        tmp.unlink(missing_ok=True)
-        if e.errno is None:  # not the file system's (e.g. a compressor's): as it is
-            raise
-        raise OSError(e.errno, f"{e.strerror}; cannot write the file, which is as it was", str(path)) from e
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Make the rename itself durable (POSIX). Windows cannot open folders; there the rename is already durable.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-

@@ -3,7 +3,7 @@
 A checkpoint here is one ordinary torchformer checkpoint file (:mod:`torchformer.train.checkpoint`): the *full*
 model and optimizer states, gathered from the shards onto the main process, which writes the file atomically with
 its SHA-256 digest and the model's config. Because the file holds whole tensors rather than ``world_size`` shards,
-a run on 2 processes resumes on 1 or 8, and :func:`~torchformer.train.export.load_model` or
+a run on 2 processes resumes on 1 or 8, and :func:`~torchformer.train.loading.load_model` or
 :func:`~torchformer.train.checkpoint.load_checkpoint` read its weights like any other checkpoint.
 
 Why one full file rather than ``torch.distributed.checkpoint``'s folder of shards: torchformer's models are small
@@ -36,9 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from torchformer._files import check_file_path
+from torchformer.saving import unwrap_model
 from torchformer.train.checkpoint import (
     PATH_EXAMPLE, PathLike, build_payload, capture_rng_state, check_payload, generator_states, read_payload,
-    restore_rng_state, unwrap_model, write_payload,
+    restore_rng_state, write_payload,
 )
 from torchformer.train.distributed import rank_and_world_size
 

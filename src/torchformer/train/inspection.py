@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torchformer._checks import is_integral
 from torchformer._files import check_png_path
 from torchformer.nn.attention import MultiHeadAttention
-from torchformer.train.checkpoint import unwrap_model
+from torchformer.saving import unwrap_model
 
 __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 

@@ -8,7 +8,8 @@ The example scripts (character-level generation on enwik8, classification on IMD
 * :class:`CSVLogger`, :func:`plot_curves` and :func:`progress`: record, draw and watch the training curves.
 * :func:`check_finite_losses`: stop a diverged run with a message that names the step and the usual remedies.
 * Checkpointing (:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
-  :func:`latest_intact_checkpoint`, :func:`unwrap_model`) lives in :mod:`torchformer.train.checkpoint` and is re-exported here.
+  :func:`latest_intact_checkpoint`) lives in :mod:`torchformer.train.checkpoint`, :func:`unwrap_model` and
+  :class:`CheckpointError` in :mod:`torchformer.saving`; they are re-exported here.
 
 Only torch and numpy are required. tqdm and matplotlib are used when installed; without them :func:`progress`
 falls back to a plain iterator and :func:`plot_curves` returns ``False``.
@@ -32,17 +33,15 @@ from torch import nn
 
 from torchformer._checks import is_int, is_number, is_real
 from torchformer._devices import parse_device, resolve_named_device
-from torchformer._files import check_file_path, check_png_path
+from torchformer._files import check_file_path, check_png_path, write_atomically
+from torchformer.saving import CheckpointError, unwrap_model
 from torchformer.train.checkpoint import (
-    CheckpointError,
     checkpoint_path,
     latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
-    unwrap_model,
-    write_atomically,
 )
 
 __all__ = [
