@@ -247,10 +247,12 @@ def build_model(config: dict, num_tokens: int, checkpoint_blocks: bool = False,
     def build() -> CTransformer | LSTMClassifier:
         if config["model"] == "lstm":
             return LSTMClassifier.from_config(lstm_config(config, num_tokens))
-        return CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"], num_tokens,
-                            len(CLASSES), pool="max" if config["max_pool"] else "mean", dropout=config["dropout"],
-                            wide=config["wide"], positions=config["positions"], prenorm=config["prenorm"],
-                            checkpoint_blocks=checkpoint_blocks)
+        model = CTransformer(config["embedding"], config["heads"], config["depth"], config["max_length"],
+                             num_tokens, len(CLASSES), pool="max" if config["max_pool"] else "mean",
+                             dropout=config["dropout"], wide=config["wide"], positions=config["positions"],
+                             prenorm=config["prenorm"], checkpoint_blocks=checkpoint_blocks)
+        model.check_values = False  # our tokenizer's ids are in range: no wait for the GPU at every step to check
+        return model
 
     try:
         if device is not None:

@@ -419,6 +419,9 @@ def train(args, threads: int, why: str) -> dict:
         model = build().to(args.device)
     except (ValueError, MemoryError) as e:  # e.g. -E not divisible by -H, --dropout outside [0, 1), -C 10**9
         sys.exit(f"error: cannot build the model from these flags: {e}")
+    # The batches are bytes (ids 0..255) and positions the model's own: skip the value checks, which on a GPU would
+    # make the host wait for the device at every step (tests/test_host_syncs.py).
+    model.check_values = False
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     flops = model_flops_per_token(model, context=args.context)
     parameters = count_parameters(model)

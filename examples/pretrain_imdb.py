@@ -267,6 +267,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     except MemoryError as e:
         sys.exit(f"pretrain_imdb.py: error: cannot build the model from these flags: {e}")
     model = build().to(device)
+    model.check_values = False  # our tokenizer's ids are in range: no wait for the GPU at every step to check them
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
     per_epoch = len(train_batches)
     total = args.num_epochs * per_epoch

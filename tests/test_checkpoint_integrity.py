@@ -266,8 +266,8 @@ def test_a_factored_optimizer_state_that_broadcasts_to_its_parameter_loads():
     saved_state = opt.state_dict()
     for entry in saved_state["state"].values():
         entry["row"] = torch.zeros(*entry["exp_avg"].shape[:-1], 1)  # as Adafactor keeps a factored moment
-    from torchformer.train.checkpoint import _check_optimizer_groups
-    _check_optimizer_groups(saved_state, torch.optim.Adam(model.parameters()), Path("c.pt"))
+    from torchformer.train.checkpoint import check_optimizer_groups
+    check_optimizer_groups(saved_state, torch.optim.Adam(model.parameters()), Path("c.pt"))
 
 
 def test_a_scheduler_of_another_class_is_refused(tmp_path):

@@ -194,7 +194,7 @@ def test_evaluate_classifier_names_bad_batches():
         evaluate_classifier(model, [classifier_batch()], num_classes=5)
     with pytest.raises(TypeError, match="batches must be an iterable of .*got NoneType"):
         evaluate_classifier(model, None)
-    with pytest.raises(TypeError, match="mixed_precision must be a bool, got str"):
+    with pytest.raises(TypeError, match="mixed_precision must be a bool, got 'no'"):
         evaluate_classifier(model, [classifier_batch()], mixed_precision="no")
     assert evaluate_classifier(model, [(ids, mask, labels.tolist())]).count == 4  # a list of labels will do
 

@@ -4,9 +4,11 @@ The models' ``forward``, ``generate``, the loaders and every public module's ``f
 stacks) validate their inputs here, so that a wrong shape or dtype fails with a message that names the argument,
 what was expected and what was received, instead of an opaque error deep inside a matmul.
 
-Checks never make the host wait for an accelerator: shapes and dtypes are metadata, free to read; *values* (token
-ids in range, positions in range) are read only from tensors on the CPU. On a GPU an out-of-range id or position
-ends in the device's own assertion instead; run the same input on the CPU to get the named error.
+Shapes and dtypes are metadata, free to read: every public module checks them at its door, without waiting for an
+accelerator. *Values* (token ids in range, positions in range and consecutive) are checked the same way on every
+device: reading them makes the host wait for a GPU once per check, which a model may turn off
+(``model.check_values = False``, :class:`~torchformer.models.TransformerModel`). While ``torch.compile`` traces,
+values are not read (a compiled graph cannot raise a Python error); nor on the ``meta`` device (it holds none).
 """
 
 from __future__ import annotations
@@ -153,13 +155,14 @@ def check_mask(
     return mask
 
 
-def values_readable(x: Tensor) -> bool:
-    """Whether reading ``x``'s values is free: on the CPU, and not while ``torch.compile`` traces."""
-    return x.device.type == "cpu" and x.numel() > 0 and not _is_compiling()
+def values_checkable(x: Tensor) -> bool:
+    """Whether ``x`` has values to read: some, not on the ``meta`` device, and ``torch.compile`` not tracing."""
+    return x.numel() > 0 and x.device.type != "meta" and not _is_compiling()
 
 
-def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
-    """Check a batch of token ids: integer ``(b, t)`` with ``b, t >= 1`` and every id in ``[0, num_tokens)``.
+def check_tokens(x: object, name: str, num_tokens: int, *, values: bool = True) -> Tensor:
+    """Check a batch of token ids: integer ``(b, t)`` with ``b, t >= 1`` and, with ``values``, every id in
+    ``[0, num_tokens)`` (one read of the device).
 
     Returns ``x`` as ``torch.long`` (ids of any integer dtype are accepted: ``uint8`` bytes, ``int16``, ...).
     """
@@ -172,8 +175,8 @@ def check_tokens(x: object, name: str, num_tokens: int) -> Tensor:
     if x.size(0) == 0 or x.size(1) == 0:
         raise ValueError(f"{name} must contain at least one sequence of at least one token, got shape {tuple(x.shape)}")
     x = x if x.dtype == torch.long else x.long()  # embeddings index with long ids (uint16..64 lack min/max, too)
-    if values_readable(x):
-        lo, hi = int(x.min()), int(x.max())
+    if values and values_checkable(x):
+        lo, hi = torch.stack([x.min(), x.max()]).tolist()  # one read, not two: on a GPU each read waits
         if lo < 0 or hi >= num_tokens:
             raise ValueError(f"{name} must hold token ids in [0, {num_tokens}), got values in [{lo}, {hi}]")
     return x
@@ -212,13 +215,15 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
 
 
 def check_positions(
-    positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None
+    positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None,
+    values: bool = True,
 ) -> Tensor:
     """Check the absolute positions ``(t,)`` of ``t`` consecutive tokens and return them as ``torch.long``; ``None``
     gives ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
 
     ``limit``: the number of positions the model can encode (learned positions), or None. ``capacity``: the slots
-    of the KV caches in use, or None without caches.
+    of the KV caches in use, or None without caches. ``values``: read given positions to check them (one read of
+    the device).
     """
     if positions is None:
         if capacity is not None:
@@ -229,9 +234,11 @@ def check_positions(
         _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
         return torch.arange(t, device=device)
     positions = check_position_shape(positions, t, device)
-    if values_readable(positions):
-        _check_bounds(int(positions.min()), int(positions.max()), limit, capacity)
-        if t > 1 and not bool((positions[1:] - positions[:-1] == 1).all()):
+    if values and values_checkable(positions):
+        gaps = (positions[1:] - positions[:-1] != 1).sum()  # 0 when consecutive
+        lo, hi, gaps = torch.stack([positions.min(), positions.max(), gaps]).tolist()  # one read of the device
+        _check_bounds(lo, hi, limit, capacity)
+        if gaps:
             raise ValueError(
                 f"positions must be consecutive, each one more than the one before (the tokens of x follow each "
                 f"other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}"

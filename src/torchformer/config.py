@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from torchformer._checks import check_choice, check_heads, check_positive_int, check_probability
+from torchformer._checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
@@ -145,8 +145,7 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "checkpoint_blocks"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))

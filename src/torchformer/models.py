@@ -17,8 +17,8 @@ With ``input_dim=d`` in the config, the classifier's input and the encoder-decod
 (:class:`~torchformer.nn.embedding.VectorEmbedding`). A generator feeds its own output tokens back in, so its input
 is always token ids.
 
-The models are the boundary: their ``forward`` checks its inputs once (shapes, dtypes, and on the CPU the values
-of ids and positions) and the modules inside trust the documented shapes. A variant of a model swaps the class of
+The models are the boundary: their ``forward`` checks its inputs (shapes, dtypes, and the values of ids and
+positions on every device, unless ``check_values`` is off) before the modules inside check the shapes they get. A variant of a model swaps the class of
 its blocks (``block_class``; see ``docs/extending.md``).
 
 Shapes: b batch size, t (target) sequence length, u source length, d input features, e embedding size, c classes,
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_embeddings, check_features, check_mask, check_positions, check_tokens, values_readable,
+    check_embeddings, check_features, check_mask, check_positions, check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
@@ -132,7 +132,7 @@ def require_input(model: str, config: TransformerConfig) -> None:
 
 
 def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[Tensor], mask_name: str, *,
-                like: Tensor) -> Tensor:
+                like: Tensor, values: bool) -> Tensor:
     """Check a model's input and its optional padding mask ``(b, t)``; return the input for the embedding.
 
     The input is token ids ``(b, t)``, or with ``config.input_dim`` feature vectors ``(b, t, input_dim)`` of
@@ -146,6 +146,7 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
         mask: ``(b, t)``, True for real positions, False for padding; ``None``: every position is real.
         mask_name: the mask's name, for the messages.
         like: a parameter of the model, whose dtype feature vectors must have (unless autocast is on).
+        values: also check that token ids are in range (one read of the device; the model's ``check_values``).
 
     Returns:
         ``x`` as the embedding takes it: the ids, or the vectors with their padding zeroed.
@@ -153,10 +154,10 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
     Raises:
         TypeError: ``x`` or ``mask`` is not a tensor of the right kind (ids, floating vectors of ``like``'s dtype, a
             bool mask).
-        ValueError: a shape is wrong, or (on the CPU) an id is outside ``[0, num_tokens)``.
+        ValueError: a shape is wrong, or (with ``values``) an id is outside ``[0, num_tokens)``.
     """
     if config.input_dim is None:
-        x = check_tokens(x, name, config.num_tokens)  # type: ignore[arg-type]
+        x = check_tokens(x, name, config.num_tokens, values=values)  # type: ignore[arg-type]
     else:
         x = check_features(x, name, config.input_dim, like=like)
     if mask is not None:
@@ -180,6 +181,12 @@ class TransformerModel(nn.Module):
         Each model says what its ``forward`` takes and returns: :class:`CTransformer`, :class:`GTransformer`,
         :class:`Seq2SeqTransformer`.
     """
+
+    # Whether forward reads its inputs' values to check them (token ids in range, positions in range and
+    # consecutive), on every device alike. On a GPU each check waits for the device once; set False on a model
+    # (model.check_values = False) or a subclass to skip them, and an id out of range then fails in the device's own
+    # assertion. Shapes and dtypes are always checked (they cost no wait). torch.compile's graphs skip value checks.
+    check_values: bool = True
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -280,8 +287,9 @@ class CTransformer(TransformerModel):
         self.head = ClassifierHead(config.emb, config.num_classes, config.pool)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight)
-        if self.config.pool == "first" and mask is not None and values_readable(mask) and not bool(mask[:, 0].all()):
+        x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight, values=self.check_values)
+        if (self.config.pool == "first" and mask is not None and self.check_values and values_checkable(mask)
+                and not bool(mask[:, 0].all())):
             rows = (~mask[:, 0]).nonzero().flatten().tolist()
             raise ValueError(f"pool='first' classifies from position 0, but mask marks it as padding in rows "
                              f"{rows[:10]}{' ...' if len(rows) > 10 else ''}: pad on the right, or pool 'max'/'mean'")
@@ -414,7 +422,8 @@ class MLMTransformer(TransformerModel):
         <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
         row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
         the vocabulary (``e * v`` per position) is most of the cost of a small model."""
-        x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight)
+        x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight,
+                        values=self.check_values)
         if select is not None:
             check_mask(select, "select", tuple(x.shape), true_means="a position to predict")  # indexes: any device
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
@@ -491,10 +500,10 @@ class GTransformer(TransformerModel):
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
         """
-        x = check_tokens(x, "x", self.config.num_tokens)  # type: ignore[arg-type]
+        x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         capacity = check_caches(caches, len(self.blocks.blocks))
         positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
-                                    capacity=capacity)
+                                    capacity=capacity, values=self.check_values)
         h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
         return self.head(self.blocks(h, positions=positions, caches=caches))  # -> (b, t, v)
 
@@ -661,7 +670,8 @@ class Seq2SeqTransformer(TransformerModel):
         Returns:
             The encoder's output ``(b, u, e)``: the ``memory`` that :meth:`decode` takes.
         """
-        src = check_input(src, "src", self.config, src_mask, "src_mask", like=self.head.toprobs.weight)
+        src = check_input(src, "src", self.config, src_mask, "src_mask", like=self.head.toprobs.weight,
+                          values=self.check_values)
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
@@ -694,7 +704,7 @@ class Seq2SeqTransformer(TransformerModel):
             ValueError: ``memory`` holds no position or another batch size than ``tgt``, or a shape or position is
                 wrong.
         """
-        tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens)  # type: ignore[arg-type]
+        tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens, values=self.check_values)  # type: ignore[arg-type]
         b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
         if u == 0:
             raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
@@ -707,7 +717,7 @@ class Seq2SeqTransformer(TransformerModel):
             check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
-                                    capacity=capacity)
+                                    capacity=capacity, values=self.check_values)
         h = self.tgt_embedding(tgt, positions)
         return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
 

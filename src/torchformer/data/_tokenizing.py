@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Iterable
 
+from torchformer._checks import is_int
+
 # IMDb reviews mark line breaks with HTML tags; they would otherwise become the
 # most frequent "words" of the corpus. Replaced by a space so the words on either
 # side do not fuse.
@@ -56,9 +58,7 @@ def check_ids(ids: object) -> list[int]:
 
 def check_max_length(max_length: int | None) -> None:
     """Raise ValueError unless ``max_length`` is a positive int or ``None`` (no limit)."""
-    if max_length is not None and (
-        not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
-    ):
+    if max_length is not None and (not is_int(max_length) or max_length < 1):
         raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
 
 

@@ -89,7 +89,7 @@ def pad_batch(
     """
     if max_length is not None:
         max_length = _check_positive_int("max_length", max_length)
-    if not isinstance(pad, int) or isinstance(pad, bool):
+    if not is_int(pad):
         raise TypeError(f"pad must be an int token id, got {pad!r}")
     if len(sequences) == 0:
         raise ValueError("sequences must contain at least one sequence, got an empty batch")
@@ -222,7 +222,7 @@ class ClassificationBatches:
         if max_length is not None:
             max_length = _check_positive_int("max_length", max_length)
         check_bool(shuffle, "shuffle")
-        if not isinstance(pad, int) or isinstance(pad, bool):
+        if not is_int(pad):
             raise TypeError(f"pad must be an int token id, got {pad!r}")
         if device is not None:
             try:

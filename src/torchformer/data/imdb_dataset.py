@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence, TypeVar
 
-from torchformer._checks import check_bool
+from torchformer._checks import check_bool, is_int
 from torchformer._files import check_path, remove_stale_part_files
 from torchformer.data._imdb_files import (
     check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
@@ -206,7 +206,7 @@ def train_val_split(
     Returns:
         ``(train, val)``, two lists.
     """
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     # Needs len() and indexing; a generator would have neither, a dict would index by key.
     # A str would be split into characters: surely a mistake too.
@@ -215,7 +215,7 @@ def train_val_split(
     ):
         raise TypeError(f"examples must be a sequence (e.g. a list), got {type(examples).__name__}")
     n = len(examples)
-    if not isinstance(val_size, int) or isinstance(val_size, bool) or not 0 < val_size < n:
+    if not is_int(val_size) or not 0 < val_size < n:
         raise ValueError(
             f"val_size must be an int with 0 < val_size < len(examples) = {n}, got {val_size!r}"
         )

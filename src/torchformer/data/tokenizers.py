@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from typing import Iterable, Sequence, Union
 
+from torchformer._checks import is_int
 from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
 # No cycle: bpe.py imports the shared checks from _tokenizing, not this module, and it imports the optional
 # tokenizers package only when a BPETokenizer is built or loaded.
@@ -103,7 +104,7 @@ class WordTokenizer:
             TypeError: ``texts`` is a single string, or holds something other than strings.
             ValueError: ``vocab_size`` is not an int of at least 2.
         """
-        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
+        if not is_int(vocab_size) or vocab_size < 2:
             raise ValueError(
                 f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}"
             )

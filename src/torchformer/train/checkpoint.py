@@ -499,7 +499,7 @@ def check_payload(
             raise ValueError(f"checkpoint {path} holds the state of a {saved_class} {name}, but the {name} given is "
                              f"a {type(obj).__name__}; use a {saved_class}, or leave the {name} out")
     if optimizer is not None:
-        _check_optimizer_groups(ckpt["optimizer"], optimizer, path)
+        check_optimizer_groups(ckpt["optimizer"], optimizer, path)
     saved = ckpt.get("generators", {})
     for name in _check_generators(generators):
         if name not in saved:
@@ -563,9 +563,21 @@ def verify_checkpoint(path: PathLike) -> None:
 # Helpers
 
 
-def _check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """The checks ``Optimizer.load_state_dict`` makes, made before anything is loaded (it raises only after the
-    model's weights would already have changed)."""
+def check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Refuse a saved optimizer state that does not fit ``optimizer``'s parameter groups, before anything is loaded.
+
+    These are the checks ``Optimizer.load_state_dict`` makes, which raises only after the model's weights would
+    already have changed, plus one it cannot make: a state tensor with another parameter's shape (the optimizer was
+    built over the same parameters in another order).
+
+    Args:
+        saved: the saved ``optimizer.state_dict()``.
+        optimizer: the optimizer about to be restored.
+        path: the checkpoint, for the messages.
+
+    Raises:
+        ValueError: the groups' sizes differ, or a state tensor has the shape of another parameter of its group.
+    """
     groups, saved_groups = optimizer.param_groups, saved.get("param_groups", [])
     sizes = [len(g["params"]) for g in groups]
     saved_sizes = [len(g["params"]) for g in saved_groups]

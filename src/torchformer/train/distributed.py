@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchformer._checks import is_number
+from torchformer._checks import check_bool, is_number
 from torchformer.models import TransformerModel
 
 STRATEGIES = ("ddp", "fsdp")
@@ -192,8 +192,7 @@ def wrap_model(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
-    if not isinstance(mixed_precision, bool):
-        raise TypeError(f"mixed_precision must be a bool, got {type(mixed_precision).__name__} {mixed_precision!r}")
+    check_bool(mixed_precision, "mixed_precision")
     if blocks is None:
         if not isinstance(model, TransformerModel):
             raise TypeError(f"blocks must be given for a {type(model).__name__}, which is not a torchformer model: "

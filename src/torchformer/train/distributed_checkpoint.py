@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
 
+from torchformer._checks import check_bool
 from torchformer._files import check_file_path
 from torchformer.saving import unwrap_model
 from torchformer.train.checkpoint import (
@@ -139,8 +140,7 @@ def load_distributed_checkpoint(
     ckpt = read_payload(path, map_location="cpu", mmap=False, verify=True)
     target = unwrap_model(model)
     state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
-    if not isinstance(restore_rng, bool):
-        raise TypeError(f"restore_rng must be a bool, got {type(restore_rng).__name__} {restore_rng!r}")
+    check_bool(restore_rng, "restore_rng")
 
     options = StateDictOptions(full_state_dict=True)  # every process passes the whole state and keeps its shard
     if optimizer is None:

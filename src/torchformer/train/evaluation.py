@@ -35,7 +35,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int, is_int
+from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import progress as progress_bar
 
@@ -115,8 +115,7 @@ def bits_per_byte(
         check_positive_int(windows, "windows")
     if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not isinstance(distributed, bool):
-        raise TypeError(f"distributed must be a bool, got {type(distributed).__name__} {distributed!r}")
+    check_bool(distributed, "distributed")
     if progress is not None and not isinstance(progress, str):
         raise TypeError(f"progress must be a label (str) or None, got {type(progress).__name__} {progress!r}")
     if device is None:

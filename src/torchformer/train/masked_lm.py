@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchformer._checks import check_mask, check_positive_int, check_probability, check_tokens
+from torchformer._checks import check_mask, check_positive_int, check_probability, check_tokens, is_int
 
 __all__ = ["IGNORE", "MaskedTokens", "mask_tokens", "masked_lm_loss"]
 
@@ -89,14 +89,14 @@ def mask_tokens(
         ``tokens`` and ``mask`` ``(b, t)`` -> three ``(b, t)`` tensors.
     """
     check_positive_int(num_tokens, "num_tokens")
-    tokens = check_tokens(tokens, "tokens", num_tokens)
+    tokens = check_tokens(tokens, "tokens", num_tokens)  # values too, on every device (one read)
     if mask is not None:
         check_mask(mask, "mask", tuple(tokens.shape))
-    if not isinstance(mask_id, int) or isinstance(mask_id, bool) or not 0 <= mask_id < num_tokens:
+    if not is_int(mask_id) or not 0 <= mask_id < num_tokens:
         raise ValueError(f"mask_id must be an int in [0, num_tokens = {num_tokens}), got {mask_id!r}")
     rate = check_probability(rate, "rate")
     if isinstance(special_ids, (str, bytes)) or not isinstance(special_ids, Iterable) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_tokens for i in special_ids):
+            is_int(i) and 0 <= i < num_tokens for i in special_ids):
         raise TypeError(f"special_ids must be a sequence of ids in [0, num_tokens = {num_tokens}), got "
                         f"{special_ids!r:.80}")
     if generator is not None and not isinstance(generator, torch.Generator):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import is_integral
+from torchformer._checks import check_bool, is_integral
 from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import autocast
 
@@ -448,10 +448,8 @@ def evaluate_classifier(
                         f"or a list), got {type(batches).__name__}")
     if num_classes is not None:
         num_classes = _check_num_classes(num_classes)
-    if not isinstance(mixed_precision, bool):
-        raise TypeError(f"mixed_precision must be a bool, got {type(mixed_precision).__name__} {mixed_precision!r}")
-    if not isinstance(distributed, bool):
-        raise TypeError(f"distributed must be a bool, got {type(distributed).__name__} {distributed!r}")
+    check_bool(mixed_precision, "mixed_precision")
+    check_bool(distributed, "distributed")
     rank, world_size = rank_and_world_size() if distributed else (0, 1)
     was_training = model.training
     model.eval()

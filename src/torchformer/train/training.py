@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchformer._checks import is_int, is_number, is_real
+from torchformer._checks import check_bool, is_int, is_number, is_real
 from torchformer._devices import parse_device, resolve_named_device
 from torchformer._files import check_file_path, check_png_path, write_atomically
 from torchformer.saving import CheckpointError, unwrap_model
@@ -110,8 +110,7 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
         ValueError: ``device`` is not a valid device (or, when enabled, not one this machine has).
         TypeError: ``enabled`` is not a bool, or ``device`` not a str, ``torch.device`` or ``None``.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
+    check_bool(enabled, "enabled")
     parsed = parse_device(device)
     if not enabled:
         return contextlib.nullcontext()
@@ -204,8 +203,7 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(trainable_only, bool):
-        raise TypeError(f"trainable_only must be a bool, got {type(trainable_only).__name__} {trainable_only!r}")
+    check_bool(trainable_only, "trainable_only")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -263,9 +261,9 @@ def _real_values(values: object, name: str, *, integer: bool) -> list:
     for i, value in enumerate(values):
         number = _scalar(value)
         if integer:
-            ok = isinstance(number, int) and not isinstance(number, bool)
+            ok = is_int(number)
         else:
-            ok = isinstance(number, (int, float)) and not isinstance(number, bool)
+            ok = is_number(number)
         if not ok:
             raise TypeError(f"{expected}; {name}[{i}] is {type(value).__name__} {value!r:.60}")
         result.append(number)
@@ -480,7 +478,7 @@ def plot_curves(
     marks = dict(marks or {})
     for label, point in marks.items():
         if not (isinstance(label, str) and isinstance(point, (tuple, list)) and len(point) == 2
-                and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in point)):
+                and all(is_real(v) for v in point)):
             raise ValueError(f"marks must map labels (str) to (x, y) number pairs, got {label!r}: {point!r}")
     csv_path = check_file_path(csv_path, "csv_path")
     png_path = check_png_path(png_path, "png_path")
