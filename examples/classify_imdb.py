@@ -518,7 +518,7 @@ def train(args: argparse.Namespace) -> dict:
     bar.update(step)
     # Losses and token counts stay on the device and are read every 50 steps: reading them at every step would make
     # the host wait for the GPU twice more per step (the batches are copied from pinned memory, without a wait; the
-    # model checks token ids only on the CPU).
+    # model reads no values: build_model sets check_values = False).
     running, tokens, t_log = [], 0, time.perf_counter()
     for epoch in range(step // per_epoch, args.num_epochs):
         epoch_state = g.get_state()  # the epoch's shuffle is drawn from g when iteration starts

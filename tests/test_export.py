@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from torchformer import GTransformer
+from torchformer import GTransformer, export_model, load_model
+from torchformer.saving import load_exported
 from torchformer.train.checkpoint import CheckpointError, save_checkpoint
-from torchformer import export_model, load_model
 
 
 def model(**options) -> GTransformer:
@@ -125,3 +125,19 @@ def test_paths_that_name_no_folder_are_refused(tmp_path, monkeypatch):
         load_model(3)
     with pytest.raises(ValueError, match="map_location must be a device that can run a model, got 'meta'"):
         load_model(export_model(model(), tmp_path / "e"), map_location="meta")
+
+
+def test_a_missing_path_or_one_file_of_a_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint file or exported folder at .*missing"):
+        load_model(tmp_path / "missing")
+    folder = export_model(model(), tmp_path / "export")
+    for name in ("model.safetensors", "config.json"):
+        with pytest.raises(ValueError, match=r"is one file of a folder written by export_model; pass the folder"):
+            load_model(folder / name)
+
+
+def test_the_core_loader_and_load_model_agree(tmp_path):
+    source = model()
+    folder = export_model(source, tmp_path / "export")
+    a, b = load_exported(folder), load_model(folder)
+    assert type(a) is type(b) is GTransformer and same_weights(a, source) and same_weights(b, source)

@@ -9,13 +9,17 @@ depth, those inside functions included, relative imports resolved:
 2. No import cycle among the modules, counting the imports that run when a module is imported (module level; an
    import inside a function, or under ``if TYPE_CHECKING:``, runs later or never).
 3. The core (``torchformer.config``, ``torchformer.nn``, ``torchformer.decoding``, ``torchformer.models``,
-   ``torchformer.saving``) imports nothing from ``torchformer.train`` or ``torchformer.data``, at any depth: a model needs no training code.
+   ``torchformer.saving``) imports nothing from ``torchformer.train`` or ``torchformer.data``, at any depth: a model
+   needs no training code. And at run time (one test imports, in a fresh process): ``import torchformer`` loads no
+   training or data module until one is used.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -177,9 +181,11 @@ def test_the_walk_sees_the_package_and_its_nested_imports():
     # inside functions and under TYPE_CHECKING, as well as those at module level.
     assert {"torchformer", "torchformer.models", "torchformer.nn.attention", "torchformer.train.loading"} <= set(MODULES)
     found = {(i.importer, i.module, i.at_import_time) for i in torchformer_imports()}
-    assert ("torchformer.saving", "torchformer", False) in found  # inside export_model
-    assert ("torchformer.nn.attention", "torchformer.decoding.cache", False) in found  # under TYPE_CHECKING
+    assert ("torchformer.scripts.cli", "torchformer.train.checkpoint", False) in found  # inside a function
     assert ("torchformer.models", "torchformer.config", True) in found
+    tree = ast.parse("import a\nif TYPE_CHECKING:\n    import b\ndef f():\n    import c\nclass K:\n    import d\n")
+    assert [(node.names[0].name, now) for node, now in statements(tree)] == [
+        ("a", True), ("b", False), ("c", False), ("d", True)]  # a class body runs at import time
 
 
 def test_resolve_handles_relative_imports():
@@ -205,3 +211,16 @@ def test_no_import_cycle_at_import_time():
 
 def test_the_core_imports_nothing_from_train_or_data():
     assert core_leaks() == []
+
+
+def test_importing_the_core_loads_no_experiment_code():
+    # The import statements are one thing, what runs another: the package's __init__ imports the core only, and
+    # torchformer.load_model, bits_per_byte and data on first use.
+    code = ("import sys, torchformer, torchformer.models, torchformer.saving; "
+            "print(sorted(m for m in sys.modules if m.startswith(('torchformer.train', 'torchformer.data', "
+            "'torchformer.scripts'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    code = "import torchformer; print(torchformer.load_model.__module__, torchformer.data.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["torchformer.train.loading", "torchformer.data"]

@@ -21,7 +21,10 @@ Where each concept lives:
 * :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
 """
 
-from torchformer import data
+import importlib
+from typing import Any
+
+from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.decoding.cache import BlockCache, KVCache
 from torchformer.decoding.compiled import StaticCacheGenerator
@@ -37,10 +40,19 @@ from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.saving import export_model
-from torchformer.train.loading import load_model
-from torchformer.train.evaluation import bits_per_byte
 
-__version__ = "0.4.0"
+# Experiment support is imported when first used (PEP 562), so that importing the transformer (``import
+# torchformer``, ``torchformer.models``) loads no training or data code: ``torchformer.load_model`` and
+# ``torchformer.bits_per_byte`` work as before, and ``torchformer.data`` too.
+_EXPERIMENT_SUPPORT = {"load_model": "torchformer.train.loading", "bits_per_byte": "torchformer.train.evaluation"}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "data":
+        return importlib.import_module("torchformer.data")  # from then on an attribute of the package
+    if name in _EXPERIMENT_SUPPORT:
+        return getattr(importlib.import_module(_EXPERIMENT_SUPPORT[name]), name)
+    raise AttributeError(f"module 'torchformer' has no attribute {name!r}")
 
 __all__ = [
     "AttentionMask",

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_embeddings, check_features, check_mask, check_positions, check_tokens, values_checkable,
+    check_bool, check_embeddings, check_features, check_mask, check_positions, check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
@@ -174,6 +174,13 @@ class TransformerModel(nn.Module):
     :func:`torchformer.load_model` rebuilds the model from its file alone, and loading the weights of another
     architecture is an error naming the differing fields.
 
+    ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
+    them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. It does so
+    on every device alike; on a GPU each check makes the host wait for the device once, so a training loop that
+    makes its own batches may set ``model.check_values = False`` (on the model itself, not on a DDP or compile
+    wrapper), after which a bad id fails in the device's own assertion. Shapes and dtypes are always checked (they
+    cost no wait); ``torch.compile``'d code reads no values.
+
     Args:
         config: the architecture; kept as ``model.config``.
 
@@ -182,15 +189,20 @@ class TransformerModel(nn.Module):
         :class:`Seq2SeqTransformer`.
     """
 
-    # Whether forward reads its inputs' values to check them (token ids in range, positions in range and
-    # consecutive), on every device alike. On a GPU each check waits for the device once; set False on a model
-    # (model.check_values = False) or a subclass to skip them, and an id out of range then fails in the device's own
-    # assertion. Shapes and dtypes are always checked (they cost no wait). torch.compile's graphs skip value checks.
-    check_values: bool = True
+    _check_values = True  # a subclass may change the default
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
+
+    @property
+    def check_values(self) -> bool:
+        """Whether ``forward`` reads its inputs' values to check them (see the class docstring)."""
+        return self._check_values
+
+    @check_values.setter
+    def check_values(self, value: bool) -> None:
+        self._check_values = check_bool(value, "check_values")  # "no" would be truthy
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> TransformerModel:

@@ -34,6 +34,7 @@ from torch import nn
 
 from torchformer._devices import map_location_device
 from torchformer._files import check_parents, check_path, file_sha256, write_atomically
+from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
 
@@ -362,10 +363,6 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
         raise NotADirectoryError(f"directory must be a folder to export the model to, got the file {directory}")
     check_parents(directory, "directory")
     safetensors_torch = _import_safetensors()
-    from torchformer import (
-        __version__,  # imported here: torchformer/__init__.py imports this module
-    )
-
     description = {**model_record(target), "format_version": EXPORT_FORMAT_VERSION, "torchformer_version": __version__}
     description["config_sha256"] = _architecture_digest(description["model_class"], description["config"],
                                                         description["model_class_path"])

@@ -212,7 +212,7 @@ def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
 def remove_stale_temporaries(directory: PathLike) -> list[Path]:
     """Delete the temporary files that saves interrupted by a crash or a kill left in ``directory``; return them.
 
-    :func:`write_atomically` names its temporary file ``.<name>.tmp-<host>-<pid>-<random>``. A file written on
+    :func:`~torchformer._files.write_atomically` names its temporary file ``.<name>.tmp-<host>-<pid>-<random>``. A file written on
     this machine is stale when its process no longer runs; any file when nobody wrote to it for a day (the only
     rule for files of another machine sharing the folder, whose processes we cannot see). The temporary file of a
     save still in progress is never touched.

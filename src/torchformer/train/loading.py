@@ -22,7 +22,7 @@ import torch
 from torchformer._devices import map_location_device
 from torchformer._files import check_path
 from torchformer.models import TransformerModel
-from torchformer.saving import load_exported, rebuild_model, resolve_model_class
+from torchformer.saving import CONFIG_FILE, WEIGHTS_FILE, load_exported, rebuild_model, resolve_model_class
 from torchformer.train.checkpoint import load_checkpoint, read_checkpoint
 
 PathLike = Union[str, os.PathLike]
@@ -69,6 +69,11 @@ def load_model(
     path = check_path(path, "path")
     if path.is_dir():
         return load_exported(path, model_class=model_class, classes=classes, map_location=map_location)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint file or exported folder at {path}")
+    if path.name in (WEIGHTS_FILE, CONFIG_FILE) and (path.parent / CONFIG_FILE).is_file():
+        raise ValueError(f"{path} is one file of a folder written by export_model; pass the folder: "
+                         f"load_model({str(path.parent)!r})")
     device = map_location_device(map_location)
     info = read_checkpoint(path)
     if info["config"] is None:
