@@ -255,7 +255,7 @@ def test_impl_picks_the_function_that_computes_attention(impl, monkeypatch):
 def test_a_decoder_block_gives_its_cross_attention_the_query_positions():
     """A cross-attention variant (``DecoderBlock.cross_attention_class``) reads the same absolute positions as the
     block's self-attention, with and without a cache."""
-    from torchformer.decoding.cache import BlockCache
+    from torchformer.nn.cache import BlockCache
 
     seen = []
 

@@ -47,7 +47,7 @@ def test_cached_decoding_of_a_left_padded_prompt_equals_recomputation(prenorm, i
     output equals the full causal pass over the whole sequence with the same mask, at every position: a padded
     position sees no real key (left padding comes before every real token) and its attention gives exactly zero
     in both. Row 2's prompt holds a single real token."""
-    from torchformer.decoding.cache import BlockCache
+    from torchformer.nn.cache import BlockCache
 
     torch.manual_seed(0)
     enc = Encoder(TransformerConfig(16, 4, 2, prenorm=prenorm, impl=impl), causal=True).double()
@@ -80,7 +80,7 @@ def test_decoder_target_padding_is_invisible(prenorm):
 def test_a_cached_decoder_projects_the_context_once():
     """With caches, each block's cross-attention computes the context's keys and values on the first call and
     reads them from its cache afterwards, with the same result as the uncached pass."""
-    from torchformer.decoding.cache import BlockCache
+    from torchformer.nn.cache import BlockCache
 
     torch.manual_seed(0)
     dec = Decoder(TransformerConfig(16, 4, 2)).double()

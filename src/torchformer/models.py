@@ -38,7 +38,7 @@ from torchformer._checks import (
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
-from torchformer.decoding.cache import BlockCache
+from torchformer.nn.cache import BlockCache
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
@@ -88,7 +88,7 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
     """Check that ``caches`` has one entry per block; return their capacity (None without caches).
 
     Args:
-        caches: what the model's ``new_caches()`` made, one :class:`~torchformer.decoding.cache.BlockCache` per
+        caches: what the model's ``new_caches()`` made, one :class:`~torchformer.nn.cache.BlockCache` per
             block; ``None``: no caches.
         depth: the number of blocks.
 
@@ -97,7 +97,7 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
 
     Raises:
         ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
-            :class:`~torchformer.decoding.cache.BlockCache`, or their capacities differ.
+            :class:`~torchformer.nn.cache.BlockCache`, or their capacities differ.
     """
     if caches is None:
         return None
@@ -502,7 +502,7 @@ class GTransformer(TransformerModel):
         """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.
 
         Returns:
-            One empty :class:`~torchformer.decoding.cache.BlockCache` per block, in block order; pass them to
+            One empty :class:`~torchformer.nn.cache.BlockCache` per block, in block order; pass them to
             :meth:`forward` as ``caches``.
         """
         return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
@@ -725,7 +725,7 @@ class Seq2SeqTransformer(TransformerModel):
                 ``None``: ``config.seq_length``.
 
         Returns:
-            One empty :class:`~torchformer.decoding.cache.BlockCache` per decoder block, in block order; pass them
+            One empty :class:`~torchformer.nn.cache.BlockCache` per decoder block, in block order; pass them
             to :meth:`decode` as ``caches``.
 
         Raises:

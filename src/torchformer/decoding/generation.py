@@ -6,7 +6,7 @@ append it, and ask again.
 
 **The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
 attention is causal: the keys and values of earlier positions never change when a token is appended. So the prompt
-runs once, writing every layer's keys and values into a :class:`~torchformer.decoding.cache.KVCache` (buffers of
+runs once, writing every layer's keys and values into a :class:`~torchformer.nn.cache.KVCache` (buffers of
 ``seq_length`` slots, slot ``p`` for position ``p``), and each later step feeds only the newest token ``(n, 1)``
 with its position ``(1,)``: its key and value go into the slot of that position, and its query attends over the
 cache. The cost per token drops from a forward pass over the whole window to a forward pass over one position.
@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens, is_int, is_number
 from torchformer.config import TransformerConfig
-from torchformer.decoding.cache import BlockCache
+from torchformer.nn.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
 
 __all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
@@ -110,7 +110,7 @@ class EagerStep:
                 shape: the caches allocate on their first write), used by subclasses that keep caches per shape.
 
         Returns:
-            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+            A list of one :class:`~torchformer.nn.cache.BlockCache` per block of the model.
         """
         return self.model.new_caches()
 

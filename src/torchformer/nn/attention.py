@@ -23,7 +23,7 @@ Two implementations compute the same function:
   paths equal, forwards and backwards.
 
 Which keys a query may see (the causal rule, padding, positions with a KV cache) arrives as one
-:class:`~torchformer.nn.masks.AttentionMask`; a layer with a :class:`~torchformer.decoding.cache.KVCache` writes its
+:class:`~torchformer.nn.masks.AttentionMask`; a layer with a :class:`~torchformer.nn.cache.KVCache` writes its
 new keys and values into the cache and attends over everything cached.
 
 Shapes used in this module:
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -47,11 +46,9 @@ from torchformer._checks import (
     check_bool, check_choice, check_context, check_heads, check_positive_int, check_probability, check_sequence_inputs,
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
+from torchformer.nn.cache import KVCache
 from torchformer.nn.masks import AttentionMask
 from torchformer.nn.relative import ALiBi, AttentionPositions, RelativeBias, Rotary
-
-if TYPE_CHECKING:  # only for type hints: the cache lives with decoding, attention merely writes into it
-    from torchformer.decoding.cache import KVCache
 
 
 def attention_reference(
@@ -396,7 +393,7 @@ class SelfAttention(MultiHeadAttention):
     * ``mask``: optional bool ``(b, t)``, ``True`` for real tokens. Padding keys (``False``) get zero weight, so
       padding never changes the output at real positions. A query whose keys are all masked gets a zero vector.
     * ``positions``: ``(t,)`` long, the absolute positions of ``x``'s tokens; default ``0 .. t-1``.
-    * ``cache``: a :class:`~torchformer.decoding.cache.KVCache` for incremental decoding. ``x`` then holds only
+    * ``cache``: a :class:`~torchformer.nn.cache.KVCache` for incremental decoding. ``x`` then holds only
       the new positions (``positions`` must be given); their keys and values are written into the cache and the
       queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
@@ -482,7 +479,7 @@ class CrossAttention(MultiHeadAttention):
     marks real context tokens. Cross-attention is never causal: every query may see the whole context (``causal``
     is not an argument).
 
-    With a ``cache`` (a :class:`~torchformer.decoding.cache.KVCache`), the keys and values of ``context`` are
+    With a ``cache`` (a :class:`~torchformer.nn.cache.KVCache`), the keys and values of ``context`` are
     computed on the first call and reused afterwards, since the context does not change while the decoder generates.
     The cache remembers that context (by identity, as ``cache.source``): a later call with another context tensor
     is an error, since the cached keys would silently belong to the old one. Reset the cache for a new context.

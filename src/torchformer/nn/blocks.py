@@ -31,18 +31,16 @@ Shapes: b batch size, t sequence length, u context length, e embedding size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from torch import Tensor, nn
 
 from torchformer._checks import check_context, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from torchformer.nn.cache import BlockCache
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.norms import make_norm
-
-if TYPE_CHECKING:
-    from torchformer.decoding.cache import BlockCache
 
 
 class TransformerBlock(nn.Module):
@@ -50,7 +48,7 @@ class TransformerBlock(nn.Module):
 
     ``forward(x, mask=None, *, positions=None, cache=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
     real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
-    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
+    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
@@ -181,7 +179,7 @@ class TransformerBlock(nn.Module):
             y: the (normalised) activations ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens; ``None``: all real.
             positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
-            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
 
         Returns:
             Self-attention's output ``(b, t, e)`` (before dropout and the residual).
@@ -195,7 +193,7 @@ class DecoderBlock(TransformerBlock):
 
     ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``mask`` and
     ``context_mask`` mark real target and context tokens; ``cache`` is a
-    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding.
+    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding.
 
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
@@ -248,7 +246,7 @@ class DecoderBlock(TransformerBlock):
             context: the encoder's output ``(b, u, e)``.
             context_mask: ``(b, u)``, True for real context tokens; ``None``: all real.
             positions: ``(t,)``, the absolute positions of the queries; ``None``: ``0 .. t-1``.
-            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
 
         Returns:
             Cross-attention's output ``(b, t, e)`` (before dropout and the residual).

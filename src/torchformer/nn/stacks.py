@@ -26,7 +26,7 @@ Shapes: b batch size, t sequence length, u context length, e embedding size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,10 +35,8 @@ from torch.utils.checkpoint import checkpoint
 from torchformer._checks import check_context, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.cache import BlockCache
 from torchformer.nn.norms import make_norm
-
-if TYPE_CHECKING:
-    from torchformer.decoding.cache import BlockCache
 
 
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
@@ -52,7 +50,7 @@ def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCach
         checkpointed: whether the stack checkpoints its blocks (``config.checkpoint_blocks``).
         *args: the block's positional arguments: ``x`` ``(b, t, e)``, and then what the block takes (``mask``, or
             ``context``, ``mask``, ``context_mask`` for a decoder block).
-        cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+        cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
         **kwargs: the block's keyword arguments (``positions``).
 
     Returns:
@@ -76,7 +74,7 @@ class Encoder(nn.Module):
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``; ``caches`` holds one
-        :class:`~torchformer.decoding.cache.BlockCache` per block.
+        :class:`~torchformer.nn.cache.BlockCache` per block.
     """
 
     def __init__(
