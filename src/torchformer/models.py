@@ -28,7 +28,7 @@ v vocabulary size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,7 @@ from torchformer._checks import (
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
-from torchformer.nn.cache import BlockCache
+from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
@@ -82,37 +82,6 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
         raise TypeError(f"{model}: pass either config= or the model's arguments ({', '.join([*named, *options])}), "
                         f"not both; use config.replace(...) to change a field")
     return config
-
-
-def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
-    """Check that ``caches`` has one entry per block; return their capacity (None without caches).
-
-    Args:
-        caches: what the model's ``new_caches()`` made, one :class:`~torchformer.nn.cache.BlockCache` per
-            block; ``None``: no caches.
-        depth: the number of blocks.
-
-    Returns:
-        The slots of each self-attention cache (the first block's), or ``None`` when ``caches`` is ``None``.
-
-    Raises:
-        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
-            :class:`~torchformer.nn.cache.BlockCache`, or their capacities differ.
-    """
-    if caches is None:
-        return None
-    if not isinstance(caches, (list, tuple)) or len(caches) != depth:
-        got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
-        raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
-    capacities = [getattr(getattr(cache, "self_attention", None), "capacity", None) for cache in caches]
-    for i, (cache, capacity) in enumerate(zip(caches, capacities)):
-        if capacity is None:
-            raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
-                             f"got {type(cache).__name__}")
-        if capacity != capacities[0]:
-            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
-                             f"{capacities[0]} slots, caches[{i}] {capacity}")
-    return capacities[0]
 
 
 def require_input(model: str, config: TransformerConfig) -> None:

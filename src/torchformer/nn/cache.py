@@ -20,7 +20,7 @@ Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots).
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -213,6 +213,11 @@ class BlockCache:
         self.self_attention = KVCache(capacity)
         self.cross_attention = KVCache()
 
+    @property
+    def capacity(self) -> int:
+        """The slots of the self-attention cache: the most positions the block's cache holds."""
+        return self.self_attention.capacity  # type: ignore[return-value]  # always an int here
+
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.
 
@@ -229,3 +234,36 @@ class BlockCache:
         """
         self.self_attention.reset()
         self.cross_attention.reset()
+
+
+def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
+    """Check that ``caches`` holds one :class:`BlockCache` per block, all of one capacity; return that capacity.
+
+    A model calls it at its door, before any block writes into a cache: a wrong list fails here with a message
+    that names it, not inside a block.
+
+    Args:
+        caches: what the model's ``new_caches()`` made, one :class:`BlockCache` per block; ``None``: no caches.
+        depth: the number of blocks.
+
+    Returns:
+        The slots of each self-attention cache (:attr:`BlockCache.capacity`), or ``None`` when ``caches`` is
+        ``None``.
+
+    Raises:
+        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
+            :class:`BlockCache`, or their capacities differ.
+    """
+    if caches is None:
+        return None
+    if not isinstance(caches, (list, tuple)) or len(caches) != depth:
+        got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
+        raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
+    for i, cache in enumerate(caches):
+        if not isinstance(cache, BlockCache):  # a check of the argument, as for a tensor: no dispatch on its class
+            raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
+                             f"got {type(cache).__name__}")
+        if cache.capacity != caches[0].capacity:
+            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
+                             f"{caches[0].capacity} slots, caches[{i}] {cache.capacity}")
+    return caches[0].capacity
