@@ -48,8 +48,8 @@ def test_the_wrong_kind_of_model_or_flag_is_named(call, match):
                                    {"generator": torch.Generator()}])
 def test_beam_search_refuses_sampling_arguments_it_would_ignore(extra):
     with pytest.raises(ValueError, match="beam search \\(beam_size=3\\) keeps the most likely hypotheses"):
-        S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3, **extra)
-    S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3)  # without them it runs
+        seq2seq_generate(S, PROMPT, 5, bos=1, eos=2, beam_size=3, **extra)
+    seq2seq_generate(S, PROMPT, 5, bos=1, eos=2, beam_size=3)  # without them it runs
 
 
 def test_a_tiny_temperature_is_greedy_not_an_overflow():
@@ -58,13 +58,13 @@ def test_a_tiny_temperature_is_greedy_not_an_overflow():
     for temperature in (1e-40, 1e-300, 5e-324):
         assert torch.equal(sample_next(logp, temperature=temperature), logp.argmax(-1))
     G.eval()
-    assert torch.equal(G.generate(PROMPT, 3, temperature=1e-40), G.generate(PROMPT, 3, temperature=0.0))
+    assert torch.equal(generate(G, PROMPT, 3, temperature=1e-40), generate(G, PROMPT, 3, temperature=0.0))
 
 
 @pytest.mark.parametrize("temperature", [math.inf, math.nan, -1.0])
 def test_temperatures_that_are_no_temperature_are_refused(temperature):
     with pytest.raises(ValueError, match="temperature must be a finite float >= 0"):
-        G.generate(PROMPT, 3, temperature=temperature)
+        generate(G, PROMPT, 3, temperature=temperature)
 
 
 def test_rows_without_a_possible_token_are_named():

@@ -218,7 +218,7 @@ def test_seeded_sampling_is_reproducible():
     assert torch.equal(a, b) and not torch.equal(a, c)
     lm = small_lm()
     lm_prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(7))
-    runs = [lm.generate(lm_prompt, 8, top_p=0.9, generator=torch.Generator().manual_seed(9), use_cache=cache)
+    runs = [generate(lm, lm_prompt, 8, top_p=0.9, generator=torch.Generator().manual_seed(9), use_cache=cache)
             for cache in (True, True, False)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
 
@@ -283,8 +283,8 @@ def test_wide_beam_finds_the_exhaustive_best(seed, eos, length_penalty):
 def test_beam_search_with_and_without_cache(seq_length, eos):
     model = small_lm(seq_length=seq_length)
     prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(10))
-    a, sa = model.beam_search(prompt, 12, beam_size=4, eos=eos)
-    b, sb = model.beam_search(prompt, 12, beam_size=4, eos=eos, use_cache=False)
+    a, sa = beam_search(model, prompt, 12, beam_size=4, eos=eos)
+    b, sb = beam_search(model, prompt, 12, beam_size=4, eos=eos, use_cache=False)
     assert torch.equal(a, b)
     torch.testing.assert_close(sa, sb, rtol=0, atol=1e-10)
 
@@ -297,14 +297,14 @@ def test_seq2seq_cached_equals_uncached_and_beam_1_is_greedy():
     src = torch.randint(3, 9, (3, 6), generator=torch.Generator().manual_seed(11))
     mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4])
     options = dict(bos=0, eos=1, src_mask=mask)
-    greedy = model.generate(src, 9, **options)
+    greedy = seq2seq_generate(model, src, 9, **options)
     assert greedy.shape == (3, 9)
-    assert torch.equal(greedy, model.generate(src, 9, use_cache=False, **options))
-    assert torch.equal(greedy, model.generate(src, 9, beam_size=1, top_k=1, temperature=1.0, **options))
-    beam = model.generate(src, 9, beam_size=3, **options)
-    assert torch.equal(beam, model.generate(src, 9, beam_size=3, use_cache=False, **options))
+    assert torch.equal(greedy, seq2seq_generate(model, src, 9, use_cache=False, **options))
+    assert torch.equal(greedy, seq2seq_generate(model, src, 9, beam_size=1, top_k=1, temperature=1.0, **options))
+    beam = seq2seq_generate(model, src, 9, beam_size=3, **options)
+    assert torch.equal(beam, seq2seq_generate(model, src, 9, beam_size=3, use_cache=False, **options))
     # Padding is invisible: a row decoded alone, without its padding, gives the same tokens.
-    alone = model.generate(src[1:2, :4], 9, bos=0, eos=1, beam_size=3)
+    alone = seq2seq_generate(model, src[1:2, :4], 9, bos=0, eos=1, beam_size=3)
     assert torch.equal(alone, beam[1:2])
 
 
@@ -357,4 +357,4 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10
-        small_seq2seq().generate(torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)
+        seq2seq_generate(small_seq2seq(), torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)

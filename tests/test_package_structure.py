@@ -223,6 +223,11 @@ def test_the_leak_finder_finds_a_nested_import():
                for leak in leaks(("torchformer.saving",), ("torchformer",)))
 
 
+def test_models_import_nothing_from_decoding():
+    # Decoding calls a model, never the other way round: the .generate wrappers that closed the loop are gone.
+    assert leaks(("torchformer.models",), ("torchformer.decoding",)) == []
+
+
 def test_nn_imports_nothing_from_decoding():
     # The KV cache is part of attention's contract and lives beside it (torchformer.nn.cache); decoding only drives
     # it, so the modules need no decoding code, not even for a type hint.

@@ -28,16 +28,14 @@ v vocabulary size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-import torch
 from torch import Tensor, nn
 
 from torchformer._checks import (
     check_embeddings, check_features, check_mask, check_positions, check_tokens, values_readable,
 )
 from torchformer.config import TransformerConfig
-from torchformer.decoding import generation
 from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
@@ -412,7 +410,9 @@ class GTransformer(TransformerModel):
 
     ``forward(x, *, caches=None, positions=None)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at
     position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the
-    embedding with the output layer. See :mod:`torchformer.decoding.generation` for sampling and beam search.
+    embedding with the output layer. To sample or beam-search, pass the model to ``torchformer.generate(model,
+    prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
+    (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -492,76 +492,6 @@ class GTransformer(TransformerModel):
         """
         return list(self.blocks.blocks)
 
-    def generate(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        eos: Optional[int] = None,
-        use_cache: bool = True,
-        generator: Optional[torch.Generator] = None,
-        return_logprobs: bool = False,
-    ) -> Union[Tensor, tuple[Tensor, Tensor]]:
-        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
-
-        See :func:`torchformer.decoding.generation.generate`. Call ``model.eval()`` first, or dropout stays active.
-
-        Args:
-            prompt: the token ids to continue, ``(b, t)``.
-            max_new_tokens: how many tokens to add.
-            temperature: divides the log-probabilities before sampling; ``0`` is greedy.
-            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
-            eos: the end-of-sequence id: once a row emits it, the rest of the row is ``eos``. ``None``: none.
-            use_cache: ``False`` recomputes the whole window for every token (slow; the same tokens).
-            generator: a :class:`torch.Generator` that makes sampling reproducible.
-            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
-                which each new token was chosen.
-
-        Returns:
-            The token ids ``(b, t + max_new_tokens)``, prompt first; with ``return_logprobs``, the pair
-            ``(tokens, logprobs)``, the log-probabilities ``(b, max_new_tokens, v)``.
-        """
-        return generation.generate(
-            self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
-            use_cache=use_cache, generator=generator, return_logprobs=return_logprobs,
-        )
-
-    def beam_search(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        beam_size: int,
-        length_penalty: float = 1.0,
-        eos: Optional[int] = None,
-        use_cache: bool = True,
-    ) -> tuple[Tensor, Tensor]:
-        """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
-
-        See :func:`torchformer.decoding.generation.beam_search`.
-
-        Args:
-            prompt: the token ids to continue, ``(b, t)``.
-            max_new_tokens: how many tokens to add.
-            beam_size: hypotheses kept per prompt; ``1`` is greedy decoding.
-            length_penalty: the score of a sequence is ``sum(log p) / length ** length_penalty``: ``0`` scores by
-                the total log-probability, ``1`` (the default) by the mean per token.
-            eos: the end-of-sequence id: a hypothesis that emits it is finished and padded with it. ``None``: none.
-            use_cache: ``False`` recomputes the whole window for every token (slow; the same result).
-
-        Returns:
-            ``(sequences, scores)``: the best sequence of each prompt ``(b, t + max_new_tokens)``, prompt first, and
-            its score ``(b,)``.
-        """
-        return generation.beam_search(
-            self, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos,
-            use_cache=use_cache,
-        )
-
 
 class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
@@ -571,7 +501,8 @@ class Seq2SeqTransformer(TransformerModel):
     token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
     ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
     ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
-    left out.
+    left out. To translate, pass the model to ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)``
+    (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -710,49 +641,6 @@ class Seq2SeqTransformer(TransformerModel):
             The blocks, as a new list.
         """
         return [*self.encoder.blocks, *self.decoder.blocks]
-
-    def generate(
-        self,
-        src: Tensor,
-        max_len: int,
-        *,
-        bos: int,
-        eos: int,
-        src_mask: Optional[Tensor] = None,
-        beam_size: int = 1,
-        temperature: float = 0.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        length_penalty: float = 1.0,
-        use_cache: bool = True,
-        generator: Optional[torch.Generator] = None,
-    ) -> Tensor:
-        """Target ids ``(b, max_len)`` for the source ``src``, starting after ``bos``, padded with ``eos``.
-
-        The source is ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``. Greedy by default;
-        ``beam_size > 1`` for beam search. See :func:`torchformer.decoding.generation.seq2seq_generate`.
-
-        Args:
-            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
-            max_len: the most target tokens to produce (at most ``seq_length`` with learned positions).
-            bos: the id the decoder starts from (not part of the result).
-            eos: the end-of-sequence id: after it, a row is padded with ``eos``.
-            src_mask: ``(b, u)``, True for real source positions; ``None``: all are real.
-            beam_size: ``1`` samples; more runs a beam search with that many hypotheses.
-            temperature: divides the log-probabilities before sampling; ``0`` (the default) is greedy.
-            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
-            length_penalty: as in :meth:`GTransformer.beam_search`; used with ``beam_size > 1``.
-            use_cache: ``False`` recomputes every position at every step (slow; the same result).
-            generator: a :class:`torch.Generator` that makes sampling reproducible.
-
-        Returns:
-            The target ids ``(b, max_len)``, without ``bos``.
-        """
-        return generation.seq2seq_generate(
-            self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
-            top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,
-        )
 
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
