@@ -29,7 +29,7 @@ from torchformer.decoding.generation import beam_search, generate, seq2seq_gener
 from torchformer.models import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
-from torchformer.nn.cache import BlockCache, KVCache
+from torchformer.nn.cache import BlockCache, ContextCache, KVCache
 from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
@@ -47,6 +47,7 @@ __all__ = [
     "AttentionMask",
     "BlockCache",
     "ClassifierHead",
+    "ContextCache",
     "CrossAttention",
     "CTransformer",
     "Decoder",

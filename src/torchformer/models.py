@@ -133,6 +133,31 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
     return x
 
 
+def check_memory(memory: object, src_mask: Optional[Tensor], emb: int, *, like: Tensor) -> int:
+    """Check the encoder's output a decoder reads, ``(b, u, emb)`` with ``u >= 1``, and its padding mask ``(b, u)``.
+
+    Args:
+        memory: the encoder's output (:meth:`Seq2SeqTransformer.encode`).
+        src_mask: ``(b, u)``, True for real source positions; ``None``: all are real.
+        emb: the model's embedding size ``e``.
+        like: a parameter of the model, whose dtype ``memory`` must have (unless autocast is on).
+
+    Returns:
+        The batch size ``b``.
+
+    Raises:
+        TypeError: ``memory`` or ``src_mask`` is not a tensor of the right kind or dtype.
+        ValueError: a shape is wrong, or ``memory`` holds no position.
+    """
+    b, u, _ = check_embeddings(memory, "memory", emb, like=like)
+    if u == 0:
+        raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
+                         f"{tuple(memory.shape)}")  # type: ignore[union-attr]
+    if src_mask is not None:
+        check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)  # type: ignore[union-attr]
+    return b
+
+
 class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
@@ -568,7 +593,7 @@ class Seq2SeqTransformer(TransformerModel):
     def decode(
         self,
         tgt: Tensor,
-        memory: Tensor,
+        memory: Optional[Tensor] = None,
         src_mask: Optional[Tensor] = None,
         *,
         caches: Optional[list[BlockCache]] = None,
@@ -576,35 +601,38 @@ class Seq2SeqTransformer(TransformerModel):
     ) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
-        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`.
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:
+        :meth:`fill_caches` computed its keys and values once, so the steps take no ``memory`` and no ``src_mask``.
 
         Args:
             tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
-            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`).
+            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`); ``None`` with ``caches``.
             src_mask: ``(b, u)``, True for real source positions: cross-attention ignores the others. ``None``: all
-                are real.
-            caches: the decoder's caches (:meth:`new_caches`); ``tgt`` then holds only the new tokens. ``None``: no
-                cache.
+                are real (and with ``caches``, which keep the mask :meth:`fill_caches` was given).
+            caches: the decoder's caches (:meth:`new_caches`), filled with the memory (:meth:`fill_caches`);
+                ``tgt`` then holds only the new tokens. ``None``: no cache.
             positions: the absolute positions ``(t,)`` of ``tgt``'s tokens; ``None``: ``0 .. t-1``.
 
         Returns:
             The log-probabilities of the next target token at every position, ``(b, t, v)`` (``v = tgt_tokens``).
 
         Raises:
-            ValueError: ``memory`` holds no position or another batch size than ``tgt``, or a shape or position is
-                wrong.
+            ValueError: ``memory`` holds no position or another batch size than ``tgt``, is missing without caches
+                or given with them, the caches were never filled, or a shape or position is wrong.
         """
         tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens)  # type: ignore[arg-type]
-        b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
-        if u == 0:
-            raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
-                             f"{tuple(memory.shape)}")
-        if tgt.size(0) != b:
-            raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
-        if memory.device != tgt.device:
-            raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")
-        if src_mask is not None:
-            check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)
+        if caches is None:
+            if memory is None:
+                raise ValueError("memory must be given without caches: the encoder's output (b, u, e), from "
+                                 "encode(src, src_mask)")
+            b = check_memory(memory, src_mask, self.config.emb, like=self.head.toprobs.weight)
+            if tgt.size(0) != b:
+                raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
+            if memory.device != tgt.device:  # type: ignore[union-attr]
+                raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")  # type: ignore[union-attr]
+        elif memory is not None or src_mask is not None:
+            raise ValueError("memory and src_mask must be None with caches: fill_caches(caches, memory, src_mask) "
+                             "computed the memory's keys and values into them once, for every step")
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
                                     capacity=capacity)
@@ -617,8 +645,8 @@ class Seq2SeqTransformer(TransformerModel):
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks, one per block.
 
-        Self-attention gets ``capacity`` slots (default ``seq_length``); cross-attention is sized by the encoder's
-        output on the first step.
+        Self-attention gets ``capacity`` slots (default ``seq_length``). The cross-attention parts stay empty until
+        :meth:`fill_caches` computes the keys and values of a source's memory into them, once.
 
         Args:
             capacity: slots of each self-attention cache: the most target positions decoded with the caches.
@@ -633,6 +661,31 @@ class Seq2SeqTransformer(TransformerModel):
         """
         capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
         return [BlockCache(capacity) for _ in self.decoder.blocks]
+
+    def fill_caches(self, caches: list[BlockCache], memory: Tensor, src_mask: Optional[Tensor] = None) -> None:
+        """Compute every decoder block's cross-attention keys and values of ``memory`` once, into ``caches``.
+
+        Call it once per source, after :meth:`encode` and before the first :meth:`decode` step with the caches::
+
+            memory = model.encode(src, src_mask)
+            caches = model.new_caches()
+            model.fill_caches(caches, memory, src_mask)
+            logp = model.decode(bos, caches=caches, positions=torch.tensor([0]))  # no memory: it is in the caches
+
+        Args:
+            caches: the decoder's caches (:meth:`new_caches`), their cross-attention parts empty (a fresh list, or
+                one :meth:`~torchformer.nn.cache.BlockCache.reset` for a new source).
+            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`).
+            src_mask: ``(b, u)``, True for real source positions; ``None``: all are real. The caches keep it.
+
+        Raises:
+            ValueError: ``caches`` is not one BlockCache per decoder block, one of them is already filled, or
+                ``memory`` or ``src_mask`` has a wrong shape.
+            TypeError: ``memory`` or ``src_mask`` is of the wrong kind or dtype.
+        """
+        check_caches(caches, len(self.decoder.blocks))
+        check_memory(memory, src_mask, self.config.emb, like=self.head.toprobs.weight)
+        self.decoder.fill_caches(caches, memory, src_mask)
 
     def transformer_blocks(self) -> list[nn.Module]:
         """The encoder's blocks, then the decoder's: the order they run in.

@@ -33,9 +33,10 @@ a sequence whose *total* probability is higher although its first token was not 
 **The model protocol.** The functions here need from a decoder-only ``model`` (:class:`GTransformer` has it):
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
 ``model.new_caches()`` and ``model(x, *, caches=None, positions=None)`` -> log-probabilities ``(n, t, v)``.
-:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, *, caches, positions)``,
-``new_caches(capacity)`` and ``config`` of a :class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or
-feature vectors ``(b, u, d)`` when ``config.input_dim`` is set).
+:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches,
+positions)``, ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a
+:class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when
+``config.input_dim`` is set).
 
 Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * beam_size``), v vocabulary size.
 """
@@ -175,13 +176,22 @@ class _LMStepper:
 
 
 class _Seq2SeqStepper:
-    """Next-token log-probabilities from an encoder-decoder model; the encoder runs once."""
+    """Next-token log-probabilities from an encoder-decoder model; the encoder runs once.
+
+    With caches, the cross-attention keys and values of the encoder's output are computed once too
+    (``model.fill_caches``), and every step reads them there: the decoder is then given no memory.
+    """
 
     def __init__(self, model: nn.Module, src: Tensor, src_mask: Optional[Tensor], *, use_cache: bool,
                  capacity: int) -> None:
-        self.model, self.src_mask = model, src_mask
-        self.memory = model.encode(src, src_mask)  # (b, u, e), the context of every cross-attention
+        self.model = model
+        memory = model.encode(src, src_mask)  # (b, u, e), the context of every cross-attention
         self.caches = model.new_caches(capacity) if use_cache else None
+        if self.caches is None:  # every step reads the memory itself
+            self.memory, self.src_mask = memory, src_mask
+        else:  # the caches hold the memory's keys, values and padding, computed once here
+            model.fill_caches(self.caches, memory, src_mask)
+            self.memory = self.src_mask = None
         self.position = torch.zeros(1, dtype=torch.long, device=src.device)
 
     def start(self, tokens: Tensor) -> Tensor:
@@ -191,17 +201,15 @@ class _Seq2SeqStepper:
     def advance(self, tokens: Tensor) -> Tensor:
         if self.caches is None:
             return self.model.decode(tokens, self.memory, self.src_mask)[:, -1]
-        # Self-attention writes the new position; cross-attention reuses the keys/values of the first step.
-        self.position.fill_(tokens.size(1) - 1)
-        logp = self.model.decode(tokens[:, -1:], self.memory, self.src_mask, caches=self.caches,
-                                 positions=self.position)
-        return logp[:, -1]
+        self.position.fill_(tokens.size(1) - 1)  # self-attention writes the new position's slot
+        return self.model.decode(tokens[:, -1:], caches=self.caches, positions=self.position)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
-        self.memory = self.memory.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, index)
-        for cache in self.caches or ():
+        for cache in self.caches or ():  # the cross-attention parts' rows too
             cache.reorder(index)
 
 
