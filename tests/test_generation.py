@@ -326,6 +326,43 @@ def test_seq2seq_encodes_once_and_feeds_one_token_per_step():
     assert calls["encode"] == 1 and set(calls["decode_lengths"]) == {1}
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_seq2seq_computes_the_cross_attention_keys_once_per_source(beam_size):
+    """With the cache, each decoder block's cross-attention projects the encoder's output once, when the caches are
+    filled, whatever the number of steps (beam search reorders the cached rows instead); without it, every step
+    projects it again."""
+    model = small_seq2seq()
+    src = torch.randint(3, 9, (2, 5), generator=torch.Generator().manual_seed(12))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    projected = []
+    for block in model.decoder.blocks:
+        block.cross_attention.tokeys.register_forward_hook(lambda module, args, out: projected.append(out.size(0)))
+    options = dict(bos=0, eos=1, src_mask=mask, beam_size=beam_size)
+    cached = seq2seq_generate(model, src, 7, **options)
+    assert projected == [2] * len(model.decoder.blocks)  # once per block, for the 2 sources (before the beams)
+    projected.clear()
+    assert torch.equal(seq2seq_generate(model, src, 7, use_cache=False, **options), cached)
+    assert len(projected) > len(model.decoder.blocks)
+
+
+def test_seq2seq_step_by_step_with_filled_caches_equals_the_full_pass():
+    """decode with caches filled once (fill_caches), one token at a time and given no memory, computes what the
+    full decoder computes; the cached cross-attention keys are never rewritten."""
+    model = small_seq2seq()
+    src = torch.randint(3, 9, (2, 6), generator=torch.Generator().manual_seed(13))
+    src_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    tgt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(14))
+    memory = model.encode(src, src_mask)
+    caches = model.new_caches()
+    model.fill_caches(caches, memory, src_mask)
+    keys = [cache.cross_attention.keys for cache in caches]
+    before = [k.clone() for k in keys]
+    steps = [model.decode(tgt[:, :2], caches=caches, positions=torch.arange(2))]
+    steps += [model.decode(tgt[:, i : i + 1], caches=caches, positions=torch.tensor([i])) for i in range(2, 5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model.decode(tgt, memory, src_mask), atol=1e-12, rtol=0)
+    assert all(c.cross_attention.keys is k and torch.equal(k, b) for c, k, b in zip(caches, keys, before))
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
