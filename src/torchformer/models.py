@@ -36,9 +36,9 @@ from torchformer._checks import (
     check_embeddings, check_features, check_mask, check_positions, check_tokens, values_readable,
 )
 from torchformer.config import TransformerConfig
-from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.stacks import Decoder, Encoder
@@ -628,8 +628,8 @@ class Seq2SeqTransformer(TransformerModel):
             b = check_memory(memory, src_mask, self.config.emb, like=self.head.toprobs.weight)
             if tgt.size(0) != b:
                 raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
-            if memory.device != tgt.device:  # type: ignore[union-attr]
-                raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")  # type: ignore[union-attr]
+            if memory.device != tgt.device:
+                raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")
         elif memory is not None or src_mask is not None:
             raise ValueError("memory and src_mask must be None with caches: fill_caches(caches, memory, src_mask) "
                              "computed the memory's keys and values into them once, for every step")

@@ -51,8 +51,8 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens, is_int, is_number
 from torchformer.config import TransformerConfig
-from torchformer.nn.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
+from torchformer.nn.cache import BlockCache
 
 __all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 

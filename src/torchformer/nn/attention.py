@@ -608,7 +608,7 @@ class CrossAttention(MultiHeadAttention):
         q = self.project_queries(x)  # (b, h, t, s)
         if cache is None:
             k, v = self.project_context(context, context_mask)  # type: ignore[arg-type]  # (b, g, u, s) each
-        else:  # computed once, by fill_cache: the context, its keys and its padding are the cache's
+        else:  # computed once, by fill_cache: (b, g, u, s) each, and the context's padding (b, u) or None
             k, v, context_mask = cache.keys, cache.values, cache.mask
         attention_mask = AttentionMask(positions, None, context_mask)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)

@@ -222,8 +222,8 @@ class DecoderBlock(TransformerBlock):
     def fill_cache(self, cache: BlockCache, context: Tensor, context_mask: Tensor | None = None) -> None:
         """Compute the cross-attention's keys and values of ``context`` once, into ``cache.cross_attention``.
 
-        Call it once per context, before the first cached step (see :meth:`CrossAttention.fill_cache
-        <torchformer.nn.attention.CrossAttention.fill_cache>`).
+        Call it once per context, before the first cached step (see
+        :meth:`~torchformer.nn.attention.CrossAttention.fill_cache`).
 
         Args:
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, its cross-attention part empty.
@@ -233,7 +233,7 @@ class DecoderBlock(TransformerBlock):
         Raises:
             ValueError: the cache's cross-attention part is already filled, or a shape is wrong.
         """
-        self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[operator]
+        self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[attr-defined]
 
     def forward(  # type: ignore[override]
         self,

@@ -15,7 +15,7 @@ same cache serves eager decoding and beam search (:meth:`KVCache.reorder`).
 
 An encoder-decoder's cross-attention looks at a context (the encoder's output) that does not change while the
 decoder generates, so its keys and values are computed once per sequence, before the first decoding step, by
-:meth:`CrossAttention.fill_cache <torchformer.nn.attention.CrossAttention.fill_cache>`, into a
+:meth:`~torchformer.nn.attention.CrossAttention.fill_cache`, into a
 :class:`ContextCache`; every step then reads them there. A decoder block holds one cache of each kind, a
 :class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
 
@@ -195,11 +195,10 @@ class KVCache:
 class ContextCache:
     """The keys and values of a cross-attention's context, computed once per sequence, and the context's padding.
 
-    :meth:`CrossAttention.fill_cache <torchformer.nn.attention.CrossAttention.fill_cache>` fills it once, before
-    the first decoding step (a model: ``model.fill_caches(caches, memory, src_mask)``); every step then reads
-    :attr:`keys`, :attr:`values` and :attr:`mask` here instead of projecting the context again, and takes no
-    context. A cache is filled once: :meth:`reset` empties it for another context. :meth:`reorder` selects or
-    repeats batch rows (beam search).
+    :meth:`~torchformer.nn.attention.CrossAttention.fill_cache` fills it once, before the first decoding step (a
+    model: ``model.fill_caches(caches, memory, src_mask)``); every step then reads ``keys``, ``values`` and
+    ``mask`` here instead of projecting the context again, and takes no context. A cache is filled once:
+    :meth:`reset` empties it for another context. :meth:`reorder` selects or repeats batch rows (beam search).
     """
 
     def __init__(self) -> None:

@@ -161,9 +161,10 @@ class Decoder(nn.Module):
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
-        # Every block's part, before the first block writes into its self-attention cache.
-        for cache in [None] if caches is None else caches:
-            check_cross_inputs(context, context_mask, None if cache is None else cache.cross_attention, self.emb, b)
+        if caches is None:
+            check_cross_inputs(context, context_mask, None, self.emb, b)
+        for cache in caches or ():  # every block's part, before the first block writes into its self-attention cache
+            check_cross_inputs(context, context_mask, cache.cross_attention, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
                           cache=None if caches is None else caches[i])
