@@ -1,4 +1,4 @@
-"""Tokens per second of ``GTransformer.generate`` with and without the KV cache.
+"""Tokens per second of ``torchformer.generate`` (a ``GTransformer``) with and without the KV cache.
 
 For each context length ``C`` a randomly initialised model (``seq_length=C``) is given a prompt of ``C - new``
 tokens and generates ``new`` tokens greedily, so the last token is generated with a full context. Without the
@@ -37,8 +37,9 @@ from pathlib import Path
 
 import torch
 
-from torchformer.models import GTransformer
 from torchformer.decoding.compiled import StaticCacheGenerator
+from torchformer.decoding.generation import generate
+from torchformer.models import GTransformer
 
 
 def timed(fn, device: torch.device) -> float:
@@ -94,8 +95,8 @@ def main() -> None:
         prompt = torch.randint(0, args.vocab, (args.batch, context - args.new_tokens), device=device)
         static = StaticCacheGenerator(model)
         runs = {
-            "no cache": lambda n: model.generate(prompt, n, temperature=0, use_cache=False),
-            "cache": lambda n: model.generate(prompt, n, temperature=0),
+            "no cache": lambda n: generate(model, prompt, n, temperature=0, use_cache=False),
+            "cache": lambda n: generate(model, prompt, n, temperature=0),
             "static": lambda n: static.generate(prompt, n, temperature=0),
         }
         if args.compile:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchformer import GTransformer, load_model
+from torchformer import GTransformer, generate, load_model
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
@@ -245,8 +245,8 @@ def sample(model, data, args, generator) -> str:
     start = int(torch.randint(len(data) - args.context, (1,), generator=generator, device=generator.device))
     seed = data[start:start + args.context].long()[None].to(args.device)
     with autocast(args.device):
-        out = model.generate(seed, args.sample_length, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, generator=generator)
+        out = generate(model, seed, args.sample_length, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, generator=generator)
     return f"[{decode(seed[0])}]{decode(out[0, args.context:])}"
 
 
@@ -267,8 +267,8 @@ def generate_mode(args) -> str:
     prompt = torch.tensor(list(args.generate.encode("utf-8")), device=args.device)[None]  # (1, t) byte ids
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     with autocast(args.device):
-        out = model.generate(prompt, args.sample_length, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, generator=generator)
+        out = generate(model, prompt, args.sample_length, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, generator=generator)
     text = decode(out[0])
     print(text)
     return text

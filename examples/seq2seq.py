@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from torchformer import seq2seq_generate
 from torchformer.models import Seq2SeqTransformer
 from torchformer.train.checkpoint import read_checkpoint, save_checkpoint
 from torchformer.train.loading import load_model
@@ -180,10 +181,10 @@ def decode(args: argparse.Namespace) -> list[str]:
             raise SystemExit(f"error: --decode {digits}: the model in {path} was trained on strings of {shortest} "
                              f"to {longest} digits, got {len(digits)}")
         src = torch.tensor([[DIGIT0 + int(d) for d in digits]], device=args.device)  # (1, n)
-        greedy = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS)
+        greedy = seq2seq_generate(model, src, len(digits) + 1, bos=BOS, eos=EOS)
         line = f"{digits} -> {as_text(greedy[0])} (greedy)"
         if args.beam_size > 1:
-            beam = model.generate(src, len(digits) + 1, bos=BOS, eos=EOS, beam_size=args.beam_size)
+            beam = seq2seq_generate(model, src, len(digits) + 1, bos=BOS, eos=EOS, beam_size=args.beam_size)
             line += f", {as_text(beam[0])} (beam {args.beam_size})"
         lines.append(line)
         print(lines[-1])
@@ -236,8 +237,8 @@ def main(argv=None) -> dict | list[str]:
     model.eval()
     src, mask, tgt = test_src.to(device), test_mask.to(device), test_tgt.to(device)
     steps = cfg["max_len"] + 1  # the digits and the EOS
-    greedy = model.generate(src, steps, bos=BOS, eos=EOS, src_mask=mask)
-    beam = model.generate(src, steps, bos=BOS, eos=EOS, src_mask=mask, beam_size=args.beam_size)
+    greedy = seq2seq_generate(model, src, steps, bos=BOS, eos=EOS, src_mask=mask)
+    beam = seq2seq_generate(model, src, steps, bos=BOS, eos=EOS, src_mask=mask, beam_size=args.beam_size)
     print(f"held-out exact match ({cfg['test']} strings of {cfg['min_len']}-{cfg['max_len']} digits): "
           f"greedy {exact_match(greedy, tgt):.1%}, beam search (beam {args.beam_size}) {exact_match(beam, tgt):.1%}")
 

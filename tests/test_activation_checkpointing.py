@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchformer import CTransformer, GTransformer, Seq2SeqTransformer
+from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, generate
 from torchformer.train.checkpoint import load_checkpoint, save_checkpoint
 
 BUILDERS = {
@@ -90,8 +90,8 @@ def test_not_applied_in_evaluation_or_decoding():
     model.train()  # in training mode, the KV caches still keep the blocks out of checkpointing
     plain, _ = pair("GTransformer")
     torch.manual_seed(0)
-    assert torch.equal(model.generate(torch.zeros(1, 2, dtype=torch.long), 4, temperature=0.0),
-                       plain.train().generate(torch.zeros(1, 2, dtype=torch.long), 4, temperature=0.0))
+    assert torch.equal(generate(model, torch.zeros(1, 2, dtype=torch.long), 4, temperature=0.0),
+                       generate(plain.train(), torch.zeros(1, 2, dtype=torch.long), 4, temperature=0.0))
 
 
 def test_bf16_autocast_gives_the_plain_models_gradients():

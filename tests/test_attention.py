@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchformer import AttentionMask, CrossAttention, KVCache, SelfAttention
+from torchformer import AttentionMask, ContextCache, CrossAttention, KVCache, SelfAttention
 from torchformer.nn.attention import attention_fast, attention_reference
 from torchformer.nn.masks import causal_mask
 
@@ -279,10 +279,13 @@ def test_only_written_slots_are_keys_whatever_the_positions():
 def test_a_reset_cross_attention_cache_reads_the_new_context():
     att = make_cross()
     x, ctx = torch.randn(2, 1, 16).double(), torch.randn(2, 5, 16).double()
-    cache = KVCache()
-    att(x, ctx, cache=cache)
+    cache = ContextCache()
+    att.fill_cache(cache, ctx)
+    att(x, cache=cache)
     cache.reset()
-    torch.testing.assert_close(att(x, 2 * ctx, cache=cache), att(x, 2 * ctx))
+    assert not cache.filled
+    att.fill_cache(cache, 2 * ctx[:, :3])  # another context, of another length
+    torch.testing.assert_close(att(x, cache=cache), att(x, 2 * ctx[:, :3]))
 
 
 def test_cache_is_written_in_place_and_reorder_keeps_or_reallocates():
@@ -315,22 +318,28 @@ def test_cache_misuse_is_a_clear_error():
         att.float()(torch.randn(1, 5, 16), positions=torch.arange(5), cache=KVCache(4))
 
 
-def test_cross_attention_cache_reuses_context_keys():
+def test_cross_attention_cache_is_filled_once_and_read_by_every_step():
     att = make_cross()
-    x, ctx = torch.randn(2, 1, 16).double(), torch.randn(2, 5, 16).double()
-    cache = KVCache()
-    first = att(x, ctx, cache=cache)
-    keys = cache.keys
-    spy = ctx.clone()
-    ctx.zero_()  # the cached keys are used, not recomputed: changing the context in place shows it
-    second = att(x, ctx, cache=cache)
-    assert cache.keys is keys and keys.shape == (2, 4, 5, 4)
-    torch.testing.assert_close(first, second)
-    # Another context of the same length would silently get the old one's keys: an error instead.
-    with pytest.raises(ValueError, match="holds the keys of another context"):
-        att(x, spy * 2, cache=cache)
-    cache.reset()  # a new context after a reset is computed afresh
-    torch.testing.assert_close(att(x, spy * 2, cache=cache), att(x, spy * 2))
+    x, ctx = torch.randn(2, 3, 16).double(), torch.randn(2, 5, 16).double()
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    cache = ContextCache()
+    att.fill_cache(cache, ctx, mask)
+    keys, values = cache.keys, cache.values
+    assert keys.shape == values.shape == (2, 4, 5, 4) and cache.mask is mask
+    expected = att(x, ctx, mask)
+    ctx.zero_()  # the cached keys are read, not recomputed: changing the context in place shows it
+    steps = [att(x[:, i : i + 1], cache=cache, positions=torch.tensor([i])) for i in range(3)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected)  # the padding too comes from the cache
+    assert cache.keys is keys and cache.values is values  # never rewritten
+    # A context given with the cache would be a second source of the same keys, which could only disagree.
+    with pytest.raises(ValueError, match="context and context_mask must be None with a cache"):
+        att(x, ctx, cache=cache)
+    with pytest.raises(ValueError, match="context and context_mask must be None with a cache"):
+        att(x, None, mask, cache=cache)
+    with pytest.raises(ValueError, match=r"already filled, with a context of 5 positions.*reset\(\)"):
+        att.fill_cache(cache, ctx)
+    with pytest.raises(ValueError, match="context must be given without a cache"):
+        att(x)
 
 
 def test_mask_from_positions_is_the_causal_mask_in_absolute_positions():
@@ -421,21 +430,24 @@ def test_nan_or_inf_in_padding_never_reaches_real_positions(impl, garbage):
     torch.testing.assert_close(cross(q, dirty, mask), cross(q, x, mask), atol=0, rtol=0)
 
 
-def test_a_cache_needs_positions_and_a_cross_cache_its_own_context():
+def test_a_cache_needs_positions_and_a_cross_cache_needs_filling():
     att = make(16, 4, causal=True)
     cache = KVCache(8)
     att(torch.randn(1, 3, 16), positions=torch.arange(3), cache=cache)
     with pytest.raises(ValueError, match="positions must be given with a cache"):
         att(torch.randn(1, 1, 16), cache=cache)  # the default 0 .. t-1 would overwrite slot 0
-    cross, cross_cache = make_cross(), KVCache()
+    cross, cross_cache = make_cross(), ContextCache()
     x = torch.randn(1, 1, 16).double()
-    cross(x, torch.randn(1, 7, 16).double(), cache=cross_cache)
-    with pytest.raises(ValueError, match="another context \\(of 7 positions; this one has 4\\)"):
-        cross(x, torch.randn(1, 4, 16).double(), cache=cross_cache)
+    with pytest.raises(ValueError, match=r"never filled.*model.fill_caches\(caches, memory, src_mask\).*"
+                                         r"CrossAttention.fill_cache"):
+        cross(x, cache=cross_cache)
+    cross.fill_cache(cross_cache, torch.randn(1, 7, 16).double())
+    with pytest.raises(ValueError, match="holds a context of batch size 1, but the queries have batch size 2"):
+        cross(torch.randn(2, 1, 16).double(), cache=cross_cache)
     cross_cache.reset()  # a new source: its keys are computed again, at its own length
     shorter = torch.randn(1, 4, 16).double()
-    cross(x, shorter, cache=cross_cache)
-    torch.testing.assert_close(cross(x, shorter, cache=cross_cache), cross(x, shorter))
+    cross.fill_cache(cross_cache, shorter)
+    torch.testing.assert_close(cross(x, cache=cross_cache), cross(x, shorter))
 
 
 # ---- the two attention functions on their own ---------------------------------------------------------------
@@ -540,15 +552,17 @@ def test_plain_self_attention_passes_no_mask_tensor():
     assert masks[-1].needs_tensor is True
 
 
-def test_a_cross_attention_cache_refuses_another_context_on_its_very_next_call():
-    """The cache is bound to its source from the first call on (not only once it has been reused)."""
+def test_a_cross_attention_cache_follows_the_reordered_rows():
+    """Beam search reorders the cross-attention cache's rows, the padding's too, with the self-attention's."""
     att = make_cross()
-    x = torch.randn(1, 1, 16).double()
-    first, other = torch.randn(1, 5, 16).double(), torch.randn(1, 5, 16).double()
-    cache = KVCache()
-    att(x, first, cache=cache)
-    with pytest.raises(ValueError, match="holds the keys of another context"):
-        att(x, other, cache=cache)
+    x, ctx = torch.randn(3, 1, 16).double(), torch.randn(3, 5, 16).double()
+    mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3, [True] * 4 + [False]])
+    cache = ContextCache()
+    att.fill_cache(cache, ctx, mask)
+    rows = torch.tensor([1, 1, 2, 0])  # another number of rows, as beams repeat their prompt
+    cache.reorder(rows)
+    torch.testing.assert_close(att(x[rows], cache=cache), att(x[rows], ctx[rows], mask[rows]))
+    ContextCache().reorder(rows)  # an empty cache is left as it is
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -587,8 +601,9 @@ def test_every_tensor_follows_the_input_device():
     cross = CrossAttention(16, 4).to(meta)
     context = torch.randn(2, 7, 16, device=meta)
     assert cross(torch.randn(2, 5, 16, device=meta), context).device == meta
-    cache = KVCache(8)
-    assert cross(torch.randn(2, 1, 16, device=meta), context, cache=cache).device == meta
+    cache = ContextCache()
+    cross.fill_cache(cache, context, mask[:, :1].expand(2, 7))
+    assert cross(torch.randn(2, 1, 16, device=meta), cache=cache).device == meta
     assert causal_mask(3, device=meta).device == meta
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from torchformer import (
     CrossAttention, Decoder, DecoderBlock, Encoder, FeedForward, GTransformer, SelfAttention, TransformerBlock,
-    TransformerConfig,
+    TransformerConfig, generate,
 )
 from torchformer.nn.embedding import TokenEmbedding
 from torchformer.nn.positions import SinusoidalPositions
@@ -138,8 +138,8 @@ def test_a_model_of_parallel_blocks_decodes_with_the_cache_as_without():
     torch.manual_seed(0)
     model = ParallelGPT(config=CONFIG).eval()
     prompt = torch.randint(0, 20, (2, 4))
-    cached = model.generate(prompt, 6, temperature=0)
-    recomputed = model.generate(prompt, 6, temperature=0, use_cache=False)
+    cached = generate(model, prompt, 6, temperature=0)
+    recomputed = generate(model, prompt, 6, temperature=0, use_cache=False)
     assert torch.equal(cached, recomputed)
 
 

@@ -1,6 +1,6 @@
 """Decoding refuses what it cannot do with an error that names it (torchformer.decoding), found by a hostile probe:
 models of the wrong kind, sampling arguments beam search would ignore, temperatures that overflow, rows with no
-possible token, and a cross-attention cache reused for another source."""
+possible token, and a cross-attention cache that was never filled or is given its source twice."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_the_wrong_kind_of_model_or_flag_is_named(call, match):
                                    {"generator": torch.Generator()}])
 def test_beam_search_refuses_sampling_arguments_it_would_ignore(extra):
     with pytest.raises(ValueError, match="beam search \\(beam_size=3\\) keeps the most likely hypotheses"):
-        S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3, **extra)
-    S.generate(PROMPT, 5, bos=1, eos=2, beam_size=3)  # without them it runs
+        seq2seq_generate(S, PROMPT, 5, bos=1, eos=2, beam_size=3, **extra)
+    seq2seq_generate(S, PROMPT, 5, bos=1, eos=2, beam_size=3)  # without them it runs
 
 
 def test_a_tiny_temperature_is_greedy_not_an_overflow():
@@ -58,13 +58,13 @@ def test_a_tiny_temperature_is_greedy_not_an_overflow():
     for temperature in (1e-40, 1e-300, 5e-324):
         assert torch.equal(sample_next(logp, temperature=temperature), logp.argmax(-1))
     G.eval()
-    assert torch.equal(G.generate(PROMPT, 3, temperature=1e-40), G.generate(PROMPT, 3, temperature=0.0))
+    assert torch.equal(generate(G, PROMPT, 3, temperature=1e-40), generate(G, PROMPT, 3, temperature=0.0))
 
 
 @pytest.mark.parametrize("temperature", [math.inf, math.nan, -1.0])
 def test_temperatures_that_are_no_temperature_are_refused(temperature):
     with pytest.raises(ValueError, match="temperature must be a finite float >= 0"):
-        G.generate(PROMPT, 3, temperature=temperature)
+        generate(G, PROMPT, 3, temperature=temperature)
 
 
 def test_rows_without_a_possible_token_are_named():
@@ -78,22 +78,31 @@ def test_rows_without_a_possible_token_are_named():
         sample_next(torch.tensor([[0.0, math.inf]]), temperature=0.0)
 
 
-def test_a_cross_attention_cache_is_bound_to_its_source():
-    # Decoding step by step with caches: a second source of the same length used to get the first one's keys.
+def test_a_cross_attention_cache_is_filled_once_explicitly():
+    # Decoding step by step with caches: the source's keys come from fill_caches, once, and nowhere else (a second
+    # source of the same length used to get the first one's keys, silently, until a weak reference guarded it).
     S.eval()
     src_a, src_b = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[7, 8, 9, 10]])
     tgt = torch.tensor([[1, 5]])
     caches = S.new_caches()
     memory_a = S.encode(src_a)
-    S.decode(tgt[:, :1], memory_a, caches=caches, positions=torch.tensor([0]))
-    S.decode(tgt[:, 1:], memory_a, caches=caches, positions=torch.tensor([1]))  # the same source: fine
-    with pytest.raises(ValueError, match="holds the keys of another context"):
+    with pytest.raises(ValueError, match=r"never filled: .*model.fill_caches\(caches, memory, src_mask\)"):
+        S.decode(tgt[:, :1], caches=caches, positions=torch.tensor([0]))
+    assert all(cache.self_attention.empty for cache in caches)  # refused before anything was written
+    S.fill_caches(caches, memory_a)
+    S.decode(tgt[:, :1], caches=caches, positions=torch.tensor([0]))
+    with pytest.raises(ValueError, match="memory and src_mask must be None with caches"):
         S.decode(tgt[:, 1:], S.encode(src_b), caches=caches, positions=torch.tensor([1]))
+    with pytest.raises(ValueError, match="already filled"):
+        S.fill_caches(caches, S.encode(src_b))
+    with pytest.raises(ValueError, match=r"memory must be given without caches: the encoder's output \(b, u, e\)"):
+        S.decode(tgt)  # no caches: the memory is needed
     for cache in caches:
         cache.reset()
     memory_b = S.encode(src_b)
-    cached = [S.decode(tgt[:, :1], memory_b, caches=caches, positions=torch.tensor([0])),
-              S.decode(tgt[:, 1:], memory_b, caches=caches, positions=torch.tensor([1]))]
+    S.fill_caches(caches, memory_b)
+    cached = [S.decode(tgt[:, :1], caches=caches, positions=torch.tensor([0])),
+              S.decode(tgt[:, 1:], caches=caches, positions=torch.tensor([1]))]
     torch.testing.assert_close(torch.cat(cached, dim=1), S.decode(tgt, memory_b))
 
 
@@ -144,17 +153,18 @@ def test_first_pooling_refuses_padding_at_position_zero():
 
 
 def test_a_cross_attention_cache_remembers_the_source_padding():
-    """Later steps need not pass the source mask again: without it (or with another one) they attended to the
-    padded source positions, 0.07 away from the full pass, silently."""
+    """The steps take no source mask: the caches keep the one fill_caches was given (without it, or with another
+    one, steps attended to the padded source positions, 0.07 away from the full pass, silently)."""
     src = torch.randint(0, 20, (2, 5))
     src_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]).bool()
     tgt = torch.randint(0, 12, (2, 4))
     with torch.no_grad():
         memory = S.encode(src, src_mask)
         full = S.decode(tgt, memory, src_mask)
-        for later_mask in (None, torch.ones(2, 5, dtype=torch.bool)):
-            caches = S.new_caches()
-            first = S.decode(tgt[:, :2], memory, src_mask, caches=caches, positions=torch.arange(2))
-            steps = [S.decode(tgt[:, i:i + 1], memory, later_mask, caches=caches, positions=torch.tensor([i]))
-                     for i in (2, 3)]
-            torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, rtol=1e-5, atol=1e-5)
+        caches = S.new_caches()
+        S.fill_caches(caches, memory, src_mask)
+        first = S.decode(tgt[:, :2], caches=caches, positions=torch.arange(2))
+        steps = [S.decode(tgt[:, i:i + 1], caches=caches, positions=torch.tensor([i])) for i in (2, 3)]
+        torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="memory and src_mask must be None with caches"):
+            S.decode(tgt[:, :1], None, torch.ones(2, 5, dtype=torch.bool), caches=caches, positions=torch.tensor([4]))

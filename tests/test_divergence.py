@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from torchformer import GTransformer, bits_per_byte
+from torchformer import GTransformer, beam_search, bits_per_byte, generate
 from torchformer.decoding.sampling import check_finite_logp, sample_next
 from torchformer.train.training import TrainingDiverged, check_finite_losses
 
@@ -41,10 +41,10 @@ def test_check_finite_logp_takes_any_leading_shape():
 
 
 @pytest.mark.parametrize("call", [
-    lambda m, p: m.generate(p, 4, temperature=0.0),
-    lambda m, p: m.generate(p, 4, temperature=1.0),
-    lambda m, p: m.generate(p, 4, temperature=0.0, use_cache=False),
-    lambda m, p: m.beam_search(p, 4, beam_size=3),
+    lambda m, p: generate(m, p, 4, temperature=0.0),
+    lambda m, p: generate(m, p, 4, temperature=1.0),
+    lambda m, p: generate(m, p, 4, temperature=0.0, use_cache=False),
+    lambda m, p: beam_search(m, p, 4, beam_size=3),
 ])
 def test_generation_with_a_diverged_model_raises(call):
     with pytest.raises(ValueError, match="NaN.*did training diverge"):

@@ -338,8 +338,8 @@ def test_a_foreign_file_in_the_checkpoint_folder_is_a_clear_error(script, corpus
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
 def test_the_final_model_is_saved_and_generate_continues_a_prompt_with_it(script, corpus, tmp_path, capsys):
     """Without --checkpoint the trained model still lands in --out; --generate rebuilds it from that file alone and
-    samples exactly what GTransformer.generate samples with the same seed."""
-    from torchformer import load_model
+    samples exactly what torchformer.generate samples with the same seed."""
+    from torchformer import generate, load_model
 
     script.main(tiny(corpus, tmp_path, "-N", "10", "--dropout", "0.0"))
     assert (tmp_path / "model.pt").is_file()
@@ -352,7 +352,7 @@ def test_the_final_model_is_saved_and_generate_continues_a_prompt_with_it(script
 
     model = load_model(tmp_path / "model.pt")
     prompt = torch.tensor([list(b"the cat")])
-    ids = model.generate(prompt, 30, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(3))
+    ids = generate(model, prompt, 30, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(3))
     assert text == bytes(ids[0].tolist()).decode("utf-8", errors="replace")
     greedy = script.main([*argv[:6], "--temperature", "0", "--out", str(tmp_path), "--threads", "1"])
     assert greedy != text  # the flags reach the sampler

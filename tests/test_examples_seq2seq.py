@@ -65,10 +65,10 @@ def test_tiny_run_decodes_and_plots(script, tmp_path):
 
 
 def test_the_trained_model_is_saved_and_decode_reverses_strings_with_it(script, tmp_path, capsys):
-    """--decode rebuilds the model from --out/model.pt alone and prints what Seq2SeqTransformer.generate gives."""
+    """--decode rebuilds the model from --out/model.pt alone and prints what seq2seq_generate gives."""
     import torch
 
-    from torchformer import load_model
+    from torchformer import load_model, seq2seq_generate
 
     script.main(["--steps", "3", "--threads", "1", "--device", "cpu", "--out", str(tmp_path)])
     assert ", 1 CPU thread(s) (--threads)" in capsys.readouterr().out
@@ -78,8 +78,9 @@ def test_the_trained_model_is_saved_and_decode_reverses_strings_with_it(script, 
     model = load_model(tmp_path / "model.pt")
     for digits, line in zip(["4740", "123"], lines):
         src = torch.tensor([[script.DIGIT0 + int(d) for d in digits]])
-        greedy = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS)[0])
-        beam = script.as_text(model.generate(src, len(digits) + 1, bos=script.BOS, eos=script.EOS, beam_size=2)[0])
+        greedy = script.as_text(seq2seq_generate(model, src, len(digits) + 1, bos=script.BOS, eos=script.EOS)[0])
+        beam = seq2seq_generate(model, src, len(digits) + 1, bos=script.BOS, eos=script.EOS, beam_size=2)
+        beam = script.as_text(beam[0])
         assert line == f"{digits} -> {greedy} (greedy), {beam} (beam 2)"
     with pytest.raises(SystemExit, match="trained on strings of 3 to 10 digits, got 11"):
         script.main(["--decode", "1" * 11, "--out", str(tmp_path), "--threads", "1"])

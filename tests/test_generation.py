@@ -218,7 +218,7 @@ def test_seeded_sampling_is_reproducible():
     assert torch.equal(a, b) and not torch.equal(a, c)
     lm = small_lm()
     lm_prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(7))
-    runs = [lm.generate(lm_prompt, 8, top_p=0.9, generator=torch.Generator().manual_seed(9), use_cache=cache)
+    runs = [generate(lm, lm_prompt, 8, top_p=0.9, generator=torch.Generator().manual_seed(9), use_cache=cache)
             for cache in (True, True, False)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
 
@@ -283,8 +283,8 @@ def test_wide_beam_finds_the_exhaustive_best(seed, eos, length_penalty):
 def test_beam_search_with_and_without_cache(seq_length, eos):
     model = small_lm(seq_length=seq_length)
     prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(10))
-    a, sa = model.beam_search(prompt, 12, beam_size=4, eos=eos)
-    b, sb = model.beam_search(prompt, 12, beam_size=4, eos=eos, use_cache=False)
+    a, sa = beam_search(model, prompt, 12, beam_size=4, eos=eos)
+    b, sb = beam_search(model, prompt, 12, beam_size=4, eos=eos, use_cache=False)
     assert torch.equal(a, b)
     torch.testing.assert_close(sa, sb, rtol=0, atol=1e-10)
 
@@ -297,14 +297,14 @@ def test_seq2seq_cached_equals_uncached_and_beam_1_is_greedy():
     src = torch.randint(3, 9, (3, 6), generator=torch.Generator().manual_seed(11))
     mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4])
     options = dict(bos=0, eos=1, src_mask=mask)
-    greedy = model.generate(src, 9, **options)
+    greedy = seq2seq_generate(model, src, 9, **options)
     assert greedy.shape == (3, 9)
-    assert torch.equal(greedy, model.generate(src, 9, use_cache=False, **options))
-    assert torch.equal(greedy, model.generate(src, 9, beam_size=1, top_k=1, temperature=1.0, **options))
-    beam = model.generate(src, 9, beam_size=3, **options)
-    assert torch.equal(beam, model.generate(src, 9, beam_size=3, use_cache=False, **options))
+    assert torch.equal(greedy, seq2seq_generate(model, src, 9, use_cache=False, **options))
+    assert torch.equal(greedy, seq2seq_generate(model, src, 9, beam_size=1, top_k=1, temperature=1.0, **options))
+    beam = seq2seq_generate(model, src, 9, beam_size=3, **options)
+    assert torch.equal(beam, seq2seq_generate(model, src, 9, beam_size=3, use_cache=False, **options))
     # Padding is invisible: a row decoded alone, without its padding, gives the same tokens.
-    alone = model.generate(src[1:2, :4], 9, bos=0, eos=1, beam_size=3)
+    alone = seq2seq_generate(model, src[1:2, :4], 9, bos=0, eos=1, beam_size=3)
     assert torch.equal(alone, beam[1:2])
 
 
@@ -324,6 +324,43 @@ def test_seq2seq_encodes_once_and_feeds_one_token_per_step():
     model.encode, model.decode = counting_encode, recording_decode
     seq2seq_generate(model, torch.randint(3, 9, (2, 5)), 6, bos=0, eos=1, beam_size=2)
     assert calls["encode"] == 1 and set(calls["decode_lengths"]) == {1}
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_seq2seq_computes_the_cross_attention_keys_once_per_source(beam_size):
+    """With the cache, each decoder block's cross-attention projects the encoder's output once, when the caches are
+    filled, whatever the number of steps (beam search reorders the cached rows instead); without it, every step
+    projects it again."""
+    model = small_seq2seq()
+    src = torch.randint(3, 9, (2, 5), generator=torch.Generator().manual_seed(12))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    projected = []
+    for block in model.decoder.blocks:
+        block.cross_attention.tokeys.register_forward_hook(lambda module, args, out: projected.append(out.size(0)))
+    options = dict(bos=0, eos=1, src_mask=mask, beam_size=beam_size)
+    cached = seq2seq_generate(model, src, 7, **options)
+    assert projected == [2] * len(model.decoder.blocks)  # once per block, for the 2 sources (before the beams)
+    projected.clear()
+    assert torch.equal(seq2seq_generate(model, src, 7, use_cache=False, **options), cached)
+    assert len(projected) > len(model.decoder.blocks)
+
+
+def test_seq2seq_step_by_step_with_filled_caches_equals_the_full_pass():
+    """decode with caches filled once (fill_caches), one token at a time and given no memory, computes what the
+    full decoder computes; the cached cross-attention keys are never rewritten."""
+    model = small_seq2seq()
+    src = torch.randint(3, 9, (2, 6), generator=torch.Generator().manual_seed(13))
+    src_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    tgt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(14))
+    memory = model.encode(src, src_mask)
+    caches = model.new_caches()
+    model.fill_caches(caches, memory, src_mask)
+    keys = [cache.cross_attention.keys for cache in caches]
+    before = [k.clone() for k in keys]
+    steps = [model.decode(tgt[:, :2], caches=caches, positions=torch.arange(2))]
+    steps += [model.decode(tgt[:, i : i + 1], caches=caches, positions=torch.tensor([i])) for i in range(2, 5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model.decode(tgt, memory, src_mask), atol=1e-12, rtol=0)
+    assert all(c.cross_attention.keys is k and torch.equal(k, b) for c, k, b in zip(caches, keys, before))
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -357,4 +394,4 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10
-        small_seq2seq().generate(torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)
+        seq2seq_generate(small_seq2seq(), torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerConfig
-from torchformer.decoding.cache import BlockCache
+from torchformer.nn.cache import BlockCache
 
 
 def seeded(cls, *args, **kwargs):

@@ -255,7 +255,7 @@ def test_impl_picks_the_function_that_computes_attention(impl, monkeypatch):
 def test_a_decoder_block_gives_its_cross_attention_the_query_positions():
     """A cross-attention variant (``DecoderBlock.cross_attention_class``) reads the same absolute positions as the
     block's self-attention, with and without a cache."""
-    from torchformer.decoding.cache import BlockCache
+    from torchformer.nn.cache import BlockCache
 
     seen = []
 
@@ -272,8 +272,9 @@ def test_a_decoder_block_gives_its_cross_attention_the_query_positions():
     block(x, context)
     block(x, context, positions=torch.tensor([5, 6, 7]))
     cache = BlockCache(8)
-    block(x[:, :2], context, positions=torch.arange(2), cache=cache)
-    block(x[:, 2:], context, positions=torch.tensor([2]), cache=cache)
+    block.fill_cache(cache, context)
+    block(x[:, :2], positions=torch.arange(2), cache=cache)
+    block(x[:, 2:], positions=torch.tensor([2]), cache=cache)
     assert [p.tolist() for p in seen] == [[0, 1, 2], [5, 6, 7], [0, 1], [2]]
 
 

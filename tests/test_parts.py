@@ -19,6 +19,7 @@ from torchformer import (
     TransformerBlock,
     TransformerConfig,
     VectorEmbedding,
+    seq2seq_generate,
 )
 from torchformer.nn.feedforward import gated_hidden_size
 from torchformer.nn.norms import make_norm
@@ -329,15 +330,15 @@ def test_seq2seq_reads_a_dense_source_and_generates():
     torch.testing.assert_close(model(padded, tgt, src_mask), out)
     assert not torch.allclose(model(src + 1, tgt), out)  # the decoder reads the source
 
-    tokens = model.generate(src, 6, bos=0, eos=1)  # greedy
+    tokens = seq2seq_generate(model, src, 6, bos=0, eos=1)  # greedy
     assert tokens.shape == (2, 6) and tokens.dtype == torch.long
-    assert torch.equal(model.generate(src, 6, bos=0, eos=1, use_cache=False), tokens)
-    assert torch.equal(model.generate(padded, 6, bos=0, eos=1, src_mask=src_mask), tokens)
+    assert torch.equal(seq2seq_generate(model, src, 6, bos=0, eos=1, use_cache=False), tokens)
+    assert torch.equal(seq2seq_generate(model, padded, 6, bos=0, eos=1, src_mask=src_mask), tokens)
     first = model.decode(torch.zeros(2, 1, dtype=torch.long), model.encode(src))[:, -1].argmax(-1)
     assert torch.equal(tokens[:, 0], first)  # the first token is the decoder's best guess after bos
-    assert model.generate(src, 6, bos=0, eos=1, beam_size=2).shape == (2, 6)
+    assert seq2seq_generate(model, src, 6, bos=0, eos=1, beam_size=2).shape == (2, 6)
     with pytest.raises(TypeError, match=r"src must be a floating point tensor of feature vectors, shape \(b, t, 8\)"):
-        model.generate(torch.zeros(2, 6, dtype=torch.long), 6, bos=0, eos=1)
+        seq2seq_generate(model, torch.zeros(2, 6, dtype=torch.long), 6, bos=0, eos=1)
     with pytest.raises(ValueError, match=r"src must have shape \(b, t, 8\).*got shape \(2, 6, 4\)"):
         model(torch.randn(2, 6, 4, dtype=torch.float64), tgt)
 

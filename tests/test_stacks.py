@@ -47,7 +47,7 @@ def test_cached_decoding_of_a_left_padded_prompt_equals_recomputation(prenorm, i
     output equals the full causal pass over the whole sequence with the same mask, at every position: a padded
     position sees no real key (left padding comes before every real token) and its attention gives exactly zero
     in both. Row 2's prompt holds a single real token."""
-    from torchformer.decoding.cache import BlockCache
+    from torchformer.nn.cache import BlockCache
 
     torch.manual_seed(0)
     enc = Encoder(TransformerConfig(16, 4, 2, prenorm=prenorm, impl=impl), causal=True).double()
@@ -78,19 +78,28 @@ def test_decoder_target_padding_is_invisible(prenorm):
 
 
 def test_a_cached_decoder_projects_the_context_once():
-    """With caches, each block's cross-attention computes the context's keys and values on the first call and
-    reads them from its cache afterwards, with the same result as the uncached pass."""
-    from torchformer.decoding.cache import BlockCache
+    """With caches, fill_caches computes each block's cross-attention keys and values of the context once; the
+    steps, given no context, read them from the caches, with the same result as the uncached pass."""
+    from torchformer.nn.cache import BlockCache
 
     torch.manual_seed(0)
     dec = Decoder(TransformerConfig(16, 4, 2)).double()
     x, ctx = torch.randn(2, 5, 16).double(), torch.randn(2, 3, 16).double()
+    mask = torch.tensor([[True] * 3, [True, True, False]])
     caches = [BlockCache(8) for _ in dec.blocks]
-    first = dec(x[:, :2], ctx, positions=torch.arange(2), caches=caches)
-    assert all(c.cross_attention.keys.shape == (2, 4, 3, 4) for c in caches)
     projections = []
     for block in dec.blocks:
         block.cross_attention.tokeys.register_forward_hook(lambda *args: projections.append(1))
-    steps = [dec(x[:, i : i + 1], ctx, positions=torch.tensor([i]), caches=caches) for i in range(2, 5)]
-    assert projections == []  # no block projected the context again
-    torch.testing.assert_close(torch.cat([first, *steps], dim=1), dec(x, ctx), atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="never filled"):  # refused before any block writes into its cache
+        dec(x[:, :2], positions=torch.arange(2), caches=caches)
+    assert all(c.self_attention.empty for c in caches)
+    dec.fill_caches(caches, ctx, mask)
+    assert all(c.cross_attention.keys.shape == (2, 4, 3, 4) for c in caches) and len(projections) == 2
+    first = dec(x[:, :2], positions=torch.arange(2), caches=caches)
+    steps = [dec(x[:, i : i + 1], positions=torch.tensor([i]), caches=caches) for i in range(2, 5)]
+    assert len(projections) == 2  # no block projected the context again
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), dec(x, ctx, None, mask), atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="context and context_mask must be None with a cache"):
+        dec(x[:, :1], ctx, positions=torch.tensor([5]), caches=caches)
+    with pytest.raises(ValueError, match=r"caches must be a list of one BlockCache per block \(2\), got 1"):
+        dec.fill_caches(caches[:1], ctx)

@@ -5,6 +5,7 @@ Where each concept lives:
 * :mod:`torchformer.config`: :class:`TransformerConfig`, every architectural choice as plain data
 * :mod:`torchformer.nn`: the transformer itself, one concept per module:
   :mod:`~torchformer.nn.attention` (self- and cross-attention, narrow or wide heads, fast and reference paths),
+  :mod:`~torchformer.nn.cache` (the KV caches attention writes and reads while decoding),
   :mod:`~torchformer.nn.masks` (which keys a query may see: causal rule, padding, positions),
   :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding` (token ids or feature vectors),
   :mod:`~torchformer.nn.norms` (LayerNorm, RMSNorm), :mod:`~torchformer.nn.feedforward` (plain and gated
@@ -12,13 +13,15 @@ Where each concept lives:
   (classifier, generator and masked-language-model output heads)
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, ``MLMTransformer``, built
   from a config
+* :mod:`torchformer.saving`: a model's own files: the record that rebuilds it, the exported folder (safetensors)
 * :mod:`torchformer.baselines`: ``LSTMClassifier``, the recurrent baseline a classifier is compared against
-* :mod:`torchformer.decoding`: :mod:`~torchformer.decoding.cache` (the KV cache),
-  :mod:`~torchformer.decoding.sampling`, :mod:`~torchformer.decoding.generation` (generate, beam search,
-  encoder-decoder decoding), :mod:`~torchformer.decoding.compiled` (the compiled one-token step)
-* :mod:`torchformer.train`: experiment support: checkpoints, schedules, logging, metrics, FLOPs, bits per byte,
-  attention maps, masked-language-model pretraining
+* :mod:`torchformer.decoding`: the loops: :mod:`~torchformer.decoding.sampling`,
+  :mod:`~torchformer.decoding.generation` (generate, beam search, encoder-decoder decoding),
+  :mod:`~torchformer.decoding.compiled` (the compiled one-token step)
+* :mod:`torchformer.train`: experiment support: a run's checkpoints, ``load_model``, schedules, logging, metrics,
+  FLOPs, bits per byte, attention maps, masked-language-model pretraining
 * :mod:`torchformer.data`: the real datasets (enwik8, IMDb), tokenizers, batching
+* :mod:`torchformer.scripts`: what the example scripts share (flags, threads, one process or many)
 """
 
 import importlib
@@ -26,12 +29,12 @@ from typing import Any
 
 from torchformer._version import __version__
 from torchformer.config import TransformerConfig
-from torchformer.decoding.cache import BlockCache, KVCache
 from torchformer.decoding.compiled import StaticCacheGenerator
 from torchformer.decoding.generation import beam_search, generate, seq2seq_generate
 from torchformer.models import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.cache import BlockCache, ContextCache, KVCache
 from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
@@ -54,10 +57,12 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_EXPERIMENT_SUPPORT[name]), name)
     raise AttributeError(f"module 'torchformer' has no attribute {name!r}")
 
+
 __all__ = [
     "AttentionMask",
     "BlockCache",
     "ClassifierHead",
+    "ContextCache",
     "CrossAttention",
     "CTransformer",
     "Decoder",

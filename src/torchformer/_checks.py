@@ -278,14 +278,14 @@ def check_sequence_inputs(
 
 
 def check_context(
-    context: object, context_mask: object, emb: int, batch: int, *, like: Tensor | None = None
+    context: object, context_mask: object, emb: int, batch: int | None = None, *, like: Tensor | None = None
 ) -> int:
-    """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b`` (and, with
-    ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
-    _, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")
+    """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b`` if given
+    (and, with ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
+    b, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")
     if context_mask is not None:
         device = context.device  # type: ignore[union-attr]
-        check_mask(context_mask, "context_mask", (batch, u), "(b, u)", device=device)
+        check_mask(context_mask, "context_mask", (b, u), "(b, u)", device=device)
     return u
 
 

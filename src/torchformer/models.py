@@ -28,19 +28,17 @@ v vocabulary size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional
 
-import torch
 from torch import Tensor, nn
 
 from torchformer._checks import (
     check_bool, check_embeddings, check_features, check_mask, check_positions, check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
-from torchformer.decoding import generation
-from torchformer.decoding.cache import BlockCache
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.stacks import Decoder, Encoder
@@ -82,37 +80,6 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
         raise TypeError(f"{model}: pass either config= or the model's arguments ({', '.join([*named, *options])}), "
                         f"not both; use config.replace(...) to change a field")
     return config
-
-
-def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
-    """Check that ``caches`` has one entry per block; return their capacity (None without caches).
-
-    Args:
-        caches: what the model's ``new_caches()`` made, one :class:`~torchformer.decoding.cache.BlockCache` per
-            block; ``None``: no caches.
-        depth: the number of blocks.
-
-    Returns:
-        The slots of each self-attention cache (the first block's), or ``None`` when ``caches`` is ``None``.
-
-    Raises:
-        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
-            :class:`~torchformer.decoding.cache.BlockCache`, or their capacities differ.
-    """
-    if caches is None:
-        return None
-    if not isinstance(caches, (list, tuple)) or len(caches) != depth:
-        got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
-        raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
-    capacities = [getattr(getattr(cache, "self_attention", None), "capacity", None) for cache in caches]
-    for i, (cache, capacity) in enumerate(zip(caches, capacities)):
-        if capacity is None:
-            raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
-                             f"got {type(cache).__name__}")
-        if capacity != capacities[0]:
-            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
-                             f"{capacities[0]} slots, caches[{i}] {capacity}")
-    return capacities[0]
 
 
 def require_input(model: str, config: TransformerConfig) -> None:
@@ -165,6 +132,31 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
         if config.input_dim is not None:
             x = x.masked_fill(~mask[:, :, None], 0.0)
     return x
+
+
+def check_memory(memory: object, src_mask: Optional[Tensor], emb: int, *, like: Tensor) -> int:
+    """Check the encoder's output a decoder reads, ``(b, u, emb)`` with ``u >= 1``, and its padding mask ``(b, u)``.
+
+    Args:
+        memory: the encoder's output (:meth:`Seq2SeqTransformer.encode`).
+        src_mask: ``(b, u)``, True for real source positions; ``None``: all are real.
+        emb: the model's embedding size ``e``.
+        like: a parameter of the model, whose dtype ``memory`` must have (unless autocast is on).
+
+    Returns:
+        The batch size ``b``.
+
+    Raises:
+        TypeError: ``memory`` or ``src_mask`` is not a tensor of the right kind or dtype.
+        ValueError: a shape is wrong, or ``memory`` holds no position.
+    """
+    b, u, _ = check_embeddings(memory, "memory", emb, like=like)
+    if u == 0:
+        raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
+                         f"{tuple(memory.shape)}")  # type: ignore[union-attr]
+    if src_mask is not None:
+        check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)  # type: ignore[union-attr]
+    return b
 
 
 class TransformerModel(nn.Module):
@@ -464,7 +456,9 @@ class GTransformer(TransformerModel):
 
     ``forward(x, *, caches=None, positions=None)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at
     position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the
-    embedding with the output layer. See :mod:`torchformer.decoding.generation` for sampling and beam search.
+    embedding with the output layer. To sample or beam-search, pass the model to ``torchformer.generate(model,
+    prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
+    (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -523,7 +517,7 @@ class GTransformer(TransformerModel):
         """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.
 
         Returns:
-            One empty :class:`~torchformer.decoding.cache.BlockCache` per block, in block order; pass them to
+            One empty :class:`~torchformer.nn.cache.BlockCache` per block, in block order; pass them to
             :meth:`forward` as ``caches``.
         """
         return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
@@ -544,76 +538,6 @@ class GTransformer(TransformerModel):
         """
         return list(self.blocks.blocks)
 
-    def generate(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        eos: Optional[int] = None,
-        use_cache: bool = True,
-        generator: Optional[torch.Generator] = None,
-        return_logprobs: bool = False,
-    ) -> Union[Tensor, tuple[Tensor, Tensor]]:
-        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``; ``temperature=0`` is greedy.
-
-        See :func:`torchformer.decoding.generation.generate`. Call ``model.eval()`` first, or dropout stays active.
-
-        Args:
-            prompt: the token ids to continue, ``(b, t)``.
-            max_new_tokens: how many tokens to add.
-            temperature: divides the log-probabilities before sampling; ``0`` is greedy.
-            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
-            eos: the end-of-sequence id: once a row emits it, the rest of the row is ``eos``. ``None``: none.
-            use_cache: ``False`` recomputes the whole window for every token (slow; the same tokens).
-            generator: a :class:`torch.Generator` that makes sampling reproducible.
-            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
-                which each new token was chosen.
-
-        Returns:
-            The token ids ``(b, t + max_new_tokens)``, prompt first; with ``return_logprobs``, the pair
-            ``(tokens, logprobs)``, the log-probabilities ``(b, max_new_tokens, v)``.
-        """
-        return generation.generate(
-            self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos=eos,
-            use_cache=use_cache, generator=generator, return_logprobs=return_logprobs,
-        )
-
-    def beam_search(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        beam_size: int,
-        length_penalty: float = 1.0,
-        eos: Optional[int] = None,
-        use_cache: bool = True,
-    ) -> tuple[Tensor, Tensor]:
-        """The best continuations ``(b, t + max_new_tokens)`` of ``prompt`` ``(b, t)`` and their scores ``(b,)``.
-
-        See :func:`torchformer.decoding.generation.beam_search`.
-
-        Args:
-            prompt: the token ids to continue, ``(b, t)``.
-            max_new_tokens: how many tokens to add.
-            beam_size: hypotheses kept per prompt; ``1`` is greedy decoding.
-            length_penalty: the score of a sequence is ``sum(log p) / length ** length_penalty``: ``0`` scores by
-                the total log-probability, ``1`` (the default) by the mean per token.
-            eos: the end-of-sequence id: a hypothesis that emits it is finished and padded with it. ``None``: none.
-            use_cache: ``False`` recomputes the whole window for every token (slow; the same result).
-
-        Returns:
-            ``(sequences, scores)``: the best sequence of each prompt ``(b, t + max_new_tokens)``, prompt first, and
-            its score ``(b,)``.
-        """
-        return generation.beam_search(
-            self, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos,
-            use_cache=use_cache,
-        )
-
 
 class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
@@ -623,7 +547,8 @@ class Seq2SeqTransformer(TransformerModel):
     token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
     ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
     ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
-    left out.
+    left out. To translate, pass the model to ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)``
+    (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -690,7 +615,7 @@ class Seq2SeqTransformer(TransformerModel):
     def decode(
         self,
         tgt: Tensor,
-        memory: Tensor,
+        memory: Optional[Tensor] = None,
         src_mask: Optional[Tensor] = None,
         *,
         caches: Optional[list[BlockCache]] = None,
@@ -698,35 +623,38 @@ class Seq2SeqTransformer(TransformerModel):
     ) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
-        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`.
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:
+        :meth:`fill_caches` computed its keys and values once, so the steps take no ``memory`` and no ``src_mask``.
 
         Args:
             tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
-            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`).
+            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`); ``None`` with ``caches``.
             src_mask: ``(b, u)``, True for real source positions: cross-attention ignores the others. ``None``: all
-                are real.
-            caches: the decoder's caches (:meth:`new_caches`); ``tgt`` then holds only the new tokens. ``None``: no
-                cache.
+                are real (and with ``caches``, which keep the mask :meth:`fill_caches` was given).
+            caches: the decoder's caches (:meth:`new_caches`), filled with the memory (:meth:`fill_caches`);
+                ``tgt`` then holds only the new tokens. ``None``: no cache.
             positions: the absolute positions ``(t,)`` of ``tgt``'s tokens; ``None``: ``0 .. t-1``.
 
         Returns:
             The log-probabilities of the next target token at every position, ``(b, t, v)`` (``v = tgt_tokens``).
 
         Raises:
-            ValueError: ``memory`` holds no position or another batch size than ``tgt``, or a shape or position is
-                wrong.
+            ValueError: ``memory`` holds no position or another batch size than ``tgt``, is missing without caches
+                or given with them, the caches were never filled, or a shape or position is wrong.
         """
         tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens, values=self.check_values)  # type: ignore[arg-type]
-        b, u, _ = check_embeddings(memory, "memory", self.config.emb, like=self.head.toprobs.weight)
-        if u == 0:
-            raise ValueError(f"memory must hold at least one position (the encoder's output of a source), got shape "
-                             f"{tuple(memory.shape)}")
-        if tgt.size(0) != b:
-            raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
-        if memory.device != tgt.device:
-            raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")
-        if src_mask is not None:
-            check_mask(src_mask, "src_mask", (b, u), "(b, u)", device=memory.device)
+        if caches is None:
+            if memory is None:
+                raise ValueError("memory must be given without caches: the encoder's output (b, u, e), from "
+                                 "encode(src, src_mask)")
+            b = check_memory(memory, src_mask, self.config.emb, like=self.head.toprobs.weight)
+            if tgt.size(0) != b:
+                raise ValueError(f"tgt must have the same batch size as src ({b}), got {tgt.size(0)}")
+            if memory.device != tgt.device:
+                raise ValueError(f"memory must be on tgt's device, {tgt.device}, got {memory.device}")
+        elif memory is not None or src_mask is not None:
+            raise ValueError("memory and src_mask must be None with caches: fill_caches(caches, memory, src_mask) "
+                             "computed the memory's keys and values into them once, for every step")
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
                                     capacity=capacity, values=self.check_values)
@@ -739,15 +667,15 @@ class Seq2SeqTransformer(TransformerModel):
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks, one per block.
 
-        Self-attention gets ``capacity`` slots (default ``seq_length``); cross-attention is sized by the encoder's
-        output on the first step.
+        Self-attention gets ``capacity`` slots (default ``seq_length``). The cross-attention parts stay empty until
+        :meth:`fill_caches` computes the keys and values of a source's memory into them, once.
 
         Args:
             capacity: slots of each self-attention cache: the most target positions decoded with the caches.
                 ``None``: ``config.seq_length``.
 
         Returns:
-            One empty :class:`~torchformer.decoding.cache.BlockCache` per decoder block, in block order; pass them
+            One empty :class:`~torchformer.nn.cache.BlockCache` per decoder block, in block order; pass them
             to :meth:`decode` as ``caches``.
 
         Raises:
@@ -756,6 +684,31 @@ class Seq2SeqTransformer(TransformerModel):
         capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
         return [BlockCache(capacity) for _ in self.decoder.blocks]
 
+    def fill_caches(self, caches: list[BlockCache], memory: Tensor, src_mask: Optional[Tensor] = None) -> None:
+        """Compute every decoder block's cross-attention keys and values of ``memory`` once, into ``caches``.
+
+        Call it once per source, after :meth:`encode` and before the first :meth:`decode` step with the caches::
+
+            memory = model.encode(src, src_mask)
+            caches = model.new_caches()
+            model.fill_caches(caches, memory, src_mask)
+            logp = model.decode(bos, caches=caches, positions=torch.tensor([0]))  # no memory: it is in the caches
+
+        Args:
+            caches: the decoder's caches (:meth:`new_caches`), their cross-attention parts empty (a fresh list, or
+                one :meth:`~torchformer.nn.cache.BlockCache.reset` for a new source).
+            memory: the encoder's output ``(b, u, e)`` (:meth:`encode`).
+            src_mask: ``(b, u)``, True for real source positions; ``None``: all are real. The caches keep it.
+
+        Raises:
+            ValueError: ``caches`` is not one BlockCache per decoder block, one of them is already filled, or
+                ``memory`` or ``src_mask`` has a wrong shape.
+            TypeError: ``memory`` or ``src_mask`` is of the wrong kind or dtype.
+        """
+        check_caches(caches, len(self.decoder.blocks))
+        check_memory(memory, src_mask, self.config.emb, like=self.head.toprobs.weight)
+        self.decoder.fill_caches(caches, memory, src_mask)
+
     def transformer_blocks(self) -> list[nn.Module]:
         """The encoder's blocks, then the decoder's: the order they run in.
 
@@ -763,49 +716,6 @@ class Seq2SeqTransformer(TransformerModel):
             The blocks, as a new list.
         """
         return [*self.encoder.blocks, *self.decoder.blocks]
-
-    def generate(
-        self,
-        src: Tensor,
-        max_len: int,
-        *,
-        bos: int,
-        eos: int,
-        src_mask: Optional[Tensor] = None,
-        beam_size: int = 1,
-        temperature: float = 0.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        length_penalty: float = 1.0,
-        use_cache: bool = True,
-        generator: Optional[torch.Generator] = None,
-    ) -> Tensor:
-        """Target ids ``(b, max_len)`` for the source ``src``, starting after ``bos``, padded with ``eos``.
-
-        The source is ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``. Greedy by default;
-        ``beam_size > 1`` for beam search. See :func:`torchformer.decoding.generation.seq2seq_generate`.
-
-        Args:
-            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
-            max_len: the most target tokens to produce (at most ``seq_length`` with learned positions).
-            bos: the id the decoder starts from (not part of the result).
-            eos: the end-of-sequence id: after it, a row is padded with ``eos``.
-            src_mask: ``(b, u)``, True for real source positions; ``None``: all are real.
-            beam_size: ``1`` samples; more runs a beam search with that many hypotheses.
-            temperature: divides the log-probabilities before sampling; ``0`` (the default) is greedy.
-            top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling).
-            length_penalty: as in :meth:`GTransformer.beam_search`; used with ``beam_size > 1``.
-            use_cache: ``False`` recomputes every position at every step (slow; the same result).
-            generator: a :class:`torch.Generator` that makes sampling reproducible.
-
-        Returns:
-            The target ids ``(b, max_len)``, without ``bos``.
-        """
-        return generation.seq2seq_generate(
-            self, src, max_len, bos=bos, eos=eos, src_mask=src_mask, beam_size=beam_size, temperature=temperature,
-            top_k=top_k, top_p=top_p, length_penalty=length_penalty, use_cache=use_cache, generator=generator,
-        )
 
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.

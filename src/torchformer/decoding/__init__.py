@@ -1,1 +1,1 @@
-"""Decoding: the KV cache, sampling, beam search and the compiled one-token step."""
+"""Decoding: the loops that drive a model's caches: sampling, beam search and the compiled one-token step."""

@@ -9,7 +9,7 @@ and both need every step to look the same:
 * A **CUDA graph** records the kernels of one step and replays them with a single launch
   (``torch.compile(mode="reduce-overhead")``); the replayed kernels read and write the same memory every time.
 
-The :class:`~torchformer.decoding.cache.KVCache` already has that property: its buffers are allocated once, and a
+The :class:`~torchformer.nn.cache.KVCache` already has that property: its buffers are allocated once, and a
 step writes the slot of its ``position`` (a tensor) and attends over all slots, the causal rule hiding those not
 written yet. So every step is
 
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import autocast_enabled
 from torchformer.decoding import generation
-from torchformer.decoding.cache import BlockCache, mark_static_address
+from torchformer.nn.cache import BlockCache, mark_static_address
 
 __all__ = ["StaticCacheGenerator"]
 
@@ -124,7 +124,7 @@ class StaticCacheGenerator(generation.EagerStep):
             prompt: the token ids about to be decoded, ``(n, t)``: its rows and device pick the kept caches.
 
         Returns:
-            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+            A list of one :class:`~torchformer.nn.cache.BlockCache` per block of the model.
         """
         caches = self._state(prompt)[0]
         for cache in caches:  # a new sequence: what the previous call wrote is forgotten, the memory kept

@@ -6,7 +6,7 @@ append it, and ask again.
 
 **The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
 attention is causal: the keys and values of earlier positions never change when a token is appended. So the prompt
-runs once, writing every layer's keys and values into a :class:`~torchformer.decoding.cache.KVCache` (buffers of
+runs once, writing every layer's keys and values into a :class:`~torchformer.nn.cache.KVCache` (buffers of
 ``seq_length`` slots, slot ``p`` for position ``p``), and each later step feeds only the newest token ``(n, 1)``
 with its position ``(1,)``: its key and value go into the slot of that position, and its query attends over the
 cache. The cost per token drops from a forward pass over the whole window to a forward pass over one position.
@@ -33,9 +33,10 @@ a sequence whose *total* probability is higher although its first token was not 
 **The model protocol.** The functions here need from a decoder-only ``model`` (:class:`GTransformer` has it):
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
 ``model.new_caches()`` and ``model(x, *, caches=None, positions=None)`` -> log-probabilities ``(n, t, v)``.
-:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, *, caches, positions)``,
-``new_caches(capacity)`` and ``config`` of a :class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or
-feature vectors ``(b, u, d)`` when ``config.input_dim`` is set).
+:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches,
+positions)``, ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a
+:class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when
+``config.input_dim`` is set).
 
 Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * beam_size``), v vocabulary size.
 """
@@ -50,8 +51,8 @@ from torch import Tensor, nn
 
 from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens, is_int, is_number
 from torchformer.config import TransformerConfig
-from torchformer.decoding.cache import BlockCache
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
+from torchformer.nn.cache import BlockCache
 
 __all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
@@ -105,7 +106,7 @@ class EagerStep:
                 shape: the caches allocate on their first write), used by subclasses that keep caches per shape.
 
         Returns:
-            A list of one :class:`~torchformer.decoding.cache.BlockCache` per block of the model.
+            A list of one :class:`~torchformer.nn.cache.BlockCache` per block of the model.
         """
         return self.model.new_caches()
 
@@ -170,13 +171,22 @@ class _LMStepper:
 
 
 class _Seq2SeqStepper:
-    """Next-token log-probabilities from an encoder-decoder model; the encoder runs once."""
+    """Next-token log-probabilities from an encoder-decoder model; the encoder runs once.
+
+    With caches, the cross-attention keys and values of the encoder's output are computed once too
+    (``model.fill_caches``), and every step reads them there: the decoder is then given no memory.
+    """
 
     def __init__(self, model: nn.Module, src: Tensor, src_mask: Optional[Tensor], *, use_cache: bool,
                  capacity: int) -> None:
-        self.model, self.src_mask = model, src_mask
-        self.memory = model.encode(src, src_mask)  # (b, u, e), the context of every cross-attention
+        self.model = model
+        memory = model.encode(src, src_mask)  # (b, u, e), the context of every cross-attention
         self.caches = model.new_caches(capacity) if use_cache else None
+        if self.caches is None:  # every step reads the memory itself
+            self.memory, self.src_mask = memory, src_mask
+        else:  # the caches hold the memory's keys, values and padding, computed once here
+            model.fill_caches(self.caches, memory, src_mask)
+            self.memory = self.src_mask = None
         self.position = torch.zeros(1, dtype=torch.long, device=src.device)
 
     def start(self, tokens: Tensor) -> Tensor:
@@ -186,17 +196,15 @@ class _Seq2SeqStepper:
     def advance(self, tokens: Tensor) -> Tensor:
         if self.caches is None:
             return self.model.decode(tokens, self.memory, self.src_mask)[:, -1]
-        # Self-attention writes the new position; cross-attention reuses the keys/values of the first step.
-        self.position.fill_(tokens.size(1) - 1)
-        logp = self.model.decode(tokens[:, -1:], self.memory, self.src_mask, caches=self.caches,
-                                 positions=self.position)
-        return logp[:, -1]
+        self.position.fill_(tokens.size(1) - 1)  # self-attention writes the new position's slot
+        return self.model.decode(tokens[:, -1:], caches=self.caches, positions=self.position)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
-        self.memory = self.memory.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, index)
-        for cache in self.caches or ():
+        for cache in self.caches or ():  # the cross-attention parts' rows too
             cache.reorder(index)
 
 

@@ -1,1 +1,1 @@
-"""The transformer itself: attention, positions, blocks, stacks, output heads."""
+"""The transformer itself: attention and its KV cache, positions, blocks, stacks, output heads."""

@@ -23,8 +23,11 @@ Two implementations compute the same function:
   paths equal, forwards and backwards.
 
 Which keys a query may see (the causal rule, padding, positions with a KV cache) arrives as one
-:class:`~torchformer.nn.masks.AttentionMask`; a layer with a :class:`~torchformer.decoding.cache.KVCache` writes its
-new keys and values into the cache and attends over everything cached.
+:class:`~torchformer.nn.masks.AttentionMask`. The caches are part of a layer's contract
+(:mod:`torchformer.nn.cache`): self-attention with a :class:`~torchformer.nn.cache.KVCache` writes its new keys
+and values into the cache and attends over everything cached; cross-attention computes its context's keys and
+values once, into a :class:`~torchformer.nn.cache.ContextCache` (:meth:`CrossAttention.fill_cache`), and each
+cached step reads them there.
 
 Shapes used in this module:
     b: batch size          t: number of queries (positions of ``x``)
@@ -36,8 +39,6 @@ Shapes used in this module:
 from __future__ import annotations
 
 import math
-import weakref
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -47,11 +48,9 @@ from torchformer._checks import (
     check_bool, check_choice, check_context, check_heads, check_positive_int, check_probability, check_sequence_inputs,
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
+from torchformer.nn.cache import ContextCache, KVCache
 from torchformer.nn.masks import AttentionMask
 from torchformer.nn.relative import ALiBi, AttentionPositions, RelativeBias, Rotary
-
-if TYPE_CHECKING:  # only for type hints: the cache lives with decoding, attention merely writes into it
-    from torchformer.decoding.cache import KVCache
 
 
 def attention_reference(
@@ -396,7 +395,7 @@ class SelfAttention(MultiHeadAttention):
     * ``mask``: optional bool ``(b, t)``, ``True`` for real tokens. Padding keys (``False``) get zero weight, so
       padding never changes the output at real positions. A query whose keys are all masked gets a zero vector.
     * ``positions``: ``(t,)`` long, the absolute positions of ``x``'s tokens; default ``0 .. t-1``.
-    * ``cache``: a :class:`~torchformer.decoding.cache.KVCache` for incremental decoding. ``x`` then holds only
+    * ``cache``: a :class:`~torchformer.nn.cache.KVCache` for incremental decoding. ``x`` then holds only
       the new positions (``positions`` must be given); their keys and values are written into the cache and the
       queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
@@ -458,6 +457,43 @@ class SelfAttention(MultiHeadAttention):
         return (out, weights) if return_weights else out  # type: ignore[return-value]
 
 
+def check_cross_inputs(
+    context: object, context_mask: object, cache: ContextCache | None, emb: int, batch: int, *,
+    like: Tensor | None = None,
+) -> None:
+    """The door check of what a cross-attention reads: a ``context`` or a filled cache, never both.
+
+    Without a cache, ``context`` ``(b, u, emb)`` must be given, with the queries' batch ``b`` (and, with ``like``,
+    the parameters' dtype), and ``context_mask`` ``(b, u)`` if any. With a cache, the context's keys, values and
+    padding are in it (filled once by :meth:`CrossAttention.fill_cache`), so neither may be given: a second source
+    of the same facts could only disagree with the first. Shapes only, as Python ints: no device sync. A block and a
+    stack call it at their doors too, before their self-attention writes into its cache.
+
+    Args:
+        context: the sequence the queries look at, ``(b, u, emb)``, or ``None`` with a cache.
+        context_mask: ``(b, u)``, True at real context tokens; ``None``: all real (and always with a cache).
+        cache: the cross-attention's :class:`~torchformer.nn.cache.ContextCache`, or ``None``.
+        emb: the embedding size ``e``.
+        batch: the batch size ``b`` of the queries.
+        like: a parameter of the layer, whose dtype the context must have (unless autocast is on).
+
+    Raises:
+        ValueError: the context is missing without a cache, given with one, or of a wrong shape; the cache was
+            never filled, or holds another batch size.
+        TypeError: the context or its mask is of the wrong kind or dtype.
+    """
+    if cache is None:
+        if context is None:
+            raise ValueError("context must be given without a cache: the sequence the queries look at, (b, u, e) "
+                             "(the encoder's output)")
+        check_context(context, context_mask, emb, batch, like=like)
+        return
+    if context is not None or context_mask is not None:
+        raise ValueError("context and context_mask must be None with a cache: the cache holds the context's keys, "
+                         "values and padding, computed once by fill_cache(cache, context, context_mask)")
+    cache.check_batch(batch)
+
+
 class CrossAttention(MultiHeadAttention):
     r"""Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
 
@@ -478,15 +514,14 @@ class CrossAttention(MultiHeadAttention):
     ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and $-\infty$
     where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
 
-    This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None)``: ``context_mask``
-    marks real context tokens. Cross-attention is never causal: every query may see the whole context (``causal``
-    is not an argument).
+    This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None, *, positions=None,
+    cache=None, return_weights=False)``: ``context_mask`` marks real context tokens. Cross-attention is never
+    causal: every query may see the whole context (``causal`` is not an argument).
 
-    With a ``cache`` (a :class:`~torchformer.decoding.cache.KVCache`), the keys and values of ``context`` are
-    computed on the first call and reused afterwards, since the context does not change while the decoder generates.
-    The cache remembers that context (by identity, as ``cache.source``): a later call with another context tensor
-    is an error, since the cached keys would silently belong to the old one. Reset the cache for a new context.
-    It remembers the context's padding too: later steps use the ``context_mask`` of the first (theirs is not read).
+    The context does not change while a decoder generates, so incremental decoding computes its keys and values
+    once: :meth:`fill_cache` stores them, with the context's padding, in a
+    :class:`~torchformer.nn.cache.ContextCache`, and each step is then ``forward(x, cache=cache, positions=...)``,
+    with no context (giving one as well is an error, as is a cache that was never filled).
 
     Args:
         emb: embedding size ``e`` of the inputs, the context and the outputs.
@@ -524,38 +559,57 @@ class CrossAttention(MultiHeadAttention):
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
                    impl=config.impl, kv_heads=config.kv_heads)
 
+    def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.
+
+        Args:
+            context: the sequence the queries look at, ``(b, u, e)``.
+            context_mask: ``(b, u)``, True at real context tokens; ``None``: all real.
+
+        Returns:
+            ``(keys, values)``, each ``(b, g, u, s)`` (``g = kv_heads``).
+        """
+        if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
+            context = context.masked_fill(~context_mask[:, :, None], 0.0)
+        return self.project_keys_values(context)  # (b, u, e) -> (b, g, u, s) each
+
+    def fill_cache(self, cache: ContextCache, context: Tensor, context_mask: Tensor | None = None) -> None:
+        """Compute the keys and values of ``context`` once, into ``cache``, for every later decoding step.
+
+        Call it once per context, before the first step; the steps then read the keys, values and padding from
+        the cache (``forward(x, cache=cache, positions=...)``) and take no context.
+
+        Args:
+            cache: an empty :class:`~torchformer.nn.cache.ContextCache` (a block's ``cache.cross_attention``).
+            context: the sequence the queries will look at, ``(b, u, e)`` (the encoder's output).
+            context_mask: ``(b, u)``, True at real context tokens; ``None``: all real. The cache keeps it.
+
+        Raises:
+            ValueError: ``context`` or ``context_mask`` has a wrong shape, or ``cache`` is already filled.
+            TypeError: ``context`` or ``context_mask`` is of the wrong kind or dtype.
+        """
+        check_context(context, context_mask, self.emb, like=self.unifyheads.weight)
+        cache.fill(*self.project_context(context, context_mask), context_mask)
+
     def forward(
         self,
         x: Tensor,
-        context: Tensor,
+        context: Tensor | None = None,
         context_mask: Tensor | None = None,
         *,
         positions: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: ContextCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.unifyheads.weight)
-        check_context(context, context_mask, self.emb, b, like=self.unifyheads.weight)
+        check_cross_inputs(context, context_mask, cache, self.emb, b, like=self.unifyheads.weight)
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
-        source = context  # the tensor the caller passed (masking below makes a new one)
         q = self.project_queries(x)  # (b, h, t, s)
-        if cache is not None and not cache.empty:
-            k, v = cache.keys, cache.values  # computed from the same context on the first step
-            if k.size(2) != context.size(1) or (cache.source is not None and cache.source() is not source):  # type: ignore[union-attr]
-                raise ValueError(
-                    f"this cross-attention cache holds the keys of another context (of {k.size(2)} positions; this "  # type: ignore[union-attr]
-                    f"one has {context.size(1)}): another source. Use fresh caches (model.new_caches()) or reset() them"
-                )
-            cache.source = weakref.ref(source)  # after a reorder: the reordered context
-            context_mask = cache.real  # (b, u) or None: the context's padding, as the first step recorded it
-        else:
-            if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
-                context = context.masked_fill(~context_mask[:, :, None], 0.0)
-            k, v = self.project_keys_values(context)  # (b, h, u, s) each
-            if cache is not None:  # the keys, values and padding of the context, for every later step
-                cache.update(k, v, torch.arange(k.size(2), device=k.device), context_mask)
-                cache.source = weakref.ref(source)
+        if cache is None:
+            k, v = self.project_context(context, context_mask)  # type: ignore[arg-type]  # (b, g, u, s) each
+        else:  # computed once, by fill_cache: (b, g, u, s) each, and the context's padding (b, u) or None
+            k, v, context_mask = cache.keys, cache.values, cache.mask
         attention_mask = AttentionMask(positions, None, context_mask)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)

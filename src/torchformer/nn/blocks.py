@@ -31,18 +31,16 @@ Shapes: b batch size, t sequence length, u context length, e embedding size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from torch import Tensor, nn
 
-from torchformer._checks import check_context, check_sequence_inputs
+from torchformer._checks import check_sequence_inputs
 from torchformer.config import TransformerConfig
-from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention, check_cross_inputs
+from torchformer.nn.cache import BlockCache
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.norms import make_norm
-
-if TYPE_CHECKING:
-    from torchformer.decoding.cache import BlockCache
 
 
 class TransformerBlock(nn.Module):
@@ -50,7 +48,7 @@ class TransformerBlock(nn.Module):
 
     ``forward(x, mask=None, *, positions=None, cache=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
     real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
-    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
+    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
@@ -181,7 +179,7 @@ class TransformerBlock(nn.Module):
             y: the (normalised) activations ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens; ``None``: all real.
             positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
-            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
 
         Returns:
             Self-attention's output ``(b, t, e)`` (before dropout and the residual).
@@ -195,7 +193,8 @@ class DecoderBlock(TransformerBlock):
 
     ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``mask`` and
     ``context_mask`` mark real target and context tokens; ``cache`` is a
-    :class:`~torchformer.decoding.cache.BlockCache` for incremental decoding.
+    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding, whose cross-attention part
+    :meth:`fill_cache` fills once from the context: the cached steps then take no ``context`` (``None``).
 
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
@@ -220,10 +219,26 @@ class DecoderBlock(TransformerBlock):
         self.cross_attention = self.cross_attention_class.from_config(config, layer=self.layer)
         self.norm_cross = make_norm(config.norm, config.emb)
 
+    def fill_cache(self, cache: BlockCache, context: Tensor, context_mask: Tensor | None = None) -> None:
+        """Compute the cross-attention's keys and values of ``context`` once, into ``cache.cross_attention``.
+
+        Call it once per context, before the first cached step (see
+        :meth:`~torchformer.nn.attention.CrossAttention.fill_cache`).
+
+        Args:
+            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, its cross-attention part empty.
+            context: the encoder's output ``(b, u, e)``.
+            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real. The cache keeps it.
+
+        Raises:
+            ValueError: the cache's cross-attention part is already filled, or a shape is wrong.
+        """
+        self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[attr-defined]
+
     def forward(  # type: ignore[override]
         self,
         x: Tensor,
-        context: Tensor,
+        context: Tensor | None = None,
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
         *,
@@ -231,24 +246,25 @@ class DecoderBlock(TransformerBlock):
         cache: BlockCache | None = None,
     ) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
-        check_context(context, context_mask, self.emb, b)
+        # Before the self-attention writes into its cache: a call that cannot finish must change nothing.
+        check_cross_inputs(context, context_mask, None if cache is None else cache.cross_attention, self.emb, b)
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
         x = self.sublayer(x, self.norm_cross, lambda y: self.cross_attend(y, context, context_mask, positions, cache))
         return self.sublayer(x, self.norm2, self.ff)
 
     def cross_attend(
-        self, y: Tensor, context: Tensor, context_mask: Tensor | None, positions: Tensor | None,
+        self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
         cache: BlockCache | None,
     ) -> Tensor:
         """The cross-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
-            context: the encoder's output ``(b, u, e)``.
-            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real.
+            context: the encoder's output ``(b, u, e)``; ``None`` with a cache (filled by :meth:`fill_cache`).
+            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real (and with a cache).
             positions: ``(t,)``, the absolute positions of the queries; ``None``: ``0 .. t-1``.
-            cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
 
         Returns:
             Cross-attention's output ``(b, t, e)`` (before dropout and the residual).

@@ -26,19 +26,18 @@ Shapes: b batch size, t sequence length, u context length, e embedding size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from torchformer._checks import check_context, check_sequence_inputs
+from torchformer._checks import check_sequence_inputs
 from torchformer.config import TransformerConfig
+from torchformer.nn.attention import check_cross_inputs
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
+from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.norms import make_norm
-
-if TYPE_CHECKING:
-    from torchformer.decoding.cache import BlockCache
 
 
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
@@ -52,7 +51,7 @@ def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCach
         checkpointed: whether the stack checkpoints its blocks (``config.checkpoint_blocks``).
         *args: the block's positional arguments: ``x`` ``(b, t, e)``, and then what the block takes (``mask``, or
             ``context``, ``mask``, ``context_mask`` for a decoder block).
-        cache: the block's :class:`~torchformer.decoding.cache.BlockCache`, or ``None``.
+        cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
         **kwargs: the block's keyword arguments (``positions``).
 
     Returns:
@@ -76,7 +75,7 @@ class Encoder(nn.Module):
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``; ``caches`` holds one
-        :class:`~torchformer.decoding.cache.BlockCache` per block.
+        :class:`~torchformer.nn.cache.BlockCache` per block.
     """
 
     def __init__(
@@ -112,7 +111,9 @@ class Decoder(nn.Module):
 
     ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None)``: ``x`` ``(b, t, e)``,
     ``context`` ``(b, u, e)`` -> ``(b, t, e)``. ``mask`` ``(b, t)`` marks real target tokens, ``context_mask``
-    ``(b, u)`` real context tokens.
+    ``(b, u)`` real context tokens. With ``caches`` (one :class:`~torchformer.nn.cache.BlockCache` per block),
+    :meth:`fill_caches` computes every block's cross-attention keys and values of the context once, and the cached
+    steps then take no ``context`` (``None``).
 
     Args:
         config: the architecture; ``config.decoder_depth`` blocks (``config.depth`` if that is None).
@@ -131,10 +132,28 @@ class Decoder(nn.Module):
         self.norm = make_norm(config.norm, config.emb) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
+    def fill_caches(self, caches: list[BlockCache], context: Tensor, context_mask: Tensor | None = None) -> None:
+        """Compute every block's cross-attention keys and values of ``context`` once, into ``caches``.
+
+        Call it once per context, before the first cached step (see
+        :meth:`~torchformer.nn.blocks.DecoderBlock.fill_cache`).
+
+        Args:
+            caches: one :class:`~torchformer.nn.cache.BlockCache` per block, their cross-attention parts empty.
+            context: the encoder's output ``(b, u, e)``.
+            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real. The caches keep it.
+
+        Raises:
+            ValueError: ``caches`` is not one BlockCache per block, one is already filled, or a shape is wrong.
+        """
+        check_caches(caches, len(self.blocks))
+        for block, cache in zip(self.blocks, caches):
+            block.fill_cache(cache, context, context_mask)
+
     def forward(
         self,
         x: Tensor,
-        context: Tensor,
+        context: Tensor | None = None,
         mask: Tensor | None = None,
         context_mask: Tensor | None = None,
         *,
@@ -142,7 +161,10 @@ class Decoder(nn.Module):
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
-        check_context(context, context_mask, self.emb, b)
+        if caches is None:
+            check_cross_inputs(context, context_mask, None, self.emb, b)
+        for cache in caches or ():  # every block's part, before the first block writes into its self-attention cache
+            check_cross_inputs(context, context_mask, cache.cross_attention, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
                           cache=None if caches is None else caches[i])

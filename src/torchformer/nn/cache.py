@@ -1,4 +1,4 @@
-"""The KV cache: the keys and values an attention layer has computed, kept for incremental decoding.
+"""The KV caches: the keys and values an attention layer has computed, kept for incremental decoding.
 
 A generator predicts one token at a time. Attention is causal, so when a token is appended the keys and values of
 the earlier positions do not change; we keep them instead of recomputing them, and each step feeds only the new
@@ -11,16 +11,23 @@ which held padding.
 Because the buffers never change shape and the positions are data rather than Python ints, every decoding step
 runs the same operations on the same memory. That is what ``torch.compile`` needs to compile the one-token step
 once for every position, and what a CUDA graph needs to replay it (see :mod:`torchformer.decoding.compiled`). The
-same cache serves eager decoding, beam search (:meth:`KVCache.reorder`) and an encoder-decoder's cross-attention
-(written once, from the encoder's output).
+same cache serves eager decoding and beam search (:meth:`KVCache.reorder`).
 
-Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots).
+An encoder-decoder's cross-attention looks at a context (the encoder's output) that does not change while the
+decoder generates, so its keys and values are computed once per sequence, before the first decoding step, by
+:meth:`~torchformer.nn.attention.CrossAttention.fill_cache`, into a
+:class:`ContextCache`; every step then reads them there. A decoder block holds one cache of each kind, a
+:class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
+
+The caches are part of attention's contract, so they live beside it in :mod:`torchformer.nn`; decoding
+(:mod:`torchformer.decoding`) only drives them.
+
+Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots), u context length.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -49,22 +56,17 @@ class KVCache:
     The buffers are allocated by the first :meth:`update`, with its batch size, head layout, dtypes and device.
     Later updates must match them (another batch size or model is a clear error); :meth:`reorder` selects or
     repeats batch rows (beam search); :meth:`reset` forgets the contents but keeps the memory. A cache with
-    nothing written is *empty* (:attr:`empty`).
-
-    :attr:`source` records what the contents were computed from, for caches whose contents depend on an input
-    other than the positions written: a cross-attention layer stores a weak reference to its context there, and
-    refuses a call with another context. :meth:`reset` and :meth:`reorder` clear it (after a reorder the next
-    call's context, reordered the same way, is taken as the source).
+    nothing written is *empty* (:attr:`empty`). This is a self-attention's cache; a cross-attention's is a
+    :class:`ContextCache`.
 
     Args:
         capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
-            ``seq_length``). ``None`` sizes the buffers to the first :meth:`update` (cross-attention: the keys of
-            the whole context, written once).
+            ``seq_length``).
     """
 
-    def __init__(self, capacity: Optional[int] = None) -> None:
-        if capacity is not None and (not is_int(capacity) or capacity <= 0):
-            raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
+    def __init__(self, capacity: int) -> None:
+        if not is_int(capacity) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self.keys: Optional[Tensor] = None  # (b, h, c, s)
         self.values: Optional[Tensor] = None  # (b, h, c, s_v)
@@ -72,7 +74,6 @@ class KVCache:
         self.slots: Optional[Tensor] = None  # (c,): 0 .. c-1, the position each slot holds
         self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
         self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
-        self.source: Optional[weakref.ref] = None  # what the contents were computed from (see the class docstring)
 
     @property
     def empty(self) -> bool:
@@ -133,21 +134,14 @@ class KVCache:
         return self.real is not None
 
     def reset(self) -> None:
-        """Forget what was written.
-
-        A cache with a capacity keeps its buffers (and their memory) for the next sequence; one sized by its first
-        write (cross-attention: the next context may have another length) frees them.
-        """
-        if self.capacity is None:
-            self.keys = self.values = self.slots = self.written = None
-        elif self.written is not None:
+        """Forget what was written; the buffers (and their memory) stay for the next sequence."""
+        if self.written is not None:
             self.written.fill_(False)
         self.real, self._any_written = None, False
-        self.source = None
 
     def _allocate(self, keys: Tensor, values: Tensor) -> None:
         b, h, t, s = keys.shape
-        c = t if self.capacity is None else self.capacity
+        c = self.capacity
         if t > c:
             raise ValueError(f"the cache has {c} slots (capacity), but {t} positions were written at once")
         # Keys and values may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
@@ -186,7 +180,6 @@ class KVCache:
         """
         if self.keys is None or self.values is None:
             return
-        self.source = None  # the rows changed: the source must be reordered too (the next call brings it)
         if index.numel() == self.keys.size(0):
             self.keys.copy_(self.keys.index_select(0, index))
             self.values.copy_(self.values.index_select(0, index))
@@ -199,19 +192,106 @@ class KVCache:
             self.real = self.real.index_select(0, index)
 
 
+class ContextCache:
+    """The keys and values of a cross-attention's context, computed once per sequence, and the context's padding.
+
+    :meth:`~torchformer.nn.attention.CrossAttention.fill_cache` fills it once, before the first decoding step (a
+    model: ``model.fill_caches(caches, memory, src_mask)``); every step then reads ``keys``, ``values`` and
+    ``mask`` here instead of projecting the context again, and takes no context. A cache is filled once:
+    :meth:`reset` empties it for another context. :meth:`reorder` selects or repeats batch rows (beam search).
+    """
+
+    def __init__(self) -> None:
+        self.keys: Optional[Tensor] = None  # (b, g, u, s)
+        self.values: Optional[Tensor] = None  # (b, g, u, s_v)
+        self.mask: Optional[Tensor] = None  # (b, u) bool: True at real context tokens; None: all real
+
+    @property
+    def filled(self) -> bool:
+        """Whether :meth:`fill` has stored a context's keys and values (a host-side flag, free to read)."""
+        return self.keys is not None
+
+    def fill(self, keys: Tensor, values: Tensor, mask: Optional[Tensor] = None) -> None:
+        """Store the keys and values of a whole context, and its padding, for every later step.
+
+        Args:
+            keys: the context's keys ``(b, g, u, s)`` (``g`` the key/value heads).
+            values: its values ``(b, g, u, s)``.
+            mask: ``(b, u)`` bool, ``True`` at real context tokens; ``None``: all real.
+
+        Raises:
+            ValueError: the cache is already filled (each context's keys are computed once: :meth:`reset` it, or
+                take fresh caches, for another context).
+        """
+        if self.keys is not None:
+            raise ValueError(
+                f"this cross-attention cache is already filled, with a context of {self.keys.size(2)} positions: "
+                f"a context's keys and values are computed once; reset() the cache (or take fresh caches, "
+                f"model.new_caches()) for another context"
+            )
+        self.keys, self.values, self.mask = keys, values, mask
+
+    def check_batch(self, batch: int) -> None:
+        """Check that the cache was filled, for ``batch`` rows, before a step reads it (Python ints, no sync).
+
+        Args:
+            batch: the batch size ``b`` of the step's queries.
+
+        Raises:
+            ValueError: the cache was never filled (the message says how), or it holds another batch size.
+        """
+        if self.keys is None:
+            raise ValueError(
+                "this cross-attention cache was never filled: compute the context's keys and values once, before "
+                "the first decoding step, with model.fill_caches(caches, memory, src_mask) (a Seq2SeqTransformer; "
+                "Decoder.fill_caches, DecoderBlock.fill_cache and CrossAttention.fill_cache at the lower levels)"
+            )
+        if self.keys.size(0) != batch:
+            raise ValueError(
+                f"this cross-attention cache holds a context of batch size {self.keys.size(0)}, but the queries "
+                f"have batch size {batch}: fill caches for this batch, or reorder() these to its rows"
+            )
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ``(n,)`` (in that order), as :meth:`KVCache.reorder` does.
+
+        An empty cache is left as it is.
+
+        Args:
+            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
+        """
+        if self.keys is None or self.values is None:
+            return
+        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
+
+    def reset(self) -> None:
+        """Forget the context: the cache is empty again, to be filled with the next one."""
+        self.keys = self.values = self.mask = None
+
+
 class BlockCache:
     """The caches of one transformer block: its self-attention's and, in a decoder block, its cross-attention's.
 
+    ``self_attention`` is a :class:`KVCache` of ``capacity`` slots, written one position at a time;
+    ``cross_attention`` a :class:`ContextCache`, filled once per context (``DecoderBlock.fill_cache``) and unused in
+    a block without cross-attention.
+
     Args:
-        capacity: slots of the self-attention cache (the model's ``seq_length``). The cross-attention cache is
-            sized by the context it stores.
+        capacity: slots of the self-attention cache (the model's ``seq_length``).
     """
 
     def __init__(self, capacity: int) -> None:
         if not is_int(capacity) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int (the positions a block's cache holds), got {capacity!r}")
         self.self_attention = KVCache(capacity)
-        self.cross_attention = KVCache()
+        self.cross_attention = ContextCache()
+
+    @property
+    def capacity(self) -> int:
+        """The slots of the self-attention cache: the most positions the block's cache holds."""
+        return self.self_attention.capacity
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.
@@ -223,9 +303,43 @@ class BlockCache:
         self.cross_attention.reorder(index)
 
     def reset(self) -> None:
-        """Forget both caches' contents, as :meth:`KVCache.reset` does.
+        """Forget both caches' contents, as :meth:`KVCache.reset` and :meth:`ContextCache.reset` do.
 
-        The self-attention cache keeps its memory; the cross-attention cache, sized by its context, frees it.
+        The self-attention cache keeps its memory; the cross-attention cache is empty, to be filled with the next
+        context.
         """
         self.self_attention.reset()
         self.cross_attention.reset()
+
+
+def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
+    """Check that ``caches`` holds one :class:`BlockCache` per block, all of one capacity; return that capacity.
+
+    A model calls it at its door, before any block writes into a cache: a wrong list fails here with a message
+    that names it, not inside a block.
+
+    Args:
+        caches: what the model's ``new_caches()`` made, one :class:`BlockCache` per block; ``None``: no caches.
+        depth: the number of blocks.
+
+    Returns:
+        The slots of each self-attention cache (:attr:`BlockCache.capacity`), or ``None`` when ``caches`` is
+        ``None``.
+
+    Raises:
+        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
+            :class:`BlockCache`, or their capacities differ.
+    """
+    if caches is None:
+        return None
+    if not isinstance(caches, (list, tuple)) or len(caches) != depth:
+        got = len(caches) if isinstance(caches, (list, tuple)) else type(caches).__name__
+        raise ValueError(f"caches must be a list of one BlockCache per block ({depth}), got {got}; use new_caches()")
+    for i, cache in enumerate(caches):
+        if not isinstance(cache, BlockCache):  # a check of the argument, as for a tensor: no dispatch on its class
+            raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
+                             f"got {type(cache).__name__}")
+        if cache.capacity != caches[0].capacity:
+            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
+                             f"{caches[0].capacity} slots, caches[{i}] {cache.capacity}")
+    return caches[0].capacity
