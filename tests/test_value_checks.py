@@ -83,3 +83,37 @@ def test_the_value_check_does_not_depend_on_the_device_type():
     assert values_checkable(torch.zeros(2, dtype=torch.long))
     assert not values_checkable(torch.zeros(0, dtype=torch.long))
     assert not values_checkable(torch.zeros(2, dtype=torch.long, device="meta"))
+
+
+def value_reads(monkeypatch, run) -> int:
+    """How many times the value checks (``_checks.py``) read a tensor on the host while ``run()`` runs."""
+    import sys
+
+    reads = []
+    original = torch.Tensor.tolist
+
+    def tolist(self):
+        if sys._getframe(1).f_code.co_filename.endswith("_checks.py"):
+            reads.append(1)
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    run()
+    monkeypatch.undo()
+    return len(reads)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_decoding_checks_values_once_per_call_not_per_token(monkeypatch, use_cache):
+    # The prompt is checked once; the later tokens are the model's own samples and the positions the loop's count,
+    # so the steps read nothing (on a GPU a read per token would make the host wait at every token).
+    from torchformer import beam_search, seq2seq_generate
+
+    m = models("cpu")
+    prompt = torch.tensor([[1, 2]])
+    g, s = m["generator"].eval(), m["seq2seq"].eval()
+    for run in (lambda n: generate(g, prompt, n, temperature=0, use_cache=use_cache),
+                lambda n: beam_search(g, prompt, n, beam_size=2, use_cache=use_cache),
+                lambda n: seq2seq_generate(s, prompt, n, bos=1, eos=2, use_cache=use_cache)):
+        short, long = value_reads(monkeypatch, lambda: run(3)), value_reads(monkeypatch, lambda: run(7))
+        assert short == long <= 2, (short, long)  # the prompt (and seq2seq's encoder input), whatever the length

@@ -8,12 +8,17 @@ Shapes and dtypes are metadata, free to read: every public module checks them at
 accelerator. *Values* (token ids in range, positions in range and consecutive) are checked the same way on every
 device: reading them makes the host wait for a GPU once per check, which a model may turn off
 (``model.check_values = False``, :class:`~torchformer.models.TransformerModel`). While ``torch.compile`` traces,
-values are not read (a compiled graph cannot raise a Python error); nor on the ``meta`` device (it holds none).
+values are not read (a compiled graph cannot raise a Python error); nor on the ``meta`` device (it holds none); nor
+inside :func:`values_checked`, where the caller has checked them (the decoding loops: the prompt once, not each
+token).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -155,9 +160,29 @@ def check_mask(
     return mask
 
 
+# True inside values_checked(): the caller has checked the values the models are about to get (see below).
+_VALUES_CHECKED = contextvars.ContextVar("torchformer_values_checked", default=False)
+
+
+@contextlib.contextmanager
+def values_checked() -> Iterator[None]:
+    """Inside, models read no input values to check them: the caller has.
+
+    The decoding loops check a prompt once and then feed the model its own samples at positions they count: a
+    check per token would make the host wait for a GPU at every token. Scoped like ``torch.no_grad()`` (to this
+    thread or task, undone on leaving), so that any model the loop calls, a user's too, needs no argument for it.
+    """
+    token = _VALUES_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.reset(token)
+
+
 def values_checkable(x: Tensor) -> bool:
-    """Whether ``x`` has values to read: some, not on the ``meta`` device, and ``torch.compile`` not tracing."""
-    return x.numel() > 0 and x.device.type != "meta" and not _is_compiling()
+    """Whether to read ``x``'s values to check them: it has some, not on the ``meta`` device, ``torch.compile`` is
+    not tracing, and no caller has checked them already (:func:`values_checked`)."""
+    return x.numel() > 0 and x.device.type != "meta" and not _is_compiling() and not _VALUES_CHECKED.get()
 
 
 def check_tokens(x: object, name: str, num_tokens: int, *, values: bool = True) -> Tensor:

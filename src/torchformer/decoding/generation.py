@@ -49,7 +49,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_features, check_positive_int, check_tokens, is_int, is_number
+from torchformer._checks import (
+    check_bool, check_features, check_positive_int, check_tokens, is_int, is_number, values_checked,
+)
 from torchformer.config import TransformerConfig
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
 from torchformer.nn.cache import BlockCache
@@ -386,9 +388,10 @@ def generate(
     _check_generator(generator)
     if step is None and use_cache:
         step = EagerStep(model)
-    stepper = _LMStepper(model, step if use_cache else None, prompt)
-    tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, generator=generator)
+    with values_checked():  # the prompt is checked; the model reads no values at each token (a GPU would wait)
+        stepper = _LMStepper(model, step if use_cache else None, prompt)
+        tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, temperature=temperature,
+                                        top_k=top_k, top_p=top_p, generator=generator)
     return (tokens, logprobs) if return_logprobs else tokens
 
 
@@ -434,8 +437,10 @@ def beam_search(
     if eos is not None:
         _check_token(eos, "eos", config.num_tokens)
     check_bool(use_cache, "use_cache")
-    stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt)
-    return _beam_loop(stepper, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty, eos=eos)
+    with values_checked():  # the prompt is checked; the model reads no values at each token
+        stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt)
+        return _beam_loop(stepper, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,
+                          eos=eos)
 
 
 @torch.no_grad()
@@ -506,12 +511,14 @@ def seq2seq_generate(
             f"(the decoder has no position vectors beyond it), got {max_len}"
         )
     # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
-    stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache, capacity=max(max_len, config.seq_length))
     start = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)  # ids, whatever src holds
-    if beam_size > 1:
-        tokens, _ = _beam_loop(stepper, start, max_len, beam_size=beam_size, length_penalty=length_penalty, eos=eos)
-    else:
-        tokens, _ = _sample_loop(
-            stepper, start, max_len, eos=eos, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-        )
+    with values_checked():  # src is checked; the model reads no values at each token
+        stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache,
+                                  capacity=max(max_len, config.seq_length))
+        if beam_size > 1:
+            tokens, _ = _beam_loop(stepper, start, max_len, beam_size=beam_size, length_penalty=length_penalty,
+                                   eos=eos)
+        else:
+            tokens, _ = _sample_loop(stepper, start, max_len, eos=eos, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, generator=generator)
     return tokens[:, 1:]
