@@ -163,8 +163,8 @@ class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
     ``model.config`` is plain data; checkpoints and exported folders store it (:mod:`torchformer.saving`), so
-    :func:`torchformer.load_model` rebuilds the model from its file alone, and loading the weights of another
-    architecture is an error naming the differing fields.
+    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone, and loading the weights of
+    another architecture is an error naming the differing fields.
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
     them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. It does so
