@@ -27,7 +27,7 @@ from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.train.checkpoint import save_checkpoint
 from torchformer import load_model
 
-ACTIVATIONS = ["relu", "gelu", "relu2", "swiglu", "geglu"]
+ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu"]
 
 
 def seeded(cls, *args, **kwargs):
@@ -105,9 +105,15 @@ def gelu(h):
     return 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
 
 
+def gelu_tanh(h):
+    """GPT-2's gelu_new, written out as its code writes it."""
+    return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+
+
 REFERENCES = {
     "relu": lambda ff, x: plain_reference(ff, x, torch.relu),
     "gelu": lambda ff, x: plain_reference(ff, x, gelu),
+    "gelu_tanh": lambda ff, x: plain_reference(ff, x, gelu_tanh),
     "relu2": lambda ff, x: plain_reference(ff, x, lambda h: torch.relu(h) ** 2),
     "swiglu": lambda ff, x: gated_reference(ff, x, lambda h: h * torch.sigmoid(h)),
     "geglu": lambda ff, x: gated_reference(ff, x, gelu),
@@ -149,7 +155,7 @@ def test_feedforward_errors_name_the_argument():
         FeedForward(16, activation="swiglu")
     with pytest.raises(ValueError, match="activation must be one of 'swiglu', 'geglu'; got 'relu'"):
         GatedFeedForward(16, activation="relu")
-    with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'relu2'; got 'tanh'"):
+    with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh', 'relu2'; got 'tanh'"):
         FeedForward(16, activation="tanh")
 
 
@@ -242,6 +248,69 @@ def test_layer_norm_and_relu_are_the_default_model_unchanged():
             assert not name.endswith(".bias") or name not in rms, name  # and RMSNorm has no bias
         else:
             assert torch.equal(rms[name], value), name
+
+
+# ------------------------------------------------------------------------- GPT-2's biases (qkv_bias, head_bias)
+
+
+def test_gelu_tanh_is_torchs_tanh_approximation_and_not_the_exact_gelu():
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    ff = feedforward(TransformerConfig(16, 4, activation="gelu_tanh"))
+    torch.testing.assert_close(ff.net[1](x), F.gelu(x, approximate="tanh"), atol=0, rtol=0)
+    torch.testing.assert_close(ff.net[1](x), gelu_tanh(x))
+    assert 1e-4 < (ff.net[1](x) - gelu(x)).abs().max() < 5e-4  # close to the exact GELU, and yet not it
+
+
+def test_qkv_bias_is_an_affine_projection_of_queries_keys_and_values():
+    """Attention with qkv_bias, against the formula written out: Q = x Wq + bq (likewise K, V), per-head softmax."""
+    torch.manual_seed(0)
+    config = TransformerConfig(16, 4, qkv_bias=True)
+    block = TransformerBlock(config, causal=True).double()
+    attention = block.attention
+    for layer in (attention.toqueries, attention.tokeys, attention.tovalues):
+        assert layer.bias is not None and layer.bias.shape == (16,)
+        nn.init.normal_(layer.bias)  # not zero, so the test sees them
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    q, k, v = (F.linear(x, m.weight, m.bias).view(2, 5, 4, 4).transpose(1, 2)
+               for m in (attention.toqueries, attention.tokeys, attention.tovalues))  # (b, h, t, s)
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    heads = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(attention(x), attention.unifyheads(heads))
+    # Off (the default): no bias, the parameters and names of every model before the field existed.
+    plain = TransformerBlock(TransformerConfig(16, 4), causal=True).attention
+    assert plain.toqueries.bias is None and plain.tokeys.bias is None and plain.tovalues.bias is None
+    cross = DecoderBlock(TransformerConfig(16, 4, qkv_bias=True)).cross_attention
+    assert cross.toqueries.bias is not None and cross.tokeys.bias is not None  # cross-attention follows the field
+
+
+def test_head_bias_off_gives_the_dot_products_with_the_tied_embedding():
+    torch.manual_seed(0)
+    model = GTransformer(16, 4, 1, 8, 11, prenorm=True, tie_weights=True, head_bias=False).double().eval()
+    assert model.head.toprobs.bias is None and "head.toprobs.bias" not in model.state_dict()
+    x = torch.randint(0, 11, (2, 6))
+    hidden = model.blocks(model.embedding(x))  # (b, t, e)
+    expected = torch.log_softmax(hidden @ model.embedding.tokens.weight.T, dim=-1)  # (b, t, v): no bias
+    torch.testing.assert_close(model(x), expected)
+    default = GTransformer(16, 4, 1, 8, 11)
+    assert default.head.toprobs.bias is not None  # on by default: every existing model and checkpoint unchanged
+    seq2seq = Seq2SeqTransformer(16, 4, 1, 8, 11, 13, head_bias=False)
+    assert seq2seq.head.toprobs.bias is None
+    for cls, args in ((CTransformer, (16, 4, 1, 8, 11, 2)),):
+        with pytest.raises(ValueError, match="CTransformer does not use head_bias=False"):
+            cls(*args, head_bias=False)
+    with pytest.raises(TypeError, match="qkv_bias"):
+        TransformerConfig(16, 4, qkv_bias="yes")
+
+
+def test_an_old_config_without_the_new_fields_reads_as_before():
+    old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11).to_dict()
+    del old["qkv_bias"], old["head_bias"]  # what a checkpoint written before these fields holds
+    config = TransformerConfig.from_dict(old)
+    assert config.qkv_bias is False and config.head_bias is True
+    torch.manual_seed(0)
+    names = list(GTransformer(config=config).state_dict())
+    assert not any(name.endswith(("toqueries.bias", "tokeys.bias", "tovalues.bias")) for name in names)
+    assert "head.toprobs.bias" in names
 
 
 # ----------------------------------------------------------------------------------------- dense inputs

@@ -25,7 +25,7 @@ from torchformer._checks import check_bool, check_choice, check_heads, check_pos
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 RELATIVE_POSITIONS = ("rotary", "alibi", "relative")
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
-ACTIVATIONS = ("relu", "gelu", "relu2", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu")
 
 
 def check_extra(extra: object) -> dict:
@@ -87,7 +87,8 @@ class TransformerConfig:
         prenorm: the norm (``norm``) before each sublayer (GPT-2) instead of after the residual (Vaswani et al.,
             former).
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
-        activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"relu2"`` (ReLU squared), or a gated
+        activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (GELU's tanh
+            approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated
             linear unit, ``"swiglu"`` or ``"geglu"`` (hidden size 2/3 of ``ff_mult * emb``, so the parameter count
             stays about the same).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
@@ -109,6 +110,12 @@ class TransformerConfig:
         extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
             ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
             ``from_config``, and it is saved with the rest of the config, so the variant comes back with it.
+        qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). ``False``
+            (the default): no bias there, as before this field existed. The output projection (``unifyheads``) has a
+            bias either way.
+        head_bias: a bias in the output layer of a generator (:class:`~torchformer.models.GTransformer`,
+            :class:`~torchformer.models.Seq2SeqTransformer`): ``True`` (the default), as before this field existed;
+            ``False`` as GPT-2 (whose output layer is the tied embedding alone). The other heads do not read it.
     """
 
     emb: int
@@ -136,6 +143,9 @@ class TransformerConfig:
     checkpoint_blocks: bool = False
     # Not part of the hash (a dict is unhashable); equality and the saved config include it.
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    # Added for pretrained models (GPT-2); after the others, so that no field moves.
+    qkv_bias: bool = False
+    head_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -144,7 +154,7 @@ class TransformerConfig:
                      "input_dim"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
-        for name in ("wide", "prenorm", "kqnorm", "tie_weights", "checkpoint_blocks"):
+        for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.

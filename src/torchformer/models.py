@@ -283,7 +283,7 @@ class CTransformer(TransformerModel):
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
         config.require("CTransformer", "seq_length", "num_classes")
-        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights")
+        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias")
         require_input("CTransformer", config)
         super().__init__(config)
         self.embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
@@ -414,7 +414,7 @@ class MLMTransformer(TransformerModel):
         config = build_config("MLMTransformer", config, given, options)
         config.require("MLMTransformer", "seq_length", "num_tokens")
         # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
-        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim")
+        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
@@ -496,7 +496,8 @@ class GTransformer(TransformerModel):
         self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
-        self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
+        self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
+                                  bias=config.head_bias)
 
     def forward(
         self, x: Tensor, *, caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None
@@ -593,7 +594,8 @@ class Seq2SeqTransformer(TransformerModel):
         self.encoder = Encoder(config, block_class=self.encoder_block_class)
         self.decoder = Decoder(config, block_class=self.decoder_block_class)
         tie = self.tgt_embedding.tokens if config.tie_weights else None
-        self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie)  # type: ignore[arg-type]
+        self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie,  # type: ignore[arg-type]
+                                  bias=config.head_bias)
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.

@@ -164,6 +164,7 @@ class MultiHeadAttention(nn.Module):
             shares one key/value head, and a KV cache stores only ``g`` heads. ``None``: ``h`` (every head its own).
         window: sliding-window attention: a query sees only keys less than ``window`` positions away (with
             ``causal``: itself and the ``window - 1`` positions before it). ``None``: no window.
+        qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
 
     :meth:`from_config` builds one from a :class:`~torchformer.config.TransformerConfig`; that is how blocks
     build theirs, so a subclass with the same keyword arguments plugs into every model.
@@ -191,6 +192,7 @@ class MultiHeadAttention(nn.Module):
         positions: str = "none",
         kv_heads: int | None = None,
         window: int | None = None,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
@@ -211,9 +213,12 @@ class MultiHeadAttention(nn.Module):
         self.head_size = emb if wide else emb // heads
         inner = heads * self.head_size  # e (narrow) or h * e (wide)
 
-        self.toqueries = nn.Linear(emb, inner, bias=False)
-        self.tokeys = nn.Linear(emb, self.kv_heads * self.head_size, bias=False)  # g * s: fewer heads, fewer weights
-        self.tovalues = nn.Linear(emb, self.kv_heads * self.head_size, bias=False)
+        # No biases by default (former's choice); GPT-2 and BERT have them (qkv_bias). A key bias adds the same
+        # number to every score of a query, which the softmax ignores, but GPT-2's weights were trained with it.
+        self.qkv_bias = check_bool(qkv_bias, "qkv_bias")
+        self.toqueries = nn.Linear(emb, inner, bias=qkv_bias)
+        self.tokeys = nn.Linear(emb, self.kv_heads * self.head_size, bias=qkv_bias)  # g * s: fewer heads, fewer weights
+        self.tovalues = nn.Linear(emb, self.kv_heads * self.head_size, bias=qkv_bias)
         self.unifyheads = nn.Linear(inner, emb)
         self.qnorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
         self.knorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
@@ -226,7 +231,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``window`` and, when it is ``"rotary"``, ``"alibi"`` or ``"relative"``, ``positions``.
+                ``kv_heads``, ``window``, ``qkv_bias`` and, when it is ``"rotary"``, ``"alibi"`` or ``"relative"``,
+                ``positions``.
             causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
@@ -238,7 +244,7 @@ class MultiHeadAttention(nn.Module):
         inside = config.positions if config.positions in RELATIVE_POSITIONS else "none"
         return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
                    kqnorm=config.kqnorm, impl=config.impl, positions=inside, kv_heads=config.kv_heads,
-                   window=config.window)
+                   window=config.window, qkv_bias=config.qkv_bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
@@ -363,6 +369,7 @@ class MultiHeadAttention(nn.Module):
             f"dropout={self.dropout}, kqnorm={self.kqnorm}, impl={self.impl!r}"
             + (f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else "")
             + (f", window={self.window}" if self.window is not None else "")
+            + (", qkv_bias=True" if self.qkv_bias else "")
         )
 
 
@@ -380,8 +387,9 @@ class SelfAttention(MultiHeadAttention):
     \end{aligned}
     $$
 
-    $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias; ``toqueries(x)`` is $x W_q$, so $W_q$
-    is ``toqueries.weight.T``), and $W_o$, $b_o$ are ``unifyheads`` (``unifyheads.weight.T``, ``unifyheads.bias``).
+    $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias unless ``qkv_bias``, which adds one to
+    each of $Q$, $K$, $V$; ``toqueries(x)`` is $x W_q$, so $W_q$ is ``toqueries.weight.T``), and $W_o$, $b_o$ are
+    ``unifyheads`` (``unifyheads.weight.T``, ``unifyheads.bias``).
     :meth:`~MultiHeadAttention.split_heads` cuts $Q$, $K$, $V$ into the heads $Q_n$, $K_n$, $V_n$ ``(t, s)``
     (consecutive blocks of ``s`` columns), :meth:`~MultiHeadAttention.merge_heads` puts them side by side again.
     $M$ ``(t, u)`` (``u = t``, or the cache's slots) is 0 where query ``i`` may see key ``j`` and $-\infty$ where
@@ -415,6 +423,7 @@ class SelfAttention(MultiHeadAttention):
         positions: ``"rotary"``, ``"alibi"``, ``"relative"`` (positions inside attention) or ``"none"``.
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
         window: sliding-window attention: a query sees only keys less than ``window`` positions away.
+        qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -509,10 +518,10 @@ class CrossAttention(MultiHeadAttention):
     \end{aligned}
     $$
 
-    As in :class:`SelfAttention`: $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias;
-    ``toqueries(x)`` is $x W_q$), $W_o$, $b_o$ are ``unifyheads``, and the heads $Q_n$ ``(t, s)``, $K_n$, $V_n$
-    ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and $-\infty$
-    where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
+    As in :class:`SelfAttention`: $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias unless
+    ``qkv_bias``; ``toqueries(x)`` is $x W_q$), $W_o$, $b_o$ are ``unifyheads``, and the heads $Q_n$ ``(t, s)``,
+    $K_n$, $V_n$ ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and
+    $-\infty$ where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
 
     This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None, *, positions=None,
     cache=None, return_weights=False)``: ``context_mask`` marks real context tokens. Cross-attention is never
@@ -531,14 +540,16 @@ class CrossAttention(MultiHeadAttention):
         kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
         impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
+        qkv_bias: a bias in the query, key and value projections; ``False``: none.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
-                 impl: str = "sdpa", kv_heads: int | None = None) -> None:
-        super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads)
+                 impl: str = "sdpa", kv_heads: int | None = None, qkv_bias: bool = False) -> None:
+        super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads,
+                         qkv_bias=qkv_bias)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
@@ -547,8 +558,8 @@ class CrossAttention(MultiHeadAttention):
         Never causal, no window, no relative positions: the context is another sequence.
 
         Args:
-            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl`` and
-                ``kv_heads`` are used.
+            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
+                ``kv_heads`` and ``qkv_bias`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
@@ -557,7 +568,7 @@ class CrossAttention(MultiHeadAttention):
             A layer of the class this is called on (a :class:`CrossAttention`).
         """
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                   impl=config.impl, kv_heads=config.kv_heads)
+                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.

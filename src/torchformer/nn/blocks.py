@@ -65,7 +65,7 @@ class TransformerBlock(nn.Module):
     # The feed-forward network for each config.activation, built with its from_config. A variant replaces one
     # entry ({**TransformerBlock.feedforward_classes, "swiglu": MyGLU}) or all (dict.fromkeys(ACTIVATIONS, MyFF)).
     feedforward_classes: dict[str, type[nn.Module]] = {
-        "relu": FeedForward, "gelu": FeedForward, "relu2": FeedForward,
+        "relu": FeedForward, "gelu": FeedForward, "gelu_tanh": FeedForward, "relu2": FeedForward,
         "swiglu": GatedFeedForward, "geglu": GatedFeedForward,
     }
 

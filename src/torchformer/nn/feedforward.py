@@ -4,8 +4,9 @@ Attention moves information between positions; the feed-forward network then tra
 with the same weights at every position. Two shapes of network:
 
 * :class:`FeedForward`: two linear layers with a nonlinearity between, ``W2 act(W1 x + b1) + b2``, hidden size
-  ``h = ff_mult * e``. ``act`` is ``"relu"`` (Vaswani et al.), ``"gelu"`` (BERT, GPT-2) or ``"relu2"``, ReLU
-  squared (So et al. 2021, "Primer"), which an architecture search found to train faster at no cost.
+  ``h = ff_mult * e``. ``act`` is ``"relu"`` (Vaswani et al.), ``"gelu"`` (BERT), ``"gelu_tanh"`` (GELU's tanh
+  approximation, which GPT-2's code uses) or ``"relu2"``, ReLU squared (So et al. 2021, "Primer"), which an
+  architecture search found to train faster at no cost.
 * :class:`GatedFeedForward`: a gated linear unit (Shazeer 2020), ``W2 (act(W1 x) * (V x))``, with
   ``act = SiLU`` (``"swiglu"``) or ``GELU`` (``"geglu"``). One path through the nonlinearity decides, component by
   component, how much of a second, linear path passes. It has three matrices instead of two, so its hidden size is
@@ -39,8 +40,30 @@ class ReLUSquared(nn.Module):
         return F.relu(x).square()
 
 
+class GELUTanh(nn.GELU):
+    r"""GELU's tanh approximation, GPT-2's ``gelu_new``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
+
+    $$
+    \operatorname{GELU}_{\tanh}(x) = \tfrac{1}{2} x \left(1 + \tanh\left(\sqrt{2/\pi}\,(x + 0.044715\,x^3)
+    \right)\right)
+    $$
+
+    Written when the error function was slow to compute; it differs from the exact GELU (``"gelu"``) by less than
+    ``5e-4``, which is enough to move a pretrained model's log-probabilities, so GPT-2's weights need this one.
+    :class:`torch.nn.GELU` with ``approximate="tanh"``.
+
+    Shapes:
+        ``forward(x)``: any shape -> the same shape, element by element.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(approximate="tanh")
+
+
 # Nonlinearities of the plain network, and the gates of the gated one (the activation on the W1 path).
-NONLINEARITIES: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "relu2": ReLUSquared}
+NONLINEARITIES: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": GELUTanh, "relu2": ReLUSquared,
+}
 GATES: dict[str, type[nn.Module]] = {"swiglu": nn.SiLU, "geglu": nn.GELU}
 
 
@@ -72,14 +95,15 @@ class FeedForward(nn.Module):
     $$
 
     $W_1$ ``(h, e)`` and $b_1$ are ``net[0].weight`` and ``net[0].bias``, $W_2$ ``(e, h)`` and $b_2$ are
-    ``net[3].weight`` and ``net[3].bias``; ``act`` is ReLU, GELU or ReLU squared (``activation``), and ``dropout``
+    ``net[3].weight`` and ``net[3].bias``; ``act`` is ReLU, GELU (exact or its tanh approximation) or ReLU squared
+    (``activation``), and ``dropout``
     acts on its output (``net[2]``, training only).
 
     Args:
         emb: embedding size ``e``.
         ff_mult: hidden size as a multiple of ``e``.
-        activation: ``"relu"``, ``"gelu"`` or ``"relu2"`` (ReLU squared). The gated ``"swiglu"`` and ``"geglu"``
-            are :class:`GatedFeedForward`, which :meth:`from_config` picks for them.
+        activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu2"`` (ReLU squared). The gated ``"swiglu"``
+            and ``"geglu"`` are :class:`GatedFeedForward`, which :meth:`from_config` picks for them.
         dropout: dropout on the hidden activations.
 
     The layers are ``net.0`` (``W1``), ``net.1`` (the nonlinearity), ``net.2`` (dropout) and ``net.3`` (``W2``);
@@ -111,8 +135,8 @@ class FeedForward(nn.Module):
         """The network of one block of ``config``: always of the class this is called on.
 
         A block builds the class its ``feedforward_classes`` names for ``config.activation``: this one for
-        ``"relu"``, ``"gelu"`` and ``"relu2"``, :class:`GatedFeedForward` for the gated units (this class refuses
-        those).
+        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` and ``"relu2"``, :class:`GatedFeedForward` for the gated units (this
+        class refuses those).
 
         Args:
             config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int
+from torchformer._checks import check_bool, check_choice, check_positive_int
 from torchformer.config import POOLING
 
 
@@ -118,16 +118,18 @@ class GeneratorHead(nn.Module):
         tie_to: an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e`` whose weight this layer shares (weight
             tying); the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first
             logits have unit scale. ``None``: a weight of its own.
+        bias: a bias per token added to the logits (the default); ``False``: none, as GPT-2's output layer, which is
+            the tied embedding alone (config field ``head_bias``).
 
     Shapes:
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
     """
 
-    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
+    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
-        self.toprobs = nn.Linear(emb, num_tokens)
+        self.toprobs = nn.Linear(emb, num_tokens, bias=check_bool(bias, "bias"))
         check_tie_to(tie_to, num_tokens, emb)
         if tie_to is not None:
             # nn.Embedding starts with unit-variance entries; as output weights they would give logits of standard
