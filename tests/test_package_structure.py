@@ -9,8 +9,8 @@ depth, those inside functions included, relative imports resolved:
 2. No import cycle among the modules, counting the imports that run when a module is imported (module level; an
    import inside a function, or under ``if TYPE_CHECKING:``, runs later or never).
 3. The core (``torchformer.config``, ``torchformer.nn``, ``torchformer.decoding``, ``torchformer.models``,
-   ``torchformer.saving``) imports nothing from ``torchformer.train`` or ``torchformer.data``, at any depth: a model
-   needs no training code. And at run time (one test imports, in a fresh process): ``import torchformer`` loads no
+   ``torchformer.saving``, ``torchformer.pretrained``) imports nothing from ``torchformer.train`` or
+   ``torchformer.data``, at any depth: a model needs no training code. And at run time (one test imports, in a fresh process): ``import torchformer`` loads no
    training or data module until one is used.
 4. Inside the core, ``torchformer.nn`` and ``torchformer.models`` import nothing from ``torchformer.decoding``, at any
    depth: the KV cache is part of attention's contract (``torchformer.nn.cache``), and decoding drives a model, never
@@ -30,7 +30,8 @@ import torchformer
 
 PACKAGE = "torchformer"
 ROOT = pathlib.Path(torchformer.__file__).resolve().parent
-CORE = ("torchformer.config", "torchformer.nn", "torchformer.decoding", "torchformer.models", "torchformer.saving")
+CORE = ("torchformer.config", "torchformer.nn", "torchformer.decoding", "torchformer.models", "torchformer.saving",
+        "torchformer.pretrained")
 OUTSIDE_CORE = ("torchformer.train", "torchformer.data")
 
 

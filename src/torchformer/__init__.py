@@ -14,6 +14,8 @@ Where each concept lives:
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, ``MLMTransformer``, built
   from a config
 * :mod:`torchformer.saving`: a model's own files: the record that rebuilds it, the exported folder (safetensors)
+* :mod:`torchformer.pretrained`: pretrained models in the Hugging Face layout, in and out (``from_huggingface``,
+  ``to_huggingface``; GPT-2 so far)
 * :mod:`torchformer.baselines`: ``LSTMClassifier``, the recurrent baseline a classifier is compared against
 * :mod:`torchformer.decoding`: the loops: :mod:`~torchformer.decoding.sampling`,
   :mod:`~torchformer.decoding.generation` (generate, beam search, encoder-decoder decoding),
@@ -42,6 +44,7 @@ from torchformer.nn.masks import AttentionMask
 from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
+from torchformer.pretrained import from_huggingface, to_huggingface
 from torchformer.saving import export_model
 
 # Experiment support is imported when first used (PEP 562), so that importing the transformer (``import
@@ -90,7 +93,9 @@ __all__ = [
     "beam_search",
     "bits_per_byte",
     "export_model",
+    "from_huggingface",
     "generate",
     "load_model",
     "seq2seq_generate",
+    "to_huggingface",
 ]

@@ -1,0 +1,304 @@
+"""A model folder in the Hugging Face layout: ``config.json`` and the weights, read one tensor at a time.
+
+A folder that ``save_pretrained`` wrote (or ``huggingface-cli download`` fetched) holds ``config.json``, the
+architecture as a JSON object whose ``model_type`` names the family (``"gpt2"``), and the weights in one of four
+layouts, looked for in this order:
+
+* ``model.safetensors``: one safetensors file;
+* ``model.safetensors.index.json``: a sharded checkpoint, ``{"weight_map": {name: file}}`` naming the file of each
+  tensor (``model-00001-of-00003.safetensors``, ...);
+* ``pytorch_model.bin``: a pickled ``state_dict``, read with ``torch.load(weights_only=True)``, which builds only
+  tensors and plain containers, never an object that could run code;
+* ``pytorch_model.bin.index.json``: a sharded ``.bin`` checkpoint.
+
+:class:`WeightReader` reads them **memory-mapped**: a safetensors file is mapped by ``safe_open``, a ``.bin`` file by
+``torch.load(mmap=True)``, so a tensor is read from disk only when it is asked for, and the caller copies it into
+the model's own parameter before asking for the next one. Loading therefore never holds two full copies of the
+weights: the model's, and one tensor at a time.
+
+Nothing here imports ``transformers``: the format is plain files. ``safetensors`` is needed for the safetensors
+layouts only (``pip install "torchformer[safetensors]"``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from torchformer._files import check_path, write_atomically
+
+PathLike = Union[str, os.PathLike]
+
+CONFIG_FILE = "config.json"
+# The weight layouts, in the order they are looked for (the order transformers prefers them in).
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_LAYOUTS = (SAFETENSORS_FILE, SAFETENSORS_INDEX, BIN_FILE, BIN_INDEX)
+
+# safetensors' names of the floating point dtypes (each tensor's entry in a file's header names one).
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def import_safetensors() -> Any:
+    """The ``safetensors`` package, an optional dependency, or an ImportError that says how to install it.
+
+    Returns:
+        The ``safetensors`` module (``safe_open``, ``safetensors.torch``).
+
+    Raises:
+        ImportError: ``safetensors`` is not installed.
+    """
+    try:
+        import safetensors
+        import safetensors.torch  # noqa: F401  (save_file, for writing)
+    except ImportError as e:
+        raise ImportError('reading or writing model.safetensors needs the safetensors package: '
+                          'pip install "torchformer[safetensors]"') from e
+    return safetensors
+
+
+def read_config(folder: PathLike) -> tuple[Path, dict[str, Any]]:
+    """The folder as a path, and its ``config.json`` as a dict (with a ``model_type``).
+
+    Args:
+        folder: a model folder in the Hugging Face layout.
+
+    Returns:
+        ``(folder, config)``: the folder as a :class:`pathlib.Path`, and the JSON object of ``config.json``.
+
+    Raises:
+        TypeError: ``folder`` is not a path.
+        FileNotFoundError: ``folder`` is not a folder, or holds no ``config.json``.
+        ValueError: ``config.json`` is not a JSON object with a string ``model_type``.
+    """
+    folder = check_path(folder, "folder")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"folder must be a model folder (config.json and the weights), got {folder}, which "
+                                f"{'is a file' if folder.exists() else 'does not exist'}")
+    file = folder / CONFIG_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder} holds no {CONFIG_FILE}; a model folder in the Hugging Face layout has "
+                                f"{CONFIG_FILE} and one of {', '.join(WEIGHT_LAYOUTS)}")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ValueError(f"{file} must be a JSON object with a \"model_type\" string (\"gpt2\", ...), as "
+                         f"save_pretrained writes it")
+    return folder, config
+
+
+def weight_files(folder: Path) -> tuple[str, dict[str, Path]]:
+    """Which layout ``folder`` holds its weights in, and the file of every tensor (for an index) or of all of them.
+
+    Args:
+        folder: the model folder.
+
+    Returns:
+        ``(layout, files)``: the layout's file name (one of :data:`WEIGHT_LAYOUTS`), and ``{tensor name: file}``
+        for an index, ``{"": file}`` for a single file.
+
+    Raises:
+        FileNotFoundError: none of the four layouts is there, or an index names a missing file.
+        ValueError: an index is not ``{"weight_map": {name: file name}}`` with plain file names in the folder.
+    """
+    for layout in WEIGHT_LAYOUTS:
+        path = folder / layout
+        if not path.is_file():
+            continue
+        if not layout.endswith(".index.json"):
+            return layout, {"": path}
+        try:
+            weight_map = json.loads(path.read_text(encoding="utf-8")).get("weight_map")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"{path} is not a JSON object with a \"weight_map\": {e}") from e
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{path} must hold {{\"weight_map\": {{tensor name: file}}}}, got {weight_map!r:.80}")
+        files = {}
+        for name, file in weight_map.items():
+            # A plain name in this folder: an index must not lead the reader elsewhere (../../secret).
+            if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+                raise ValueError(f"{path} names the file {file!r} for {name}; expected a file name in {folder}")
+            if not (folder / file).is_file():
+                raise FileNotFoundError(f"{path} names {file} for {name}, which is not in {folder}")
+            files[name] = folder / file
+        return layout, files
+    raise FileNotFoundError(f"{folder} holds no weights: none of {', '.join(WEIGHT_LAYOUTS)}")
+
+
+class WeightReader:
+    """The tensors of a model folder by name, memory-mapped, read one at a time: use it in a ``with`` block.
+
+    ``reader.names()`` lists every tensor; ``reader.tensor(name)`` reads one (a CPU tensor of the file's dtype: for
+    safetensors a fresh tensor of that size, for ``.bin`` a view of the mapped file); ``reader.dtype(name)`` and
+    ``reader.shape(name)`` read only the header. The files are closed when the block ends.
+
+    Args:
+        folder: the model folder (:func:`weight_files` finds the files).
+
+    Raises:
+        FileNotFoundError: the folder holds no weights.
+        ValueError: an index file is malformed, or a ``.bin`` file is not a dict of tensors.
+        ImportError: the weights are safetensors and the ``safetensors`` package is missing.
+    """
+
+    def __init__(self, folder: PathLike) -> None:
+        self.folder = check_path(folder, "folder")
+        self.layout, self.files = weight_files(self.folder)
+        self.where = self.folder / self.layout  # for the messages
+        self._stack = ExitStack()
+        self._open: dict[Path, Any] = {}  # file -> safe_open handle, or the mapped state_dict of a .bin file
+        self._file_of: dict[str, Path] = {}  # tensor name -> its file
+        if "" in self.files:  # a single file: every tensor is in it
+            self._file_of = {name: self.files[""] for name in self._handle(self.files[""]).keys()}
+        else:
+            self._file_of = dict(self.files)
+
+    def __enter__(self) -> WeightReader:
+        return self
+
+    def __exit__(self, kind: Optional[type], error: Optional[BaseException], trace: Optional[TracebackType]) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every file (and unmap it); the tensors already read stay valid only if they were copied."""
+        self._open.clear()
+        self._stack.close()
+
+    def _handle(self, file: Path) -> Any:
+        """The open file: a ``safe_open`` handle, or a ``.bin`` file's state_dict mapped into memory."""
+        if file not in self._open:
+            if file.suffix == ".safetensors":
+                safetensors = import_safetensors()
+                try:
+                    self._open[file] = self._stack.enter_context(safetensors.safe_open(str(file), framework="pt"))
+                except Exception as e:  # SafetensorError and OSError: the file itself is unreadable
+                    raise ValueError(f"{file} is not a readable safetensors file (damaged or truncated?): {e}") from e
+            else:
+                self._open[file] = load_bin(file)
+        return self._open[file]
+
+    def names(self) -> list[str]:
+        """Every tensor's name, as the files store it (``transformer.h.0.ln_1.weight``, ...).
+
+        Returns:
+            The names, sorted.
+        """
+        return sorted(self._file_of)
+
+    def _require(self, name: str) -> Path:
+        if name not in self._file_of:
+            raise KeyError(f"{self.where} holds no tensor {name!r}")
+        return self._file_of[name]
+
+    def tensor(self, name: str) -> Tensor:
+        """Read one tensor.
+
+        Args:
+            name: its name in the files.
+
+        Returns:
+            The tensor, on the CPU, in the file's dtype.
+
+        Raises:
+            KeyError: no tensor has that name.
+        """
+        handle = self._handle(self._require(name))
+        return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, read from the header (the data stay on disk).
+
+        Args:
+            name: its name in the files.
+
+        Returns:
+            The shape, a tuple of ints.
+        """
+        handle = self._handle(self._require(name))
+        return tuple(handle[name].shape) if isinstance(handle, dict) else tuple(handle.get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> torch.dtype:
+        """A tensor's dtype, read from the header (the data stay on disk).
+
+        Args:
+            name: its name in the files.
+
+        Returns:
+            The dtype.
+
+        Raises:
+            ValueError: a safetensors dtype that is not a float torchformer loads (``F32``, ``F16``, ...).
+        """
+        handle = self._handle(self._require(name))
+        if isinstance(handle, dict):
+            return handle[name].dtype
+        code = handle.get_slice(name).get_dtype()
+        if code not in SAFETENSORS_DTYPES:
+            raise ValueError(f"{self.where}: {name} has dtype {code}; expected one of {', '.join(SAFETENSORS_DTYPES)}")
+        return SAFETENSORS_DTYPES[code]
+
+
+def load_bin(file: Path) -> dict[str, Tensor]:
+    """A ``pytorch_model.bin`` file's tensors, memory-mapped, read with ``weights_only=True`` (no code runs).
+
+    Args:
+        file: the ``.bin`` file (a ``torch.save``'d state_dict).
+
+    Returns:
+        ``{name: tensor}``, CPU tensors backed by the mapped file.
+
+    Raises:
+        ValueError: the file cannot be read, or does not hold a dict of tensors.
+    """
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # mmap needs the zip format of torch >= 1.6; an older file is read whole
+            raise ValueError(f"{file} is not a readable PyTorch checkpoint: {e}") from e
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpickling error, a truncated file
+        raise ValueError(f"{file} is not a readable PyTorch checkpoint: {e}") from e
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"{file} must hold a state_dict, {{name: tensor}}, got {type(state).__name__}")
+    return state
+
+
+def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Tensor]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed), each atomically.
+
+    Args:
+        folder: the folder to write.
+        config: the JSON object of ``config.json``.
+        tensors: ``{name: tensor}``, each contiguous and stored in no other entry (safetensors stores no shared
+            memory).
+
+    Returns:
+        The folder, as a :class:`pathlib.Path`.
+
+    Raises:
+        TypeError: ``folder`` is not a path.
+        NotADirectoryError: ``folder`` is an existing file.
+        ImportError: the ``safetensors`` package is missing.
+    """
+    folder = check_path(folder, "folder")
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"folder must be a folder to write the model to, got the file {folder}")
+    safetensors = import_safetensors()
+    folder.mkdir(parents=True, exist_ok=True)
+    # metadata format=pt: transformers reads a file without it as another framework's.
+    write_atomically(folder / SAFETENSORS_FILE,
+                     lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomically(folder / CONFIG_FILE,
+                     lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8"))
+    return folder
