@@ -1,12 +1,13 @@
 """Pretrained models: a folder in the Hugging Face layout in, a torchformer model out, and back.
 
-* :func:`from_huggingface` reads a folder that ``save_pretrained`` wrote (or ``huggingface-cli download gpt2
+* :func:`~torchformer.pretrained.huggingface.from_huggingface` reads a folder that ``save_pretrained`` wrote (or ``huggingface-cli download gpt2
   --local-dir gpt2`` fetched): ``config.json`` says the family (``model_type``), the family's module maps its
   config onto a :class:`~torchformer.config.TransformerConfig` and its tensors onto the model's parameters.
-* :func:`to_huggingface` writes a torchformer model as such a folder, ``config.json`` and ``model.safetensors``,
+* :func:`~torchformer.pretrained.huggingface.to_huggingface` writes a torchformer model as such a folder, ``config.json`` and ``model.safetensors``,
   which ``transformers``' ``AutoModelForCausalLM.from_pretrained`` loads into the equal model.
 
-One module per family: :mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``); Llama,
+The two functions live in :mod:`~torchformer.pretrained.huggingface`. One module per family:
+:mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``); Llama,
 Mistral, Qwen2, BERT and T5 come next. The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped,
 one tensor at a time. Nothing imports ``transformers``: the format is plain files (JSON and safetensors).
 
@@ -21,110 +22,6 @@ different model: the loaded model computes the same log-probabilities as the ori
 This package is part of the core: it needs only the config, the models and the file helpers, no training code.
 """
 
-from __future__ import annotations
-
-import os
-from pathlib import Path
-from typing import Optional, Union
-
-import torch
-
-from torchformer._devices import resolve_named_device
-from torchformer.models import GTransformer, TransformerModel
-from torchformer.pretrained import gpt2
-from torchformer.pretrained.folders import WeightReader, read_config, write_folder
-from torchformer.saving import unwrap_model
-
-PathLike = Union[str, os.PathLike]
-
-# model_type -> the module that maps the family (config_from_huggingface, load_weights, ...).
-FAMILIES = {"gpt2": gpt2}
-# The family's torchformer model class.
-MODEL_CLASSES: dict[str, type[TransformerModel]] = {"gpt2": GTransformer}
-
-
-def from_huggingface(
-    folder: PathLike, *, dtype: Optional[torch.dtype] = None, device: Union[str, torch.device, None] = None
-) -> TransformerModel:
-    """The torchformer model equal to the one in ``folder`` (Hugging Face layout), in ``eval()`` mode.
-
-    The model is built on the meta device (no random initialisation, no memory), then given empty memory on
-    ``device`` in ``dtype``, and the tensors are copied in one at a time from the memory-mapped files: loading
-    never holds two full copies of the weights. The global random generators are not touched.
-
-    Args:
-        folder: a folder with ``config.json`` and ``model.safetensors``, a sharded
-            ``model.safetensors.index.json``, ``pytorch_model.bin`` (read with ``weights_only=True``) or a sharded
-            ``pytorch_model.bin.index.json``.
-        dtype: the floating dtype of the model's parameters; ``None``: the dtype of the stored token embedding.
-        device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
-
-    Returns:
-        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``.
-
-    Raises:
-        TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
-        FileNotFoundError: the folder, its ``config.json`` or its weights are missing.
-        ValueError: ``model_type`` is not supported, a config field holds a value torchformer cannot express (the
-            message names the field and the value), or the tensors do not fit the config (naming the tensor).
-        ImportError: the weights are safetensors and the ``safetensors`` package is missing.
-    """
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
-                        f"{dtype!r}")
-    target = torch.device("cpu") if device is None else resolve_named_device(device, "device")
-    folder, hf_config = read_config(folder)
-    kind = hf_config["model_type"]
-    if kind not in FAMILIES:
-        raise ValueError(f"config.json: model_type={kind!r} is not supported; torchformer loads "
-                         f"{', '.join(map(repr, FAMILIES))} (Llama, Mistral, Qwen2, BERT and T5 come next)")
-    family = FAMILIES[kind]
-    config = family.config_from_huggingface(hf_config)
-    with WeightReader(folder) as reader:
-        embedding = family.PREFIX + family.TOP[0].gpt2
-        stored = embedding if embedding in reader.names() else family.TOP[0].gpt2
-        with torch.device("meta"):  # shapes only: no memory, no random numbers
-            model = MODEL_CLASSES[kind](config=config)
-        model = model.to(dtype or reader.dtype(stored)).to_empty(device=target)
-        if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
-            model.head.toprobs.weight = model.embedding.tokens.weight  # type: ignore[union-attr]
-        family.load_weights(model, reader)
-    return model.eval()
-
-
-def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
-    """Write ``model`` as a Hugging Face folder: ``config.json`` and ``model.safetensors``.
-
-    ``transformers`` loads the folder with ``AutoModelForCausalLM.from_pretrained(folder)`` into the equal model
-    (a ``GPT2LMHeadModel`` for a :class:`~torchformer.models.GTransformer`). The weights keep their dtype; the
-    folder is created if needed, and each file is replaced atomically.
-
-    Args:
-        model: a :class:`~torchformer.models.GTransformer` whose config maps onto GPT-2: learned positions,
-            pre-norm LayerNorm blocks, ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``,
-            ``"relu"``), no grouped-query attention, window, wide heads or ``kqnorm``. Without ``qkv_bias`` the
-            query, key and value biases are written as zeros (the same function). Compiled or wrapped models are
-            unwrapped.
-        folder: the folder to write.
-
-    Returns:
-        The folder, as a :class:`pathlib.Path`.
-
-    Raises:
-        TypeError: ``model`` is not a torchformer model, or ``folder`` is not a path.
-        ValueError: the model is of another kind than GTransformer, or a config field does not map onto GPT-2 (the
-            message names every such field and its value).
-        NotADirectoryError: ``folder`` is an existing file.
-        ImportError: the ``safetensors`` package is missing.
-    """
-    target = unwrap_model(model)
-    if not isinstance(target, TransformerModel):
-        raise TypeError(f"model must be a torchformer model (a GTransformer), got {type(target).__name__}")
-    if not isinstance(target, GTransformer):
-        raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
-                         f"a GTransformer maps onto GPT-2")
-    hf_config = gpt2.config_to_huggingface(target)
-    return write_folder(folder, hf_config, gpt2.export_weights(target))
-
+from torchformer.pretrained.huggingface import from_huggingface, to_huggingface
 
 __all__ = ["from_huggingface", "to_huggingface"]
