@@ -1,7 +1,6 @@
-"""The two entry points: :func:`from_huggingface` (a Hugging Face folder -> a torchformer model) and
-:func:`to_huggingface` (back).
+"""The two entry points: a Hugging Face folder to a torchformer model, and back.
 
-Each reads ``config.json``'s ``model_type`` (or the model's class) to pick the family's module, here
+:func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s ``model_type`` (or the model's class) to pick the family's module, here
 :mod:`~torchformer.pretrained.gpt2`, which maps the config and the tensors; the files are read and written by
 :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the whole picture.
 """
