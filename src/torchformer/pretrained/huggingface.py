@@ -15,7 +15,7 @@ import torch
 
 from torchformer._devices import resolve_named_device
 from torchformer.models import GTransformer, TransformerModel
-from torchformer.pretrained import gpt2
+import torchformer.pretrained.gpt2 as gpt2  # the module itself: FAMILIES names it
 from torchformer.pretrained.folders import WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
 
