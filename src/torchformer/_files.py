@@ -14,6 +14,7 @@ removes the leftovers that are surely dead, never a live writer's file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -168,6 +169,14 @@ def check_parents(path: Path, name: str) -> None:
             if not parent.is_dir():
                 raise NotADirectoryError(f"{name} {path} cannot be created: {parent} is a file, not a folder")
             return
+
+
+def read_json(file: Path) -> Any:
+    """The JSON value in ``file``; a ``ValueError`` naming the file when it is not valid JSON (or not UTF-8)."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
 
 
 def check_png_path(path: object, name: str) -> Path:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from torchformer._devices import map_location_device
-from torchformer._files import check_parents, check_path, file_sha256, write_atomically
+from torchformer._files import check_parents, check_path, file_sha256, read_json, write_atomically
 from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
@@ -441,10 +441,7 @@ def _read_export_config(directory: Path) -> tuple[dict[str, Any], TransformerCon
     if not file.is_file():
         raise FileNotFoundError(f"{directory} holds no {CONFIG_FILE}; expected a folder written by export_model "
                                 f"({CONFIG_FILE} + {WEIGHTS_FILE}) or a checkpoint file")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    data = read_json(file)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ValueError(f"{file} must hold an object with a \"config\" object, as export_model writes it")
     version = data.get("format_version")

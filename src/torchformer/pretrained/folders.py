@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
-from torchformer._files import check_path, write_atomically
+from torchformer._files import check_path, read_json, write_atomically
 
 PathLike = Union[str, os.PathLike]
 
@@ -88,10 +88,7 @@ def read_config(folder: PathLike) -> tuple[Path, dict[str, Any]]:
     if not file.is_file():
         raise FileNotFoundError(f"{folder} holds no {CONFIG_FILE}; a model folder in the Hugging Face layout has "
                                 f"{CONFIG_FILE} and one of {', '.join(WEIGHT_LAYOUTS)}")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    config = read_json(file)
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError(f"{file} must be a JSON object with a \"model_type\" string (\"gpt2\", ...), as "
                          f"save_pretrained writes it")
@@ -118,10 +115,8 @@ def weight_files(folder: Path) -> tuple[str, dict[str, Path]]:
             continue
         if not layout.endswith(".index.json"):
             return layout, {"": path}
-        try:
-            weight_map = json.loads(path.read_text(encoding="utf-8")).get("weight_map")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-            raise ValueError(f"{path} is not a JSON object with a \"weight_map\": {e}") from e
+        index = read_json(path)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{path} must hold {{\"weight_map\": {{tensor name: file}}}}, got {weight_map!r:.80}")
         files = {}
