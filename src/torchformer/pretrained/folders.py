@@ -152,7 +152,7 @@ class WeightReader:
         self.layout, self.files = weight_files(self.folder)
         self.where = self.folder / self.layout  # for the messages
         self._stack = ExitStack()
-        self._open: dict[Path, Any] = {}  # file -> safe_open handle, or the mapped state_dict of a .bin file
+        self._open: dict[Path, Any] = {}  # file -> an open _SafetensorsFile or _BinFile
         self._file_of: dict[str, Path] = {}  # tensor name -> its file
         if "" in self.files:  # a single file: every tensor is in it
             self._file_of = {name: self.files[""] for name in self._handle(self.files[""]).keys()}
@@ -171,16 +171,17 @@ class WeightReader:
         self._stack.close()
 
     def _handle(self, file: Path) -> Any:
-        """The open file: a ``safe_open`` handle, or a ``.bin`` file's state_dict mapped into memory."""
+        """The open file, a :class:`_SafetensorsFile` or a :class:`_BinFile` (by its suffix): both read the same."""
         if file not in self._open:
             if file.suffix == ".safetensors":
                 safetensors = import_safetensors()
                 try:
-                    self._open[file] = self._stack.enter_context(safetensors.safe_open(str(file), framework="pt"))
+                    handle = self._stack.enter_context(safetensors.safe_open(str(file), framework="pt"))
                 except Exception as e:  # SafetensorError and OSError: the file itself is unreadable
                     raise ValueError(f"{file} is not a readable safetensors file (damaged or truncated?): {e}") from e
+                self._open[file] = _SafetensorsFile(handle, self.where)
             else:
-                self._open[file] = load_bin(file)
+                self._open[file] = _BinFile(load_bin(file))
         return self._open[file]
 
     def names(self) -> list[str]:
@@ -208,8 +209,7 @@ class WeightReader:
         Raises:
             KeyError: no tensor has that name.
         """
-        handle = self._handle(self._require(name))
-        return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
+        return self._handle(self._require(name)).tensor(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, read from the header (the data stay on disk).
@@ -220,8 +220,7 @@ class WeightReader:
         Returns:
             The shape, a tuple of ints.
         """
-        handle = self._handle(self._require(name))
-        return tuple(handle[name].shape) if isinstance(handle, dict) else tuple(handle.get_slice(name).get_shape())
+        return self._handle(self._require(name)).shape(name)
 
     def dtype(self, name: str) -> torch.dtype:
         """A tensor's dtype, read from the header (the data stay on disk).
@@ -235,13 +234,48 @@ class WeightReader:
         Raises:
             ValueError: a safetensors dtype that is not a float torchformer loads (``F32``, ``F16``, ...).
         """
-        handle = self._handle(self._require(name))
-        if isinstance(handle, dict):
-            return handle[name].dtype
-        code = handle.get_slice(name).get_dtype()
+        return self._handle(self._require(name)).dtype(name)
+
+
+class _SafetensorsFile:
+    """A safetensors file opened by ``safe_open``: the header is read, each tensor's data when it is asked for."""
+
+    def __init__(self, handle: Any, where: Path) -> None:
+        self.handle, self.where = handle, where
+
+    def keys(self) -> list[str]:
+        return list(self.handle.keys())
+
+    def tensor(self, name: str) -> Tensor:
+        return self.handle.get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.handle.get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> torch.dtype:
+        code = self.handle.get_slice(name).get_dtype()
         if code not in SAFETENSORS_DTYPES:
             raise ValueError(f"{self.where}: {name} has dtype {code}; expected one of {', '.join(SAFETENSORS_DTYPES)}")
         return SAFETENSORS_DTYPES[code]
+
+
+class _BinFile:
+    """A ``pytorch_model.bin`` file's state_dict, its tensors views of the mapped file (:func:`load_bin`)."""
+
+    def __init__(self, state: dict[str, Tensor]) -> None:
+        self.state = state
+
+    def keys(self) -> list[str]:
+        return list(self.state)
+
+    def tensor(self, name: str) -> Tensor:
+        return self.state[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.state[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.state[name].dtype
 
 
 def load_bin(file: Path) -> dict[str, Tensor]:

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from torchformer._checks import is_int
 from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 from torchformer.pretrained.folders import WeightReader
@@ -147,7 +148,7 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         if get(field) is not supported:
             raise refuse(field, f"torchformer's attention has only {field}={supported}")
     emb, inner = get("n_embd"), get("n_inner")
-    if inner is not None and not (isinstance(inner, int) and isinstance(emb, int) and inner % emb == 0):
+    if inner is not None and not (is_int(inner) and is_int(emb) and inner % emb == 0):
         raise refuse("n_inner", f"the feed-forward size must be a multiple of n_embd={emb!r} (ff_mult)")
     dropouts = {get(field) for field in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
     if len(dropouts) != 1:

@@ -1,8 +1,8 @@
 """The two entry points: a Hugging Face folder to a torchformer model, and back.
 
-:func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s ``model_type`` (or the model's class) to pick the family's module, here
-:mod:`~torchformer.pretrained.gpt2`, which maps the config and the tensors; the files are read and written by
-:mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the whole picture.
+:func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s
+``model_type`` (or the model's class) to pick the family's module, here :mod:`~torchformer.pretrained.gpt2`, which
+maps the config and the tensors; the files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the whole picture.
 """
 
 from __future__ import annotations
