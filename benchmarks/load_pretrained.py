@@ -7,7 +7,8 @@ Face folder with ``torchformer.to_huggingface`` (no ``transformers`` needed), th
 measuring:
 
 * the seconds ``from_huggingface`` takes;
-* the peak resident memory of the process (``ru_maxrss``) above what it held before loading (torch imported, the
+* the peak resident memory of the process (``VmHWM`` of ``/proc/self/status``, Linux) above what it held before
+  loading (torch imported, the
   folder not yet read), as a ratio of the weights' size on disk (the target is at most 1.3x). Pages of the mapped
   file count while they are resident, as the operating system counts them.
 
@@ -28,21 +29,23 @@ from pathlib import Path
 import torch
 
 MEASURE = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 import torchformer
 from torchformer import from_huggingface
 
-def rss_mb():
+def memory_mb(field):
+    # VmHWM, this process's peak since it started (exec), not ru_maxrss: that keeps the peak of the parent it was
+    # forked from, which held a whole model when it wrote the folder.
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
-before = rss_mb()
+before = memory_mb("VmRSS")
 start = time.perf_counter()
 model = from_huggingface(sys.argv[1])
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-print(json.dumps({"seconds": seconds, "before_mb": before, "peak_mb": peak, "after_mb": rss_mb(),
+peak = memory_mb("VmHWM")
+print(json.dumps({"seconds": seconds, "before_mb": before, "peak_mb": peak, "after_mb": memory_mb("VmRSS"),
                   "parameters": sum(p.numel() for p in model.parameters())}))
 """
 

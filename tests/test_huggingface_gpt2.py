@@ -132,6 +132,36 @@ def test_dtype_and_device(tmp_path):
         from_huggingface(folder, dtype=torch.int64)
 
 
+def test_the_safetensors_reader_reads_each_dtype_exactly_and_names_a_damaged_file(tmp_path):
+    """The reader parses the file itself (header, then each tensor's bytes read into place): against safetensors'."""
+    from torchformer.pretrained.folders import WeightReader
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.randn(2, 2).half(),
+               "d": torch.randn(4, 1).double(), "e": torch.zeros(0, 3)}
+    folder = write(tmp_path / "all", hf_config(), tensors)
+    with WeightReader(folder) as reader:
+        assert reader.names() == sorted(tensors)
+        for name, expected in tensors.items():
+            assert reader.dtype(name) == expected.dtype and reader.shape(name) == tuple(expected.shape)
+            assert torch.equal(reader.tensor(name), expected)
+            into = torch.empty_like(expected)  # same dtype: read straight into it
+            reader.copy_into(name, into)
+            assert torch.equal(into, expected)
+            converted = torch.empty(expected.shape, dtype=torch.float32)  # another dtype: read, then converted
+            reader.copy_into(name, converted)
+            assert torch.equal(converted, expected.float())
+    file = folder / "model.safetensors"
+    data = file.read_bytes()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    last = max(tensors, key=lambda name: header[name]["data_offsets"][1])  # the tensor stored last
+    file.write_bytes(data[:-8])  # its bytes cut short
+    with WeightReader(folder) as reader, pytest.raises(ValueError, match=f"ends inside {last}"):
+        reader.tensor(last)
+    file.write_bytes(b"\xff" * 8 + data[8:])  # a header length beyond the file
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        WeightReader(folder)
+
+
 def test_a_sharded_folder_loads(tmp_path):
     tensors = gpt2_tensors(prefix="transformer.")
     folder = tmp_path / "sharded"

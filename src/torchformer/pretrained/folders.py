@@ -11,20 +11,21 @@ layouts, looked for in this order:
   tensors and plain containers, never an object that could run code;
 * ``pytorch_model.bin.index.json``: a sharded ``.bin`` checkpoint.
 
-:class:`WeightReader` reads them **memory-mapped**: a safetensors file is mapped by ``safe_open``, a ``.bin`` file by
-``torch.load(mmap=True)``, so a tensor is read from disk only when it is asked for, and the caller copies it into
-the model's own parameter before asking for the next one. Loading therefore never holds two full copies of the
-weights: the model's, and one tensor at a time.
+:class:`WeightReader` reads one tensor at a time, when it is asked for. A safetensors file is a JSON header (each
+tensor's dtype, shape and byte range) and the tensors' bytes: the header is read once, and a tensor's bytes are read
+from the file straight into the model's parameter when the two agree in dtype and layout (:meth:`WeightReader.copy_into`),
+else into a tensor of their own that the caller converts and drops before the next. A ``.bin`` file is mapped by
+``torch.load(mmap=True)``. So loading never holds two copies of the weights; from safetensors, not even the pages of a
+mapped file (``benchmarks/load_pretrained.py`` measures the peak memory).
 
-Nothing here imports ``transformers``: the format is plain files. ``safetensors`` is needed for the safetensors
-layouts only (``pip install "torchformer[safetensors]"``).
+Nothing here imports ``transformers`` or ``safetensors``: the format is plain files (writing a folder uses
+``safetensors``, ``pip install "torchformer[safetensors]"``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional, Union
@@ -61,7 +62,7 @@ def import_safetensors() -> Any:
         import safetensors
         import safetensors.torch  # noqa: F401  (save_file, for writing)
     except ImportError as e:
-        raise ImportError('reading or writing model.safetensors needs the safetensors package: '
+        raise ImportError('writing model.safetensors needs the safetensors package: '
                           'pip install "torchformer[safetensors]"') from e
     return safetensors
 
@@ -144,14 +145,12 @@ class WeightReader:
     Raises:
         FileNotFoundError: the folder holds no weights.
         ValueError: an index file is malformed, or a ``.bin`` file is not a dict of tensors.
-        ImportError: the weights are safetensors and the ``safetensors`` package is missing.
     """
 
     def __init__(self, folder: PathLike) -> None:
         self.folder = check_path(folder, "folder")
         self.layout, self.files = weight_files(self.folder)
         self.where = self.folder / self.layout  # for the messages
-        self._stack = ExitStack()
         self._open: dict[Path, Any] = {}  # file -> an open _SafetensorsFile or _BinFile
         self._file_of: dict[str, Path] = {}  # tensor name -> its file
         if "" in self.files:  # a single file: every tensor is in it
@@ -166,20 +165,14 @@ class WeightReader:
         self.close()
 
     def close(self) -> None:
-        """Close every file (and unmap it); the tensors already read stay valid only if they were copied."""
+        """Forget the open files (a ``.bin`` file's mapping goes with its last tensor); the tensors read stay valid."""
         self._open.clear()
-        self._stack.close()
 
     def _handle(self, file: Path) -> Any:
         """The open file, a :class:`_SafetensorsFile` or a :class:`_BinFile` (by its suffix): both read the same."""
         if file not in self._open:
             if file.suffix == ".safetensors":
-                safetensors = import_safetensors()
-                try:
-                    handle = self._stack.enter_context(safetensors.safe_open(str(file), framework="pt"))
-                except Exception as e:  # SafetensorError and OSError: the file itself is unreadable
-                    raise ValueError(f"{file} is not a readable safetensors file (damaged or truncated?): {e}") from e
-                self._open[file] = _SafetensorsFile(handle, self.where)
+                self._open[file] = _SafetensorsFile(file, self.where)
             else:
                 self._open[file] = _BinFile(load_bin(file))
         return self._open[file]
@@ -236,27 +229,79 @@ class WeightReader:
         """
         return self._handle(self._require(name)).dtype(name)
 
+    def copy_into(self, name: str, target: Tensor) -> None:
+        """Copy one tensor into ``target`` (a parameter of the stored shape), converting its dtype and device.
+
+        From safetensors into a contiguous CPU ``target`` of the stored dtype, the bytes are read from the file
+        straight into ``target``'s memory: no copy of the tensor is ever held besides the parameter itself.
+
+        Args:
+            name: its name in the files.
+            target: where it goes, of the stored shape.
+        """
+        self._handle(self._require(name)).copy_into(name, target)
+
 
 class _SafetensorsFile:
-    """A safetensors file opened by ``safe_open``: the header is read, each tensor's data when it is asked for."""
+    """A safetensors file: an 8-byte little-endian header length, a JSON header, then the tensors' bytes.
 
-    def __init__(self, handle: Any, where: Path) -> None:
-        self.handle, self.where = handle, where
+    The header (``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, offsets counted from the end of the
+    header) is read once; a tensor's bytes are read with plain file reads when it is asked for. Plain reads, not a
+    memory map: the operating system's cache of the file is then not this process's memory.
+    """
+
+    def __init__(self, file: Path, where: Path) -> None:
+        self.file, self.where = file, where
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if not 0 < size <= file.stat().st_size - 8:
+                    raise ValueError(f"a header of {size} bytes in a file of {file.stat().st_size}")
+                header = json.loads(f.read(size))
+        except (ValueError, UnicodeDecodeError) as e:  # json's errors are ValueErrors
+            raise ValueError(f"{file} is not a readable safetensors file (damaged or truncated?): {e}") from e
+        if not isinstance(header, dict):
+            raise ValueError(f"{file} is not a readable safetensors file: its header is not a JSON object")
+        header.pop("__metadata__", None)
+        self.start, self.header = 8 + size, header
 
     def keys(self) -> list[str]:
-        return list(self.handle.keys())
-
-    def tensor(self, name: str) -> Tensor:
-        return self.handle.get_tensor(name)
+        return list(self.header)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.handle.get_slice(name).get_shape())
+        return tuple(self.header[name]["shape"])
 
     def dtype(self, name: str) -> torch.dtype:
-        code = self.handle.get_slice(name).get_dtype()
+        code = self.header[name]["dtype"]
         if code not in SAFETENSORS_DTYPES:
             raise ValueError(f"{self.where}: {name} has dtype {code}; expected one of {', '.join(SAFETENSORS_DTYPES)}")
         return SAFETENSORS_DTYPES[code]
+
+    def tensor(self, name: str) -> Tensor:
+        out = torch.empty(self.shape(name), dtype=self.dtype(name))
+        self._read(name, out)
+        return out
+
+    def copy_into(self, name: str, target: Tensor) -> None:
+        direct = target.device.type == "cpu" and target.dtype == self.dtype(name) and target.is_contiguous()
+        if not direct:
+            target.copy_(self.tensor(name))
+            return
+        self._read(name, target.detach())
+
+    def _read(self, name: str, out: Tensor) -> None:
+        """Read ``name``'s bytes into ``out``'s memory (contiguous, CPU, of the stored dtype and shape)."""
+        begin, end = self.header[name]["data_offsets"]
+        raw = out.reshape(-1).view(torch.uint8)  # the same memory, as bytes (safetensors is little-endian, as torch)
+        if end - begin != raw.numel():
+            raise ValueError(f"{self.file}: {name} holds {end - begin} bytes, but its dtype and shape make "
+                             f"{raw.numel()} (damaged?)")
+        if raw.numel() == 0:
+            return
+        with open(self.file, "rb") as f:
+            f.seek(self.start + begin)
+            if f.readinto(memoryview(raw.numpy())) != raw.numel():
+                raise ValueError(f"{self.file} ends inside {name} (truncated?)")
 
 
 class _BinFile:
@@ -276,6 +321,9 @@ class _BinFile:
 
     def dtype(self, name: str) -> torch.dtype:
         return self.state[name].dtype
+
+    def copy_into(self, name: str, target: Tensor) -> None:
+        target.copy_(self.state[name])
 
 
 def load_bin(file: Path) -> dict[str, Tensor]:

@@ -251,12 +251,15 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
         if reader.shape(stored) != expected:
             raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
                              f"{expected}")
-        tensor = reader.tensor(stored)
-        weight = tensor.T if rule.conv1d else tensor  # Conv1D (in, out) -> Linear (out, in): a view, no copy
         with torch.no_grad():
-            for target, piece in zip(targets, weight.split([t.shape[0] for t in targets], dim=0)):
-                target.copy_(piece)  # into the model's dtype and device
-        del tensor, weight  # one tensor at a time
+            if len(targets) == 1 and not rule.conv1d:  # as stored: read straight into the parameter if it can be
+                reader.copy_into(stored, targets[0])
+            else:
+                tensor = reader.tensor(stored)
+                weight = tensor.T if rule.conv1d else tensor  # Conv1D (in, out) -> Linear (out, in): a view
+                for target, piece in zip(targets, weight.split([t.shape[0] for t in targets], dim=0)):
+                    target.copy_(piece)  # into the model's dtype and device
+                del tensor, weight  # one tensor at a time
         left.discard(stored)
     if tied and "lm_head.weight" in left:  # a file may store the tied weight twice: it must be the same
         if not torch.equal(reader.tensor("lm_head.weight").to(params["embedding.tokens.weight"]),

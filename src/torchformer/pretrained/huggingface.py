@@ -33,8 +33,9 @@ def from_huggingface(
     """The torchformer model equal to the one in ``folder`` (Hugging Face layout), in ``eval()`` mode.
 
     The model is built on the meta device (no random initialisation, no memory), then given empty memory on
-    ``device`` in ``dtype``, and the tensors are copied in one at a time from the memory-mapped files: loading
-    never holds two full copies of the weights. The global random generators are not touched.
+    ``device`` in ``dtype``, and the tensors are read in one at a time (from safetensors straight into the
+    parameters where dtype and layout agree; a ``.bin`` file memory-mapped): loading never holds two full copies
+    of the weights. The global random generators are not touched.
 
     Args:
         folder: a folder with ``config.json`` and ``model.safetensors``, a sharded
@@ -51,7 +52,6 @@ def from_huggingface(
         FileNotFoundError: the folder, its ``config.json`` or its weights are missing.
         ValueError: ``model_type`` is not supported, a config field holds a value torchformer cannot express (the
             message names the field and the value), or the tensors do not fit the config (naming the tensor).
-        ImportError: the weights are safetensors and the ``safetensors`` package is missing.
     """
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
