@@ -348,3 +348,34 @@ def test_classes_given_win_over_the_recorded_path(tmp_path):
         pass
 
     assert type(load_model(path, classes={"MyGPT": Replacement})) is Replacement
+
+
+def test_a_class_of_a_module_run_with_python_m_is_recorded_by_its_module_name(tmp_path):
+    """``python -m pkg.mod`` runs pkg/mod.py as ``__main__``: its classes are recorded as ``pkg.mod:X``, which another
+    program imports, and the same kind of run finds them again in ``__main__``."""
+    import subprocess
+
+    package = tmp_path / "variants_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        "import sys, torchformer\n"
+        "class MyGPT(torchformer.GTransformer):\n"
+        "    pass\n"
+        "if __name__ == '__main__':\n"
+        "    if sys.argv[1] == 'save':\n"
+        "        from torchformer.train.checkpoint import save_checkpoint\n"
+        "        save_checkpoint(sys.argv[2], model=MyGPT(16, 2, 1, 8, 10), step=0)\n"
+        "    else:\n"
+        "        print(type(torchformer.load_model(sys.argv[2])).__name__)\n")
+    path = tmp_path / "c.pt"
+
+    def run(*args: str) -> str:
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    run("-m", "variants_pkg.mod", "save", str(path))
+    assert read_checkpoint(path)["model_class_path"] == "variants_pkg.mod:MyGPT"  # not __main__:MyGPT
+    assert run("-m", "variants_pkg.mod", "load", str(path)) == "MyGPT"  # found in __main__, run as that module
+    code = f"import torchformer, variants_pkg.mod; print(type(torchformer.load_model({str(path)!r})).__name__)"
+    assert run("-c", code) == "MyGPT"  # another program imports it by its name

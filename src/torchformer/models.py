@@ -28,6 +28,7 @@ v vocabulary size.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Optional
 
 from torch import Tensor, nn
@@ -217,12 +218,17 @@ class TransformerModel(nn.Module):
         """Where the class can be imported from, ``"module:qualname"`` (``"__main__:MyGPT"`` for a script's class).
 
         Checkpoints and exported folders record it next to the class name, so that a variant's model is rebuilt
-        from its file without naming its class (``load_model(path)`` finds it in the imported module).
+        from its file without naming its class (``load_model(path)`` finds it in the imported module). A class of a
+        module run as ``python -m pkg.mod`` is recorded under ``pkg.mod``, the name other programs import it by.
 
         Returns:
-            ``f"{cls.__module__}:{cls.__qualname__}"``.
+            ``f"{cls.__module__}:{cls.__qualname__}"``, with ``pkg.mod`` for ``__main__`` when run so.
         """
-        return f"{cls.__module__}:{cls.__qualname__}"
+        module = cls.__module__
+        if module == "__main__":  # python -m pkg.mod: the script is importable as pkg.mod elsewhere
+            spec = sys.modules["__main__"].__spec__  # None for a plain script or python -c
+            module = spec.name if spec is not None else module
+        return f"{module}:{cls.__qualname__}"
 
     def transformer_blocks(self) -> list[nn.Module]:
         """Every transformer block of the model, in the order they run.

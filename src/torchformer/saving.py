@@ -273,6 +273,9 @@ def _find_model_class(saved: str, saved_path: object, where: object) -> type[Tra
     if not module_name or not qualname:
         raise ValueError(f"{where} records its class's import path as {saved_path!r}, not 'module:qualname'; {how}")
     found: Any = sys.modules.get(module_name)
+    main = sys.modules.get("__main__")
+    if found is None and main is not None and main.__spec__ is not None and main.__spec__.name == module_name:
+        found = main  # this program runs that module as its script (python -m pkg.mod): imported, as __main__
     if found is None:
         raise ValueError(f"{where} holds a {saved}, defined in the module {module_name}, which is not imported "
                          f"(load_model never imports a module a file names: that could run its code); {how}")
