@@ -27,7 +27,7 @@ feed-forward hidden size (``n_inner``, default ``4 e``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -223,6 +223,32 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
         "eos_token_id": None,
         "dtype": str(model.head.toprobs.weight.dtype).removeprefix("torch."),
     }
+
+
+def empty_model(
+    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
+) -> GTransformer:
+    """The GTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+
+    Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
+    in ``dtype`` or, by default, the dtype of the stored token embedding.
+
+    Args:
+        config: what :func:`config_from_huggingface` made.
+        reader: the folder's tensors (for the stored dtype).
+        dtype: the parameters' floating dtype, or ``None``.
+        device: where the parameters go.
+
+    Returns:
+        The model, its parameters' values unset (the output layer tied to the embedding again, if tied).
+    """
+    with torch.device("meta"):
+        model = GTransformer(config=config)
+    embedding = PREFIX + TOP[0].gpt2 if PREFIX + TOP[0].gpt2 in reader.names() else TOP[0].gpt2  # wte.weight
+    model = model.to(dtype or reader.dtype(embedding)).to_empty(device=device)
+    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
+        model.head.toprobs.weight = model.embedding.tokens.weight
+    return model
 
 
 def load_weights(model: GTransformer, reader: WeightReader) -> None:

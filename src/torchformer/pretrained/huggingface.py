@@ -21,10 +21,8 @@ from torchformer.saving import unwrap_model
 
 PathLike = Union[str, os.PathLike]
 
-# model_type -> the module that maps the family (config_from_huggingface, load_weights, ...).
+# model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
 FAMILIES = {"gpt2": gpt2}
-# The family's torchformer model class.
-MODEL_CLASSES: dict[str, type[TransformerModel]] = {"gpt2": GTransformer}
 
 
 def from_huggingface(
@@ -65,13 +63,7 @@ def from_huggingface(
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
     with WeightReader(folder) as reader:
-        embedding = family.PREFIX + family.TOP[0].gpt2
-        stored = embedding if embedding in reader.names() else family.TOP[0].gpt2
-        with torch.device("meta"):  # shapes only: no memory, no random numbers
-            model = MODEL_CLASSES[kind](config=config)
-        model = model.to(dtype or reader.dtype(stored)).to_empty(device=target)
-        if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
-            model.head.toprobs.weight = model.embedding.tokens.weight  # type: ignore[union-attr]
+        model = family.empty_model(config, reader, dtype=dtype, device=target)  # memory, no values, no RNG
         family.load_weights(model, reader)
     return model.eval()
 
