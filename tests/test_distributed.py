@@ -117,8 +117,9 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     save(ddp.module.state_dict(), "ddp.pt")
     fsdp = wrap_model(model(), strategy="fsdp")
     sharded = [type(p).__name__ for p in fsdp.parameters()]
+    meshes = sorted({p.device_mesh.device_type for p in fsdp.parameters()})  # the model's device, not the machine's GPU
     train_step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.5), 0, rank, world)
-    save({"state": full_state(fsdp), "parameter_types": sharded}, "fsdp.pt")
+    save({"state": full_state(fsdp), "parameter_types": sharded, "meshes": meshes}, "fsdp.pt")
 
     # FSDP2 with activation checkpointing: the blocks run again in the backward pass, and the step is the same.
     checkpointed = wrap_model(model(checkpoint_blocks=True), strategy="fsdp")
@@ -228,6 +229,7 @@ def test_ddp_step_equals_one_process_on_both_ranks_batches(job):
 def test_fsdp_step_equals_one_process_and_its_gathered_state_equals_ddps(job):
     fsdp = torch.load(job / "fsdp.pt")
     assert set(fsdp["parameter_types"]) == {"DTensor"}  # really sharded
+    assert fsdp["meshes"] == ["cpu"]  # a gloo run on a machine with a GPU too (fully_shard's default mesh is CUDA's)
     assert_same_weights(fsdp["state"], reference())
     assert_same_weights(fsdp["state"], torch.load(job / "ddp.pt"))
 

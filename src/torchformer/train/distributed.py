@@ -211,9 +211,14 @@ def wrap_model(
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         policy = MixedPrecisionPolicy()
+    # The mesh is the model's own device type. Left to itself, fully_shard builds one for the machine's
+    # accelerator: a CPU (gloo) run on a machine with one GPU would put every process on that GPU's index.
+    from torch.distributed.device_mesh import init_device_mesh  # here: only a build with distributed has it
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)  # the rest: embeddings, head, final norm
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)  # the rest: embeddings, head, final norm
     return model
 
 
