@@ -304,9 +304,9 @@ def test_head_bias_off_gives_the_dot_products_with_the_tied_embedding():
 
 def test_an_old_config_without_the_new_fields_reads_as_before():
     old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11).to_dict()
-    del old["qkv_bias"], old["head_bias"]  # what a checkpoint written before these fields holds
+    del old["qkv_bias"], old["head_bias"], old["norm_eps"]  # what a checkpoint written before these fields holds
     config = TransformerConfig.from_dict(old)
-    assert config.qkv_bias is False and config.head_bias is True
+    assert config.qkv_bias is False and config.head_bias is True and config.norm_eps == 1e-5
     torch.manual_seed(0)
     names = list(GTransformer(config=config).state_dict())
     assert not any(name.endswith(("toqueries.bias", "tokeys.bias", "tovalues.bias")) for name in names)
@@ -419,3 +419,24 @@ def test_a_dense_model_round_trips_through_a_checkpoint(tmp_path):
     x = torch.randn(2, 5, 8)
     assert loaded.config == model.config
     torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_norm_eps_reaches_every_norm_of_the_blocks_and_the_final_norm(norm):
+    """A large eps, so that it matters: each norm against its formula with that eps; the default keeps 1e-5."""
+    torch.manual_seed(0)
+    model = GTransformer(16, 4, 2, 8, 11, prenorm=True, norm=norm, norm_eps=0.5).double()
+    norms = [m for name, m in model.named_modules() if name.endswith(("norm1", "norm2")) or name == "blocks.norm"]
+    assert len(norms) == 5  # two per block, and the final norm of the pre-norm stack
+    x = torch.randn(3, 16, dtype=torch.float64) * 0.3
+    for m in norms:
+        if norm == "layer":
+            expected = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 0.5).sqrt()
+            expected = expected * m.weight + m.bias
+        else:
+            expected = x / (x.pow(2).mean(-1, keepdim=True) + 0.5).sqrt() * m.weight
+        torch.testing.assert_close(m(x), expected)
+    assert {m.eps for m in GTransformer(16, 4, 2, 8, 11, prenorm=True, norm=norm).modules() if hasattr(m, "eps")} \
+        == {1e-5}
+    with pytest.raises(ValueError, match="norm_eps must be a positive float, got 0"):
+        TransformerConfig(16, 4, norm_eps=0)

@@ -88,6 +88,13 @@ def check_probability(value: object, name: str) -> float:
     return float(value)
 
 
+def check_positive_float(value: object, name: str) -> float:
+    """``value`` as a plain float if it is a finite number above zero (a bool is refused)."""
+    if not is_number(value) or not 0.0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive float, got {value!r}")
+    return float(value)
+
+
 def check_choice(value: object, name: str, choices: tuple) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")

@@ -19,7 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from torchformer._checks import check_bool, check_choice, check_heads, check_positive_int, check_probability
+from torchformer._checks import (
+    check_bool, check_choice, check_heads, check_positive_float, check_positive_int, check_probability,
+)
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
@@ -116,6 +118,9 @@ class TransformerConfig:
         head_bias: a bias in the output layer of a generator (:class:`~torchformer.models.GTransformer`,
             :class:`~torchformer.models.Seq2SeqTransformer`): ``True`` (the default), as before this field existed;
             ``False`` as GPT-2 (whose output layer is the tied embedding alone). The other heads do not read it.
+        norm_eps: the ``eps`` of the blocks' norms and of a pre-norm stack's final norm (``norm``), added to the
+            variance (LayerNorm) or the mean square (RMSNorm) before the square root: ``1e-5`` (the default,
+            PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT).
     """
 
     emb: int
@@ -146,6 +151,7 @@ class TransformerConfig:
     # Added for pretrained models (GPT-2); after the others, so that no field moves.
     qkv_bias: bool = False
     head_bias: bool = True
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -159,6 +165,7 @@ class TransformerConfig:
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
+        object.__setattr__(self, "norm_eps", check_positive_float(self.norm_eps, "norm_eps"))
         check_choice(self.positions, "positions", POSITIONS)
         check_choice(self.activation, "activation", ACTIVATIONS)
         check_choice(self.impl, "impl", IMPLEMENTATIONS)

@@ -74,13 +74,13 @@ class TransformerBlock(nn.Module):
         self.emb, self.prenorm = config.emb, config.prenorm
         self.layer = layer  # which block of the stack this is, from 0: a variant may depend on its depth
         self.attention = self.attention_class.from_config(config, causal=causal, layer=layer)
-        self.norm1 = make_norm(config.norm, config.emb)
+        self.norm1 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.build_middle(config)
         if config.activation not in self.feedforward_classes:
             raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
                              f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
         self.ff = self.feedforward_classes[config.activation].from_config(config, layer=layer)  # type: ignore[attr-defined]
-        self.norm2 = make_norm(config.norm, config.emb)
+        self.norm2 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -217,7 +217,7 @@ class DecoderBlock(TransformerBlock):
             config: the architecture; ``cross_attention_class.from_config(config)`` builds the cross-attention.
         """
         self.cross_attention = self.cross_attention_class.from_config(config, layer=self.layer)
-        self.norm_cross = make_norm(config.norm, config.emb)
+        self.norm_cross = make_norm(config.norm, config.emb, eps=config.norm_eps)
 
     def fill_cache(self, cache: BlockCache, context: Tensor, context_mask: Tensor | None = None) -> None:
         """Compute the cross-attention's keys and values of ``context`` once, into ``cache.cross_attention``.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, is_number
+from torchformer._checks import check_choice, check_positive_float, check_positive_int
 from torchformer.config import NORMS
 
 
@@ -49,9 +49,7 @@ class RMSNorm(nn.Module):
     def __init__(self, emb: int, *, eps: float = 1e-5) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
-        if not is_number(eps) or not eps > 0:
-            raise ValueError(f"eps must be a positive float, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = check_positive_float(eps, "eps")
         # Named `weight`, as LayerNorm's gain is, so code that treats norm gains specially (weight decay) finds it.
         self.weight = nn.Parameter(torch.ones(emb))
 
@@ -66,13 +64,14 @@ class RMSNorm(nn.Module):
         return f"{self.emb}, eps={self.eps}"
 
 
-def make_norm(kind: str, emb: int) -> nn.Module:
+def make_norm(kind: str, emb: int, *, eps: float = 1e-5) -> nn.Module:
     """The normalisation ``config.norm`` names, over vectors of size ``emb``.
 
     Args:
         kind: ``"layer"`` for :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` for :class:`RMSNorm` (gain
             only).
         emb: the size ``e`` of the vectors normalised (the last dimension).
+        eps: added before the square root (``config.norm_eps``).
 
     Returns:
         The normalisation layer, ``(..., e) -> (..., e)``.
@@ -81,4 +80,4 @@ def make_norm(kind: str, emb: int) -> nn.Module:
         ValueError: ``kind`` is neither.
     """
     check_choice(kind, "norm", NORMS)
-    return nn.LayerNorm(emb) if kind == "layer" else RMSNorm(emb)
+    return nn.LayerNorm(emb, eps=eps) if kind == "layer" else RMSNorm(emb, eps=eps)

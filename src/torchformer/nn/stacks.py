@@ -88,7 +88,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.emb = config.emb
         self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i) for i in range(config.depth))
-        self.norm = make_norm(config.norm, config.emb) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(
@@ -129,7 +129,7 @@ class Decoder(nn.Module):
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.emb = config.emb
         self.blocks = nn.ModuleList(block_class(config, layer=i) for i in range(depth))
-        self.norm = make_norm(config.norm, config.emb) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def fill_caches(self, caches: list[BlockCache], context: Tensor, context_mask: Tensor | None = None) -> None:
