@@ -51,8 +51,8 @@ from torchformer.models import CTransformer, MLMTransformer
 from torchformer.train.loading import load_model
 from torchformer.config import POSITIONS
 from torchformer.scripts.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
-    preset_flags, remove_interrupted_saves, utf8_text,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, flags_as_saved,
+    preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -216,13 +216,15 @@ def take_pretrained_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
     if given:
         p.error(f"--pretrained sets the model and the tokenizer: leave out {', '.join(given)}")
     try:
-        extra = read_checkpoint(args.pretrained)["extra"]
+        checkpoint = read_checkpoint(args.pretrained)
+        extra = checkpoint["extra"]
         run = extra["run"]
         if "mask_id" not in extra:  # every file of pretrain_imdb.py has it
             raise KeyError("it has no mask_id")
         tokenizer_from_state_dict(extra["tokenizer"])
         # A file from before --positions and --prenorm was pretrained with learned positions and post-norm.
-        run = {**{k: MODEL_DEFAULTS[k] for k in ("positions", "prenorm")}, **run}
+        # A "rotary" of before 0.5 is the model's "rotary_interleaved".
+        run = flags_as_saved(checkpoint, {**{k: MODEL_DEFAULTS[k] for k in ("positions", "prenorm")}, **run})
         missing = [key for key in PRETRAINED_KEYS + ("seed", "val_size") if key not in run]
         if missing:
             raise KeyError(f"its run has no {', '.join(missing)}")
@@ -302,9 +304,10 @@ def check_resumable(ckpt: Path, args: argparse.Namespace) -> None:
     skip the wrong batches or bend the schedule.
     """
     try:
-        extra = read_checkpoint(ckpt)["extra"]
+        checkpoint = read_checkpoint(ckpt)
+        extra = checkpoint["extra"]
         # Checkpoints of earlier versions have no "run", and no model flags added since (MODEL_DEFAULTS).
-        saved = {**MODEL_DEFAULTS, **extra["config"], **extra.get("run", {})}
+        saved = flags_as_saved(checkpoint, {**MODEL_DEFAULTS, **extra["config"], **extra.get("run", {})})
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")

@@ -34,12 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import GTransformer, generate, load_model
+from torchformer.config import POSITIONS
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
 from torchformer.scripts.cli import (
     POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads,
-    preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
+    flags_as_saved, preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, all_reduce_mean, teardown_distributed, wrap_model
 from torchformer.train.distributed_checkpoint import load_distributed_checkpoint, save_distributed_checkpoint
@@ -124,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("-d", "--depth", type=int, help="transformer blocks")
     add("-C", "--context", type=int, help="context length in bytes")
     add("--dropout", type=float, help="dropout rate")
-    add("--positions", choices=("learned", "sinusoidal", "rotary", "alibi", "relative"),
+    add("--positions", choices=POSITIONS,
         help="position scheme (docs/positions.md, docs/relative-positions.md)")
     add("--norm", choices=("layer", "rms"), help="LayerNorm or RMSNorm in the blocks (docs/modern-blocks.md)")
     add("--activation", choices=("relu", "gelu", "relu2", "swiglu", "geglu"), help="feed-forward nonlinearity")
@@ -332,7 +333,7 @@ def check_resumable(ckpt: Path, args) -> None:
     try:
         saved = read_checkpoint(ckpt)
         step, extra = saved["step"], saved["extra"]
-        config = extra["config"]
+        config = flags_as_saved(saved, extra["config"])  # a "rotary" of before 0.5 is "rotary_interleaved"
     except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")

@@ -39,8 +39,8 @@ from torchformer.train.checkpoint import (
     save_checkpoint,
 )
 from torchformer.scripts.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, preset_epilog,
-    preset_flags, remove_interrupted_saves,
+    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, flags_as_saved,
+    preset_epilog, preset_flags, remove_interrupted_saves,
 )
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
@@ -175,10 +175,11 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 
 def check_resumable(path: Path, args: argparse.Namespace) -> None:
     try:
-        saved = read_checkpoint(path)["extra"]["run"]
+        checkpoint = read_checkpoint(path)
+        saved = checkpoint["extra"]["run"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"cannot resume: {path} is not a checkpoint written by this script ({type(e).__name__}: {e})")
-    saved = {**RESUME_DEFAULTS, **saved}
+    saved = flags_as_saved(checkpoint, {**RESUME_DEFAULTS, **saved})  # a "rotary" of before 0.5: interleaved
     ignored = ("vocab_size",) if args.tokenizer == "byte" else ()  # bytes have no vocabulary to size
     changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(args, k)})" for k in RESUME_KEYS
                if saved.get(k) != getattr(args, k) and k not in ignored]

@@ -379,3 +379,74 @@ def test_a_class_of_a_module_run_with_python_m_is_recorded_by_its_module_name(tm
     assert run("-m", "variants_pkg.mod", "load", str(path)) == "MyGPT"  # found in __main__, run as that module
     code = f"import torchformer, variants_pkg.mod; print(type(torchformer.load_model({str(path)!r})).__name__)"
     assert run("-c", code) == "MyGPT"  # another program imports it by its name
+
+
+# ---- the rotary layout of files written before torchformer 0.5 ------------------------------------------------
+
+
+def _as_written_before_config_versions(payload: dict) -> dict:
+    """A payload as torchformer 0.4 wrote it: format 2, no config_version, and "rotary" meaning adjacent pairs."""
+    from torchformer.train.checkpoint import _digest
+
+    old = {k: v for k, v in payload.items() if k not in ("integrity", "config_version")}
+    old["format_version"] = 2
+    old["config"] = {**old["config"], "positions": "rotary"}
+    old["integrity"] = {"sha256": _digest(old)}  # intact: what 0.4 wrote verifies
+    return old
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rotary_checkpoint_of_before_config_versions_loads_in_the_layout_it_was_trained_with(kind, tmp_path):
+    """Its "rotary" paired adjacent coordinates: it comes back as "rotary_interleaved", computing what it did."""
+    trained = make(kind, positions="rotary_interleaved").eval()
+    save_checkpoint(tmp_path / "new.pt", model=trained, step=3)
+    torch.save(_as_written_before_config_versions(torch.load(tmp_path / "new.pt", weights_only=True)),
+               tmp_path / "old.pt")
+    loaded = load_model(tmp_path / "old.pt")
+    assert loaded.config.positions == "rotary_interleaved" and loaded.config == trained.config
+    torch.testing.assert_close(outputs(loaded), outputs(trained), rtol=0, atol=0)  # the same module, same weights
+    # A model built with today's "rotary" would compute something else: refused by name, nothing loaded.
+    with pytest.raises(ValueError, match=r"positions: 'rotary_interleaved' \(checkpoint\) vs 'rotary' \(model\)"):
+        load_checkpoint(tmp_path / "old.pt", model=make(kind, positions="rotary"))
+    assert load_checkpoint(tmp_path / "old.pt", model=make(kind, positions="rotary_interleaved"))["step"] == 3
+
+
+def test_a_rotary_checkpoint_of_today_keeps_its_layout_and_newer_config_versions_are_refused(tmp_path):
+    model = make("GTransformer", positions="rotary")
+    path = save_checkpoint(tmp_path / "a.pt", model=model, step=1)
+    payload = torch.load(path, weights_only=True)
+    assert payload["config_version"] == 2 and payload["format_version"] == 3
+    assert load_model(path).config.positions == "rotary"
+    from torchformer.train.checkpoint import _digest
+
+    newer = {k: v for k, v in payload.items() if k != "integrity"}
+    newer["config_version"] = 3
+    torch.save({**newer, "integrity": {"sha256": _digest(newer)}}, tmp_path / "newer.pt")
+    with pytest.raises(ValueError, match=r"config_version 3; this torchformer reads versions 1 to 2"):
+        load_model(tmp_path / "newer.pt")
+
+
+def test_an_exported_rotary_folder_of_before_config_versions_loads_in_its_layout(tmp_path):
+    pytest.importorskip("safetensors")
+    from torchformer.saving import _architecture_digest
+
+    trained = make("GTransformer", positions="rotary_interleaved").eval()
+    folder = export_model(trained, tmp_path / "old")
+    data = json.loads((folder / "config.json").read_text())
+    assert data["format_version"] == 2 and data["config_version"] == 2
+    # What 0.4 wrote: format 1, no config_version, "rotary", and its digest of that record.
+    del data["config_version"]
+    data["format_version"], data["config"]["positions"] = 1, "rotary"
+    data["config_sha256"] = _architecture_digest(data["model_class"], data["config"], data["model_class_path"])
+    (folder / "config.json").write_text(json.dumps(data))
+    loaded = load_model(folder)
+    assert loaded.config.positions == "rotary_interleaved"
+    x = torch.randint(0, 11, (2, 5))
+    torch.testing.assert_close(loaded(x), trained(x), rtol=0, atol=0)
+    # Editing the version of a folder written today would read its "rotary" in the other layout: refused.
+    today = export_model(make("GTransformer", positions="rotary"), tmp_path / "today")
+    data = json.loads((today / "config.json").read_text())
+    data["config_version"] = 1
+    (today / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="was changed after export_model wrote it"):
+        load_model(today)

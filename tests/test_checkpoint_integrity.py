@@ -319,12 +319,12 @@ def test_a_newer_format_and_a_removed_digest_are_refused(tmp_path):
     payload = torch.load(path, weights_only=True)
     torch.save({**payload, "format_version": 99}, tmp_path / "newer.pt")
     with pytest.raises(CheckpointError, match=r"newer\.pt has format 99, written by a newer torchformer; this one "
-                                              r"reads formats up to 2"):
+                                              r"reads formats up to 3"):
         load_checkpoint(tmp_path / "newer.pt", model=tiny())
     edited = {k: v for k, v in payload.items() if k != "integrity"}
     edited["model"] = {k: torch.zeros_like(v) for k, v in edited["model"].items()}  # and the weights zeroed
     torch.save(edited, tmp_path / "edited.pt")
-    with pytest.raises(CheckpointError, match=r"edited\.pt is damaged: it has format 2 but no integrity record"):
+    with pytest.raises(CheckpointError, match=r"edited\.pt is damaged: it has format 3 but no integrity record"):
         verify_checkpoint(tmp_path / "edited.pt")
     with pytest.raises(TypeError, match="restore_rng must be a bool, got 'no'"):
         load_checkpoint(path, model=tiny(), restore_rng="no")
@@ -370,8 +370,8 @@ def test_a_checkpoint_of_a_newer_torchformer_is_neither_skipped_nor_set_aside(tm
     saved(tmp_path, 1)
     newer = saved(tmp_path, 2)
     payload = torch.load(newer, weights_only=True)
-    torch.save({**payload, "format_version": 3}, newer)
-    with pytest.raises(CheckpointVersionError, match=r"step_00000002\.pt has format 3, written by a newer"):
+    torch.save({**payload, "format_version": 4}, newer)
+    with pytest.raises(CheckpointVersionError, match=r"step_00000002\.pt has format 4, written by a newer"):
         latest_intact_checkpoint(tmp_path, set_aside=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
 

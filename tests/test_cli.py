@@ -190,3 +190,21 @@ def test_preset_epilog_writes_each_preset_as_flags_without_splitting_one():
     for i in range(12):  # every flag is followed by its own value, wherever the lines break
         assert typed[typed.index(f"--option-number-{i}") + 1] == str(i * 1000)
     assert lines[-1] == "  --preset gpu means --minutes 10.0 --wide"
+
+
+def test_flags_saved_before_0_5_with_rotary_read_as_the_interleaved_layout_of_the_model(tmp_path):
+    """A script's own "positions" flag follows the model's record, which reads an old "rotary" as interleaved."""
+    from torchformer import GTransformer
+    from torchformer.scripts.cli import flags_as_saved
+    from torchformer.train.checkpoint import _digest, read_checkpoint, save_checkpoint
+
+    flags = {"positions": "rotary", "depth": 1}
+    path = save_checkpoint(tmp_path / "new.pt", model=GTransformer(16, 2, 1, 8, 11, positions="rotary"), step=1,
+                           extra={"config": flags})
+    assert flags_as_saved(read_checkpoint(path), flags) == flags  # written today: "rotary" is "rotary"
+    old = {k: v for k, v in torch.load(path, weights_only=True).items() if k not in ("integrity", "config_version")}
+    old["format_version"] = 2  # as torchformer 0.4 wrote it, its "rotary" the adjacent pairs
+    torch.save({**old, "integrity": {"sha256": _digest(old)}}, tmp_path / "old.pt")
+    assert flags_as_saved(read_checkpoint(tmp_path / "old.pt"), flags) == {"positions": "rotary_interleaved",
+                                                                         "depth": 1}
+    assert flags_as_saved({"config": None}, flags) == flags and flags_as_saved(read_checkpoint(path), {}) == {}

@@ -11,10 +11,10 @@ import torch
 
 from torchformer import GTransformer, KVCache, SelfAttention, StaticCacheGenerator, generate
 from torchformer.nn.masks import AttentionMask
-from torchformer.nn.relative import RelativeBias, Rotary, alibi_slopes, relative_bucket
+from torchformer.nn.relative import InterleavedRotary, RelativeBias, Rotary, alibi_slopes, relative_bucket
 
 torch.set_num_threads(2)
-SCHEMES = ["rotary", "alibi", "relative"]
+SCHEMES = ["rotary", "rotary_interleaved", "alibi", "relative"]
 
 
 def attention(seed=0, **kwargs):
@@ -29,22 +29,41 @@ def attention(seed=0, **kwargs):
 # ---- rotary ----------------------------------------------------------------------------------------------------
 
 
-def test_rotary_rotates_each_pair_by_its_angle():
-    rotary, s = Rotary(8), 8
+# Which coordinates each layout pairs: pair m of a head of size s.
+PAIRS = {Rotary: lambda m, s: (m, m + s // 2), InterleavedRotary: lambda m, s: (2 * m, 2 * m + 1)}
+
+
+@pytest.mark.parametrize("cls", [Rotary, InterleavedRotary])
+def test_rotary_rotates_each_pair_by_its_angle(cls):
+    rotary, s = cls(8), 8
     x = torch.randn(1, 1, 3, s, dtype=torch.float64)
     positions = torch.tensor([0, 5, 1000])
     out = rotary.rotate(x, positions)
     for t, p in enumerate(positions.tolist()):
         for m in range(s // 2):
             angle = p * 10000 ** (-2 * m / s)
-            a, b = x[0, 0, t, 2 * m].item(), x[0, 0, t, 2 * m + 1].item()
+            first, second = PAIRS[cls](m, s)
+            a, b = x[0, 0, t, first].item(), x[0, 0, t, second].item()
             expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
-            assert out[0, 0, t, 2 * m].item() == pytest.approx(expected[0], abs=1e-12)
-            assert out[0, 0, t, 2 * m + 1].item() == pytest.approx(expected[1], abs=1e-12)
+            assert out[0, 0, t, first].item() == pytest.approx(expected[0], abs=1e-12)
+            assert out[0, 0, t, second].item() == pytest.approx(expected[1], abs=1e-12)
 
 
-def test_rotary_scores_depend_only_on_the_distance():
-    rotary = Rotary(16)
+def test_the_two_rotary_layouts_are_one_rotation_with_the_coordinates_permuted():
+    """Interleaved = halves after moving coordinate 2m to m and 2m+1 to m + s/2 (and back): so a model of one layout
+    is a model of the other with its query and key projections' rows permuted within each head."""
+    s = 8
+    x = torch.randn(2, 3, 5, s, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 7, 300, 4096])
+    to_halves = torch.cat([torch.arange(0, s, 2), torch.arange(1, s, 2)])  # (0, 2, 4, 6, 1, 3, 5, 7)
+    back = torch.argsort(to_halves)
+    rotated = Rotary(s).rotate(x[..., to_halves], positions)[..., back]
+    torch.testing.assert_close(rotated, InterleavedRotary(s).rotate(x, positions), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [Rotary, InterleavedRotary])
+def test_rotary_scores_depend_only_on_the_distance(cls):
+    rotary = cls(16)
     q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
     def score(i, j):
         return (rotary.rotate(q, torch.tensor([i])) * rotary.rotate(k, torch.tensor([j]))).sum(-1)

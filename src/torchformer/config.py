@@ -25,7 +25,7 @@ from torchformer._checks import (
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
-RELATIVE_POSITIONS = ("rotary", "alibi", "relative")
+RELATIVE_POSITIONS = ("rotary", "rotary_interleaved", "alibi", "relative")
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu")
 
@@ -83,7 +83,9 @@ class TransformerConfig:
         decoder_depth: blocks of the decoder of an encoder-decoder model; ``None`` means ``depth``.
         wide: wide attention heads (every head sees all ``e`` dimensions) instead of narrow ones (``e // h`` each).
         positions: added to the embeddings: ``"learned"``, ``"sinusoidal"`` or ``"none"``; or acting inside
-            attention: ``"rotary"`` (RoPE), ``"alibi"`` or ``"relative"`` (T5-style learned bias).
+            attention: ``"rotary"`` (RoPE, pairing each half of a head with the other, as Llama and Hugging Face),
+            ``"rotary_interleaved"`` (RoPE on adjacent pairs, as the paper and torchformer before 0.5), ``"alibi"``
+            or ``"relative"`` (T5-style learned bias).
         dropout: dropout after the embedding, on the attention weights, inside the feed-forward network and after
             each sublayer.
         prenorm: the norm (``norm``) before each sublayer (GPT-2) instead of after the residual (Vaswani et al.,

@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from torchformer._checks import is_int
 from torchformer._devices import map_location_device
 from torchformer._files import check_parents, check_path, file_sha256, read_json, write_atomically
 from torchformer._version import __version__
@@ -43,7 +44,11 @@ PathLike = Union[str, os.PathLike]
 # The two files of an exported model and the version of that layout.
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2  # 2: the record has a config_version (torchformer 0.5); 1 is read too
+# What a saved config means. 2 (torchformer 0.5): positions="rotary" pairs each half of a head with the other, as
+# Llama and every Hugging Face checkpoint do. A record without a config_version is older: its "rotary" paired
+# adjacent coordinates, and it is read as "rotary_interleaved", so the model comes back exactly as it was trained.
+CONFIG_VERSION = 2
 # Config fields that change how a model trains or computes, not what its weights mean: saved weights load into a
 # model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
 # and activation checkpointing is a memory choice of the training run).
@@ -116,17 +121,20 @@ def model_record(model: TransformerModel) -> dict[str, Any]:
         model: an unwrapped :class:`~torchformer.models.TransformerModel` (FSDP2-sharded is fine).
 
     Returns:
-        ``{"model_class": name, "model_class_path": "module:qualname", "config": model.config.to_dict()}``.
+        ``{"model_class": name, "model_class_path": "module:qualname", "config": model.config.to_dict(),
+        "config_version": CONFIG_VERSION}``.
     """
     cls = model_class(model)
-    return {"model_class": cls.__name__, "model_class_path": cls.import_path(), "config": model.config.to_dict()}
+    return {"model_class": cls.__name__, "model_class_path": cls.import_path(), "config": model.config.to_dict(),
+            "config_version": CONFIG_VERSION}
 
 
 def saved_config(record: Mapping[str, Any], where: object) -> Optional[TransformerConfig]:
     """The config in a record (a checkpoint's entries or an exported ``config.json``), or ``None`` without one.
 
     A ``"config"`` counts only next to a ``"model_class"``: other programs' checkpoints may hold a config of their
-    own (nanoGPT's do), which is not ours to read.
+    own (nanoGPT's do), which is not ours to read. A config of an older ``"config_version"`` is read as what it meant
+    then (see :data:`CONFIG_VERSION`).
 
     Args:
         record: the saved entries (``"model_class"``, ``"config"``, ...).
@@ -141,6 +149,12 @@ def saved_config(record: Mapping[str, Any], where: object) -> Optional[Transform
     data = record.get("config")
     if data is None or "model_class" not in record:
         return None
+    version = record.get("config_version", 1)  # records written before torchformer 0.5 have none
+    if not is_int(version) or not 1 <= version <= CONFIG_VERSION:
+        raise ValueError(f"{where} holds a config of config_version {version!r}; this torchformer reads versions 1 "
+                         f"to {CONFIG_VERSION} (a newer torchformer wrote it?)")
+    if version < 2 and isinstance(data, Mapping) and data.get("positions") == "rotary":
+        data = {**data, "positions": "rotary_interleaved"}  # the layout it was trained with
     try:
         return TransformerConfig.from_dict(data)
     except (TypeError, ValueError) as e:  # e.g. a field added by a newer torchformer
@@ -336,7 +350,8 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
 
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds the record
-    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}}`` and ``"format_version": 1``,
+    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 2}`` and
+    ``"format_version": 2``,
     ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read the weights into another
     architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both checked by
     :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically (temporary file,
@@ -368,7 +383,7 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     safetensors_torch = _import_safetensors()
     description = {**model_record(target), "format_version": EXPORT_FORMAT_VERSION, "torchformer_version": __version__}
     description["config_sha256"] = _architecture_digest(description["model_class"], description["config"],
-                                                        description["model_class_path"])
+                                                        description["model_class_path"], description["config_version"])
 
     def write_weights(tmp: Path) -> None:
         # save_model stores a tensor shared by two parameters (tie_weights=True) once, which safetensors requires.
@@ -448,11 +463,12 @@ def _read_export_config(directory: Path) -> tuple[dict[str, Any], TransformerCon
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ValueError(f"{file} must hold an object with a \"config\" object, as export_model writes it")
     version = data.get("format_version")
-    if version != EXPORT_FORMAT_VERSION:
-        raise ValueError(f"{file} has format_version {version!r}; this torchformer reads version "
+    if version not in range(1, EXPORT_FORMAT_VERSION + 1):
+        raise ValueError(f"{file} has format_version {version!r}; this torchformer reads versions 1 to "
                          f"{EXPORT_FORMAT_VERSION} (a newer torchformer wrote it?)")
     recorded = data.get("config_sha256")  # absent in folders exported before it was recorded
-    described = _architecture_digest(data.get("model_class"), data["config"], data.get("model_class_path"))
+    described = _architecture_digest(data.get("model_class"), data["config"], data.get("model_class_path"),
+                                     data.get("config_version"))
     if recorded is not None and recorded != described:
         raise ValueError(f"{file} was changed after export_model wrote it: its model_class or config no longer "
                          f"matches its config_sha256, so the weights could be read into another architecture (same "
@@ -463,15 +479,21 @@ def _read_export_config(directory: Path) -> tuple[dict[str, Any], TransformerCon
         raise ValueError(f"{file} has a weights_sha256 that is not a SHA-256 digest (64 hex digits): {digest!r:.80}")
     record = {"model_class": data.get("model_class"), "model_class_path": data.get("model_class_path"),
               "config": data["config"]}
+    if "config_version" in data:
+        record["config_version"] = data["config_version"]
     return record, saved_config(record, file), digest
 
 
-def _architecture_digest(model_class: object, config: object, model_class_path: object = None) -> str:
-    """SHA-256 of the class name, config and (when recorded) the class's import path as canonical JSON (sorted
-    keys): what ``config.json`` describes. Folders exported before the path was recorded keep their digest."""
+def _architecture_digest(model_class: object, config: object, model_class_path: object = None,
+                         config_version: object = None) -> str:
+    """SHA-256 of the class name, config and (when recorded) the class's import path and the config's version, as
+    canonical JSON (sorted keys): what ``config.json`` describes. Folders exported before the path or the version
+    was recorded keep their digest."""
     described = {"model_class": model_class, "config": config}
     if model_class_path is not None:  # an edited path would lead load_model to another class
         described["model_class_path"] = model_class_path
+    if config_version is not None:  # an edited version would read "rotary" in the other layout
+        described["config_version"] = config_version
     text = json.dumps(described, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

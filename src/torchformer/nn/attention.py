@@ -50,7 +50,7 @@ from torchformer._checks import (
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.cache import ContextCache, KVCache
 from torchformer.nn.masks import AttentionMask
-from torchformer.nn.relative import ALiBi, AttentionPositions, RelativeBias, Rotary
+from torchformer.nn.relative import ALiBi, AttentionPositions, InterleavedRotary, RelativeBias, Rotary
 
 
 def attention_reference(
@@ -177,7 +177,9 @@ class MultiHeadAttention(nn.Module):
     # The scheme inside attention for each ``positions`` (:mod:`torchformer.nn.relative`); any other value (the
     # absolute schemes, "none") gives the base AttentionPositions, which does nothing. A variant replaces a scheme
     # here: position_classes = {**SelfAttention.position_classes, "rotary": MyRotary}.
-    position_classes: dict[str, type[AttentionPositions]] = {"rotary": Rotary, "alibi": ALiBi, "relative": RelativeBias}
+    position_classes: dict[str, type[AttentionPositions]] = {
+        "rotary": Rotary, "rotary_interleaved": InterleavedRotary, "alibi": ALiBi, "relative": RelativeBias,
+    }
 
     def __init__(
         self,

@@ -35,7 +35,7 @@ class EmbeddingPositions:
 
     position_classes: dict[str, type[nn.Module]] = {
         "learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions,
-        "rotary": NoPositions, "alibi": NoPositions, "relative": NoPositions,
+        "rotary": NoPositions, "rotary_interleaved": NoPositions, "alibi": NoPositions, "relative": NoPositions,
     }
 
     def position_class(self, positions: str) -> type[nn.Module]:

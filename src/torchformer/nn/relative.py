@@ -5,9 +5,12 @@ before the first block. The schemes here instead act in every attention layer, o
 position ``i`` and a key at position ``j``, and all three make the attention score depend on ``i - j`` rather than
 on ``i`` and ``j`` themselves:
 
-* :class:`Rotary` (RoPE, Su et al. 2021) rotates each pair of coordinates ``(x_2m, x_2m+1)`` of queries and keys by
-  the angle ``p * theta_m`` with ``theta_m = 10000^(-2m/s)``. A rotation by ``i`` on the query and by ``j`` on the
-  key leaves their dot product a function of ``i - j`` only: ``R(i)q · R(j)k = q · R(j - i)k``.
+* :class:`Rotary` (RoPE, Su et al. 2021) rotates pairs of coordinates of queries and keys by the angle
+  ``p * theta_m`` with ``theta_m = 10000^(-2m/s)``. A rotation by ``i`` on the query and by ``j`` on the key leaves
+  their dot product a function of ``i - j`` only: ``R(i)q · R(j)k = q · R(j - i)k``. Pair ``m`` is
+  ``(x_m, x_m+s/2)``, the first half against the second (GPT-NeoX's and Llama's layout, in every Hugging Face
+  checkpoint); :class:`InterleavedRotary` pairs adjacent coordinates ``(x_2m, x_2m+1)`` as the paper writes it
+  (GPT-J's layout, and torchformer's before 0.5).
 * :class:`ALiBi` (Press et al., 2022) adds ``-m_h |i - j|`` to the scores of head ``h``, a linear penalty with a
   fixed slope per head (steep heads look locally, flat ones far).
 * :class:`RelativeBias` (Raffel et al. 2020, T5) adds a learned scalar per head and *bucket* of ``i - j``: one
@@ -90,20 +93,25 @@ class AttentionPositions(nn.Module):
 class Rotary(AttentionPositions):
     r"""Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
 
-    Pair ``m`` (``m = 0 .. s/2 - 1``) of a query or key $x$ ``(s,)`` of one head, at position ``p``, is rotated by
-    ``p * theta_m``, ``theta_m = base^(-2m/s)``:
+    Pair ``m`` (``m = 0 .. s/2 - 1``) of a query or key $x$ ``(s,)`` of one head, at position ``p``, is coordinate
+    ``m`` of the first half with coordinate ``m`` of the second, rotated by ``p * theta_m``:
 
     $$
-    \begin{pmatrix} x_{2m} \\ x_{2m+1} \end{pmatrix}
+    \begin{pmatrix} x_{m} \\ x_{m + s/2} \end{pmatrix}
     \mapsto
     \begin{pmatrix} \cos p\theta_m & -\sin p\theta_m \\ \sin p\theta_m & \cos p\theta_m \end{pmatrix}
-    \begin{pmatrix} x_{2m} \\ x_{2m+1} \end{pmatrix},
+    \begin{pmatrix} x_{m} \\ x_{m + s/2} \end{pmatrix},
     \qquad
     \theta_m = \mathrm{base}^{-2m/s}
     $$
 
     ``base`` is 10000 unless given; there are no parameters. Attention rotates its queries and keys after ``kqnorm``
     and before the scores, so that $R(i)q \cdot R(j)k = q \cdot R(j - i)k$ depends on ``i - j`` only.
+
+    Which coordinates form a pair does not matter to what a model can learn (the query and key projections learn
+    either order), but it does to a model's weights: this is the layout of GPT-NeoX, Llama and every Hugging Face
+    checkpoint, and computing it takes two contiguous halves rather than strided pairs.
+    :class:`InterleavedRotary` is the paper's layout of adjacent pairs (GPT-J's).
 
     Args:
         head_size: ``s``, even (the coordinates are rotated in pairs).
@@ -133,11 +141,26 @@ class Rotary(AttentionPositions):
         """
         return cls(head_size)
 
+    def angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``cos`` and ``sin`` of ``p * theta_m``, for every position ``p`` and pair ``m``.
+
+        The angles are computed in float64 (``p * theta`` loses digits in float32 once ``p`` is in the thousands),
+        then converted.
+
+        Args:
+            positions: ``(t,)`` long, the absolute positions.
+            dtype: the dtype of the results (the queries' or keys').
+
+        Returns:
+            ``(cos, sin)``, each ``(t, s/2)``.
+        """
+        pair = torch.arange(self.head_size // 2, device=positions.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
+        theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
+        angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate each pair of coordinates by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
-
-        The angles are computed in float64 (positions in the thousands keep their digits), then converted to ``x``'s
-        dtype.
 
         Args:
             x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)`` (one per key/value head).
@@ -146,17 +169,43 @@ class Rotary(AttentionPositions):
         Returns:
             The rotated vectors, shaped and typed as ``x``.
         """
-        pair = torch.arange(self.head_size // 2, device=x.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
-        theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
-        # float64 for the angles: p * theta loses digits in float32 once p is in the thousands.
-        angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]  # (b, h, t, s/2) each
-        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (b, h, t, s/2, 2)
-        return rotated.flatten(-2)  # interleave the pairs again: (b, h, t, s)
+        cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
+        first, second = x.chunk(2, dim=-1)  # (b, h, t, s/2) each: pair m is (first[m], second[m])
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, base={self.base:g}"
+
+
+class InterleavedRotary(Rotary):
+    r"""Rotary positions with the paper's pairs: adjacent coordinates ``(x_2m, x_2m+1)``, rotated by ``p * theta_m``.
+
+    The same rotation as :class:`Rotary` on another pairing of the coordinates (GPT-J's layout, and torchformer's
+    before 0.5: its checkpoints name ``positions="rotary"`` and are read as ``"rotary_interleaved"``). A model of
+    either is a model of the other with the rows of its query and key projections permuted within each head.
+
+    Args:
+        head_size: ``s``, even.
+        base: the base of the frequencies (10000).
+
+    Shapes:
+        ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
+    """
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate each adjacent pair by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
+
+        Args:
+            x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)``.
+            positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
+
+        Returns:
+            The rotated vectors, shaped and typed as ``x``.
+        """
+        cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
+        even, odd = x[..., 0::2], x[..., 1::2]  # (b, h, t, s/2) each
+        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (b, h, t, s/2, 2)
+        return rotated.flatten(-2)  # interleave the pairs again: (b, h, t, s)
 
 
 def alibi_slopes(heads: int) -> Tensor:

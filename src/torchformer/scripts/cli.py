@@ -179,6 +179,28 @@ POSITIVE: Check = (lambda v: 0 < v < math.inf, "a positive number")
 WRITABLE_FOLDER: Check = (writable_folder, "a folder this user can write in or create (not a file)")
 
 
+def flags_as_saved(saved: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """A script's flags saved in a checkpoint, with ``positions`` as the model's record reads it.
+
+    A script keeps its flags in the checkpoint's ``extra``, next to the model's record. In a checkpoint of torchformer
+    before 0.5 both say ``"rotary"``, for the layout this torchformer calls ``"rotary_interleaved"``; the record is
+    read as that (:data:`torchformer.saving.CONFIG_VERSION`), and a resumed or fine-tuned model must be built the
+    same way, or it would compute something else with the same weights.
+
+    Args:
+        saved: what :func:`~torchformer.train.checkpoint.read_checkpoint` returned (its ``"config"``: the model's
+            config, or ``None``).
+        flags: the script's saved flags (a dict with or without ``"positions"``).
+
+    Returns:
+        A copy of ``flags``, its ``"positions"`` (if it has one) taken from the model's config.
+    """
+    config = saved.get("config")
+    if config is None or "positions" not in flags:
+        return dict(flags)
+    return {**flags, "positions": config.positions}
+
+
 def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, checks: Mapping[str, Check]) -> None:
     """Stop with a usage error naming the first flag whose value fails its check.
 

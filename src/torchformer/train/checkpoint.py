@@ -67,7 +67,9 @@ from torchformer.saving import CheckpointError, check_architecture, model_record
 PathLike = Union[str, os.PathLike]
 
 # 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
-FORMAT_VERSION = 2
+# 3: the model's record has a config_version (torchformer 0.5: "rotary" pairs halves; see torchformer.saving), so
+# that an older torchformer, which would read "rotary" in its old layout, refuses the file instead.
+FORMAT_VERSION = 3
 # Errors of the system, not of the file's content, when reading it: raised as they are, never called damage.
 _SYSTEM_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 _NAME = re.compile(r"^step_([0-9]+)\.pt$")  # ASCII digits: \d would take "step_\u0663.pt" for step 3
