@@ -183,8 +183,6 @@ def test_a_sharded_folder_loads(tmp_path):
     ("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx=True is not supported"),
     ("reorder_and_upcast_attn", True, "reorder_and_upcast_attn=True is not supported"),
     ("activation_function", "swish", "activation_function='swish' is not supported: torchformer has gelu_new"),
-    ("layer_norm_epsilon", 1e-6, "layer_norm_epsilon=1e-06 is not supported"),
-    ("n_inner", 100, "n_inner=100 is not supported: the feed-forward size must be a multiple of n_embd=32"),
     ("add_cross_attention", True, "add_cross_attention=True is not supported"),
     ("scale_attn_weights", False, "scale_attn_weights=False is not supported"),
     ("attn_pdrop", 0.2, "attn_pdrop=0.2 is not supported: torchformer has one dropout"),
@@ -197,8 +195,8 @@ def test_a_config_value_torchformer_cannot_express_is_named(tmp_path, field, val
 
 
 def test_other_model_types_and_missing_files_are_named(tmp_path):
-    folder = write(tmp_path / "llama", {**hf_config(), "model_type": "llama"}, gpt2_tensors())
-    with pytest.raises(ValueError, match="model_type='llama' is not supported; torchformer loads 'gpt2'"):
+    folder = write(tmp_path / "t5", {**hf_config(), "model_type": "t5"}, gpt2_tensors())
+    with pytest.raises(ValueError, match="model_type='t5' is not supported; torchformer loads 'gpt2', 'llama'"):
         from_huggingface(folder)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         from_huggingface(tmp_path / "nowhere")
@@ -255,8 +253,8 @@ def test_export_and_load_round_trip_without_transformers(tmp_path):
 def test_a_model_that_does_not_map_onto_gpt2_is_named(tmp_path):
     gpt2_like = dict(prenorm=True, tie_weights=True, head_bias=False)
     cases = [
-        (dict(positions="rotary"), "positions='rotary'"),
         (dict(norm="rms"), "norm='rms'"),
+        (dict(out_bias=False), "out_bias=False"),
         (dict(activation="swiglu"), "activation='swiglu'"),
         (dict(kv_heads=2, window=4), "kv_heads=2 .*; window=4"),
         (dict(head_bias=True), "head_bias=True"),
@@ -266,6 +264,9 @@ def test_a_model_that_does_not_map_onto_gpt2_is_named(tmp_path):
         model = GTransformer(E, H, DEPTH, POSITIONS, VOCAB, **{**gpt2_like, **changes})
         with pytest.raises(ValueError, match=f"does not map onto GPT-2: {message}"):
             to_huggingface(model, tmp_path / "x")
+    # Rotary positions with LayerNorm: neither GPT-2 (learned positions) nor Llama (rotary with RMSNorm).
+    with pytest.raises(ValueError, match="maps onto no Hugging Face family: .* positions='rotary', norm='layer'"):
+        to_huggingface(GTransformer(E, H, DEPTH, POSITIONS, VOCAB, **gpt2_like, positions="rotary"), tmp_path / "x")
     assert not (tmp_path / "x").exists()  # nothing written
     with pytest.raises(ValueError, match="a CTransformer does not map onto a Hugging Face family"):
         to_huggingface(CTransformer(E, H, 1, POSITIONS, VOCAB, 2), tmp_path / "x")
@@ -310,8 +311,9 @@ def hf_log_probs(hf, x, mask=None):
 
 
 @pytest.mark.parametrize("layout", ["safetensors", "sharded", "bin"])
-@pytest.mark.parametrize("changes", [{}, {"tie_word_embeddings": False, "n_inner": 64, "activation_function": "gelu"}],
-                         ids=["gpt2", "untied-gelu"])
+@pytest.mark.parametrize("changes", [{}, {"tie_word_embeddings": False, "n_inner": 64, "activation_function": "gelu"},
+                                     {"n_inner": 100, "layer_norm_epsilon": 1e-2}],
+                         ids=["gpt2", "untied-gelu", "inner-100-eps"])
 def test_log_probabilities_equal_transformers(tmp_path, transformers, layout, changes):
     hf = random_gpt2(transformers, **changes)
     folder = tmp_path / "gpt2"

@@ -1,6 +1,7 @@
 """Norms, feed-forward networks and dense inputs: each part against its formula, whole models built with them,
 and a classifier that learns from feature vectors."""
 
+import copy
 import math
 
 import pytest
@@ -304,9 +305,12 @@ def test_head_bias_off_gives_the_dot_products_with_the_tied_embedding():
 
 def test_an_old_config_without_the_new_fields_reads_as_before():
     old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11).to_dict()
-    del old["qkv_bias"], old["head_bias"], old["norm_eps"]  # what a checkpoint written before these fields holds
+    for field in ("qkv_bias", "head_bias", "norm_eps", "ff_hidden", "out_bias", "rotary_base", "rotary_scaling"):
+        del old[field]  # what a checkpoint written before these fields holds
     config = TransformerConfig.from_dict(old)
     assert config.qkv_bias is False and config.head_bias is True and config.norm_eps == 1e-5
+    assert config.ff_hidden is None and config.out_bias is True and config.rotary_base == 10000.0
+    assert config.rotary_scaling is None
     torch.manual_seed(0)
     names = list(GTransformer(config=config).state_dict())
     assert not any(name.endswith(("toqueries.bias", "tokeys.bias", "tovalues.bias")) for name in names)
@@ -440,3 +444,46 @@ def test_norm_eps_reaches_every_norm_of_the_blocks_and_the_final_norm(norm):
         == {1e-5}
     with pytest.raises(ValueError, match="norm_eps must be a positive float, got 0"):
         TransformerConfig(16, 4, norm_eps=0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+def test_ff_hidden_sizes_every_feed_forward_network(activation):
+    model = GTransformer(16, 4, 2, 8, 11, activation=activation, ff_hidden=13)
+    for block in model.blocks.blocks:
+        sizes = {m.out_features for m in block.ff.modules() if isinstance(m, nn.Linear)} - {16}
+        assert sizes == {13}
+    default = GTransformer(16, 4, 1, 8, 11, activation=activation).blocks.blocks[0].ff
+    assert {m.out_features for m in default.modules() if isinstance(m, nn.Linear)} - {16} == \
+        ({64} if activation == "relu" else {43})  # ff_mult * e, and 2/3 of it for a gated unit
+
+
+def test_out_bias_off_leaves_the_output_projection_linear():
+    torch.manual_seed(0)
+    attention = TransformerBlock(TransformerConfig(16, 4, out_bias=False), causal=True).attention.double()
+    assert attention.unifyheads.bias is None
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    # Linear: doubling the values doubles the output (a bias would not double).
+    twice = copy.deepcopy(attention)
+    with torch.no_grad():
+        twice.tovalues.weight.mul_(2)
+    torch.testing.assert_close(twice(x), 2 * attention(x))
+
+
+def test_rotary_base_and_scaling_reach_every_layer_and_are_refused_without_rotary():
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model = GTransformer(16, 4, 2, 8, 11, positions="rotary", rotary_base=500.0, rotary_scaling=scaling)
+    for block in model.blocks.blocks:
+        assert block.attention.relative.base == 500.0 and block.attention.relative.scaling == scaling
+    theta = block.attention.relative.frequencies(torch.device("cpu"))
+    # s = 4: pair 0 (theta 1) turns 64 / 2 pi = 10 times in the old context, above 4: kept; pair 1 (500^-1/2)
+    # turns 0.46 times, below 1: slowed 8 times.
+    assert theta[0].item() == 1.0 and theta[1].item() == pytest.approx(500.0 ** -0.5 / 8)
+    with pytest.raises(ValueError, match="rotary_base and rotary_scaling apply to rotary positions only, but "
+                                         "positions is 'learned'"):
+        TransformerConfig(16, 4, rotary_base=500.0)
+    with pytest.raises(ValueError, match="rotary_scaling must be None or a dict with the keys factor"):
+        TransformerConfig(16, 4, positions="rotary", rotary_scaling={"factor": 8.0})
+    with pytest.raises(ValueError, match="high_freq_factor must be above its low_freq_factor"):
+        TransformerConfig(16, 4, positions="rotary", rotary_scaling={**scaling, "high_freq_factor": 0.5})
+    with pytest.raises(ValueError, match="ff_hidden must be a positive int, got 0"):
+        TransformerConfig(16, 4, ff_hidden=0)

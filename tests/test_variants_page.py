@@ -30,6 +30,8 @@ CHOICES = {
     "pool": config_module.POOLING,
     "impl": config_module.IMPLEMENTATIONS,
 }
+# Fields that apply only with another setting (the config refuses them alone, rather than ignore them).
+NEEDS = {"rotary_base": {"positions": "rotary"}, "rotary_scaling": {"positions": "rotary"}}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
@@ -81,7 +83,7 @@ def test_a_row_shows_the_default_and_a_valid_setting(row):
     assert row["default"] == shown(default_of(FIELDS[name]))
     match = re.fullmatch(r"`(\w+)=(.+)`", row["setting"])
     assert match and match.group(1) == name, f"the setting of {name} should be `{name}=value`: {row['setting']}"
-    fields = {"emb": 64, "heads": 4, name: ast.literal_eval(match.group(2))}
+    fields = {"emb": 64, "heads": 4, **NEEDS.get(name, {}), name: ast.literal_eval(match.group(2))}
     TransformerConfig(**fields)  # raises if the setting is not a valid value
     effect = row["measured effect"]
     assert effect == "—" or effect.startswith("the baseline") or LINK.search(effect), (

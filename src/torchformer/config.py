@@ -26,8 +26,39 @@ from torchformer._checks import (
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 RELATIVE_POSITIONS = ("rotary", "rotary_interleaved", "alibi", "relative")
+ROTARY = ("rotary", "rotary_interleaved")  # the schemes that read rotary_base and rotary_scaling
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu")
+
+
+# The keys of Llama-3.1's rotary frequency scaling (rotary_scaling), each a positive number.
+ROTARY_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rotary_scaling(scaling: object) -> Optional[dict]:
+    """``rotary_scaling`` checked, as a new plain dict of floats (``None`` stays ``None``).
+
+    Args:
+        scaling: ``None``, or a mapping with exactly the keys of :data:`ROTARY_SCALING_KEYS`.
+
+    Returns:
+        ``None``, or a new dict: each value a float, ``original_max_position_embeddings`` an int.
+
+    Raises:
+        ValueError: another key set, a value that is not a positive number, or ``high_freq_factor`` not above
+            ``low_freq_factor``.
+    """
+    if scaling is None:
+        return None
+    if not isinstance(scaling, Mapping) or set(scaling) != set(ROTARY_SCALING_KEYS):
+        raise ValueError(f"rotary_scaling must be None or a dict with the keys {', '.join(ROTARY_SCALING_KEYS)} "
+                         f"(Llama-3.1's rope_scaling), got {scaling!r}")
+    plain = {key: check_positive_float(scaling[key], f"rotary_scaling[{key!r}]") for key in ROTARY_SCALING_KEYS}
+    plain["original_max_position_embeddings"] = check_positive_int(
+        scaling["original_max_position_embeddings"], "rotary_scaling['original_max_position_embeddings']")
+    if not plain["high_freq_factor"] > plain["low_freq_factor"]:
+        raise ValueError(f"rotary_scaling's high_freq_factor must be above its low_freq_factor, got {scaling!r}")
+    return plain
 
 
 def check_extra(extra: object) -> dict:
@@ -123,6 +154,15 @@ class TransformerConfig:
         norm_eps: the ``eps`` of the blocks' norms and of a pre-norm stack's final norm (``norm``), added to the
             variance (LayerNorm) or the mean square (RMSNorm) before the square root: ``1e-5`` (the default,
             PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT).
+        ff_hidden: the hidden size of every feed-forward network, when it is not what ``ff_mult`` gives (Llama-2
+            7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, 2/3 of it for a gated unit.
+        out_bias: a bias in the output projection of every attention layer (``unifyheads``): ``True`` (the default),
+            as before this field existed; ``False`` as Llama, Mistral and Qwen2.
+        rotary_base: the base of rotary positions' frequencies, ``theta_m = base^(-2m/s)``: 10000 (the default, the
+            paper's); Llama-3 uses 500000. Only with ``positions="rotary"`` or ``"rotary_interleaved"``.
+        rotary_scaling: Llama-3.1's rescaling of the rotary frequencies for long contexts, ``{"factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``
+            (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None`` (the default): none.
     """
 
     emb: int
@@ -154,6 +194,10 @@ class TransformerConfig:
     qkv_bias: bool = False
     head_bias: bool = True
     norm_eps: float = 1e-5
+    ff_hidden: Optional[int] = None
+    out_bias: bool = True
+    rotary_base: float = 10000.0
+    rotary_scaling: Optional[Mapping[str, Any]] = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -168,12 +212,20 @@ class TransformerConfig:
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
         object.__setattr__(self, "norm_eps", check_positive_float(self.norm_eps, "norm_eps"))
+        if self.ff_hidden is not None:
+            check_positive_int(self.ff_hidden, "ff_hidden")
+        check_bool(self.out_bias, "out_bias")
+        object.__setattr__(self, "rotary_base", check_positive_float(self.rotary_base, "rotary_base"))
+        object.__setattr__(self, "rotary_scaling", check_rotary_scaling(self.rotary_scaling))
         check_choice(self.positions, "positions", POSITIONS)
         check_choice(self.activation, "activation", ACTIVATIONS)
         check_choice(self.impl, "impl", IMPLEMENTATIONS)
         check_choice(self.pool, "pool", POOLING)
         check_choice(self.norm, "norm", NORMS)
         check_heads(self.emb, self.heads, self.kv_heads, self.wide)
+        if self.positions not in ROTARY and (self.rotary_base != 10000.0 or self.rotary_scaling is not None):
+            raise ValueError(f"rotary_base and rotary_scaling apply to rotary positions only, but positions is "
+                             f"{self.positions!r}: leave them out, or use positions='rotary'")
 
     @property
     def head_size(self) -> int:

@@ -165,6 +165,11 @@ class MultiHeadAttention(nn.Module):
         window: sliding-window attention: a query sees only keys less than ``window`` positions away (with
             ``causal``: itself and the ``window - 1`` positions before it). ``None``: no window.
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
+        out_bias: a bias in the output projection ``unifyheads`` (``True``; ``False`` as Llama).
+
+    ``positions`` may also be a built :class:`~torchformer.nn.relative.AttentionPositions` (``Rotary(s,
+    base=500000.0)``, say): it is used as it is. :meth:`from_config` builds one that way, with the scheme's
+    ``from_config``, so that the scheme reads its own fields of the config (``rotary_base``, ``rotary_scaling``).
 
     :meth:`from_config` builds one from a :class:`~torchformer.config.TransformerConfig`; that is how blocks
     build theirs, so a subclass with the same keyword arguments plugs into every model.
@@ -191,10 +196,11 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         kqnorm: bool = False,
         impl: str = "sdpa",
-        positions: str = "none",
+        positions: str | AttentionPositions = "none",
         kv_heads: int | None = None,
         window: int | None = None,
         qkv_bias: bool = False,
+        out_bias: bool = True,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
@@ -205,11 +211,12 @@ class MultiHeadAttention(nn.Module):
         check_heads(emb, heads, self.kv_heads, wide)
         self.causal = check_bool(causal, "causal")
         self.kqnorm = check_bool(kqnorm, "kqnorm")
-        if positions in POSITIONS and positions not in (*RELATIVE_POSITIONS, "none"):
-            raise ValueError(f"positions={positions!r} is added to the token embeddings, outside attention: give it "
-                             f"to the model (or TransformerConfig); attention itself takes one of "
-                             f"{(*RELATIVE_POSITIONS, 'none')}")
-        check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
+        if not isinstance(positions, AttentionPositions):  # a name (a built scheme is used as it is, below)
+            if positions in POSITIONS and positions not in (*RELATIVE_POSITIONS, "none"):
+                raise ValueError(f"positions={positions!r} is added to the token embeddings, outside attention: give "
+                                 f"it to the model (or TransformerConfig); attention itself takes one of "
+                                 f"{(*RELATIVE_POSITIONS, 'none')}")
+            check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
         self.head_size = emb if wide else emb // heads
@@ -221,11 +228,14 @@ class MultiHeadAttention(nn.Module):
         self.toqueries = nn.Linear(emb, inner, bias=qkv_bias)
         self.tokeys = nn.Linear(emb, self.kv_heads * self.head_size, bias=qkv_bias)  # g * s: fewer heads, fewer weights
         self.tovalues = nn.Linear(emb, self.kv_heads * self.head_size, bias=qkv_bias)
-        self.unifyheads = nn.Linear(inner, emb)
+        self.unifyheads = nn.Linear(inner, emb, bias=check_bool(out_bias, "out_bias"))
         self.qnorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
         self.knorm = nn.LayerNorm(self.head_size) if kqnorm else nn.Identity()
-        scheme = self.position_classes.get(positions, AttentionPositions)  # absolute schemes act elsewhere: none
-        self.relative = scheme.from_sizes(heads=heads, head_size=self.head_size, causal=self.causal)
+        if isinstance(positions, AttentionPositions):
+            self.relative = positions
+        else:
+            scheme = self.position_classes.get(positions, AttentionPositions)  # absolute schemes act elsewhere
+            self.relative = scheme.from_sizes(heads=heads, head_size=self.head_size, causal=self.causal)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
@@ -233,8 +243,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``window``, ``qkv_bias`` and, when it is ``"rotary"``, ``"alibi"`` or ``"relative"``,
-                ``positions``.
+                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias`` and, when it acts inside attention,
+                ``positions`` (whose scheme reads what it needs: rotary ``rotary_base`` and ``rotary_scaling``).
             causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
@@ -243,10 +253,11 @@ class MultiHeadAttention(nn.Module):
             A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
             :class:`SelfAttention`).
         """
-        inside = config.positions if config.positions in RELATIVE_POSITIONS else "none"
+        scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
         return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
-                   kqnorm=config.kqnorm, impl=config.impl, positions=inside, kv_heads=config.kv_heads,
-                   window=config.window, qkv_bias=config.qkv_bias)
+                   kqnorm=config.kqnorm, impl=config.impl, positions=scheme.from_config(config, causal=causal),
+                   kv_heads=config.kv_heads, window=config.window, qkv_bias=config.qkv_bias,
+                   out_bias=config.out_bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
@@ -426,6 +437,7 @@ class SelfAttention(MultiHeadAttention):
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
         window: sliding-window attention: a query sees only keys less than ``window`` positions away.
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
+        out_bias: a bias in the output projection (``True``; ``False`` as Llama).
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -543,15 +555,17 @@ class CrossAttention(MultiHeadAttention):
         impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
         qkv_bias: a bias in the query, key and value projections; ``False``: none.
+        out_bias: a bias in the output projection (``True``; ``False`` as Llama).
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
-                 impl: str = "sdpa", kv_heads: int | None = None, qkv_bias: bool = False) -> None:
+                 impl: str = "sdpa", kv_heads: int | None = None, qkv_bias: bool = False,
+                 out_bias: bool = True) -> None:
         super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads,
-                         qkv_bias=qkv_bias)
+                         qkv_bias=qkv_bias, out_bias=out_bias)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
@@ -561,7 +575,7 @@ class CrossAttention(MultiHeadAttention):
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads`` and ``qkv_bias`` are used.
+                ``kv_heads``, ``qkv_bias`` and ``out_bias`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
@@ -570,7 +584,7 @@ class CrossAttention(MultiHeadAttention):
             A layer of the class this is called on (a :class:`CrossAttention`).
         """
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias)
+                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.

@@ -21,6 +21,7 @@ Shapes: b batch size, t sequence length, e embedding size, h hidden size.
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -102,6 +103,7 @@ class FeedForward(nn.Module):
     Args:
         emb: embedding size ``e``.
         ff_mult: hidden size as a multiple of ``e``.
+        hidden: the hidden size ``h``, when it is not ``ff_mult * e`` (``config.ff_hidden``); ``None``: ``ff_mult * e``.
         activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu2"`` (ReLU squared). The gated ``"swiglu"``
             and ``"geglu"`` are :class:`GatedFeedForward`, which :meth:`from_config` picks for them.
         dropout: dropout on the hidden activations.
@@ -113,10 +115,12 @@ class FeedForward(nn.Module):
         ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
     """
 
-    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0) -> None:
+    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0,
+                 hidden: Optional[int] = None) -> None:
         super().__init__()
         check_positive_int(emb, "emb")
         check_positive_int(ff_mult, "ff_mult")
+        hidden = ff_mult * emb if hidden is None else check_positive_int(hidden, "hidden")
         if activation in GATES:
             raise ValueError(
                 f"activation {activation!r} is a gated linear unit, which has three matrices: build a "
@@ -124,10 +128,10 @@ class FeedForward(nn.Module):
             )
         check_choice(activation, "activation", tuple(NONLINEARITIES))
         self.net = nn.Sequential(
-            nn.Linear(emb, ff_mult * emb),
+            nn.Linear(emb, hidden),
             NONLINEARITIES[activation](),
             nn.Dropout(check_probability(dropout, "dropout")),
-            nn.Linear(ff_mult * emb, emb),
+            nn.Linear(hidden, emb),
         )
 
     @classmethod
@@ -139,7 +143,8 @@ class FeedForward(nn.Module):
         class refuses those).
 
         Args:
-            config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+            config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are
+                used.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
@@ -149,7 +154,8 @@ class FeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``).
         """
-        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
+        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
+                   hidden=config.ff_hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -175,6 +181,7 @@ class GatedFeedForward(nn.Module):
     Args:
         emb: embedding size ``e``.
         ff_mult: the plain network's hidden size as a multiple of ``e``; this one's is 2/3 of it.
+        hidden: the hidden size ``h`` (``config.ff_hidden``, Llama-2 7B's 11008); ``None``: 2/3 of ``ff_mult * e``.
         activation: ``"swiglu"`` or ``"geglu"``.
         dropout: dropout on the hidden layer (the product).
 
@@ -182,12 +189,13 @@ class GatedFeedForward(nn.Module):
         ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
     """
 
-    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "swiglu", dropout: float = 0.0) -> None:
+    def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "swiglu", dropout: float = 0.0,
+                 hidden: Optional[int] = None) -> None:
         super().__init__()
         check_positive_int(emb, "emb")
         check_positive_int(ff_mult, "ff_mult")
         check_choice(activation, "activation", tuple(GATES))
-        hidden = gated_hidden_size(emb, ff_mult)
+        hidden = gated_hidden_size(emb, ff_mult) if hidden is None else check_positive_int(hidden, "hidden")
         self.w1 = nn.Linear(emb, hidden, bias=False)  # the gate's input
         self.v = nn.Linear(emb, hidden, bias=False)  # the value it gates
         self.w2 = nn.Linear(hidden, emb, bias=False)
@@ -199,7 +207,8 @@ class GatedFeedForward(nn.Module):
         """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``.
 
         Args:
-            config: the architecture; ``emb``, ``ff_mult``, ``activation`` and ``dropout`` are used.
+            config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are
+                used.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
@@ -209,7 +218,8 @@ class GatedFeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is not a gated unit.
         """
-        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout)
+        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
+                   hidden=config.ff_hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.drop(self.act(self.w1(x)) * self.v(x)))  # (b, t, e) -> (b, t, h) -> (b, t, e)

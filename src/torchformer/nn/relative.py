@@ -35,6 +35,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from torchformer._checks import check_positive_float
+from torchformer.config import TransformerConfig, check_rotary_scaling
 from torchformer.nn.masks import AttentionMask
 
 
@@ -65,6 +67,21 @@ class AttentionPositions(nn.Module):
             A module of the class this is called on.
         """
         return cls()
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
+        """The scheme of an attention layer of ``config``: :meth:`from_sizes` with its heads and head size.
+
+        A scheme with fields of its own in the config (rotary's ``rotary_base``) overrides this to read them.
+
+        Args:
+            config: the model's architecture.
+            causal: whether the layer is causal.
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here.
@@ -108,6 +125,12 @@ class Rotary(AttentionPositions):
     ``base`` is 10000 unless given; there are no parameters. Attention rotates its queries and keys after ``kqnorm``
     and before the scores, so that $R(i)q \cdot R(j)k = q \cdot R(j - i)k$ depends on ``i - j`` only.
 
+    ``scaling`` is Llama-3.1's rescaling of the frequencies for contexts longer than the
+    ``original_max_position_embeddings`` ``L`` the model was first trained on. A pair of wavelength
+    ``w = 2 pi / theta_m`` shorter than ``L / high_freq_factor`` (it turns many times within the old context) keeps
+    its frequency; one longer than ``L / low_freq_factor`` is slowed down ``factor`` times; in between, the frequency
+    moves linearly (in ``L / w``) from one to the other.
+
     Which coordinates form a pair does not matter to what a model can learn (the query and key projections learn
     either order), but it does to a model's weights: this is the layout of GPT-NeoX, Llama and every Hugging Face
     checkpoint, and computing it takes two contiguous halves rather than strided pairs.
@@ -115,17 +138,20 @@ class Rotary(AttentionPositions):
 
     Args:
         head_size: ``s``, even (the coordinates are rotated in pairs).
-        base: the base of the frequencies (10000, as the paper and the sinusoidal encoding).
+        base: the base of the frequencies (10000, as the paper and the sinusoidal encoding; Llama-3: 500000).
+        scaling: ``None``, or Llama-3.1's ``{"factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings"}`` (``config.rotary_scaling``).
 
     Shapes:
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
     """
 
-    def __init__(self, head_size: int, *, base: float = 10000.0) -> None:
+    def __init__(self, head_size: int, *, base: float = 10000.0, scaling: Optional[dict] = None) -> None:
         super().__init__()
         if head_size % 2 != 0:
             raise ValueError(f"rotary positions rotate coordinate pairs: the head size must be even, got {head_size}")
-        self.head_size, self.base = head_size, base
+        self.head_size, self.base = head_size, check_positive_float(base, "base")
+        self.scaling = check_rotary_scaling(scaling)
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> Rotary:
@@ -141,6 +167,32 @@ class Rotary(AttentionPositions):
         """
         return cls(head_size)
 
+    @classmethod
+    def from_config(cls, config: TransformerConfig, *, causal: bool) -> Rotary:
+        """Rotary positions of ``config``'s head size, ``rotary_base`` and ``rotary_scaling``.
+
+        Args:
+            config: the model's architecture.
+            causal: whether the layer is causal (unused).
+
+        Returns:
+            A module of the class this is called on.
+        """
+        return cls(config.head_size, base=config.rotary_base, scaling=config.rotary_scaling)
+
+    def frequencies(self, device: torch.device) -> Tensor:
+        """``theta_m`` for ``m = 0 .. s/2 - 1``, ``(s/2,)`` float64, rescaled by ``scaling`` if given."""
+        pair = torch.arange(self.head_size // 2, device=device, dtype=torch.float64)  # m = 0 .. s/2 - 1
+        theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
+        if self.scaling is None:
+            return theta
+        factor, length = self.scaling["factor"], self.scaling["original_max_position_embeddings"]
+        low, high = self.scaling["low_freq_factor"], self.scaling["high_freq_factor"]
+        turns = length * theta / (2 * math.pi)  # L / w: how often pair m turns within the old context
+        # 0 below low (slow pairs: divided by factor), 1 above high (fast pairs: kept), linear in between.
+        keep = ((turns - low) / (high - low)).clamp(0.0, 1.0)
+        return keep * theta + (1 - keep) * theta / factor
+
     def angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` of ``p * theta_m``, for every position ``p`` and pair ``m``.
 
@@ -154,8 +206,7 @@ class Rotary(AttentionPositions):
         Returns:
             ``(cos, sin)``, each ``(t, s/2)``.
         """
-        pair = torch.arange(self.head_size // 2, device=positions.device, dtype=torch.float64)  # m = 0 .. s/2 - 1
-        theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
+        theta = self.frequencies(positions.device)  # (s/2,)
         angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -174,7 +225,7 @@ class Rotary(AttentionPositions):
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
     def extra_repr(self) -> str:
-        return f"head_size={self.head_size}, base={self.base:g}"
+        return f"head_size={self.head_size}, base={self.base:g}" + (f", scaling={self.scaling}" if self.scaling else "")
 
 
 class InterleavedRotary(Rotary):

@@ -8,8 +8,8 @@ Everything else (learned positions, LayerNorm with eps ``1e-5``, a feed-forward 
 narrow heads of ``e / h``) is torchformer's default already.
 
 **The config.** :func:`config_from_huggingface` reads ``config.json``'s fields (:data:`DEFAULTS` fills a field left
-out, as ``GPT2Config`` does) and refuses, naming the field and its value, any the library cannot express: another
-``layer_norm_epsilon``, ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``, cross-attention, an
+out, as ``GPT2Config`` does) and refuses, naming the field and its value, any the library cannot express:
+``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``, cross-attention, an
 ``activation_function`` torchformer does not have. :func:`config_to_huggingface` is the way back, and refuses a
 config with a field GPT-2 cannot express (rotary positions, RMSNorm, ...), naming each.
 
@@ -98,7 +98,6 @@ DEFAULTS: dict[str, Any] = {
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 # torchformer's activation -> the name written into config.json.
 ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which every torchformer LayerNorm uses
 
 
 def rules(depth: int, tied: bool) -> Iterator[Rule]:
@@ -141,15 +140,11 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
     if get("activation_function") not in ACTIVATIONS:
         raise refuse("activation_function", f"torchformer has {', '.join(ACTIVATIONS)}")
-    if get("layer_norm_epsilon") != LAYER_NORM_EPS:
-        raise refuse("layer_norm_epsilon", f"torchformer's LayerNorms use {LAYER_NORM_EPS}")
     for field, supported in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                              ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if get(field) is not supported:
             raise refuse(field, f"torchformer's attention has only {field}={supported}")
     emb, inner = get("n_embd"), get("n_inner")
-    if inner is not None and not (is_int(inner) and is_int(emb) and inner % emb == 0):
-        raise refuse("n_inner", f"the feed-forward size must be a multiple of n_embd={emb!r} (ff_mult)")
     dropouts = {get(field) for field in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
     if len(dropouts) != 1:
         raise refuse("attn_pdrop", f"torchformer has one dropout, and resid_pdrop={get('resid_pdrop')!r}, "
@@ -160,13 +155,22 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     try:
         return TransformerConfig(
             emb=emb, heads=get("n_head"), depth=get("n_layer"), seq_length=get("n_positions"),
-            num_tokens=get("vocab_size"), ff_mult=4 if inner is None else inner // emb, prenorm=True,
+            num_tokens=get("vocab_size"), norm_eps=get("layer_norm_epsilon"), prenorm=True,
+            # n_inner as ff_mult where it is a multiple of n_embd (GPT-2's own 4 e), else as the size itself
+            **({"ff_mult": 4} if inner is None else {"ff_mult": inner // emb} if is_int(inner) and is_int(emb)
+               and inner % emb == 0 and inner > 0 else {"ff_hidden": inner}),
             activation=ACTIVATIONS[get("activation_function")], dropout=dropouts.pop(), tie_weights=tied,
             qkv_bias=True, head_bias=False,
         )
     except (TypeError, ValueError) as e:  # n_embd not divisible by n_head, a size that is not a positive int, ...
         raise ValueError(f"config.json: its sizes (n_embd, n_head, n_layer, n_positions, vocab_size) do not make a "
                          f"model: {e}") from e
+
+
+def describes(model: GTransformer) -> bool:
+    """Whether ``model`` is of GPT-2's shape (learned positions): :func:`config_to_huggingface` then checks every
+    field."""
+    return model.config.positions == "learned"
 
 
 def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
@@ -192,6 +196,7 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
         ("norm", config.norm == "layer", 'GPT-2 has LayerNorm: "layer"'),
         ("activation", config.activation in ACTIVATION_NAMES, f"GPT-2 has {', '.join(map(repr, ACTIVATION_NAMES))}"),
         ("head_bias", not config.head_bias, "GPT-2's output layer has no bias: False"),
+        ("out_bias", config.out_bias, "GPT-2's attention output projection has a bias: True"),
         ("wide", not config.wide, "GPT-2's heads are narrow: False"),
         ("kv_heads", config.kv_heads in (None, config.heads), "GPT-2 gives every head its keys and values: None"),
         ("window", config.window is None, "GPT-2 attends to the whole context: None"),
@@ -208,12 +213,12 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
         "n_embd": config.emb,
         "n_layer": config.depth,
         "n_head": config.heads,
-        "n_inner": config.ff_mult * config.emb,
+        "n_inner": model.blocks.blocks[0].ff.net[0].out_features,
         "activation_function": ACTIVATION_NAMES[config.activation],
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,
         "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "layer_norm_epsilon": config.norm_eps,
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,

@@ -15,14 +15,17 @@ import torch
 
 from torchformer._devices import resolve_named_device
 from torchformer.models import GTransformer, TransformerModel
-import torchformer.pretrained.gpt2 as gpt2  # the module itself: FAMILIES names it
+import torchformer.pretrained.gpt2 as gpt2  # the modules themselves: FAMILIES names them
+import torchformer.pretrained.llama as llama
 from torchformer.pretrained.folders import WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
 
 PathLike = Union[str, os.PathLike]
 
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
-FAMILIES = {"gpt2": gpt2}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
+# The families a GTransformer can be written as, tried in order: the first whose describes(model) is true.
+EXPORTS = (gpt2, llama)
 
 
 def from_huggingface(
@@ -59,7 +62,7 @@ def from_huggingface(
     kind = hf_config["model_type"]
     if kind not in FAMILIES:
         raise ValueError(f"config.json: model_type={kind!r} is not supported; torchformer loads "
-                         f"{', '.join(map(repr, FAMILIES))} (Llama, Mistral, Qwen2, BERT and T5 come next)")
+                         f"{', '.join(map(repr, FAMILIES))} (BERT and T5 come next)")
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
     with WeightReader(folder) as reader:
@@ -99,6 +102,10 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     if not isinstance(target, GTransformer):
         raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
                          f"a GTransformer maps onto GPT-2")
-    hf_config = gpt2.config_to_huggingface(target)
-    return write_folder(folder, hf_config, gpt2.export_weights(target))
+    family = next((family for family in EXPORTS if family.describes(target)), None)
+    if family is None:
+        raise ValueError(f"to_huggingface: this GTransformer maps onto no Hugging Face family: GPT-2 has learned "
+                         f"positions and Llama rotary positions with RMSNorm; it has positions="
+                         f"{target.config.positions!r}, norm={target.config.norm!r}")
+    return write_folder(folder, family.config_to_huggingface(target), family.export_weights(target))
 

@@ -1,0 +1,289 @@
+"""Llama, Mistral and Qwen2 in the Hugging Face layout, and torchformer's :class:`~torchformer.models.GTransformer`.
+
+The three families are one architecture (Touvron et al. 2023; Jiang et al. 2023; Qwen team 2024): a ``GTransformer``
+with pre-norm blocks (``prenorm=True``) of RMSNorm (``norm="rms"``, eps ``rms_norm_eps``), rotary positions in
+the layout of halves (``positions="rotary"``, base ``rope_theta``, Llama-3.1's ``rope_scaling``), grouped-query
+attention (``kv_heads``), a SwiGLU feed-forward network of any hidden size (``activation="swiglu"``,
+``ff_hidden``), no bias in the attention's output projection (``out_bias=False``) and none in the output layer
+(``head_bias=False``). What differs between them is data in ``config.json``:
+
+* **Llama**: ``attention_bias`` puts a bias in all four attention projections (``qkv_bias``, ``out_bias``);
+  ``mlp_bias`` (biases in the feed-forward network) is refused.
+* **Mistral**: ``sliding_window`` is torchformer's ``window`` (a query sees itself and the ``window - 1`` keys
+  before it).
+* **Qwen2**: biases in the query, key and value projections, none in the output projection; its sliding window
+  applies to some layers only (``use_sliding_window``), which is refused.
+
+**The weights** need no cutting and no transposing: each Hugging Face tensor is one torchformer parameter of the
+same shape, :data:`TOP` and :data:`BLOCK` the name map (both directions). The rotary layouts agree (both pair the
+halves of a head), so the query and key rows are copied as they are.
+
+Shapes: e embedding size (``hidden_size``), v vocabulary size, f the feed-forward hidden size
+(``intermediate_size``), h query heads and g key/value heads of size s (``e / h``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from torchformer._checks import is_int, is_number
+from torchformer.config import TransformerConfig
+from torchformer.models import GTransformer
+from torchformer.pretrained.folders import WeightReader
+
+# The name map, (Hugging Face, torchformer), read top down. Names in a block are relative to model.layers.{i}. and
+# blocks.blocks.{i}.; a bias appears only where the config has one.
+TOP = (
+    ("model.embed_tokens.weight", "embedding.tokens.weight"),  # (v, e): the token embedding
+    ("model.norm.weight", "blocks.norm.weight"),  # (e,): the final RMSNorm of the pre-norm stack
+)
+BLOCK = (
+    ("input_layernorm.weight", "norm1.weight"),  # (e,): the RMSNorm before attention
+    ("self_attn.q_proj.weight", "attention.toqueries.weight"),  # (h s, e)
+    ("self_attn.k_proj.weight", "attention.tokeys.weight"),  # (g s, e)
+    ("self_attn.v_proj.weight", "attention.tovalues.weight"),  # (g s, e)
+    ("self_attn.o_proj.weight", "attention.unifyheads.weight"),  # (e, h s): mixes the heads
+    ("post_attention_layernorm.weight", "norm2.weight"),  # (e,): the RMSNorm before the feed-forward network
+    ("mlp.gate_proj.weight", "ff.w1.weight"),  # (f, e): the gate's input, silu(W1 x)
+    ("mlp.up_proj.weight", "ff.v.weight"),  # (f, e): the value it gates, V x
+    ("mlp.down_proj.weight", "ff.w2.weight"),  # (e, f): W2
+)
+QKV_BIASES = tuple((hf.replace("weight", "bias"), tf.replace("weight", "bias")) for hf, tf in BLOCK[1:4])
+OUT_BIAS = ("self_attn.o_proj.bias", "attention.unifyheads.bias")
+OUTPUT = ("lm_head.weight", "head.toprobs.weight")  # (v, e): stored only when tie_word_embeddings is false
+# A buffer older files store in each block (the rotary frequencies, recomputed from the config): nothing to load.
+IGNORED = ("self_attn.rotary_emb.inv_freq",)
+
+# Each family's config defaults (LlamaConfig's, MistralConfig's, Qwen2Config's): what a field left out means.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "attention_bias": False, "mlp_bias": False, "sliding_window": None, "hidden_act": "silu"},
+    "mistral": {"max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                "sliding_window": 4096, "hidden_act": "silu"},
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+              "use_sliding_window": False, "hidden_act": "silu"},
+}
+MODEL_TYPES = tuple(DEFAULTS)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Llama-3.1's rope_scaling keys, as config.json names them (torchformer's rotary_scaling uses the same names).
+LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def rules(config: TransformerConfig) -> Iterator[tuple[str, str]]:
+    """Every (Hugging Face name, torchformer name) pair of a model of ``config``, block names made absolute."""
+    yield from TOP
+    block = BLOCK + (QKV_BIASES if config.qkv_bias else ()) + ((OUT_BIAS,) if config.out_bias else ())
+    for i in range(config.depth):
+        for hf, tf in block:
+            yield f"model.layers.{i}.{hf}", f"blocks.blocks.{i}.{tf}"
+    if not config.tie_weights:
+        yield OUTPUT
+
+
+def rope(hf: dict[str, Any], refuse) -> tuple[float, Optional[dict]]:
+    """``(rotary_base, rotary_scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` and
+    ``rope_scaling`` (the files of before)."""
+    parameters = hf.get("rope_parameters") or {**(hf.get("rope_scaling") or {}),
+                                               "rope_theta": hf.get("rope_theta", 10000.0)}
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    if kind == "default":
+        return parameters["rope_theta"], None
+    if kind != "llama3":
+        raise refuse("rope_parameters", f"rope_type {kind!r}: torchformer has 'default' and 'llama3'")
+    return parameters["rope_theta"], {key: parameters.get(key) for key in LLAMA3_SCALING}
+
+
+def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
+    """The :class:`~torchformer.config.TransformerConfig` of a Llama, Mistral or Qwen2 ``config.json``.
+
+    Args:
+        hf: the JSON object of ``config.json``; fields left out mean the family's :data:`DEFAULTS`.
+
+    Returns:
+        The config of the equal :class:`~torchformer.models.GTransformer`.
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
+    """
+    kind = hf["model_type"]
+    get = {**DEFAULTS[kind], **hf}.get
+
+    def refuse(field: str, why: str) -> ValueError:
+        return ValueError(f"config.json: {field}={get(field)!r} is not supported: {why}")
+
+    if get("hidden_act") != "silu":
+        raise refuse("hidden_act", "torchformer's gated network is SwiGLU, 'silu'")
+    if get("mlp_bias"):
+        raise refuse("mlp_bias", "torchformer's gated network has no biases")
+    emb, heads = get("hidden_size"), get("num_attention_heads")
+    if get("head_dim") is not None and not (is_int(emb) and is_int(heads) and heads > 0
+                                            and get("head_dim") * heads == emb):
+        raise refuse("head_dim", f"torchformer's heads have size hidden_size / num_attention_heads ({emb!r} / "
+                                 f"{heads!r})")
+    if kind == "qwen2" and get("use_sliding_window"):
+        raise refuse("use_sliding_window", "Qwen2 windows some layers only; torchformer's window is every layer's")
+    if any(layer != "full_attention" for layer in get("layer_types") or ()):
+        raise refuse("layer_types", "torchformer's layers all attend alike")
+    if not is_number(get("attention_dropout")) and get("attention_dropout") is not None:
+        raise refuse("attention_dropout", "expected a number")
+    tied = get("tie_word_embeddings")
+    if not isinstance(tied, bool):
+        raise refuse("tie_word_embeddings", "expected true or false")
+    base, scaling = rope(hf, refuse)
+    biased = bool(get("attention_bias")) if kind == "llama" else kind == "qwen2"
+    kv_heads = get("num_key_value_heads")
+    try:
+        return TransformerConfig(
+            emb=emb, heads=heads, depth=get("num_hidden_layers"), seq_length=get("max_position_embeddings"),
+            num_tokens=get("vocab_size"), kv_heads=None if kv_heads in (None, heads) else kv_heads,
+            ff_hidden=get("intermediate_size"), prenorm=True, norm="rms", norm_eps=get("rms_norm_eps"),
+            activation="swiglu", positions="rotary", rotary_base=base, rotary_scaling=scaling,
+            window=get("sliding_window") if kind == "mistral" else None, dropout=get("attention_dropout") or 0.0,
+            tie_weights=tied, qkv_bias=biased, out_bias=biased and kind == "llama", head_bias=False,
+        )
+    except (TypeError, ValueError) as e:  # a size that is not a positive int, heads not dividing hidden_size, ...
+        raise ValueError(f"config.json: its fields do not make a model: {e}") from e
+
+
+def describes(model: GTransformer) -> bool:
+    """Whether ``model`` is of this family's shape (rotary positions and RMSNorm): :func:`config_to_huggingface`
+    then checks every field."""
+    return model.config.positions == "rotary" and model.config.norm == "rms"
+
+
+def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
+    """A Llama ``config.json`` (a Mistral one with a ``window``) for ``model``, or an error naming every field that
+    does not map.
+
+    Args:
+        model: a :class:`~torchformer.models.GTransformer` (not a subclass).
+
+    Returns:
+        The JSON object of ``config.json``, for ``LlamaForCausalLM`` or ``MistralForCausalLM``.
+
+    Raises:
+        ValueError: the model is a subclass, or config fields do not map; the message names each, with its value.
+    """
+    config = model.config
+    if type(model) is not GTransformer:
+        raise ValueError(f"to_huggingface: a {type(model).__name__} is a variant of GTransformer, which Llama cannot "
+                         f"express; only a GTransformer itself maps onto Llama")
+    wrong = [f"{field}={getattr(config, field)!r} ({why})" for field, ok, why in (
+        ("positions", config.positions == "rotary", 'Llama rotates the halves of each head: "rotary"'),
+        ("prenorm", config.prenorm, "Llama's blocks are pre-norm: True"),
+        ("norm", config.norm == "rms", 'Llama has RMSNorm: "rms"'),
+        ("activation", config.activation == "swiglu", 'Llama\'s feed-forward network is "swiglu"'),
+        ("head_bias", not config.head_bias, "Llama's output layer has no bias: False"),
+        ("out_bias", config.out_bias == config.qkv_bias, "Llama has biases in all four attention projections or "
+                                                         "in none: out_bias equal to qkv_bias"),
+        ("wide", not config.wide, "Llama's heads are narrow: False"),
+        ("kqnorm", not config.kqnorm, "Llama does not normalise queries and keys: False"),
+        ("extra", not config.extra, "Llama knows no variant's hyperparameters: {}"),
+    ) if not ok]
+    if wrong:
+        raise ValueError(f"to_huggingface: this GTransformer does not map onto Llama: {'; '.join(wrong)}")
+    kind = "llama" if config.window is None else "mistral"
+    rope_parameters = {"rope_type": "default", "rope_theta": config.rotary_base}
+    if config.rotary_scaling is not None:
+        rope_parameters = {**rope_parameters, "rope_type": "llama3", **config.rotary_scaling}
+    hf = {
+        "model_type": kind,
+        "architectures": [ARCHITECTURES[kind]],
+        "vocab_size": config.num_tokens,
+        "max_position_embeddings": config.seq_length,
+        "hidden_size": config.emb,
+        "intermediate_size": model.blocks.blocks[0].ff.w1.out_features,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.heads,
+        "num_key_value_heads": config.kv_heads or config.heads,
+        "head_dim": config.head_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.norm_eps,
+        "rope_parameters": rope_parameters,
+        "attention_dropout": config.dropout,
+        "tie_word_embeddings": config.tie_weights,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "dtype": str(model.embedding.tokens.weight.dtype).removeprefix("torch."),
+    }
+    if kind == "llama":
+        hf.update(attention_bias=config.qkv_bias, mlp_bias=False)
+    else:
+        if config.qkv_bias:
+            raise ValueError("to_huggingface: Mistral has no attention biases; this model has qkv_bias=True and a "
+                             f"window={config.window}")
+        hf["sliding_window"] = config.window
+    return hf
+
+
+def empty_model(
+    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
+) -> GTransformer:
+    """The GTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+
+    Args:
+        config: what :func:`config_from_huggingface` made.
+        reader: the folder's tensors (for the stored dtype).
+        dtype: the parameters' floating dtype, or ``None``: the stored token embedding's.
+        device: where the parameters go.
+
+    Returns:
+        The model, its parameters' values unset (the output layer tied to the embedding again, if tied).
+    """
+    with torch.device("meta"):
+        model = GTransformer(config=config)
+    model = model.to(dtype or reader.dtype(TOP[0][0])).to_empty(device=device)
+    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
+        model.head.toprobs.weight = model.embedding.tokens.weight
+    return model
+
+
+def load_weights(model: GTransformer, reader: WeightReader) -> None:
+    """Copy the tensors into ``model``'s parameters, one at a time, every name and shape checked.
+
+    Args:
+        model: the GTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
+        reader: the folder's tensors.
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; ``lm_head.weight``
+            is stored although tied and differs from the token embedding.
+    """
+    names = set(reader.names())
+    params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
+    left = {name for name in names if not name.endswith(IGNORED)}
+    for stored, name in rules(model.config):
+        if stored not in names:
+            raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has")
+        if reader.shape(stored) != tuple(params[name].shape):
+            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
+                             f"{tuple(params[name].shape)}")
+        with torch.no_grad():
+            reader.copy_into(stored, params[name])
+        left.discard(stored)
+    if model.config.tie_weights and OUTPUT[0] in left:  # a file may store the tied weight twice: the same
+        embedding = params["embedding.tokens.weight"].detach()
+        if not torch.equal(reader.tensor(OUTPUT[0]).to(embedding), embedding):
+            raise ValueError(f"{reader.where}: lm_head.weight differs from {TOP[0][0]}, but config.json ties them "
+                             f"(tie_word_embeddings=true)")
+        left.discard(OUTPUT[0])
+    if left:
+        raise ValueError(f"{reader.where} holds tensors this config.json's model does not have (biases the config "
+                         f"does not name? another architecture?): {', '.join(sorted(left)[:8])}"
+                         f"{' ...' if len(left) > 8 else ''}")
+
+
+def export_weights(model: GTransformer) -> dict[str, Tensor]:
+    """``model``'s parameters under the Hugging Face names, as contiguous CPU tensors.
+
+    Args:
+        model: a GTransformer that :func:`config_to_huggingface` accepts.
+
+    Returns:
+        ``{name: tensor}``, ``lm_head.weight`` only when the output layer is not tied.
+    """
+    params = dict(model.named_parameters())
+    return {stored: params[name].detach().contiguous().cpu() for stored, name in rules(model.config)}
