@@ -37,6 +37,9 @@ from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 from torchformer.pretrained.folders import WeightReader
 
+# The torchformer models this family writes (to_huggingface picks the family by the model's class).
+MODELS = (GTransformer,)
+
 
 @dataclass(frozen=True)
 class Rule:

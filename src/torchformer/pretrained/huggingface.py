@@ -1,8 +1,12 @@
 """The two entry points: a Hugging Face folder to a torchformer model, and back.
 
 :func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s
-``model_type`` (or the model's class) to pick the family's module, here :mod:`~torchformer.pretrained.gpt2`, which
-maps the config and the tensors; the files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the whole picture.
+``model_type`` (or the model's class) to pick the family's module, :mod:`~torchformer.pretrained.gpt2` or
+:mod:`~torchformer.pretrained.bert`, which maps the config and the tensors; every family module has the same
+functions (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``,
+``export_weights``) and names the models it writes (``MODELS``), so nothing here knows a family's details; the
+files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the
+whole picture.
 """
 
 from __future__ import annotations
@@ -14,15 +18,16 @@ from typing import Optional, Union
 import torch
 
 from torchformer._devices import resolve_named_device
-from torchformer.models import GTransformer, TransformerModel
-import torchformer.pretrained.gpt2 as gpt2  # the module itself: FAMILIES names it
+from torchformer.models import TransformerModel
+import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
+import torchformer.pretrained.gpt2 as gpt2
 from torchformer.pretrained.folders import WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
 
 PathLike = Union[str, os.PathLike]
 
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
-FAMILIES = {"gpt2": gpt2}
+FAMILIES = {"gpt2": gpt2, "bert": bert}
 
 
 def from_huggingface(
@@ -43,7 +48,8 @@ def from_huggingface(
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
 
     Returns:
-        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``.
+        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, an
+        :class:`~torchformer.models.MLMTransformer` for ``"bert"``.
 
     Raises:
         TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
@@ -59,7 +65,7 @@ def from_huggingface(
     kind = hf_config["model_type"]
     if kind not in FAMILIES:
         raise ValueError(f"config.json: model_type={kind!r} is not supported; torchformer loads "
-                         f"{', '.join(map(repr, FAMILIES))} (Llama, Mistral, Qwen2, BERT and T5 come next)")
+                         f"{', '.join(map(repr, FAMILIES))} (Llama, Mistral, Qwen2 and T5 come next)")
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
     with WeightReader(folder) as reader:
@@ -71,16 +77,18 @@ def from_huggingface(
 def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     """Write ``model`` as a Hugging Face folder: ``config.json`` and ``model.safetensors``.
 
-    ``transformers`` loads the folder with ``AutoModelForCausalLM.from_pretrained(folder)`` into the equal model
-    (a ``GPT2LMHeadModel`` for a :class:`~torchformer.models.GTransformer`). The weights keep their dtype; the
-    folder is created if needed, and each file is replaced atomically.
+    ``transformers`` loads the folder with the matching ``Auto`` class into the equal model: a
+    :class:`~torchformer.models.GTransformer` as GPT-2 (``AutoModelForCausalLM``, ``GPT2LMHeadModel``), an
+    :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``). The
+    weights keep their dtype; the folder is created if needed, and each file is replaced atomically.
 
     Args:
-        model: a :class:`~torchformer.models.GTransformer` whose config maps onto GPT-2: learned positions,
-            pre-norm LayerNorm blocks, ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``,
-            ``"relu"``), no grouped-query attention, window, wide heads or ``kqnorm``. Without ``qkv_bias`` the
-            query, key and value biases are written as zeros (the same function). Compiled or wrapped models are
-            unwrapped.
+        model: a model whose config maps onto its family. GPT-2: learned positions, pre-norm LayerNorm blocks,
+            ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``, ``"relu"``), no
+            grouped-query attention, window, wide heads or ``kqnorm``. BERT: learned positions, post-norm LayerNorm
+            blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions.
+            Without ``qkv_bias`` the query, key and value biases are written as zeros (the same function), and a
+            BERT without token types with one zero token-type vector. Compiled or wrapped models are unwrapped.
         folder: the folder to write.
 
     Returns:
@@ -88,17 +96,20 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
 
     Raises:
         TypeError: ``model`` is not a torchformer model, or ``folder`` is not a path.
-        ValueError: the model is of another kind than GTransformer, or a config field does not map onto GPT-2 (the
+        ValueError: the model is of a class no family writes, or a config field does not map onto its family (the
             message names every such field and its value).
         NotADirectoryError: ``folder`` is an existing file.
         ImportError: the ``safetensors`` package is missing.
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
-        raise TypeError(f"model must be a torchformer model (a GTransformer), got {type(target).__name__}")
-    if not isinstance(target, GTransformer):
+        raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer), got "
+                        f"{type(target).__name__}")
+    family = next((family for family in FAMILIES.values() if isinstance(target, family.MODELS)), None)
+    if family is None:
+        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {kind}"
+                           for kind, family in FAMILIES.items())
         raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
-                         f"a GTransformer maps onto GPT-2")
-    hf_config = gpt2.config_to_huggingface(target)
-    return write_folder(folder, hf_config, gpt2.export_weights(target))
-
+                         f"{writes}")
+    hf_config = family.config_to_huggingface(target)
+    return write_folder(folder, hf_config, family.export_weights(target))
