@@ -366,6 +366,23 @@ def test_each_bert_choice_matters(tmp_path, transformers):
         assert (model(x) - reference).abs().max() > 10 * TOLERANCE  # the token types count
 
 
+def test_a_classifier_starts_from_the_loaded_encoder_and_reads_berts_last_hidden_state(tmp_path, transformers):
+    """Fine-tuning a loaded BERT: a CTransformer of its config (the head's fields changed) takes its encoder, whose
+    output equals BertModel's last hidden state at the real positions, with token types and padding."""
+    hf = random_bert(transformers)
+    hf.save_pretrained(tmp_path / "bert")
+    bert = from_huggingface(tmp_path / "bert")
+    classifier = CTransformer(config=bert.config.replace(tie_weights=False, mlm_scale=True, num_classes=3,
+                                                         pool="first")).eval()
+    classifier.load_encoder(bert)
+    x, token_types, mask = inputs()
+    with torch.no_grad():
+        ours = classifier.encoder(classifier.embedding(x, token_types=token_types), mask)
+        theirs = hf.bert(x, token_type_ids=token_types, attention_mask=mask.long()).last_hidden_state
+        assert (ours - theirs)[mask].abs().max().item() < TOLERANCE
+        assert classifier(x, mask, token_types=token_types).shape == (4, 3)
+
+
 @pytest.mark.parametrize("changes", [{}, dict(qkv_bias=False, num_token_types=None, tie_weights=False, dropout=0.1,
                                               norm_eps=1e-5)], ids=["bert", "no-qkv-bias-no-types-untied"])
 def test_an_exported_model_loads_into_transformers_with_equal_outputs(tmp_path, transformers, changes):

@@ -409,10 +409,11 @@ class CTransformer(TransformerModel):
         self.load_state_dict(state, strict=False)  # strict=False: the head is not in state, on purpose
 
 
-# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads', training's, the
-# encoder-decoder's decoder (no part of an encoder), and seq_length (compared as the learned positions' limit).
-FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "tgt_tokens", "decoder_depth", "dropout", "impl",
-                                "checkpoint_blocks", "seq_length"})
+# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads' (mlm_scale is the
+# masked-LM head's, which a classifier leaves at its default), training's, the encoder-decoder's decoder (no part of
+# an encoder), and seq_length (compared as the learned positions' limit).
+FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "mlm_scale", "tgt_tokens", "decoder_depth",
+                                "dropout", "impl", "checkpoint_blocks", "seq_length"})
 
 
 class MLMTransformer(TransformerModel):
