@@ -226,8 +226,8 @@ def test_tensors_that_do_not_fit_the_config_are_named(tmp_path):
             "cls.predictions.decoder.bias": tensors["cls.predictions.bias"].clone()}  # stored twice, as .bin files may
     from_huggingface(write(tmp_path / "f", hf_config(), same, "bin"))
     encoder_only = {k: v for k, v in tensors.items() if not k.startswith("cls.")}  # what BertModel writes
-    with pytest.raises(ValueError, match=r"holds no cls.predictions.transform.dense.weight.*a BertModel file has no "
-                                         r"masked-LM head"):
+    with pytest.raises(ValueError, match=r"holds no cls.predictions.transform.dense.weight.*a BertModel or "
+                                         r"BertForSequenceClassification file has no masked-LM head"):
         from_huggingface(write(tmp_path / "g", hf_config(), encoder_only))
     with pytest.raises(ValueError, match="holds no cls.predictions.decoder.weight, which .* and "
                                          "tie_word_embeddings=false has"):

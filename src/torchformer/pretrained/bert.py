@@ -323,7 +323,8 @@ def load_weights(model: MLMTransformer, reader: WeightReader) -> None:
         stored = stored_name(reader, name)
         if stored not in left:
             untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
-            no_head = " (a BertModel file has no masked-LM head)" if name.startswith("cls.") else ""
+            no_head = (" (a BertModel or BertForSequenceClassification file has no masked-LM head; only the "
+                       "masked-LM loads yet)") if name.startswith("cls.") else ""
             raise ValueError(f"{reader.where} holds no {name}, which BERT's masked-LM with num_hidden_layers="
                              f"{model.config.depth}{untied} has{no_head}")
         target = params[ours]
