@@ -15,6 +15,7 @@ from torchformer import (
     FeedForward,
     GatedFeedForward,
     GTransformer,
+    MLMTransformer,
     RMSNorm,
     Seq2SeqTransformer,
     TransformerBlock,
@@ -487,3 +488,108 @@ def test_rotary_base_and_scaling_reach_every_layer_and_are_refused_without_rotar
         TransformerConfig(16, 4, positions="rotary", rotary_scaling={**scaling, "high_freq_factor": 0.5})
     with pytest.raises(ValueError, match="ff_hidden must be a positive int, got 0"):
         TransformerConfig(16, 4, ff_hidden=0)
+# ------------------------------------------------------- BERT's fields: token types, embedding norm, MLM scale
+
+
+def test_token_types_add_one_learned_vector_per_type():
+    """The embedding with ``num_token_types``: token row + type row + position row, against the tables indexed by
+    hand; left out, every token is of type 0 (as BERT's default); off (the default), no table and no parameter."""
+    from torchformer import TokenEmbedding
+
+    torch.manual_seed(0)
+    embedding = TokenEmbedding(11, 8, 6, num_token_types=3).double()
+    assert embedding.types.weight.shape == (3, 8)
+    x = torch.randint(0, 11, (2, 5))
+    types = torch.tensor([[0, 0, 1, 1, 2], [2, 1, 0, 0, 0]])
+    positions = embedding.positions.embedding.weight[:5]  # (t, e)
+    expected = embedding.tokens.weight[x] + embedding.types.weight[types] + positions
+    torch.testing.assert_close(embedding(x, token_types=types), expected)
+    torch.testing.assert_close(embedding(x), embedding(x, token_types=torch.zeros_like(x)))
+    plain = TokenEmbedding(11, 8, 6)
+    assert plain.types is None and [n for n, _ in plain.named_parameters()] == ["tokens.weight",
+                                                                                "positions.embedding.weight"]
+    with pytest.raises(ValueError, match=r"token_types must have the token ids' shape \(b, t\) = \(2, 5\), "
+                                         r"got \(2, 4\)"):
+        embedding(x, token_types=types[:, :4])
+    with pytest.raises(TypeError, match="token_types must be an integer torch.Tensor .* got dtype torch.float32"):
+        embedding(x, token_types=types.float())
+    with pytest.raises(ValueError, match="token_types must be None: this embedding has no token types"):
+        plain(x, token_types=types)
+    with pytest.raises(ValueError, match="num_token_types must be a positive int, got 0"):
+        TransformerConfig(16, 4, num_token_types=0)
+    # The models: the types reach the embedding, and each input is checked at the door.
+    model = MLMTransformer(16, 4, 1, 8, 11, num_token_types=2).eval()
+    with torch.no_grad():
+        assert (model(x, token_types=types % 2) - model(x)).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=r"token_types must hold token ids in \[0, 2\), got values in \[0, 2\]"):
+        model(x, token_types=types)
+    with pytest.raises(ValueError, match="token_types must be None: this model has no token types"):
+        MLMTransformer(16, 4, 1, 8, 11)(x, token_types=types)
+    classifier = CTransformer(16, 4, 1, 8, 11, 2, num_token_types=2, pool="first").eval()
+    with torch.no_grad():
+        assert (classifier(x, token_types=types % 2) - classifier(x)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_embedding_norm_normalises_the_summed_embedding_with_norm_eps(norm):
+    """``embedding_norm``: the norm's formula, with a large eps so that it matters, on tokens + types + positions,
+    for token ids and for feature vectors; off (the default), the raw sum as before."""
+    torch.manual_seed(0)
+    config = TransformerConfig(8, 2, seq_length=6, num_tokens=11, num_token_types=2, embedding_norm=True, norm=norm,
+                               norm_eps=0.5)
+    model = MLMTransformer(config=config).double()
+    embedding = model.embedding
+    nn.init.normal_(embedding.norm.weight)
+    x, types = torch.randint(0, 11, (2, 5)), torch.randint(0, 2, (2, 5))
+    h = embedding.tokens.weight[x] + embedding.types.weight[types] + embedding.positions.embedding.weight[:5]
+    if norm == "layer":
+        nn.init.normal_(embedding.norm.bias)
+        expected = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 0.5).sqrt()
+        expected = expected * embedding.norm.weight + embedding.norm.bias
+    else:
+        expected = h / (h.pow(2).mean(-1, keepdim=True) + 0.5).sqrt() * embedding.norm.weight
+    torch.testing.assert_close(embedding(x, token_types=types), expected)
+    dense = CTransformer(config=config.replace(num_tokens=None, num_token_types=None, input_dim=3, num_classes=2))
+    features = torch.randn(2, 5, 3)
+    h = dense.embedding.project(features) + dense.embedding.positions.embedding.weight[:5]
+    torch.testing.assert_close(dense.embedding(features), dense.embedding.norm(h))
+    assert MLMTransformer(config=config.replace(embedding_norm=False)).embedding.norm is None
+
+
+def test_mlm_scale_off_gives_berts_plain_dot_products_and_the_head_follows_norm_eps():
+    """The masked-LM head against its formula: LayerNorm(gelu(W h + b)) with eps ``norm_eps``, dot products with the
+    tied embedding, times ``e ** -0.5`` only with ``mlm_scale`` (the default), plus the bias."""
+    torch.manual_seed(0)
+    for scale in (True, False):
+        model = MLMTransformer(16, 4, 1, 8, 11, tie_weights=True, norm_eps=0.5, mlm_scale=scale).double().eval()
+        nn.init.normal_(model.head.bias)
+        x = torch.randint(0, 11, (2, 6))
+        hidden = model.encoder(model.embedding(x))  # (b, t, e)
+        dense, _, norm = model.head.transform
+        y = F.gelu(dense(hidden))
+        y = (y - y.mean(-1, keepdim=True)) / (y.var(-1, unbiased=False, keepdim=True) + 0.5).sqrt()
+        logits = (y * norm.weight + norm.bias) @ model.embedding.tokens.weight.T * (16**-0.5 if scale else 1.0)
+        torch.testing.assert_close(model(x), torch.log_softmax(logits + model.head.bias, dim=-1))
+    assert MLMTransformer(16, 4, 1, 8, 11).head.transform[2].eps == 1e-5  # the default: nn.LayerNorm's, as before
+    for cls, args in ((GTransformer, (16, 4, 1, 8, 11)), (CTransformer, (16, 4, 1, 8, 11, 2)),
+                      (Seq2SeqTransformer, (16, 4, 1, 8, 11, 13))):
+        with pytest.raises(ValueError, match=f"{cls.__name__} does not use mlm_scale=False"):
+            cls(*args, mlm_scale=False)
+    with pytest.raises(ValueError, match="GTransformer does not use num_token_types=2"):
+        GTransformer(16, 4, 1, 8, 11, num_token_types=2)
+    with pytest.raises(ValueError, match="CTransformer does not use num_token_types=2"):
+        CTransformer(16, 4, 1, 8, None, 2, input_dim=3, num_token_types=2)
+    with pytest.raises(TypeError, match="mlm_scale must be a bool"):
+        TransformerConfig(16, 4, mlm_scale=1)
+
+
+def test_a_config_without_berts_fields_reads_as_before():
+    old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11).to_dict()
+    del old["num_token_types"], old["embedding_norm"], old["mlm_scale"]  # a checkpoint written before these fields
+    config = TransformerConfig.from_dict(old)
+    assert (config.num_token_types, config.embedding_norm, config.mlm_scale) == (None, False, True)
+    torch.manual_seed(0)
+    model = MLMTransformer(config=config)
+    assert model.embedding.types is None and model.embedding.norm is None and model.head.scale == 16**-0.5
+    names = list(model.state_dict())
+    assert not any(".types." in name or "embedding.norm" in name for name in names)

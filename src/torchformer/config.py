@@ -163,6 +163,18 @@ class TransformerConfig:
         rotary_scaling: Llama-3.1's rescaling of the rotary frequencies for long contexts, ``{"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``
             (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None`` (the default): none.
+            PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
+            (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
+        num_token_types: token-type (segment) embeddings: a learned vector for each of this many types, added to
+            each token's embedding, the type given per position as the models' ``token_types`` input (BERT's
+            sentence A and B: 2). ``None`` (the default): no such vectors and no such input, as before this field
+            existed.
+        embedding_norm: normalise the embedding (token + position + token-type vectors) with ``norm`` and
+            ``norm_eps`` before its dropout, as BERT does; ``False`` (the default): no norm there, as before.
+        mlm_scale: the masked-LM head (:class:`~torchformer.models.MLMTransformer`) multiplies its logits by
+            ``e ** -0.5`` (``True``, the default, as before this field existed; the reason is in
+            :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot products with the output matrix, as
+            BERT. The other heads do not read it.
     """
 
     emb: int
@@ -198,15 +210,20 @@ class TransformerConfig:
     out_bias: bool = True
     rotary_base: float = 10000.0
     rotary_scaling: Optional[Mapping[str, Any]] = dataclasses.field(default=None, hash=False)
+    # Added for BERT.
+    num_token_types: Optional[int] = None
+    embedding_norm: bool = False
+    mlm_scale: bool = True
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
         for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
-                     "input_dim"):
+                     "input_dim", "num_token_types"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
-        for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks"):
+        for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
+                     "embedding_norm", "mlm_scale"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.

@@ -135,6 +135,36 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
     return x
 
 
+def check_token_types(token_types: object, x: Tensor, config: TransformerConfig, *, values: bool) -> Optional[Tensor]:
+    """Check a model's optional token types ``(b, t)`` (BERT's segments) against its token ids ``x`` ``(b, t)``.
+
+    Args:
+        token_types: the type of each token, ids in ``[0, num_token_types)``; ``None``: every token of type 0.
+        x: the token ids, whose shape and device ``token_types`` must have.
+        config: the model's configuration: ``num_token_types`` bounds the types.
+        values: also check that the types are in range (one read of the device; the model's ``check_values``).
+
+    Returns:
+        ``token_types`` as ``torch.long``, or ``None``.
+
+    Raises:
+        TypeError: ``token_types`` is not an integer tensor.
+        ValueError: the model has no token types, or a shape, device or (with ``values``) a type is wrong.
+    """
+    if token_types is None:
+        return None
+    if config.num_token_types is None:
+        raise ValueError("token_types must be None: this model has no token types (num_token_types=None in its "
+                         "configuration)")
+    token_types = check_tokens(token_types, "token_types", config.num_token_types, values=values)
+    if tuple(token_types.shape) != tuple(x.shape):
+        raise ValueError(f"token_types must have the shape of x, (b, t) = {tuple(x.shape)}, got "
+                         f"{tuple(token_types.shape)}")
+    if token_types.device != x.device:
+        raise ValueError(f"token_types must be on x's device, {x.device}, got {token_types.device}")
+    return token_types
+
+
 def check_memory(memory: object, src_mask: Optional[Tensor], emb: int, *, like: Tensor) -> int:
     """Check the encoder's output a decoder reads, ``(b, u, emb)`` with ``u >= 1``, and its padding mask ``(b, u)``.
 
@@ -268,7 +298,8 @@ class CTransformer(TransformerModel):
             ``pool="mean"``, ``input_dim=d``, ...).
 
     Shapes:
-        ``x`` ``(b, t)`` ids or ``(b, t, d)`` vectors, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
+        ``x`` ``(b, t)`` ids or ``(b, t, d)`` vectors, ``mask`` ``(b, t)``, ``token_types`` ``(b, t)`` (with
+        ``num_token_types``) -> ``(b, c)`` log-probabilities.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -289,22 +320,30 @@ class CTransformer(TransformerModel):
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
         config.require("CTransformer", "seq_length", "num_classes")
-        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias")
+        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale")
         require_input("CTransformer", config)
+        if config.input_dim is not None:  # token types belong to token ids
+            config.unused("CTransformer", "num_token_types")
         super().__init__(config)
         self.embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
         self.encoder = Encoder(config, block_class=self.block_class)
         self.head = ClassifierHead(config.emb, config.num_classes, config.pool)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, token_types: Optional[Tensor] = None) -> Tensor:
+        """``(b, t) -> (b, c)``; ``token_types`` ``(b, t)``: each token's type (segment), with ``num_token_types``
+        (default: all 0)."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight, values=self.check_values)
+        token_types = check_token_types(token_types, x, self.config, values=self.check_values)
         if (self.config.pool == "first" and mask is not None and self.check_values and values_checkable(mask)
                 and not bool(mask[:, 0].all())):
             rows = (~mask[:, 0]).nonzero().flatten().tolist()
             raise ValueError(f"pool='first' classifies from position 0, but mask marks it as padding in rows "
                              f"{rows[:10]}{' ...' if len(rows) > 10 else ''}: pad on the right, or pool 'max'/'mean'")
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
-        h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
+        if token_types is None:  # a VectorEmbedding (input_dim) takes no token types
+            h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
+        else:
+            h = self.embedding(x, positions, token_types=token_types)  # (b, t) -> (b, t, e)
         return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
@@ -370,10 +409,11 @@ class CTransformer(TransformerModel):
         self.load_state_dict(state, strict=False)  # strict=False: the head is not in state, on purpose
 
 
-# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads', training's, the
-# encoder-decoder's decoder (no part of an encoder), and seq_length (compared as the learned positions' limit).
-FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "tgt_tokens", "decoder_depth", "dropout", "impl",
-                                "checkpoint_blocks", "seq_length"})
+# The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads' (mlm_scale is the
+# masked-LM head's, which a classifier leaves at its default), training's, the encoder-decoder's decoder (no part of
+# an encoder), and seq_length (compared as the learned positions' limit).
+FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "mlm_scale", "tgt_tokens", "decoder_depth",
+                                "dropout", "impl", "checkpoint_blocks", "seq_length"})
 
 
 class MLMTransformer(TransformerModel):
@@ -399,8 +439,8 @@ class MLMTransformer(TransformerModel):
             ``prenorm=True``, ...).
 
     Shapes:
-        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, t, v)`` log-probabilities; with ``select`` ``(b, t)``,
-        ``(n, v)`` for its ``n`` True positions.
+        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)``, ``token_types`` ``(b, t)`` -> ``(b, t, v)`` log-probabilities;
+        with ``select`` ``(b, t)``, ``(n, v)`` for its ``n`` True positions.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -425,19 +465,30 @@ class MLMTransformer(TransformerModel):
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
-        self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie)  # type: ignore[arg-type]
+        self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
+                                 eps=config.norm_eps, scale=config.mlm_scale)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, select: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        select: Optional[Tensor] = None,
+        token_types: Optional[Tensor] = None,
+    ) -> Tensor:
         """``(b, t) -> (b, t, v)``; with ``select`` (bool ``(b, t)``, e.g. :attr:`MaskedTokens.chosen
         <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
         row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
-        the vocabulary (``e * v`` per position) is most of the cost of a small model."""
+        the vocabulary (``e * v`` per position) is most of the cost of a small model. ``token_types`` ``(b, t)``:
+        each token's type (BERT's segment: 0 for sentence A, 1 for B), with ``num_token_types`` (default: all 0)."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight,
                         values=self.check_values)
+        token_types = check_token_types(token_types, x, self.config, values=self.check_values)
         if select is not None:
             check_mask(select, "select", tuple(x.shape), true_means="a position to predict")  # indexes: any device
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
-        h = self.encoder(self.embedding(x, positions), mask, positions=positions)  # (b, t) -> (b, t, e)
+        h = self.embedding(x, positions, token_types=token_types)  # (b, t) -> (b, t, e)
+        h = self.encoder(h, mask, positions=positions)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
@@ -497,7 +548,8 @@ class GTransformer(TransformerModel):
         config = build_config("GTransformer", config, given, options)
         config.require("GTransformer", "seq_length", "num_tokens")
         # input_dim is refused: generation feeds the model's own output tokens back in, so its input is token ids.
-        config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim")
+        config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim",
+                      "num_token_types", "mlm_scale")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
@@ -592,7 +644,7 @@ class Seq2SeqTransformer(TransformerModel):
                      tgt_tokens=tgt_tokens)
         config = build_config("Seq2SeqTransformer", config, given, options)
         config.require("Seq2SeqTransformer", "seq_length", "tgt_tokens")
-        config.unused("Seq2SeqTransformer", "num_classes", "pool")
+        config.unused("Seq2SeqTransformer", "num_classes", "pool", "num_token_types", "mlm_scale")
         require_input("Seq2SeqTransformer", config)
         super().__init__(config)
         self.src_embedding = input_embedding(config)  # token ids, or feature vectors with input_dim

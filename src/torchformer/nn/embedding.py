@@ -8,7 +8,15 @@ Token ids go through a lookup table, feature vectors through a linear projection
   ``d`` features each. A linear layer ``W x + b`` maps each to ``e`` dimensions: the dense counterpart of the
   lookup, which multiplies by a one-hot vector. Chosen by ``config.input_dim = d``.
 
-Both take the absolute positions of their inputs ``(t,)`` and add the same position encoding.
+Both take the absolute positions of their inputs ``(t,)`` and add the same position encoding. Two more parts are
+off unless the config asks for them, both BERT's:
+
+* token-type (segment) vectors (``num_token_types``): a second lookup table, indexed by each position's type
+  (BERT's sentence A or B of a pair), added to the token's vector; a :class:`TokenEmbedding` then also takes
+  ``token_types`` ``(b, t)``, all type 0 when left out;
+* a norm of the sum (``embedding_norm``), before the dropout. BERT's blocks are post-norm, so the first block's
+  input is otherwise the raw sum, whose scale the tables set; the norm gives it the scale every later block's input
+  has (each block ends with a norm).
 
 Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size.
 """
@@ -17,10 +25,12 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
-from torchformer.config import TransformerConfig
+from torchformer._checks import check_choice, check_positive_float, check_positive_int, check_probability
+from torchformer.config import NORMS, TransformerConfig
+from torchformer.nn.norms import make_norm
 from torchformer.nn.positions import LearnedPositions, NoPositions, SinusoidalPositions
 
 
@@ -53,9 +63,32 @@ class EmbeddingPositions:
         check_choice(positions, "positions", tuple(self.position_classes))
         return self.position_classes[positions]
 
+    @staticmethod
+    def embedding_norm(norm: Optional[str], emb: int, eps: float) -> Optional[nn.Module]:
+        """The norm of the summed embedding (``config.embedding_norm``), or ``None`` for none.
+
+        Args:
+            norm: ``"layer"`` or ``"rms"`` (``config.norm``), or ``None``: no norm.
+            emb: the embedding size ``e``.
+            eps: added before the square root (``config.norm_eps``).
+
+        Returns:
+            The norm, ``(..., e) -> (..., e)``, or ``None`` (no module at all: the parameters and the printed
+            model of an embedding without one are those from before the option existed).
+
+        Raises:
+            ValueError: ``norm`` is neither ``None`` nor one of the norms, or ``eps`` is not a positive float.
+        """
+        if norm is None:
+            return None
+        return make_norm(check_choice(norm, "norm", NORMS), emb, eps=check_positive_float(eps, "norm_eps"))
+
 
 class TokenEmbedding(EmbeddingPositions, nn.Module):
     """Token ids ``(b, t)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
+
+    The token's vector, plus its token type's (if ``num_token_types``), plus the position encoding; then the norm
+    (if ``norm``), then dropout.
 
     Args:
         num_tokens: vocabulary size ``v``.
@@ -63,19 +96,37 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         max_len: positions a learned position table holds (``seq_length``).
         positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
         dropout: dropout on the sum of token and position vectors.
+        num_token_types: token types ``k`` (BERT's segments: 2), each a learned vector ``types.weight[i]``
+            ``(k, e)`` added to the tokens of that type; ``None`` (the default): none.
+        norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout (BERT: LayerNorm); ``None`` (the
+            default): no norm.
+        norm_eps: that norm's ``eps`` (``config.norm_eps``; BERT's is ``1e-12``).
 
     Shapes:
-        ``forward(x, positions=None)``: ids ``x`` ``(b, t)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``.
+        ``forward(x, positions=None, *, token_types=None)``: ids ``x`` ``(b, t)``, ``positions`` ``(t,)`` (default
+        ``0 .. t-1``), ``token_types`` ``(b, t)`` ids in ``[0, k)`` (default: all 0) -> ``(b, t, e)``.
     """
 
     def __init__(
-        self, num_tokens: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0
+        self,
+        num_tokens: int,
+        emb: int,
+        max_len: int,
+        *,
+        positions: str = "learned",
+        dropout: float = 0.0,
+        num_token_types: Optional[int] = None,
+        norm: Optional[str] = None,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.num_tokens = check_positive_int(num_tokens, "num_tokens")
         self.tokens = nn.Embedding(num_tokens, check_positive_int(emb, "emb"))
+        # None, not an empty module: a model without token types keeps its parameters and its printed form.
+        self.types = None if num_token_types is None else nn.Embedding(
+            check_positive_int(num_token_types, "num_token_types"), emb)  # (k, e)
         self.positions = self.position_class(positions).from_sizes(emb, check_positive_int(max_len, "max_len"))
+        self.norm = self.embedding_norm(norm, emb, norm_eps)
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
     @classmethod
@@ -83,8 +134,9 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         """An embedding of ``num_tokens`` tokens (default ``config.num_tokens``; a decoder's is ``tgt_tokens``).
 
         Args:
-            config: gives ``emb``, ``seq_length`` (the size of a learned position table), ``positions`` and
-                ``dropout``, and the vocabulary size unless ``num_tokens`` does.
+            config: gives ``emb``, ``seq_length`` (the size of a learned position table), ``positions``,
+                ``dropout``, ``num_token_types``, the norm (``embedding_norm``, ``norm``, ``norm_eps``), and the
+                vocabulary size unless ``num_tokens`` does.
             num_tokens: the vocabulary size ``v``; ``None``: ``config.num_tokens``.
 
         Returns:
@@ -94,16 +146,49 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
             ValueError: the vocabulary size or ``config.seq_length`` is ``None``.
         """
         return cls(config.num_tokens if num_tokens is None else num_tokens, config.emb,  # type: ignore[arg-type]
-                   config.seq_length, positions=config.positions, dropout=config.dropout)  # type: ignore[arg-type]
+                   config.seq_length, positions=config.positions, dropout=config.dropout,  # type: ignore[arg-type]
+                   num_token_types=config.num_token_types, norm=config.norm if config.embedding_norm else None,
+                   norm_eps=config.norm_eps)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        return self.drop(self.positions(self.tokens(x), positions))  # (b, t) -> (b, t, e)
+    def forward(self, x: Tensor, positions: Tensor | None = None, *, token_types: Tensor | None = None) -> Tensor:
+        h = self.tokens(x)  # (b, t) -> (b, t, e)
+        if self.types is not None:
+            if token_types is None:  # every token of type 0, as BERT's default: one vector for all
+                h = h + self.types.weight[0]  # (b, t, e) + (e,)
+            else:
+                check_token_types(token_types, tuple(x.shape))
+                h = h + self.types(token_types)  # (b, t) -> (b, t, e)
+        elif token_types is not None:
+            raise ValueError("token_types must be None: this embedding has no token types (num_token_types=None), "
+                             f"got a tensor of shape {tuple(token_types.shape)}")
+        h = self.positions(h, positions)  # + the position encoding
+        return self.drop(h if self.norm is None else self.norm(h))
+
+
+def check_token_types(token_types: object, shape: tuple[int, ...]) -> None:
+    """Refuse ``token_types`` unless it is an integer tensor of the token ids' shape ``(b, t)`` (shapes only).
+
+    Args:
+        token_types: the type of each token, ``(b, t)``.
+        shape: the token ids' shape ``(b, t)``.
+
+    Raises:
+        TypeError: ``token_types`` is not an integer tensor.
+        ValueError: its shape is not ``shape``.
+    """
+    if not isinstance(token_types, Tensor) or token_types.dtype.is_floating_point or token_types.dtype.is_complex \
+            or token_types.dtype == torch.bool:
+        kind = f"dtype {token_types.dtype}" if isinstance(token_types, Tensor) else type(token_types).__name__
+        raise TypeError(f"token_types must be an integer torch.Tensor (e.g. torch.long) of shape (b, t), got {kind}")
+    if tuple(token_types.shape) != tuple(shape):
+        raise ValueError(f"token_types must have the token ids' shape (b, t) = {tuple(shape)}, got "
+                         f"{tuple(token_types.shape)}")
 
 
 class VectorEmbedding(EmbeddingPositions, nn.Module):
     """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
 
-    ``W x + b``, plus the position encoding, then dropout.
+    ``W x + b``, plus the position encoding, then the norm (if ``norm``), then dropout.
 
     Args:
         input_dim: features per input vector ``d``.
@@ -111,6 +196,9 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
         max_len: positions a learned position table holds (``seq_length``).
         positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``, as for :class:`TokenEmbedding`.
         dropout: dropout on the sum of projected and position vectors.
+        norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout, as :class:`TokenEmbedding`'s;
+            ``None`` (the default): no norm.
+        norm_eps: that norm's ``eps`` (``config.norm_eps``).
 
     The features are used as they come: normalise them beforehand (per feature, over the training set) as for
     any linear model, or the largest feature dominates the first steps of training.
@@ -121,12 +209,21 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
     """
 
     def __init__(
-        self, input_dim: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0
+        self,
+        input_dim: int,
+        emb: int,
+        max_len: int,
+        *,
+        positions: str = "learned",
+        dropout: float = 0.0,
+        norm: Optional[str] = None,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.input_dim = check_positive_int(input_dim, "input_dim")
         self.project = nn.Linear(input_dim, check_positive_int(emb, "emb"))
         self.positions = self.position_class(positions).from_sizes(emb, check_positive_int(max_len, "max_len"))
+        self.norm = self.embedding_norm(norm, emb, norm_eps)
         self.drop = nn.Dropout(check_probability(dropout, "dropout"))
 
     @classmethod
@@ -135,7 +232,7 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
 
         Args:
             config: gives ``input_dim`` (``d``), ``emb``, ``seq_length`` (the size of a learned position table),
-                ``positions`` and ``dropout``.
+                ``positions``, ``dropout`` and the norm (``embedding_norm``, ``norm``, ``norm_eps``).
 
         Returns:
             The embedding, ``(b, t, d) -> (b, t, e)``.
@@ -144,10 +241,12 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
             ValueError: ``config.input_dim`` or ``config.seq_length`` is ``None``.
         """
         return cls(config.input_dim, config.emb, config.seq_length,  # type: ignore[arg-type]
-                   positions=config.positions, dropout=config.dropout)
+                   positions=config.positions, dropout=config.dropout,
+                   norm=config.norm if config.embedding_norm else None, norm_eps=config.norm_eps)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        return self.drop(self.positions(self.project(x), positions))  # (b, t, d) -> (b, t, e)
+        h = self.positions(self.project(x), positions)  # (b, t, d) -> (b, t, e)
+        return self.drop(h if self.norm is None else self.norm(h))
 
 
 def input_embedding(config: TransformerConfig) -> Union[TokenEmbedding, VectorEmbedding]:

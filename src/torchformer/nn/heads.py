@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_choice, check_positive_int
+from torchformer._checks import check_bool, check_choice, check_positive_float, check_positive_int
 from torchformer.config import POOLING
 
 
@@ -158,28 +158,37 @@ class MaskedLMHead(nn.Module):
     logits, but the input would then be a small token vector next to unit-variance learned position vectors: the
     tiny model of ``tests/test_masked_lm.py``'s learning test, given a tied embedding shrunk to ``e ** -0.5``
     instead, stayed at the loss of uniform guessing (``log 20``) for 300 steps (measured once, 2026-11-24), where
-    with the scale it learns the task.
+    with the scale it learns the task. BERT has no scale (``scale=False``, the config's ``mlm_scale``): its embedding
+    starts with entries of standard deviation 0.02, and its logits are the plain dot products, plus the bias.
 
     Args:
         emb: the embedding size ``e``.
         num_tokens: the vocabulary size ``v``.
         tie_to: the :class:`~torch.nn.Embedding` (``v`` rows of size ``e``) whose weight is also the output matrix
             (kept as it is). ``None``: an output matrix of its own, initialised as an embedding (unit variance).
+        eps: the transform's LayerNorm's ``eps`` (``config.norm_eps``; BERT's is ``1e-12``).
+        scale: multiply the logits by ``e ** -0.5`` (the default); ``False``: the plain dot products, as BERT.
 
     Shapes:
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities (or ``(n, e) -> (n, v)``: any
         leading dimensions).
     """
 
-    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None) -> None:
+    def __init__(
+        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, eps: float = 1e-5, scale: bool = True
+    ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
         check_tie_to(tie_to, num_tokens, emb)
-        self.transform = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.LayerNorm(emb))
+        eps = check_positive_float(eps, "eps")
+        self.transform = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.LayerNorm(emb, eps=eps))
         self.weight = tie_to.weight if tie_to is not None else nn.Parameter(torch.randn(num_tokens, emb))  # (v, e)
         self.bias = nn.Parameter(torch.zeros(num_tokens))
+        self.scale = emb**-0.5 if check_bool(scale, "scale") else 1.0
 
     def forward(self, x: Tensor) -> Tensor:
-        logits = F.linear(self.transform(x), self.weight) * self.emb**-0.5 + self.bias  # (b, t, e) -> (b, t, v)
-        return log_probabilities(logits)
+        logits = F.linear(self.transform(x), self.weight)  # (b, t, e) -> (b, t, v)
+        if self.scale != 1.0:  # BERT's: the dot products as they are (no multiplication by 1, either)
+            logits = logits * self.scale
+        return log_probabilities(logits + self.bias)

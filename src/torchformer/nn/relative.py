@@ -181,7 +181,14 @@ class Rotary(AttentionPositions):
         return cls(config.head_size, base=config.rotary_base, scaling=config.rotary_scaling)
 
     def frequencies(self, device: torch.device) -> Tensor:
-        """``theta_m`` for ``m = 0 .. s/2 - 1``, ``(s/2,)`` float64, rescaled by ``scaling`` if given."""
+        """``theta_m`` for ``m = 0 .. s/2 - 1``, rescaled by ``scaling`` if given.
+
+        Args:
+            device: where the result goes.
+
+        Returns:
+            ``(s/2,)`` float64.
+        """
         pair = torch.arange(self.head_size // 2, device=device, dtype=torch.float64)  # m = 0 .. s/2 - 1
         theta = self.base ** (-2 * pair / self.head_size)  # (s/2,)
         if self.scaling is None:
@@ -238,6 +245,7 @@ class InterleavedRotary(Rotary):
     Args:
         head_size: ``s``, even.
         base: the base of the frequencies (10000).
+        scaling: ``None``, or Llama-3.1's rescaling (see :class:`Rotary`).
 
     Shapes:
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.

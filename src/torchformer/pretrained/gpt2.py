@@ -37,6 +37,9 @@ from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 from torchformer.pretrained.folders import WeightReader
 
+# The torchformer models this family writes (to_huggingface picks the family by the model's class).
+MODELS = (GTransformer,)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -168,8 +171,14 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
 
 def describes(model: GTransformer) -> bool:
-    """Whether ``model`` is of GPT-2's shape (learned positions): :func:`config_to_huggingface` then checks every
-    field."""
+    """Whether ``model`` is of GPT-2's shape: learned positions.
+
+    Args:
+        model: the GTransformer to write.
+
+    Returns:
+        True for learned positions; :func:`config_to_huggingface` then checks every field.
+    """
     return model.config.positions == "learned"
 
 

@@ -1,8 +1,12 @@
 """The two entry points: a Hugging Face folder to a torchformer model, and back.
 
 :func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s
-``model_type`` (or the model's class) to pick the family's module, here :mod:`~torchformer.pretrained.gpt2`, which
-maps the config and the tensors; the files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the whole picture.
+``model_type`` (or the model's class) to pick the family's module, :mod:`~torchformer.pretrained.gpt2` or
+:mod:`~torchformer.pretrained.bert`, which maps the config and the tensors; every family module has the same
+functions (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``,
+``export_weights``) and names the models it writes (``MODELS``), so nothing here knows a family's details; the
+files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the
+whole picture.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from typing import Optional, Union
 import torch
 
 from torchformer._devices import resolve_named_device
-from torchformer.models import GTransformer, TransformerModel
-import torchformer.pretrained.gpt2 as gpt2  # the modules themselves: FAMILIES names them
+from torchformer.models import TransformerModel
+import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
+import torchformer.pretrained.gpt2 as gpt2
 import torchformer.pretrained.llama as llama
 from torchformer.pretrained.folders import WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
@@ -23,9 +28,10 @@ from torchformer.saving import unwrap_model
 PathLike = Union[str, os.PathLike]
 
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
-FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
-# The families a GTransformer can be written as, tried in order: the first whose describes(model) is true.
-EXPORTS = (gpt2, llama)
+FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "bert": bert}
+# The families a model can be written as, in order: the first whose MODELS has the model's class and whose
+# describes(model) is true (a GTransformer with learned positions is GPT-2, one with rotary positions Llama).
+EXPORTS = (gpt2, llama, bert)
 
 
 def from_huggingface(
@@ -46,7 +52,8 @@ def from_huggingface(
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
 
     Returns:
-        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``.
+        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, an
+        :class:`~torchformer.models.MLMTransformer` for ``"bert"``.
 
     Raises:
         TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
@@ -62,7 +69,7 @@ def from_huggingface(
     kind = hf_config["model_type"]
     if kind not in FAMILIES:
         raise ValueError(f"config.json: model_type={kind!r} is not supported; torchformer loads "
-                         f"{', '.join(map(repr, FAMILIES))} (BERT and T5 come next)")
+                         f"{', '.join(map(repr, FAMILIES))} (T5 comes next)")
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
     with WeightReader(folder) as reader:
@@ -74,16 +81,19 @@ def from_huggingface(
 def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     """Write ``model`` as a Hugging Face folder: ``config.json`` and ``model.safetensors``.
 
-    ``transformers`` loads the folder with ``AutoModelForCausalLM.from_pretrained(folder)`` into the equal model
-    (a ``GPT2LMHeadModel`` for a :class:`~torchformer.models.GTransformer`). The weights keep their dtype; the
-    folder is created if needed, and each file is replaced atomically.
+    ``transformers`` loads the folder with the matching ``Auto`` class into the equal model: a
+    :class:`~torchformer.models.GTransformer` as GPT-2 (``AutoModelForCausalLM``, ``GPT2LMHeadModel``) or, with
+    rotary positions and RMSNorm, as Llama (``LlamaForCausalLM``; Mistral with a ``window``), an
+    :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``). The
+    weights keep their dtype; the folder is created if needed, and each file is replaced atomically.
 
     Args:
-        model: a :class:`~torchformer.models.GTransformer` whose config maps onto GPT-2: learned positions,
-            pre-norm LayerNorm blocks, ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``,
-            ``"relu"``), no grouped-query attention, window, wide heads or ``kqnorm``. Without ``qkv_bias`` the
-            query, key and value biases are written as zeros (the same function). Compiled or wrapped models are
-            unwrapped.
+        model: a model whose config maps onto its family. GPT-2: learned positions, pre-norm LayerNorm blocks,
+            ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``, ``"relu"``), no
+            grouped-query attention, window, wide heads or ``kqnorm``. BERT: learned positions, post-norm LayerNorm
+            blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions.
+            Without ``qkv_bias`` the query, key and value biases are written as zeros (the same function), and a
+            BERT without token types with one zero token-type vector. Compiled or wrapped models are unwrapped.
         folder: the folder to write.
 
     Returns:
@@ -91,21 +101,24 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
 
     Raises:
         TypeError: ``model`` is not a torchformer model, or ``folder`` is not a path.
-        ValueError: the model is of another kind than GTransformer, or a config field does not map onto GPT-2 (the
+        ValueError: the model is of a class no family writes, or a config field does not map onto its family (the
             message names every such field and its value).
         NotADirectoryError: ``folder`` is an existing file.
         ImportError: the ``safetensors`` package is missing.
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
-        raise TypeError(f"model must be a torchformer model (a GTransformer), got {type(target).__name__}")
-    if not isinstance(target, GTransformer):
+        raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer), got "
+                        f"{type(target).__name__}")
+    if not any(isinstance(target, family.MODELS) for family in EXPORTS):
+        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {family.__name__.split('.')[-1]}"
+                           for family in EXPORTS)
         raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
-                         f"a GTransformer maps onto GPT-2")
-    family = next((family for family in EXPORTS if family.describes(target)), None)
+                         f"{writes}")
+    family = next((family for family in EXPORTS if isinstance(target, family.MODELS) and family.describes(target)),
+                  None)
     if family is None:
-        raise ValueError(f"to_huggingface: this GTransformer maps onto no Hugging Face family: GPT-2 has learned "
-                         f"positions and Llama rotary positions with RMSNorm; it has positions="
+        raise ValueError(f"to_huggingface: this {type(target).__name__} maps onto no Hugging Face family: GPT-2 has "
+                         f"learned positions and Llama rotary positions with RMSNorm; it has positions="
                          f"{target.config.positions!r}, norm={target.config.norm!r}")
     return write_folder(folder, family.config_to_huggingface(target), family.export_weights(target))
-

@@ -34,6 +34,8 @@ from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 from torchformer.pretrained.folders import WeightReader
 
+MODELS = (GTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
+
 # The name map, (Hugging Face, torchformer), read top down. Names in a block are relative to model.layers.{i}. and
 # blocks.blocks.{i}.; a bias appears only where the config has one.
 TOP = (
@@ -73,7 +75,14 @@ LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max
 
 
 def rules(config: TransformerConfig) -> Iterator[tuple[str, str]]:
-    """Every (Hugging Face name, torchformer name) pair of a model of ``config``, block names made absolute."""
+    """Every (Hugging Face name, torchformer name) pair of a model of ``config``, block names made absolute.
+
+    Args:
+        config: the model's config (its depth, biases and tying say which tensors there are).
+
+    Yields:
+        The pairs, top-level tensors first, then each block's, then the output layer if untied.
+    """
     yield from TOP
     block = BLOCK + (QKV_BIASES if config.qkv_bias else ()) + ((OUT_BIAS,) if config.out_bias else ())
     for i in range(config.depth):
@@ -84,8 +93,15 @@ def rules(config: TransformerConfig) -> Iterator[tuple[str, str]]:
 
 
 def rope(hf: dict[str, Any], refuse) -> tuple[float, Optional[dict]]:
-    """``(rotary_base, rotary_scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` and
-    ``rope_scaling`` (the files of before)."""
+    """``(rotary_base, rotary_scaling)`` from the config's rope fields.
+
+    Args:
+        hf: ``config.json``: ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (before).
+        refuse: makes the error for a field and a reason.
+
+    Returns:
+        The base, and Llama-3.1's scaling or ``None``.
+    """
     parameters = hf.get("rope_parameters") or {**(hf.get("rope_scaling") or {}),
                                                "rope_theta": hf.get("rope_theta", 10000.0)}
     kind = parameters.get("rope_type", parameters.get("type", "default"))
@@ -149,14 +165,19 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
 
 def describes(model: GTransformer) -> bool:
-    """Whether ``model`` is of this family's shape (rotary positions and RMSNorm): :func:`config_to_huggingface`
-    then checks every field."""
+    """Whether ``model`` is of Llama's shape: rotary positions and RMSNorm.
+
+    Args:
+        model: the GTransformer to write.
+
+    Returns:
+        True for rotary positions with RMSNorm; :func:`config_to_huggingface` then checks every field.
+    """
     return model.config.positions == "rotary" and model.config.norm == "rms"
 
 
 def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
-    """A Llama ``config.json`` (a Mistral one with a ``window``) for ``model``, or an error naming every field that
-    does not map.
+    """A Llama ``config.json`` for ``model`` (a Mistral one with a ``window``), or an error naming each misfit.
 
     Args:
         model: a :class:`~torchformer.models.GTransformer` (not a subclass).

@@ -1,0 +1,392 @@
+"""BERT in the Hugging Face layout, and torchformer's :class:`~torchformer.models.MLMTransformer`: the two maps.
+
+BERT (Devlin et al. 2019) is an ``MLMTransformer`` with these choices away from torchformer's defaults, each a
+config field: the embedding sums a token-type (segment) vector too (``num_token_types``, ``type_vocab_size`` in
+``config.json``, 2) and is layer-normalised before its dropout (``embedding_norm=True``); biases in the query, key
+and value projections (``qkv_bias=True``); the exact GELU (``activation="gelu"``); every LayerNorm's eps ``1e-12``
+(``norm_eps``, which the embedding's and the masked-LM head's LayerNorms follow too); and a masked-LM head whose
+logits are the plain dot products with the (tied) token embedding, plus a bias (``mlm_scale=False``).
+Everything else is torchformer's default already: learned absolute positions, post-norm blocks (``prenorm=False``:
+``x = LayerNorm(x + sublayer(x))``), narrow heads of ``e / h``, a feed-forward network with biases, and the
+masked-LM head's transform (dense, GELU, LayerNorm) of :class:`~torchformer.nn.heads.MaskedLMHead`.
+
+**The config.** :func:`config_from_huggingface` reads ``config.json``'s fields (:data:`DEFAULTS` fills a field left
+out, as ``BertConfig`` does) and refuses, naming the field and its value, any the library cannot express: a
+``hidden_act`` other than ``"gelu"``, ``position_embedding_type`` other than ``"absolute"`` (older files have the
+field), ``is_decoder``, ``add_cross_attention``, an ``intermediate_size`` that is not a multiple of
+``hidden_size``, two dropouts that differ. :func:`config_to_huggingface` is the way back, and refuses a config with
+a field BERT cannot express, naming each.
+
+**The weights.** :data:`EMBEDDINGS`, :data:`BLOCK` and :data:`MLM_HEAD` are the name map, read in both directions.
+BERT stores every layer as PyTorch does (``nn.Linear``'s weight ``(out, in)``, separate query, key and value
+layers), so each of its tensors is one torchformer tensor, renamed: no transposes, no cuts (GPT-2's
+:mod:`~torchformer.pretrained.gpt2` needs both). ``BertForMaskedLM`` prefixes the encoder's names with ``bert.``
+(the head's start with ``cls.``); a file that ``BertModel`` wrote has no prefix, and no head to load.
+
+What a released checkpoint may hold besides (``bert-base-uncased`` holds all of it: it was saved as
+``BertForPreTraining``):
+
+* ``LayerNorm.gamma`` and ``LayerNorm.beta``, the old names of a LayerNorm's ``weight`` and ``bias`` (read as them);
+* the pooler (``bert.pooler.dense``) and the next-sentence head (``cls.seq_relationship``), which pretraining used
+  and a masked-LM does not: skipped, as ``BertForMaskedLM.from_pretrained`` skips them (:data:`UNUSED`,
+  :data:`NEXT_SENTENCE_HEAD`);
+* ``embeddings.position_ids``, a constant buffer ``0 .. p-1``: skipped;
+* ``cls.predictions.decoder.weight`` and ``.bias``, the output matrix and bias, which with ``tie_word_embeddings``
+  must equal the word embedding and ``cls.predictions.bias``. Untied, they are the output layer, and
+  ``cls.predictions.bias`` is unused (as in transformers 5; older versions made it the decoder's bias).
+
+Any other tensor left over, missing, or of another shape than the config gives is an error naming it.
+
+Shapes: e embedding size (``hidden_size``), v vocabulary size (``vocab_size``), p positions
+(``max_position_embeddings``), k token types (``type_vocab_size``), f the feed-forward hidden size
+(``intermediate_size``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from torchformer._checks import is_int
+from torchformer.config import TransformerConfig
+from torchformer.models import MLMTransformer
+from torchformer.pretrained.folders import WeightReader
+
+# The torchformer models this family writes (to_huggingface picks the family by the model's class).
+MODELS = (MLMTransformer,)
+
+
+def describes(model: MLMTransformer) -> bool:
+    """Whether ``model`` is written as BERT: every MLMTransformer is, and :func:`config_to_huggingface` checks it.
+
+    Args:
+        model: the model to write.
+
+    Returns:
+        True.
+    """
+    return True
+
+
+# The name map: BERT's name -> torchformer's, each tensor as it is (shape in the comment). The encoder's names
+# follow PREFIX, a block's "encoder.layer.{i}." and "encoder.blocks.{i}.".
+EMBEDDINGS = (
+    ("embeddings.word_embeddings.weight", "embedding.tokens.weight"),  # (v, e); also the output matrix, tied
+    ("embeddings.position_embeddings.weight", "embedding.positions.embedding.weight"),  # (p, e): learned positions
+    ("embeddings.token_type_embeddings.weight", "embedding.types.weight"),  # (k, e): one vector per segment
+    ("embeddings.LayerNorm.weight", "embedding.norm.weight"),  # (e,): the LayerNorm of the summed embedding
+    ("embeddings.LayerNorm.bias", "embedding.norm.bias"),  # (e,)
+)
+BLOCK = (
+    ("attention.self.query.weight", "attention.toqueries.weight"),  # (e, e)
+    ("attention.self.query.bias", "attention.toqueries.bias"),  # (e,): qkv_bias
+    ("attention.self.key.weight", "attention.tokeys.weight"),  # (e, e)
+    ("attention.self.key.bias", "attention.tokeys.bias"),  # (e,)
+    ("attention.self.value.weight", "attention.tovalues.weight"),  # (e, e)
+    ("attention.self.value.bias", "attention.tovalues.bias"),  # (e,)
+    ("attention.output.dense.weight", "attention.unifyheads.weight"),  # (e, e): mixes the heads
+    ("attention.output.dense.bias", "attention.unifyheads.bias"),  # (e,)
+    ("attention.output.LayerNorm.weight", "norm1.weight"),  # (e,): post-norm, after the attention's residual
+    ("attention.output.LayerNorm.bias", "norm1.bias"),  # (e,)
+    ("intermediate.dense.weight", "ff.net.0.weight"),  # (f, e): W1
+    ("intermediate.dense.bias", "ff.net.0.bias"),  # (f,)
+    ("output.dense.weight", "ff.net.3.weight"),  # (e, f): W2
+    ("output.dense.bias", "ff.net.3.bias"),  # (e,)
+    ("output.LayerNorm.weight", "norm2.weight"),  # (e,): after the feed-forward network's residual
+    ("output.LayerNorm.bias", "norm2.bias"),  # (e,)
+)
+MLM_HEAD = (  # no prefix: BertForMaskedLM's head is "cls."
+    ("cls.predictions.transform.dense.weight", "head.transform.0.weight"),  # (e, e)
+    ("cls.predictions.transform.dense.bias", "head.transform.0.bias"),  # (e,); then GELU
+    ("cls.predictions.transform.LayerNorm.weight", "head.transform.2.weight"),  # (e,)
+    ("cls.predictions.transform.LayerNorm.bias", "head.transform.2.bias"),  # (e,)
+)
+BIAS = ("cls.predictions.bias", "head.bias")  # (v,): the output bias of each token, with the tied output matrix
+# An untied output layer (tie_word_embeddings false) is the decoder's own weight and bias: transformers 5 computes
+# with decoder.bias and leaves cls.predictions.bias unused (older versions made them one tensor).
+OUTPUT = (
+    ("cls.predictions.decoder.weight", "head.weight"),  # (v, e)
+    ("cls.predictions.decoder.bias", "head.bias"),  # (v,)
+)
+PREFIX = "bert."
+# Stored, and no part of a masked-LM: the position ids (a constant buffer) and the pooler, after PREFIX, and the
+# next-sentence head; the pooler and that head are BertForPreTraining's.
+UNUSED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+NEXT_SENTENCE_HEAD = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
+# The names of a LayerNorm's gain and bias in checkpoints converted from TensorFlow (bert-base-uncased's).
+OLD_NAMES = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
+# An untied file that stores only the one output bias: read it as the decoder's.
+OTHER_NAMES = {OUTPUT[1][0]: BIAS[0]}
+
+# BertConfig's defaults: what a config.json that leaves a field out means.
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+    "position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False,
+    "tie_word_embeddings": True,
+}
+
+
+def names(depth: int, tied: bool, prefix: str) -> Iterator[tuple[str, str]]:
+    """Every tensor of a masked-LM with ``depth`` blocks: (BERT's name as stored, torchformer's name).
+
+    Args:
+        depth: the number of blocks (``num_hidden_layers``).
+        tied: whether the output matrix is the word embedding (then the output bias is ``cls.predictions.bias``;
+            untied, the decoder's weight and bias).
+        prefix: the encoder's prefix in the files, ``"bert."`` or ``""``.
+
+    Yields:
+        The pairs, in the order of the model: the embedding, each block, the head.
+    """
+    for bert, ours in EMBEDDINGS:
+        yield prefix + bert, ours
+    for i in range(depth):
+        for bert, ours in BLOCK:
+            yield f"{prefix}encoder.layer.{i}.{bert}", f"encoder.blocks.{i}.{ours}"
+    yield from MLM_HEAD
+    yield from (BIAS,) if tied else OUTPUT
+
+
+def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
+    """The :class:`~torchformer.config.TransformerConfig` of a BERT ``config.json``.
+
+    Args:
+        hf: the JSON object of ``config.json`` (``model_type`` ``"bert"``); fields left out mean :data:`DEFAULTS`.
+
+    Returns:
+        The config of the equal :class:`~torchformer.models.MLMTransformer`: ``num_token_types``,
+        ``embedding_norm``, ``qkv_bias``, ``activation="gelu"``, ``norm_eps`` and ``mlm_scale=False``. ``dropout``
+        is the two dropouts' common value (they act in training only; torchformer also drops inside the
+        feed-forward network, where BERT does not).
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
+    """
+    get = {**DEFAULTS, **hf}.get
+
+    def refuse(field: str, why: str) -> ValueError:
+        return ValueError(f"config.json: {field}={get(field)!r} is not supported: {why}")
+
+    if get("hidden_act") != "gelu":  # the masked-LM head's transform uses it too, and MaskedLMHead's is the GELU
+        raise refuse("hidden_act", "torchformer's BERT has the exact GELU, 'gelu', in its blocks and its head")
+    if get("position_embedding_type") != "absolute":
+        raise refuse("position_embedding_type", "torchformer's BERT adds learned absolute positions, 'absolute'")
+    for field in ("is_decoder", "add_cross_attention"):
+        if get(field) is not False:
+            raise refuse(field, "torchformer's BERT is an encoder (bidirectional, no cross-attention): false")
+    emb, inner = get("hidden_size"), get("intermediate_size")
+    if not (is_int(inner) and is_int(emb) and emb > 0 and inner % emb == 0):
+        raise refuse("intermediate_size", f"the feed-forward size must be a multiple of hidden_size={emb!r} "
+                                          f"(ff_mult)")
+    if get("hidden_dropout_prob") != get("attention_probs_dropout_prob"):
+        raise refuse("attention_probs_dropout_prob", f"torchformer has one dropout, and "
+                                                     f"hidden_dropout_prob={get('hidden_dropout_prob')!r} differs")
+    tied = get("tie_word_embeddings")
+    if not isinstance(tied, bool):
+        raise refuse("tie_word_embeddings", "expected true or false")
+    try:
+        return TransformerConfig(
+            emb=emb, heads=get("num_attention_heads"), depth=get("num_hidden_layers"),
+            seq_length=get("max_position_embeddings"), num_tokens=get("vocab_size"), ff_mult=inner // emb,
+            activation="gelu", dropout=get("hidden_dropout_prob"), tie_weights=tied, qkv_bias=True,
+            norm_eps=get("layer_norm_eps"), num_token_types=get("type_vocab_size"), embedding_norm=True,
+            mlm_scale=False,
+        )
+    except (TypeError, ValueError) as e:  # hidden_size not divisible by the heads, a size that is not an int, ...
+        raise ValueError(f"config.json: its values (hidden_size, num_attention_heads, num_hidden_layers, "
+                         f"max_position_embeddings, vocab_size, type_vocab_size, layer_norm_eps, "
+                         f"hidden_dropout_prob) do not make a model: {e}") from e
+
+
+def config_to_huggingface(model: MLMTransformer) -> dict[str, Any]:
+    """BERT's ``config.json`` for ``model``, or an error naming every field that BERT cannot express.
+
+    Args:
+        model: an :class:`~torchformer.models.MLMTransformer` (not a subclass: a variant computes something else).
+
+    Returns:
+        The JSON object of ``config.json``, for ``BertForMaskedLM``. A model without token types
+        (``num_token_types=None``) is written with ``type_vocab_size`` 1, whose one vector is zero: the same function.
+
+    Raises:
+        ValueError: the model is a subclass, or its config has fields that do not map; the message names each, with
+            its value.
+    """
+    config = model.config
+    if type(model) is not MLMTransformer:
+        raise ValueError(f"to_huggingface: a {type(model).__name__} is a variant of MLMTransformer, which BERT "
+                         f"cannot express; only an MLMTransformer itself maps onto BERT")
+    wrong = [f"{field}={getattr(config, field)!r} ({why})" for field, ok, why in (
+        ("positions", config.positions == "learned", 'BERT adds learned positions: "learned"'),
+        ("prenorm", not config.prenorm, "BERT's blocks are post-norm: False"),
+        ("norm", config.norm == "layer", 'BERT has LayerNorm: "layer"'),
+        ("activation", config.activation == "gelu", 'BERT has the exact GELU: "gelu"'),
+        ("embedding_norm", config.embedding_norm, "BERT normalises its embedding: True"),
+        ("mlm_scale", not config.mlm_scale, "BERT's logits are plain dot products: False"),
+        ("wide", not config.wide, "BERT's heads are narrow: False"),
+        ("kv_heads", config.kv_heads in (None, config.heads), "BERT gives every head its keys and values: None"),
+        ("window", config.window is None, "BERT attends to the whole sequence: None"),
+        ("kqnorm", not config.kqnorm, "BERT does not normalise queries and keys: False"),
+        ("extra", not config.extra, "BERT knows no variant's hyperparameters: {}"),
+    ) if not ok]
+    if wrong:
+        raise ValueError(f"to_huggingface: this MLMTransformer does not map onto BERT: {'; '.join(wrong)}")
+    return {
+        "model_type": "bert",
+        "architectures": ["BertForMaskedLM"],
+        "vocab_size": config.num_tokens,
+        "hidden_size": config.emb,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.heads,
+        "intermediate_size": config.ff_mult * config.emb,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.dropout,
+        "max_position_embeddings": config.seq_length,
+        "type_vocab_size": config.num_token_types or 1,
+        "layer_norm_eps": config.norm_eps,
+        "position_embedding_type": "absolute",
+        "is_decoder": False,
+        "add_cross_attention": False,
+        "tie_word_embeddings": config.tie_weights,
+        # BertConfig's default is bert-base's [PAD] id 0, which another vocabulary need not have.
+        "pad_token_id": None,
+        "dtype": str(model.embedding.tokens.weight.dtype).removeprefix("torch."),
+    }
+
+
+def stored_prefix(reader: WeightReader) -> str:
+    """``"bert."`` if the files prefix the encoder's names with it (``BertForMaskedLM``), else ``""`` (``BertModel``).
+
+    Args:
+        reader: the folder's tensors.
+
+    Returns:
+        The prefix.
+    """
+    return PREFIX if any(name.startswith(PREFIX) for name in reader.names()) else ""
+
+
+def empty_model(
+    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
+) -> MLMTransformer:
+    """The MLMTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+
+    Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
+    in ``dtype`` or, by default, the dtype of the stored word embedding.
+
+    Args:
+        config: what :func:`config_from_huggingface` made.
+        reader: the folder's tensors (for the stored dtype).
+        dtype: the parameters' floating dtype, or ``None``.
+        device: where the parameters go.
+
+    Returns:
+        The model, its parameters' values unset (the output matrix tied to the embedding again, if tied).
+    """
+    with torch.device("meta"):
+        model = MLMTransformer(config=config)
+    embedding = stored_prefix(reader) + EMBEDDINGS[0][0]  # embeddings.word_embeddings.weight
+    model = model.to(dtype or reader.dtype(stored_name(reader, embedding))).to_empty(device=device)
+    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output matrix again
+        model.head.weight = model.embedding.tokens.weight
+    return model
+
+
+def stored_name(reader: WeightReader, name: str) -> str:
+    """The name ``name`` is stored under: itself, or its older name (a LayerNorm's ``gamma``, ``beta``) if only that is.
+
+    Args:
+        reader: the folder's tensors.
+        name: BERT's current name (``bert.embeddings.LayerNorm.weight``).
+
+    Returns:
+        The name in the files (``bert.embeddings.LayerNorm.gamma`` in ``bert-base-uncased``), or ``name`` itself
+        when neither is there (the caller names the missing tensor).
+    """
+    stored = set(reader.names())
+    if name in stored:
+        return name
+    for new, old in OLD_NAMES.items():
+        if name.endswith(new) and name.removesuffix(new) + old in stored:
+            return name.removesuffix(new) + old
+    return OTHER_NAMES[name] if OTHER_NAMES.get(name) in stored else name
+
+
+def load_weights(model: MLMTransformer, reader: WeightReader) -> None:
+    """Copy BERT's tensors into ``model``'s parameters, one tensor at a time, every name and shape checked.
+
+    Args:
+        model: the MLMTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
+        reader: the folder's tensors (:class:`~torchformer.pretrained.folders.WeightReader`).
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
+            tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
+    """
+    prefix = stored_prefix(reader)
+    params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
+    left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
+    tied = model.config.tie_weights
+    for name, ours in names(model.config.depth, tied, prefix):
+        stored = stored_name(reader, name)
+        if stored not in left:
+            untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
+            no_head = (" (a BertModel or BertForSequenceClassification file has no masked-LM head; only the "
+                       "masked-LM loads yet)") if name.startswith("cls.") else ""
+            raise ValueError(f"{reader.where} holds no {name}, which BERT's masked-LM with num_hidden_layers="
+                             f"{model.config.depth}{untied} has{no_head}")
+        target = params[ours]
+        if reader.shape(stored) != tuple(target.shape):
+            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
+                             f"{tuple(target.shape)}")
+        with torch.no_grad():
+            reader.copy_into(stored, target)  # straight into the parameter where dtype and layout agree
+        left.discard(stored)
+    if tied:  # second copies of tied tensors, which some files store: each must be the tensor it is tied to
+        for (copy, ours), original in zip(OUTPUT, (prefix + EMBEDDINGS[0][0], BIAS[0])):
+            if copy in left:
+                tied_to = model.get_parameter(ours)  # head.weight is embedding.tokens.weight
+                if not torch.equal(reader.tensor(copy).to(tied_to), tied_to.detach()):
+                    raise ValueError(f"{reader.where}: {copy} differs from {original}, but config.json ties them "
+                                     f"(tie_word_embeddings=true)")
+                left.discard(copy)
+    else:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias is unused then
+        left.discard(BIAS[0])
+    if left:
+        raise ValueError(f"{reader.where} holds tensors BERT's masked-LM does not have (another architecture?): "
+                         f"{', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
+
+
+def export_weights(model: MLMTransformer) -> dict[str, Tensor]:
+    """``model``'s parameters under BERT's names (``BertForMaskedLM``'s), as BERT stores them.
+
+    A model without ``qkv_bias`` gets zero query, key and value biases, one without token types a single zero
+    token-type vector: the same function.
+
+    Args:
+        model: an MLMTransformer that :func:`config_to_huggingface` accepts.
+
+    Returns:
+        ``{name: tensor}``, contiguous CPU tensors; the decoder's weight and bias only when the output matrix is not
+        tied (and then ``cls.predictions.bias`` too, the same bias, which older versions of transformers read).
+    """
+    params = dict(model.named_parameters())
+    weight = model.embedding.tokens.weight
+    tensors = {}
+    for name, ours in names(model.config.depth, model.config.tie_weights, PREFIX):
+        if ours in params:
+            tensor = params[ours].detach()
+        elif ours == "embedding.types.weight":  # no token types: one type, whose vector adds nothing
+            tensor = torch.zeros(1, model.config.emb, dtype=weight.dtype, device=weight.device)
+        else:  # a query, key or value bias of a model without qkv_bias
+            out = params[ours.removesuffix(".bias") + ".weight"].shape[0]
+            tensor = torch.zeros(out, dtype=weight.dtype, device=weight.device)
+        tensors[name] = tensor.contiguous().cpu()
+    if not model.config.tie_weights:
+        tensors[BIAS[0]] = tensors[OUTPUT[1][0]].clone()  # its own memory: safetensors stores no shared tensors
+    return tensors
