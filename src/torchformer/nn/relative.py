@@ -178,7 +178,12 @@ class Rotary(AttentionPositions):
         Returns:
             A module of the class this is called on.
         """
-        return cls(config.head_size, base=config.rotary_base, scaling=config.rotary_scaling)
+        # Built by from_sizes, the constructor a variant overrides (one that rotates part of each head, say); the
+        # config's frequencies are then set on whatever it built.
+        rotary = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
+        rotary.base = check_positive_float(config.rotary_base, "rotary_base")
+        rotary.scaling = check_rotary_scaling(config.rotary_scaling)
+        return rotary
 
     def frequencies(self, device: torch.device) -> Tensor:
         """``theta_m`` for ``m = 0 .. s/2 - 1``, rescaled by ``scaling`` if given.
