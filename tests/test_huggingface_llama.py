@@ -272,3 +272,18 @@ def test_an_exported_model_loads_into_transformers_with_equal_outputs(tmp_path, 
     with torch.no_grad():
         gap = (model(x) - hf_log_probs(hf, x)).abs().max().item()
     assert gap < 1e-4, gap
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_left_padded_batch_generates_as_transformers_does(tmp_path, transformers, family):
+    hf = random_model(transformers, family, seed=2)
+    hf.save_pretrained(tmp_path / family)
+    model = from_huggingface(tmp_path / family)
+    g = torch.Generator().manual_seed(6)
+    lengths, t = [6, 2, 4], 6
+    mask = torch.stack([torch.arange(t) >= t - n for n in lengths])
+    ids = torch.randint(1, VOCAB, (3, t), generator=g).masked_fill(~mask, 0)
+    ours = torchformer.generate(model, ids, 10, temperature=0, prompt_mask=mask)
+    with torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask.long(), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs)
