@@ -52,6 +52,7 @@ from torchformer.train.training import (
     latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, warmup_cosine,
 )
 from torchformer.train.checkpoint import read_checkpoint
+from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-23): 2.21 validation bits per byte on enwik8_prefix after 6.0 min
@@ -74,7 +75,7 @@ ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions",
                 "window", "wide")
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
-RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed")
+RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
@@ -120,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
     add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
+    add("--optimizer", choices=OPTIMIZERS, default="adam", help="adam, or muon: Muon for the blocks' matrices and "
+        "Adam for the rest, one learning rate (torchformer.train.optimizers; default adam)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-H", "--heads", type=int, help="attention heads")
     add("-d", "--depth", type=int, help="transformer blocks")
@@ -202,6 +205,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
+    if args.optimizer == "muon" and args.strategy == "fsdp":
+        p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp")
     check_outputs(p, args.out, OUTPUTS)
     return args
 
@@ -283,7 +288,7 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
     of their own, so training afterwards is not affected (except that dropout draws from the global generator).
     """
     generator = torch.Generator(device=args.device).manual_seed(args.seed + 2)
-    probe = torch.optim.Adam(model.parameters(), lr=0.0, fused=args.device.type == "cuda")
+    probe = make_optimizer(model, args.optimizer, lr=0.0, fused=args.device.type == "cuda")
 
     def step() -> None:
         for _ in range(args.accumulate):
@@ -442,7 +447,7 @@ def train(args, threads: int, why: str) -> dict:
         seconds = seconds_per_step(net, model, train, args)
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
-    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
+    opt = make_optimizer(model, args.optimizer, lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
     sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup, args.num_batches), total_steps=args.num_batches)
     # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them. They are
     # seeded alike on every process: each draws the same global batch and keeps its share (see micro_batch).

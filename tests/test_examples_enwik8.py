@@ -406,3 +406,23 @@ def test_wide_heads_train_when_the_embedding_is_not_divisible(script, corpus, tm
     script.main(tiny(corpus, tmp_path, "-N", "2", "-E", "18", "-H", "4", "--wide"))
     assert load_model(tmp_path / "model.pt").config.wide
     assert "1 CPU thread(s) (--threads)" in capsys.readouterr().out  # the start-up line names the threads
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_muon_trains_resumes_exactly_and_a_resume_with_the_other_optimizer_is_refused(script, corpus, tmp_path,
+                                                                                      capsys):
+    whole = script.main(tiny(corpus, tmp_path / "a", "--optimizer", "muon"))
+    adam = script.main(tiny(corpus, tmp_path / "adam"))
+    assert whole["bpb"] != adam["bpb"]  # another optimizer took the steps
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path / "b", "--optimizer", "muon", "--checkpoint", str(ckpt), "--stop-after", "12"))
+    resumed = script.main(tiny(corpus, tmp_path / "b", "--optimizer", "muon", "--checkpoint", str(ckpt)))
+    assert resumed["bpb"] == whole["bpb"]  # Muon's momenta and Adam's moments both restored
+    a, b = training_rows(read_log(tmp_path / "a" / "log.csv")), training_rows(read_log(tmp_path / "b" / "log.csv"))
+    assert all(a[s]["loss"] == b[s]["loss"] for s in range(1, 21))
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="cannot resume: .* was trained with --optimizer muon \\(now adam\\)"):
+        script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt), "-N", "30"))
+    with pytest.raises(SystemExit):
+        script.main(tiny(corpus, tmp_path / "c", "--optimizer", "muon", "--strategy", "fsdp"))
+    assert "--optimizer muon needs whole matrices" in capsys.readouterr().err
