@@ -49,7 +49,8 @@ from torchformer.scripts.launch import (
 )
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
-    latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, warmup_cosine,
+    latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, resume_schedule,
+    warmup_cosine,
 )
 from torchformer.train.checkpoint import read_checkpoint
 from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
@@ -192,6 +193,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
+    args.warmup_steps = None  # the warmup a resumed run started with (check_resumable); None: min(--lr-warmup, -N)
     given_length = args.minutes is not None or args.num_batches is not None
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
@@ -353,6 +355,8 @@ def check_resumable(ckpt: Path, args) -> None:
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
     planned = extra.get("num_batches")  # older checkpoints do not record it
+    # The warmup the run started with: extending it (a larger -N) stretches the decay, never warms up again.
+    args.warmup_steps = extra.get("warmup_steps", min(args.lr_warmup, planned or args.num_batches))
     if args.typed_num_batches is None and planned is not None:  # an explicit -N wins, e.g. to train longer
         args.num_batches = planned  # the learning-rate schedule continues exactly where it stopped
     elif args.typed_num_batches is None and args.minutes:
@@ -448,7 +452,9 @@ def train(args, threads: int, why: str) -> dict:
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
     opt = make_optimizer(model, args.optimizer, lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
-    sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup, args.num_batches), total_steps=args.num_batches)
+    # Warmup, then cosine decay to step -N. A resumed run keeps the warmup it started with (check_resumable).
+    warmup = min(args.lr_warmup, args.num_batches) if args.warmup_steps is None else args.warmup_steps
+    sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=args.num_batches)
     # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them. They are
     # seeded alike on every process: each draws the same global batch and keeps its share (see micro_batch).
     # The batch generator lives on the device: drawing window starts on the CPU would mean a copy to the GPU,
@@ -465,6 +471,7 @@ def train(args, threads: int, why: str) -> dict:
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
+        resume_schedule(sched)  # the rates of this run's rule at `start`, not the saved rule's (a larger -N)
         print(f"resumed from {ckpt} at step {start}")
         if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
             print(f"note: {ckpt.name} was written by {state['world_size']} process(es), resumed on "
@@ -481,7 +488,7 @@ def train(args, threads: int, why: str) -> dict:
     def save(step: int) -> None:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
-            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches,
+            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches, "warmup_steps": warmup,
                      "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,

@@ -426,3 +426,29 @@ def test_muon_trains_resumes_exactly_and_a_resume_with_the_other_optimizer_is_re
     with pytest.raises(SystemExit):
         script.main(tiny(corpus, tmp_path / "c", "--optimizer", "muon", "--strategy", "fsdp"))
     assert "--optimizer muon needs whole matrices" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_run_extended_with_a_larger_n_continues_its_schedule_by_the_documented_rule(script, corpus, tmp_path):
+    """Warmup as the run started (min(--lr-warmup, its first -N)), then cosine decay to the new -N, from the first
+    resumed step on: neither the old rule's rate at the first step nor a second warmup."""
+    ckpt = tmp_path / "ckpt"
+    short = [a if a != "20" else "12" for a in tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt))]
+    short[short.index("--lr-warmup") + 1] = "30"  # longer than the run: the warmup is the run's 12 steps
+    script.main(short)
+    longer = [a if a != "12" else "24" for a in short]
+    script.main(longer)
+    rows = training_rows(read_log(tmp_path / "run" / "log.csv"))
+    assert sorted(rows) == list(range(1, 25))
+
+    def rule(s, warmup, total, base=3e-3, m=0.1):  # warmup_cosine's documented f(s), written out
+        if s < warmup:
+            return base * (s + 1) / (warmup + 1)
+        if s >= total:
+            return base * m
+        return base * (m + (1 - m) * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))))
+
+    for step in range(1, 13):  # the first run: its own rule (step s trains with the rate after s - 1 updates)
+        assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 12), rel=1e-6), step
+    for step in range(13, 25):  # extended: the same warmup, the decay stretched to 24
+        assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 24), rel=1e-6), step

@@ -89,7 +89,15 @@ class MuonWithAdam(torch.optim.Optimizer):
         self.state.update(self.adam.state)
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # noqa: D102 - torch's signature
+    def step(self, closure: Any = None) -> Any:
+        """One step of both: Muon on group 0, Adam on group 1.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (as for any torch optimizer), or ``None``.
+
+        Returns:
+            The closure's loss, or ``None``.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -99,7 +107,12 @@ class MuonWithAdam(torch.optim.Optimizer):
         self._share_state()  # the state of parameters stepped for the first time
         return loss
 
-    def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch's
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore both from ``state_dict`` (what :meth:`state_dict` returned), groups and per-parameter state.
+
+        Args:
+            state_dict: the saved state.
+        """
         super().load_state_dict(state_dict)
         # torch built new groups and a new state here: the inner optimizers step with them from now on.
         self.muon.param_groups, self.adam.param_groups = self.param_groups[:1], self.param_groups[1:]
