@@ -71,6 +71,13 @@ PRESETS = {
                 test_every=2000, test_subset=100_000),
 }
 
+# The bundled sample (270 KB of training text) is learned by heart long before the CPU preset's 2,000 steps: on it,
+# validation went 2.48 -> 2.58 -> 3.11 -> 3.70 bits/byte at steps 500, 1000, 1500, 2000 while the training loss kept
+# falling (issue 31, AMD EPYC, 1 core). Without -N or --minutes a run on the sample stops at the best of those.
+SAMPLE_STEPS = 500
+# Validation rising at this many evaluations in a row (while training goes on) is reported as overfitting.
+RISES = 2
+
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
                 "window", "wide")
@@ -211,6 +218,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp")
     check_outputs(p, args.out, OUTPUTS)
     return args
+
+
+def rising(values: list[float], times: int = RISES) -> bool:
+    """Whether each of the last ``times`` values is above the one before it (validation getting worse)."""
+    return len(values) > times and all(b > a for a, b in zip(values[-times - 1:], values[-times:]))
 
 
 def load_data(path: Path | None):
@@ -409,6 +421,11 @@ def train(args, threads: int, why: str) -> dict:
                        learn_rate=args.learn_rate))
     (train, val, test), source = load_data(args.data)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
+    if (source.startswith("bundled") and args.typed_num_batches is None and args.minutes is None
+            and args.num_batches is not None and args.num_batches > SAMPLE_STEPS):
+        print(f"note: -N {SAMPLE_STEPS} instead of the preset's {args.num_batches}: a longer run learns the small "
+              f"sample by heart (validation rises); give -N to choose, or -D for real data")
+        args.num_batches = SAMPLE_STEPS
     # The periodic validation scores --test-subset bytes in windows spread over the whole split (bits_per_byte
     # scores `stride` = context // 2 new bytes per window): the first bytes alone are not a fair sample of it.
     val_windows = max(1, math.ceil(args.test_subset / max(1, args.context // 2)))
@@ -520,6 +537,7 @@ def train(args, threads: int, why: str) -> dict:
     # Reading a loss (.item()) makes the CPU wait for the GPU, which then idles while the next step is launched.
     # So losses stay on the device and are read every --log-every steps; speed is measured over those intervals.
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) not yet logged
+    history, warned = [], False  # validation figures so far (this process's run), and whether it warned of them
     speeds: list[float] = []
     tic = time.perf_counter()
     for step in range(start + 1, args.num_batches + 1):
@@ -566,6 +584,13 @@ def train(args, threads: int, why: str) -> dict:
                 say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
                     f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
                     f"over the split)")
+                history.append(rows[-1]["val_bpb"])
+                if rising(history) and not warned:
+                    warned = True
+                    say(f"warning: validation rose at the last {RISES} evaluations ("
+                        f"{' -> '.join(f'{v:.3f}' for v in history[-RISES - 1:])} bits/byte) while the training loss "
+                        f"fell: the model is learning the training text by heart. Train on more data (-D) or for "
+                        f"fewer steps (-N); the checkpoints keep the earlier, better models")
                 if args.sample_length > 0:  # on every process: an FSDP2 model runs on all of them at once
                     say(f"sample (seed in brackets, temperature {args.temperature}):\n"
                         f"{sample(model, val, args, sampler)}\n")

@@ -452,3 +452,22 @@ def test_a_run_extended_with_a_larger_n_continues_its_schedule_by_the_documented
         assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 12), rel=1e-6), step
     for step in range(13, 25):  # extended: the same warmup, the decay stretched to 24
         assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 24), rel=1e-6), step
+
+
+def test_overfitting_is_recognised_by_validation_rising_twice_in_a_row(script):
+    assert script.rising([2.48, 2.58, 3.11])  # the bundled sample's run of issue 31
+    assert not script.rising([2.48, 2.58])  # one rise: noise, not yet a trend
+    assert not script.rising([3.0, 2.6, 2.7, 2.5])  # falling again
+    assert script.rising([3.0, 2.5, 2.6, 2.7]) and not script.rising([2.5, 2.5, 2.5])
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_the_bundled_sample_trains_500_steps_unless_told_otherwise(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_home"))  # no enwik8 there: the bundled sample
+    small = ["--out", str(tmp_path / "a"), "--threads", "1", "-b", "2", "-E", "8", "-H", "2", "-d", "1", "-C", "8",
+             "--test-every", "1000", "--test-subset", "50", "--sample-length", "0", "--preset", "cpu"]
+    assert script.main([*small, "--stop-after", "1", "--checkpoint", str(tmp_path / "ck")]) == {"step": 1}
+    out = capsys.readouterr().out
+    assert "note: -N 500 instead of the preset's 2000" in out
+    script.main([*small[:1], str(tmp_path / "b"), *small[2:], "-N", "3"])  # -N given: taken as it is
+    assert "note: -N 500" not in capsys.readouterr().out
