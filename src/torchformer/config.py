@@ -175,6 +175,10 @@ class TransformerConfig:
             ``e ** -0.5`` (``True``, the default, as before this field existed; the reason is in
             :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot products with the output matrix, as
             BERT. The other heads do not read it.
+        pooler: a classifier (:class:`~torchformer.models.CTransformer` only) passes its pooled vector through a
+            dense layer and a tanh, then dropout (``dropout``), before the linear layer that gives the class scores:
+            BERT's pooler, with ``pool="first"`` on the ``[CLS]`` token (``BertForSequenceClassification``).
+            ``False`` (the default): the linear layer reads the pooled vector itself, as before this field existed.
     """
 
     emb: int
@@ -214,6 +218,7 @@ class TransformerConfig:
     num_token_types: Optional[int] = None
     embedding_norm: bool = False
     mlm_scale: bool = True
+    pooler: bool = False
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -223,7 +228,7 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
-                     "embedding_norm", "mlm_scale"):
+                     "embedding_norm", "mlm_scale", "pooler"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
