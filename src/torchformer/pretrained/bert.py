@@ -1,5 +1,7 @@
-"""BERT in the Hugging Face layout, and torchformer's :class:`~torchformer.models.MLMTransformer` and
-:class:`~torchformer.models.CTransformer`: the two maps.
+"""BERT in the Hugging Face layout, and torchformer's MLMTransformer and CTransformer: the two maps.
+
+:class:`~torchformer.models.MLMTransformer` is BERT's masked-LM, :class:`~torchformer.models.CTransformer` its
+classifier.
 
 BERT (Devlin et al. 2019) is an ``MLMTransformer`` with these choices away from torchformer's defaults, each a
 config field: the embedding sums a token-type (segment) vector too (``num_token_types``, ``type_vocab_size`` in
@@ -77,8 +79,9 @@ CLASSIFIER_ARCHITECTURE = "BertForSequenceClassification"
 
 
 def describes(model: Model) -> bool:
-    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is (BERT is the one family with
-    these heads), and :func:`config_to_huggingface` names each field that does not map.
+    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is.
+
+    BERT is the one family with these heads; :func:`config_to_huggingface` names each field that does not map.
 
     Args:
         model: the model to write.
@@ -222,8 +225,9 @@ def is_classifier(hf: dict[str, Any]) -> bool:
 
 
 def num_labels(hf: dict[str, Any]) -> Any:
-    """The classifier's number of classes, as ``PretrainedConfig`` reads it: ``id2label``'s length, else ``num_labels``,
-    else 2.
+    """The classifier's number of classes, as ``PretrainedConfig`` reads it.
+
+    ``id2label``'s length, else ``num_labels``, else 2 (transformers' default).
 
     Args:
         hf: the JSON object of ``config.json``.
@@ -430,8 +434,9 @@ def stored_prefix(reader: WeightReader) -> str:
 def empty_model(
     config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
 ) -> Model:
-    """The MLMTransformer (the CTransformer, for a config with ``num_classes``) of ``config`` with memory but no
-    values yet, for :func:`load_weights` to fill.
+    """The model of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+
+    An MLMTransformer, or a CTransformer for a config with ``num_classes`` (BERT's classifier).
 
     Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
     in ``dtype`` or, by default, the dtype of the stored word embedding.
@@ -560,8 +565,9 @@ def load_classifier_weights(model: CTransformer, reader: WeightReader) -> None:
 
 
 def export_weights(model: Model) -> dict[str, Tensor]:
-    """``model``'s parameters under BERT's names (``BertForMaskedLM``'s or ``BertForSequenceClassification``'s), as
-    BERT stores them.
+    """``model``'s parameters under BERT's names, as BERT stores them.
+
+    ``BertForMaskedLM``'s names for an MLMTransformer, ``BertForSequenceClassification``'s for a CTransformer.
 
     A model without ``qkv_bias`` (or ``out_bias``) gets zero biases there, one without token types a single zero
     token-type vector: the same function.
