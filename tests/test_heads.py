@@ -52,3 +52,29 @@ def test_pooling_ignores_nan_and_inf_in_padding(pool):
     for garbage in (float("nan"), float("inf")):
         dirty = x.masked_fill(~mask[:, :, None], garbage)
         torch.testing.assert_close(head(dirty, mask), head(x, mask), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("pool", ["first", "mean"])
+def test_the_pooler_is_berts_dense_layer_and_tanh_before_the_classes(pool):
+    """With ``pooler=True``: log_softmax(W_c tanh(W_p p + b_p) + b_c) for the pooled vector p; dropout on the
+    pooler's output in training only; without it, the head has no pooler parameters at all."""
+    torch.manual_seed(0)
+    head = ClassifierHead(8, 3, pool, pooler=True, dropout=0.5).double().eval()
+    x, mask = torch.randn(2, 5, 8).double(), torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    p = x[:, 0] if pool == "first" else torch.stack([x[0].mean(0), x[1, :3].mean(0)])  # (b, e), written out
+    pooled = torch.tanh(p @ head.pooler.weight.T + head.pooler.bias)  # (b, e)
+    logits = pooled @ head.toprobs.weight.T + head.toprobs.bias  # (b, c)
+    torch.testing.assert_close(head(x, mask), torch.log_softmax(logits, dim=-1))
+    head.train()
+    torch.manual_seed(1)
+    dropped = head(x, mask)
+    torch.manual_seed(1)
+    kept = torch.nn.functional.dropout(pooled, 0.5, training=True)  # the same draw: dropout on the pooler's output
+    torch.testing.assert_close(dropped, torch.log_softmax(kept @ head.toprobs.weight.T + head.toprobs.bias, dim=-1))
+    plain = ClassifierHead(8, 3, pool)
+    assert plain.pooler is None and plain.dropout is None
+    assert [name for name, _ in plain.named_parameters()] == ["toprobs.weight", "toprobs.bias"]  # as before
+    with pytest.raises(ValueError, match="dropout=0.1 drops the pooler's output, but pooler is False"):
+        ClassifierHead(8, 3, pool, dropout=0.1)
+    with pytest.raises(TypeError, match="pooler must be a bool"):
+        ClassifierHead(8, 3, pool, pooler=1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerConfig
+from torchformer import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerConfig
 from torchformer.nn.cache import BlockCache
 
 
@@ -66,6 +66,7 @@ def test_seq2seq_ignores_source_padding_and_is_causal_in_target():
     [
         lambda: CTransformer(16, 2, 2, 8, 10, 2, wide=True),
         lambda: CTransformer(16, 2, 2, 8, 10, 2, pool="mean", prenorm=True, kqnorm=True),
+        lambda: CTransformer(16, 2, 2, 8, 10, 2, pool="first", pooler=True),
         lambda: GTransformer(16, 2, 2, 8, 10, tie_weights=True),
         lambda: GTransformer(16, 2, 2, 8, 10, positions="sinusoidal", activation="gelu"),
         lambda: Seq2SeqTransformer(16, 2, 2, 8, 10, 12, decoder_depth=1),
@@ -251,6 +252,26 @@ def test_config_is_the_model_s_architecture():
     with pytest.raises(ValueError, match=r"emb \(30\) must be divisible by heads \(4\)"):
         config.replace(emb=30)
 
+
+
+def test_from_encoder_builds_a_classifier_on_a_pretrained_encoder():
+    """from_encoder: the pretrained model's config with the head's fields changed, its encoder copied (the same
+    encoder output), the other heads' fields back at their defaults, on the pretrained model's dtype."""
+    mlm = seeded(MLMTransformer, 16, 4, 2, 8, 11, tie_weights=True, mlm_scale=False, num_token_types=2,
+                 embedding_norm=True).double().eval()
+    classifier = CTransformer.from_encoder(mlm, 3, pool="first", pooler=True)
+    assert classifier.config == mlm.config.replace(tie_weights=False, mlm_scale=True, num_classes=3, pool="first",
+                                                   pooler=True)
+    assert classifier.training and {p.dtype for p in classifier.parameters()} == {torch.float64}
+    x, types = torch.randint(0, 11, (2, 8)), torch.randint(0, 2, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(classifier.eval().encoder(classifier.embedding(x, token_types=types)),
+                                   mlm.encoder(mlm.embedding(x, token_types=types)), atol=0, rtol=0)
+    assert classifier(x, token_types=types).shape == (2, 3)
+    with pytest.raises(ValueError, match="encoder differs from this classifier's .*heads: 4 vs 2"):
+        CTransformer.from_encoder(mlm, 3, heads=2)
+    with pytest.raises(TypeError, match="pretrained must be a torchformer model"):
+        CTransformer.from_encoder(torch.nn.Linear(2, 2), 3)
 
 def test_zero_decoder_depth_is_refused():
     with pytest.raises(ValueError, match="depth must be a positive int, got 0"):

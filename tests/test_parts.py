@@ -583,6 +583,30 @@ def test_mlm_scale_off_gives_berts_plain_dot_products_and_the_head_follows_norm_
         TransformerConfig(16, 4, mlm_scale=1)
 
 
+
+def test_pooler_is_berts_tanh_layer_on_the_first_vector_and_only_a_classifier_takes_it():
+    """A CTransformer with ``pooler=True`` against BERT's classifier written out: the encoder's vector at position 0,
+    tanh(W_p h + b_p), dropout (the model's) in training, then the classes' linear layer; the other models refuse the
+    field."""
+    torch.manual_seed(0)
+    model = CTransformer(16, 4, 1, 8, 11, 3, pool="first", pooler=True, dropout=0.25).double().eval()
+    x = torch.randint(0, 11, (2, 6))
+    first = model.encoder(model.embedding(x))[:, 0]  # (b, e): the [CLS] position
+    head = model.head
+    logits = torch.tanh(first @ head.pooler.weight.T + head.pooler.bias) @ head.toprobs.weight.T + head.toprobs.bias
+    torch.testing.assert_close(model(x), torch.log_softmax(logits, dim=-1))
+    assert head.dropout.p == 0.25  # the model's dropout drops the pooled vector, as BertForSequenceClassification's
+    assert CTransformer(16, 4, 1, 8, 11, 3, dropout=0.25).head.dropout is None  # no pooler: the head as before
+    for cls, args in ((GTransformer, (16, 4, 1, 8, 11)), (MLMTransformer, (16, 4, 1, 8, 11)),
+                      (Seq2SeqTransformer, (16, 4, 1, 8, 11, 13))):
+        with pytest.raises(ValueError, match=f"{cls.__name__} does not use pooler=True"):
+            cls(*args, pooler=True)
+    with pytest.raises(TypeError, match="pooler must be a bool"):
+        TransformerConfig(16, 4, pooler="yes")
+    old = TransformerConfig(16, 4, seq_length=8, num_tokens=11, num_classes=2).to_dict()
+    del old["pooler"]  # a checkpoint written before the field
+    assert TransformerConfig.from_dict(old).pooler is False
+
 def test_a_config_without_berts_fields_reads_as_before():
     old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11).to_dict()
     del old["num_token_types"], old["embedding_norm"], old["mlm_scale"]  # a checkpoint written before these fields

@@ -153,7 +153,8 @@ class TransformerConfig:
             ``False`` as GPT-2 (whose output layer is the tied embedding alone). The other heads do not read it.
         norm_eps: the ``eps`` of the blocks' norms and of a pre-norm stack's final norm (``norm``), added to the
             variance (LayerNorm) or the mean square (RMSNorm) before the square root: ``1e-5`` (the default,
-            PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT).
+            PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
+            (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
         ff_hidden: the hidden size of every feed-forward network, when it is not what ``ff_mult`` gives (Llama-2
             7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, 2/3 of it for a gated unit.
         out_bias: a bias in the output projection of every attention layer (``unifyheads``): ``True`` (the default),
@@ -163,8 +164,6 @@ class TransformerConfig:
         rotary_scaling: Llama-3.1's rescaling of the rotary frequencies for long contexts, ``{"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``
             (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None`` (the default): none.
-            PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
-            (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
         num_token_types: token-type (segment) embeddings: a learned vector for each of this many types, added to
             each token's embedding, the type given per position as the models' ``token_types`` input (BERT's
             sentence A and B: 2). ``None`` (the default): no such vectors and no such input, as before this field
@@ -175,6 +174,10 @@ class TransformerConfig:
             ``e ** -0.5`` (``True``, the default, as before this field existed; the reason is in
             :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot products with the output matrix, as
             BERT. The other heads do not read it.
+        pooler: a classifier (:class:`~torchformer.models.CTransformer` only) passes its pooled vector through a
+            dense layer and a tanh, then dropout (``dropout``), before the linear layer that gives the class scores:
+            BERT's pooler, with ``pool="first"`` on the ``[CLS]`` token (``BertForSequenceClassification``).
+            ``False`` (the default): the linear layer reads the pooled vector itself, as before this field existed.
     """
 
     emb: int
@@ -214,6 +217,7 @@ class TransformerConfig:
     num_token_types: Optional[int] = None
     embedding_norm: bool = False
     mlm_scale: bool = True
+    pooler: bool = False
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -223,7 +227,7 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
-                     "embedding_norm", "mlm_scale"):
+                     "embedding_norm", "mlm_scale", "pooler"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.

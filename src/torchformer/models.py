@@ -282,7 +282,8 @@ class CTransformer(TransformerModel):
     ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` (or, with ``input_dim=d``, feature vectors ``(b, t, d)``)
     and an optional padding mask ``(b, t)`` (True = real token) -> ``(b, num_classes)`` log-probabilities. With a
     mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
-    ``max_pool=True``), ``"mean"`` or ``"first"``.
+    ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler (dense, tanh, dropout) before
+    the classes' linear layer. :meth:`from_encoder` starts one from a pretrained encoder (a loaded BERT).
 
     Give either the six numbers (former's positional arguments) and any other config field as a keyword, or a
     whole ``config``.
@@ -321,14 +322,16 @@ class CTransformer(TransformerModel):
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
         config.require("CTransformer", "seq_length", "num_classes")
-        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale")
+        config.unused("CTransformer", *OTHER_HEADS_FIELDS)
         require_input("CTransformer", config)
         if config.input_dim is not None:  # token types belong to token ids
             config.unused("CTransformer", "num_token_types")
         super().__init__(config)
         self.embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
         self.encoder = Encoder(config, block_class=self.block_class)
-        self.head = ClassifierHead(config.emb, config.num_classes, config.pool)  # type: ignore[arg-type]
+        # BERT's pooler (config.pooler) drops its output with the model's dropout; without it the head has none.
+        self.head = ClassifierHead(config.emb, config.num_classes, config.pool,  # type: ignore[arg-type]
+                                   pooler=config.pooler, dropout=config.dropout if config.pooler else 0.0)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, token_types: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, c)``; ``token_types`` ``(b, t)``: each token's type (segment), with ``num_token_types``
@@ -362,6 +365,41 @@ class CTransformer(TransformerModel):
             The blocks, as a new list.
         """
         return list(self.encoder.blocks)
+
+    @classmethod
+    def from_encoder(cls, pretrained: TransformerModel, num_classes: int, **options: Any) -> CTransformer:
+        """A classifier that starts from ``pretrained``'s embedding and encoder: fine-tuning's first step in one call.
+
+        The classifier's config is ``pretrained``'s with the fields only another model's head reads
+        (:data:`OTHER_HEADS_FIELDS`: ``tie_weights``, ``mlm_scale``, ...) back at their defaults, ``num_classes`` and
+        ``options`` set; then :meth:`load_encoder` copies the encoder. The head is freshly initialised (from the
+        global random generator), and the model is on ``pretrained``'s device and dtype, in training mode. For a
+        BERT loaded with :func:`~torchformer.from_huggingface`, ``CTransformer.from_encoder(bert, 2, pool="first",
+        pooler=True)`` is ``BertForSequenceClassification`` with a new pooler and classifier.
+
+        Args:
+            pretrained: the model whose embedding and encoder the classifier starts from (an
+                :class:`MLMTransformer`, or another classifier).
+            num_classes: the number of classes ``c``.
+            **options: other config fields of the classifier (``pool="first"``, ``pooler=True``, ``dropout=0.1``).
+
+        Returns:
+            The classifier.
+
+        Raises:
+            TypeError: ``pretrained`` is not a torchformer model.
+            ValueError: ``options`` change a field of the encoder, or ``pretrained`` has no encoder
+                (:meth:`load_encoder` names what differs).
+        """
+        if not isinstance(pretrained, TransformerModel):
+            raise TypeError(f"pretrained must be a torchformer model (e.g. an MLMTransformer), got "
+                            f"{type(pretrained).__name__}")
+        defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig) if f.name in OTHER_HEADS_FIELDS}
+        model = cls(config=pretrained.config.replace(**{**defaults, "num_classes": num_classes, **options}))
+        weight = next(pretrained.parameters())  # the embedding's, floating: where and in which dtype the encoder is
+        model.to(device=weight.device, dtype=weight.dtype)
+        model.load_encoder(pretrained)
+        return model
 
     def load_encoder(self, pretrained: TransformerModel) -> None:
         """Start from a pretrained encoder: copy the embedding and the encoder of ``pretrained`` into this model.
@@ -410,11 +448,14 @@ class CTransformer(TransformerModel):
         self.load_state_dict(state, strict=False)  # strict=False: the head is not in state, on purpose
 
 
+# The fields a classifier does not use because another model's head reads them: CTransformer refuses them, and
+# from_encoder sets them back to their defaults.
+OTHER_HEADS_FIELDS = ("tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale")
 # The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads' (mlm_scale is the
 # masked-LM head's, which a classifier leaves at its default), training's, the encoder-decoder's decoder (no part of
 # an encoder), and seq_length (compared as the learned positions' limit).
-FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "tie_weights", "mlm_scale", "tgt_tokens", "decoder_depth",
-                                "dropout", "impl", "checkpoint_blocks", "seq_length"})
+FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "pooler", "tie_weights", "mlm_scale", "tgt_tokens",
+                                "decoder_depth", "dropout", "impl", "checkpoint_blocks", "seq_length"})
 
 
 class MLMTransformer(TransformerModel):
@@ -461,7 +502,8 @@ class MLMTransformer(TransformerModel):
         config = build_config("MLMTransformer", config, given, options)
         config.require("MLMTransformer", "seq_length", "num_tokens")
         # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
-        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias")
+        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias",
+                      "pooler")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
@@ -554,7 +596,7 @@ class GTransformer(TransformerModel):
         config.require("GTransformer", "seq_length", "num_tokens")
         # input_dim is refused: generation feeds the model's own output tokens back in, so its input is token ids.
         config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim",
-                      "num_token_types", "mlm_scale")
+                      "num_token_types", "mlm_scale", "pooler")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
@@ -666,7 +708,7 @@ class Seq2SeqTransformer(TransformerModel):
                      tgt_tokens=tgt_tokens)
         config = build_config("Seq2SeqTransformer", config, given, options)
         config.require("Seq2SeqTransformer", "seq_length", "tgt_tokens")
-        config.unused("Seq2SeqTransformer", "num_classes", "pool", "num_token_types", "mlm_scale")
+        config.unused("Seq2SeqTransformer", "num_classes", "pool", "num_token_types", "mlm_scale", "pooler")
         require_input("Seq2SeqTransformer", config)
         super().__init__(config)
         self.src_embedding = input_embedding(config)  # token ids, or feature vectors with input_dim

@@ -1,7 +1,8 @@
 """Output heads: from the last block's vectors to predictions.
 
 * :class:`ClassifierHead` pools the sequence into one vector (max, mean, or the first token), then maps it to
-  class log-probabilities. With a padding mask it pools over real tokens only, so padding cannot change the result.
+  class log-probabilities, optionally through BERT's pooler (a dense layer and a tanh) first. With a padding mask it
+  pools over real tokens only, so padding cannot change the result.
 * :class:`GeneratorHead` maps every position to log-probabilities over the vocabulary (the next token). Its weight
   matrix can be *tied* to the token embedding (Press & Wolf 2017): the same vectors read tokens in and write them out.
 * :class:`MaskedLMHead` predicts the hidden token at every position of a masked-language model (BERT): a small
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_choice, check_positive_float, check_positive_int
+from torchformer._checks import (check_bool, check_choice, check_positive_float, check_positive_int,
+                                 check_probability)
 from torchformer.config import POOLING
 
 
@@ -32,21 +34,38 @@ class ClassifierHead(nn.Module):
     maps it to ``c`` log-probabilities. With ``"max"`` or ``"mean"``, a sequence with no real token at all pools to
     the zero vector.
 
+    With ``pooler=True`` the pooled vector ``p`` first goes through BERT's *pooler*, ``tanh(W p + b)``, and dropout:
+    ``log_softmax(W_c dropout(tanh(W p + b)) + b_c)``. BERT's pretraining trained the pooler on the ``[CLS]`` token
+    (``pool="first"``) for next-sentence prediction, and ``BertForSequenceClassification`` keeps it between the
+    encoder and its linear layer; the tanh bounds every entry of the vector the classifier reads to (-1, 1).
+
     Args:
         emb: the embedding size ``e``.
         num_classes: the number of classes ``c``.
         pool: ``"max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the
             vector at position 0 (a ``[CLS]``-style token; position 0 must then be a real token).
+        pooler: a dense layer ``(e, e)`` and a tanh on the pooled vector (BERT's); ``False`` (the default): the
+            linear layer reads the pooled vector itself.
+        dropout: the dropout probability on the pooler's output, in training (BERT's classifier drops the pooled
+            vector before its linear layer); only with ``pooler=True``, whose output it drops.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
     """
 
-    def __init__(self, emb: int, num_classes: int, pool: str = "max") -> None:
+    def __init__(self, emb: int, num_classes: int, pool: str = "max", *, pooler: bool = False,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_classes, "num_classes")
         self.pool = check_choice(pool, "pool", POOLING)
+        pooler, dropout = check_bool(pooler, "pooler"), check_probability(dropout, "dropout")
+        if dropout > 0 and not pooler:
+            raise ValueError(f"dropout={dropout!r} drops the pooler's output, but pooler is False: leave dropout out, "
+                             f"or set pooler=True")
+        # None without a pooler: the head, its parameters and its printout stay as they were before the option.
+        self.pooler = nn.Linear(emb, emb) if pooler else None
+        self.dropout = nn.Dropout(dropout) if pooler else None
         self.toprobs = nn.Linear(emb, num_classes)
 
     def pooled(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -73,7 +92,10 @@ class ClassifierHead(nn.Module):
         return x.masked_fill(~real, 0.0).sum(dim=1) / count  # masked_fill, not x * real: padding may hold NaN
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        return log_probabilities(self.toprobs(self.pooled(x, mask)))  # (b, e) -> (b, c)
+        pooled = self.pooled(x, mask)  # (b, t, e) -> (b, e)
+        if self.pooler is not None:  # BERT's: dense, tanh, then dropout
+            pooled = self.dropout(torch.tanh(self.pooler(pooled)))  # (b, e) -> (b, e)
+        return log_probabilities(self.toprobs(pooled))  # (b, e) -> (b, c)
 
 
 def log_probabilities(logits: Tensor) -> Tensor:

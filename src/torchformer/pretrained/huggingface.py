@@ -52,8 +52,10 @@ def from_huggingface(
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
 
     Returns:
-        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, an
-        :class:`~torchformer.models.MLMTransformer` for ``"bert"``.
+        The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, ``"llama"``,
+        ``"mistral"`` and ``"qwen2"``, an :class:`~torchformer.models.MLMTransformer` for ``"bert"``, a
+        :class:`~torchformer.models.CTransformer` for a ``"bert"`` whose ``architectures`` say
+        ``BertForSequenceClassification``.
 
     Raises:
         TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
@@ -84,14 +86,17 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     ``transformers`` loads the folder with the matching ``Auto`` class into the equal model: a
     :class:`~torchformer.models.GTransformer` as GPT-2 (``AutoModelForCausalLM``, ``GPT2LMHeadModel``) or, with
     rotary positions and RMSNorm, as Llama (``LlamaForCausalLM``; Mistral with a ``window``), an
-    :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``). The
+    :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``), a
+    :class:`~torchformer.models.CTransformer` as BERT's classifier (``AutoModelForSequenceClassification``,
+    ``BertForSequenceClassification``). The
     weights keep their dtype; the folder is created if needed, and each file is replaced atomically.
 
     Args:
         model: a model whose config maps onto its family. GPT-2: learned positions, pre-norm LayerNorm blocks,
             ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``, ``"relu"``), no
             grouped-query attention, window, wide heads or ``kqnorm``. BERT: learned positions, post-norm LayerNorm
-            blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions.
+            blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions;
+            BERT's classifier: the same encoder, ``pool="first"``, ``pooler=True``, 2 or more classes.
             Without ``qkv_bias`` the query, key and value biases are written as zeros (the same function), and a
             BERT without token types with one zero token-type vector. Compiled or wrapped models are unwrapped.
         folder: the folder to write.

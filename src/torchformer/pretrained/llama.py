@@ -24,7 +24,7 @@ Shapes: e embedding size (``hidden_size``), v vocabulary size, f the feed-forwar
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -93,7 +93,7 @@ def rules(config: TransformerConfig) -> Iterator[tuple[str, str]]:
         yield OUTPUT
 
 
-def rope(hf: dict[str, Any], refuse) -> tuple[float, Optional[dict]]:
+def rope(hf: dict[str, Any], refuse: Callable[[str, str], ValueError]) -> tuple[float, Optional[dict]]:
     """``(rotary_base, rotary_scaling)`` from the config's rope fields.
 
     Args:
