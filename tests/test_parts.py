@@ -155,7 +155,7 @@ def test_gated_units_keep_the_parameter_count_of_the_plain_network():
 def test_feedforward_errors_name_the_argument():
     with pytest.raises(ValueError, match="activation 'swiglu' is a gated linear unit.*GatedFeedForward"):
         FeedForward(16, activation="swiglu")
-    with pytest.raises(ValueError, match="activation must be one of 'swiglu', 'geglu'; got 'relu'"):
+    with pytest.raises(ValueError, match="activation must be one of 'swiglu', 'geglu', 'geglu_tanh'; got 'relu'"):
         GatedFeedForward(16, activation="relu")
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh', 'relu2'; got 'tanh'"):
         FeedForward(16, activation="tanh")

@@ -320,7 +320,8 @@ class CTransformer(TransformerModel):
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
         config.require("CTransformer", "seq_length", "num_classes")
-        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale")
+        config.unused("CTransformer", "tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale",
+                      "head_scale", "share_embeddings")
         require_input("CTransformer", config)
         if config.input_dim is not None:  # token types belong to token ids
             config.unused("CTransformer", "num_token_types")
@@ -460,7 +461,8 @@ class MLMTransformer(TransformerModel):
         config = build_config("MLMTransformer", config, given, options)
         config.require("MLMTransformer", "seq_length", "num_tokens")
         # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
-        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias")
+        config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias",
+                      "head_scale", "share_embeddings")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
@@ -549,13 +551,13 @@ class GTransformer(TransformerModel):
         config.require("GTransformer", "seq_length", "num_tokens")
         # input_dim is refused: generation feeds the model's own output tokens back in, so its input is token ids.
         config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim",
-                      "num_token_types", "mlm_scale")
+                      "num_token_types", "mlm_scale", "share_embeddings")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias)
+                                  bias=config.head_bias, scale=config.head_scale)
 
     def forward(
         self, x: Tensor, *, caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None
@@ -618,7 +620,11 @@ class Seq2SeqTransformer(TransformerModel):
         tgt_tokens: the target vocabulary size ``v``.
         config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
         **options: any other field of :class:`~torchformer.config.TransformerConfig` (``decoder_depth``,
-            ``input_dim``, ...).
+            ``input_dim``, ``share_embeddings``, ...).
+
+    With ``share_embeddings=True`` the source and the target are read through one token table
+    (``src_embedding.tokens.weight`` is ``tgt_embedding.tokens.weight``), and with ``tie_weights`` too it is also the
+    output matrix: T5's one ``shared`` matrix.
 
     Shapes:
         ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
@@ -646,14 +652,21 @@ class Seq2SeqTransformer(TransformerModel):
         config.require("Seq2SeqTransformer", "seq_length", "tgt_tokens")
         config.unused("Seq2SeqTransformer", "num_classes", "pool", "num_token_types", "mlm_scale")
         require_input("Seq2SeqTransformer", config)
+        if config.share_embeddings and (config.input_dim is not None or config.num_tokens != config.tgt_tokens):
+            raise ValueError(f"share_embeddings=True reads source and target tokens through one embedding: the "
+                             f"source must be token ids of the target's vocabulary, num_tokens == tgt_tokens, got "
+                             f"num_tokens={config.num_tokens}, tgt_tokens={config.tgt_tokens}, "
+                             f"input_dim={config.input_dim}")
         super().__init__(config)
         self.src_embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
         self.tgt_embedding = TokenEmbedding.from_config(config, num_tokens=config.tgt_tokens)
+        if config.share_embeddings:  # T5's `shared`: one token table for both (a position table stays each one's)
+            self.tgt_embedding.tokens.weight = self.src_embedding.tokens.weight
         self.encoder = Encoder(config, block_class=self.encoder_block_class)
         self.decoder = Decoder(config, block_class=self.decoder_block_class)
         tie = self.tgt_embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias)
+                                  bias=config.head_bias, scale=config.head_scale)
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.

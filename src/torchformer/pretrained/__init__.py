@@ -4,19 +4,19 @@
   --local-dir gpt2`` fetched): ``config.json`` says the family (``model_type``), the family's module maps its
   config onto a :class:`~torchformer.config.TransformerConfig` and its tensors onto the model's parameters.
 * :func:`~torchformer.pretrained.huggingface.to_huggingface` writes a torchformer model as such a folder, ``config.json`` and ``model.safetensors``,
-  which ``transformers``' ``AutoModelForCausalLM.from_pretrained`` (GPT-2) or ``AutoModelForMaskedLM`` (BERT) loads
-  into the equal model.
+  which ``transformers``' ``AutoModelForCausalLM.from_pretrained`` (GPT-2, Llama, Mistral), ``AutoModelForMaskedLM``
+  (BERT) or ``AutoModelForSeq2SeqLM`` (T5) loads into the equal model.
 
 The two functions live in :mod:`~torchformer.pretrained.huggingface`. One module per family:
-:mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``) and
-:mod:`~torchformer.pretrained.bert` (``BertForMaskedLM`` <-> ``MLMTransformer``); Llama, Mistral, Qwen2 and T5 come
-next. The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped,
+:mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``),
+:mod:`~torchformer.pretrained.llama` (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` <->
+``GTransformer``), :mod:`~torchformer.pretrained.bert` (``BertForMaskedLM`` <-> ``MLMTransformer``) and
+:mod:`~torchformer.pretrained.t5` (``T5ForConditionalGeneration`` <-> ``Seq2SeqTransformer``). The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped,
 one tensor at a time. Nothing imports ``transformers``: the format is plain files (JSON and safetensors).
 
 A config value the family's module cannot express is an error naming the field and the value, never a silently
 different model: the loaded model computes the same log-probabilities as the original (within float32 rounding,
-``1e-4``, as ``tests/test_huggingface_gpt2.py`` and ``tests/test_huggingface_bert.py`` check against
-``transformers``).
+``1e-4``, as ``tests/test_huggingface_*.py`` check against ``transformers``).
 
     model = from_huggingface("gpt2")                    # a GTransformer, in eval() mode
     tokens = generate(model, prompt, 20, temperature=0)  # torchformer's KV cache
