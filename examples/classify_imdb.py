@@ -49,6 +49,7 @@ from torchformer.train.inspection import attention_weights, plot_attention
 from torchformer.train.metrics import Calibration, evaluate_classifier, format_confusion_matrix
 from torchformer.models import CTransformer, MLMTransformer
 from torchformer.train.loading import load_model
+from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 from torchformer.config import POSITIONS
 from torchformer.scripts.cli import (
     POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, flags_as_saved,
@@ -81,7 +82,7 @@ MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", 
 MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None, "positions": "learned", "prenorm": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
-            "pretrained", "gradient_clipping")
+            "pretrained", "gradient_clipping", "optimizer")
 # What --pretrained decides (the pretrained model's flags): giving one of them as well is an error.
 PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size", "positions", "prenorm")
 
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prenorm", action="store_true", help="layer norm before each sublayer (GPT-2) instead of after the "
         "residual (former's post-norm); docs/blocks.md")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
+    add("--optimizer", choices=OPTIMIZERS, default="adam", help="adam, or muon: Muon for the transformer blocks' "
+        "matrices and Adam for the rest, one learning rate (torchformer.train.optimizers; default adam)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
     add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (both learned from the "
@@ -203,6 +206,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
         p.error("--download fetches the archive into the cache: give it without --data")
+    if args.optimizer == "muon" and (args.model == "lstm" or args.strategy == "fsdp"):
+        p.error("--optimizer muon is for a transformer's blocks (not --model lstm), as whole matrices (not "
+                "--strategy fsdp)")
     check_outputs(p, args.out, OUTPUTS)
     return args
 
@@ -463,7 +469,7 @@ def train(args: argparse.Namespace) -> dict:
     # FSDP2 shards a transformer block by block, the LSTM as one piece.
     # `model` stays the module (with FSDP2, sharded in place)
     wrapped = wrap_model(model, strategy=args.strategy, blocks=[] if args.model == "lstm" else None)
-    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)  # after wrapping
+    opt = make_optimizer(model, args.optimizer, lr=args.learn_rate)  # after wrapping
     per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
     warmup = min(args.lr_warmup // args.batch_size, total)
     sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=total)

@@ -49,9 +49,11 @@ from torchformer.scripts.launch import (
 )
 from torchformer.train.training import (
     CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
-    latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, warmup_cosine,
+    latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, resume_schedule,
+    warmup_cosine,
 )
 from torchformer.train.checkpoint import read_checkpoint
+from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-23): 2.21 validation bits per byte on enwik8_prefix after 6.0 min
@@ -69,12 +71,19 @@ PRESETS = {
                 test_every=2000, test_subset=100_000),
 }
 
+# The bundled sample (270 KB of training text) is learned by heart long before the CPU preset's 2,000 steps: on it,
+# validation went 2.48 -> 2.58 -> 3.11 -> 3.70 bits/byte at steps 500, 1000, 1500, 2000 while the training loss kept
+# falling (issue 31, AMD EPYC, 1 core). Without -N or --minutes a run on the sample stops at the best of those.
+SAMPLE_STEPS = 500
+# Validation rising at this many evaluations in a row (while training goes on) is reported as overfitting.
+RISES = 2
+
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
                 "window", "wide")
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
-RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed")
+RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
@@ -120,6 +129,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
     add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
+    add("--optimizer", choices=OPTIMIZERS, default="adam", help="adam, or muon: Muon for the blocks' matrices and "
+        "Adam for the rest, one learning rate (torchformer.train.optimizers; default adam)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-H", "--heads", type=int, help="attention heads")
     add("-d", "--depth", type=int, help="transformer blocks")
@@ -189,6 +200,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
+    args.warmup_steps = None  # the warmup a resumed run started with (check_resumable); None: min(--lr-warmup, -N)
     given_length = args.minutes is not None or args.num_batches is not None
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
@@ -202,8 +214,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
+    if args.optimizer == "muon" and args.strategy == "fsdp":
+        p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp")
     check_outputs(p, args.out, OUTPUTS)
     return args
+
+
+def rising(values: list[float], times: int = RISES) -> bool:
+    """Whether each of the last ``times`` values is above the one before it (validation getting worse)."""
+    return len(values) > times and all(b > a for a, b in zip(values[-times - 1:], values[-times:]))
 
 
 def load_data(path: Path | None):
@@ -283,7 +302,7 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
     of their own, so training afterwards is not affected (except that dropout draws from the global generator).
     """
     generator = torch.Generator(device=args.device).manual_seed(args.seed + 2)
-    probe = torch.optim.Adam(model.parameters(), lr=0.0, fused=args.device.type == "cuda")
+    probe = make_optimizer(model, args.optimizer, lr=0.0, fused=args.device.type == "cuda")
 
     def step() -> None:
         for _ in range(args.accumulate):
@@ -348,6 +367,8 @@ def check_resumable(ckpt: Path, args) -> None:
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
     planned = extra.get("num_batches")  # older checkpoints do not record it
+    # The warmup the run started with: extending it (a larger -N) stretches the decay, never warms up again.
+    args.warmup_steps = extra.get("warmup_steps", min(args.lr_warmup, planned or args.num_batches))
     if args.typed_num_batches is None and planned is not None:  # an explicit -N wins, e.g. to train longer
         args.num_batches = planned  # the learning-rate schedule continues exactly where it stopped
     elif args.typed_num_batches is None and args.minutes:
@@ -400,6 +421,11 @@ def train(args, threads: int, why: str) -> dict:
                        learn_rate=args.learn_rate))
     (train, val, test), source = load_data(args.data)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
+    if (source.startswith("bundled") and args.typed_num_batches is None and args.minutes is None
+            and args.num_batches is not None and args.num_batches > SAMPLE_STEPS):
+        print(f"note: -N {SAMPLE_STEPS} instead of the preset's {args.num_batches}: a longer run learns the small "
+              f"sample by heart (validation rises); give -N to choose, or -D for real data")
+        args.num_batches = SAMPLE_STEPS
     # The periodic validation scores --test-subset bytes in windows spread over the whole split (bits_per_byte
     # scores `stride` = context // 2 new bytes per window): the first bytes alone are not a fair sample of it.
     val_windows = max(1, math.ceil(args.test_subset / max(1, args.context // 2)))
@@ -442,8 +468,10 @@ def train(args, threads: int, why: str) -> dict:
         seconds = seconds_per_step(net, model, train, args)
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
-    opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
-    sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup, args.num_batches), total_steps=args.num_batches)
+    opt = make_optimizer(model, args.optimizer, lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
+    # Warmup, then cosine decay to step -N. A resumed run keeps the warmup it started with (check_resumable).
+    warmup = min(args.lr_warmup, args.num_batches) if args.warmup_steps is None else args.warmup_steps
+    sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=args.num_batches)
     # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them. They are
     # seeded alike on every process: each draws the same global batch and keeps its share (see micro_batch).
     # The batch generator lives on the device: drawing window starts on the CPU would mean a copy to the GPU,
@@ -460,6 +488,7 @@ def train(args, threads: int, why: str) -> dict:
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
+        resume_schedule(sched)  # the rates of this run's rule at `start`, not the saved rule's (a larger -N)
         print(f"resumed from {ckpt} at step {start}")
         if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
             print(f"note: {ckpt.name} was written by {state['world_size']} process(es), resumed on "
@@ -476,7 +505,7 @@ def train(args, threads: int, why: str) -> dict:
     def save(step: int) -> None:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
-            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches,
+            extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches, "warmup_steps": warmup,
                      "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
@@ -508,6 +537,7 @@ def train(args, threads: int, why: str) -> dict:
     # Reading a loss (.item()) makes the CPU wait for the GPU, which then idles while the next step is launched.
     # So losses stay on the device and are read every --log-every steps; speed is measured over those intervals.
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) not yet logged
+    history, warned = [], False  # validation figures so far (this process's run), and whether it warned of them
     speeds: list[float] = []
     tic = time.perf_counter()
     for step in range(start + 1, args.num_batches + 1):
@@ -554,6 +584,13 @@ def train(args, threads: int, why: str) -> dict:
                 say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
                     f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
                     f"over the split)")
+                history.append(rows[-1]["val_bpb"])
+                if rising(history) and not warned:
+                    warned = True
+                    say(f"warning: validation rose at the last {RISES} evaluations ("
+                        f"{' -> '.join(f'{v:.3f}' for v in history[-RISES - 1:])} bits/byte) while the training loss "
+                        f"fell: the model is learning the training text by heart. Train on more data (-D) or for "
+                        f"fewer steps (-N); the checkpoints keep the earlier, better models")
                 if args.sample_length > 0:  # on every process: an FSDP2 model runs on all of them at once
                     say(f"sample (seed in brackets, temperature {args.temperature}):\n"
                         f"{sample(model, val, args, sampler)}\n")

@@ -406,3 +406,68 @@ def test_wide_heads_train_when_the_embedding_is_not_divisible(script, corpus, tm
     script.main(tiny(corpus, tmp_path, "-N", "2", "-E", "18", "-H", "4", "--wide"))
     assert load_model(tmp_path / "model.pt").config.wide
     assert "1 CPU thread(s) (--threads)" in capsys.readouterr().out  # the start-up line names the threads
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_muon_trains_resumes_exactly_and_a_resume_with_the_other_optimizer_is_refused(script, corpus, tmp_path,
+                                                                                      capsys):
+    whole = script.main(tiny(corpus, tmp_path / "a", "--optimizer", "muon"))
+    adam = script.main(tiny(corpus, tmp_path / "adam"))
+    assert whole["bpb"] != adam["bpb"]  # another optimizer took the steps
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path / "b", "--optimizer", "muon", "--checkpoint", str(ckpt), "--stop-after", "12"))
+    resumed = script.main(tiny(corpus, tmp_path / "b", "--optimizer", "muon", "--checkpoint", str(ckpt)))
+    assert resumed["bpb"] == whole["bpb"]  # Muon's momenta and Adam's moments both restored
+    a, b = training_rows(read_log(tmp_path / "a" / "log.csv")), training_rows(read_log(tmp_path / "b" / "log.csv"))
+    assert all(a[s]["loss"] == b[s]["loss"] for s in range(1, 21))
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="cannot resume: .* was trained with --optimizer muon \\(now adam\\)"):
+        script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(ckpt), "-N", "30"))
+    with pytest.raises(SystemExit):
+        script.main(tiny(corpus, tmp_path / "c", "--optimizer", "muon", "--strategy", "fsdp"))
+    assert "--optimizer muon needs whole matrices" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_run_extended_with_a_larger_n_continues_its_schedule_by_the_documented_rule(script, corpus, tmp_path):
+    """Warmup as the run started (min(--lr-warmup, its first -N)), then cosine decay to the new -N, from the first
+    resumed step on: neither the old rule's rate at the first step nor a second warmup."""
+    ckpt = tmp_path / "ckpt"
+    short = [a if a != "20" else "12" for a in tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt))]
+    short[short.index("--lr-warmup") + 1] = "30"  # longer than the run: the warmup is the run's 12 steps
+    script.main(short)
+    longer = [a if a != "12" else "24" for a in short]
+    script.main(longer)
+    rows = training_rows(read_log(tmp_path / "run" / "log.csv"))
+    assert sorted(rows) == list(range(1, 25))
+
+    def rule(s, warmup, total, base=3e-3, m=0.1):  # warmup_cosine's documented f(s), written out
+        if s < warmup:
+            return base * (s + 1) / (warmup + 1)
+        if s >= total:
+            return base * m
+        return base * (m + (1 - m) * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))))
+
+    for step in range(1, 13):  # the first run: its own rule (step s trains with the rate after s - 1 updates)
+        assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 12), rel=1e-6), step
+    for step in range(13, 25):  # extended: the same warmup, the decay stretched to 24
+        assert float(rows[step]["lr"]) == pytest.approx(rule(step - 1, 12, 24), rel=1e-6), step
+
+
+def test_overfitting_is_recognised_by_validation_rising_twice_in_a_row(script):
+    assert script.rising([2.48, 2.58, 3.11])  # the bundled sample's run of issue 31
+    assert not script.rising([2.48, 2.58])  # one rise: noise, not yet a trend
+    assert not script.rising([3.0, 2.6, 2.7, 2.5])  # falling again
+    assert script.rising([3.0, 2.5, 2.6, 2.7]) and not script.rising([2.5, 2.5, 2.5])
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_the_bundled_sample_trains_500_steps_unless_told_otherwise(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_home"))  # no enwik8 there: the bundled sample
+    small = ["--out", str(tmp_path / "a"), "--threads", "1", "-b", "2", "-E", "8", "-H", "2", "-d", "1", "-C", "8",
+             "--test-every", "1000", "--test-subset", "50", "--sample-length", "0", "--preset", "cpu"]
+    assert script.main([*small, "--stop-after", "1", "--checkpoint", str(tmp_path / "ck")]) == {"step": 1}
+    out = capsys.readouterr().out
+    assert "note: -N 500 instead of the preset's 2000" in out
+    script.main([*small[:1], str(tmp_path / "b"), *small[2:], "-N", "3"])  # -N given: taken as it is
+    assert "note: -N 500" not in capsys.readouterr().out

@@ -464,3 +464,22 @@ def test_positions_and_prenorm_build_that_model_and_predict_reloads_it(script, d
 def test_the_lstm_takes_an_embedding_that_heads_do_not_divide(script, data_dir, tmp_path):
     results = script.main(tiny(data_dir, tmp_path, "--model", "lstm", "-E", "15", "-H", "2", "-e", "1"))
     assert results["count"] == 60
+
+
+def test_muon_fine_tunes_resumes_exactly_and_is_refused_where_it_cannot_work(script, data_dir, tmp_path, capsys):
+    whole = tmp_path / "whole"
+    script.main(tiny(data_dir, whole, "--optimizer", "muon", "-e", "2"))
+    argv = tiny(data_dir, tmp_path / "b", "--optimizer", "muon", "-e", "2", "--checkpoint", str(tmp_path / "ckpt"))
+    assert script.main([*argv, "--stop-at", "9"]) == {}
+    script.main(argv)
+    a = torch.load(whole / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
+    newest = sorted((tmp_path / "ckpt").glob("step_*.pt"))[-1]
+    assert torch.load(newest, weights_only=True)["optimizer_class"] == "MuonWithAdam"
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    capsys.readouterr()
+    for extra in (("--model", "lstm"), ("--strategy", "fsdp")):
+        with pytest.raises(SystemExit):
+            script.main(tiny(data_dir, tmp_path / "c", "--optimizer", "muon", *extra))
+        assert "--optimizer muon is for a transformer's blocks" in capsys.readouterr().err

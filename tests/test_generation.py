@@ -13,7 +13,7 @@ from torch import nn
 
 from torchformer import TransformerBlock, TransformerConfig
 from torchformer.nn.attention import SelfAttention
-from torchformer.decoding.generation import beam_search, generate, sample_next, seq2seq_generate
+from torchformer.decoding.generation import EagerStep, beam_search, generate, sample_next, seq2seq_generate
 from torchformer.models import GTransformer, Seq2SeqTransformer
 
 
@@ -395,3 +395,45 @@ def test_bad_inputs_name_the_argument():
         beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):  # learned positions end at seq_length=10
         seq2seq_generate(small_seq2seq(), torch.zeros(1, 3, dtype=torch.long), 11, bos=0, eos=1)
+
+
+# ---- a batch of prompts of different lengths, padded on the left ------------------------------------------------
+
+
+def left_padded(prompts, pad=0):
+    """The prompts as one batch padded on the left, and its mask (True at real tokens)."""
+    t = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat([torch.full((t - len(p),), pad, dtype=torch.long), p]) for p in prompts])
+    mask = torch.stack([torch.arange(t) >= t - len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary", "alibi", "relative"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_left_padded_batch_decodes_as_each_prompt_alone(positions, use_cache):
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 16, 20, positions=positions, prenorm=True).eval()
+    prompts = [torch.randint(1, 20, (n,)) for n in (5, 2, 7, 1)]
+    ids, mask = left_padded(prompts, pad=3)  # a pad id that is also a real token: only the mask says which is which
+    out, logp = generate(model, ids, 6, temperature=0, prompt_mask=mask, use_cache=use_cache, return_logprobs=True)
+    for row, prompt in enumerate(prompts):
+        alone, alone_logp = generate(model, prompt[None], 6, temperature=0, return_logprobs=True)
+        assert torch.equal(out[row], torch.cat([ids[row], alone[0, len(prompt):]]))
+        torch.testing.assert_close(logp[row], alone_logp[0], atol=1e-5, rtol=0)
+
+
+def test_a_prompt_mask_that_is_not_a_left_padded_batch_is_refused():
+    model = GTransformer(16, 2, 1, 8, 20).eval()
+    ids, mask = left_padded([torch.tensor([1, 2, 3]), torch.tensor([4])])
+    with pytest.raises(ValueError, match="prompt_mask must pad on the left"):
+        generate(model, ids, 2, prompt_mask=mask.flip(1))
+    with pytest.raises(ValueError, match="prompt_mask has a row with no real token"):
+        generate(model, ids, 2, prompt_mask=mask & torch.tensor([[True], [False]]))
+    with pytest.raises(ValueError, match="must fit the model's context: .* make 9, but seq_length is 8"):
+        generate(model, ids, 6, prompt_mask=mask)
+    with pytest.raises(ValueError, match="prompt_mask must have shape"):
+        generate(model, ids, 2, prompt_mask=mask[:, 1:])
+    with pytest.raises(ValueError, match="leave step out"):
+        generate(model, ids, 2, prompt_mask=mask, step=EagerStep(model))
+    with pytest.raises(ValueError, match=r"shift must have shape \(b,\) = \(2,\)"):
+        model(ids, mask, shift=torch.tensor([0]))

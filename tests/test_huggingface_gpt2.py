@@ -391,3 +391,20 @@ def test_an_exported_model_loads_into_transformers_with_equal_outputs(tmp_path, 
         gap = (model(x) - hf_log_probs(hf, x)).abs().max().item()
     assert gap < 1e-4, gap
     assert math.isclose(hf.config.attn_pdrop, model.config.dropout)
+
+
+def test_a_left_padded_batch_generates_as_transformers_does(tmp_path, transformers):
+    """Prompts of different lengths, padded on the left as Hugging Face pads for generation: the same tokens."""
+    hf = random_gpt2(transformers, seed=2)
+    hf.save_pretrained(tmp_path / "gpt2")
+    model = from_huggingface(tmp_path / "gpt2")
+    g = torch.Generator().manual_seed(6)
+    lengths, t = [6, 2, 4], 6
+    ids = torch.randint(1, VOCAB, (3, t), generator=g)
+    mask = torch.stack([torch.arange(t) >= t - n for n in lengths])
+    ids = ids.masked_fill(~mask, 0)
+    ours = torchformer.generate(model, ids, POSITIONS - t, temperature=0, prompt_mask=mask)
+    with torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask.long(), max_new_tokens=POSITIONS - t, do_sample=False,
+                             pad_token_id=0)
+    assert torch.equal(ours, theirs)

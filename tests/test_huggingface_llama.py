@@ -175,7 +175,8 @@ FAMILIES = {
     "llama-3.1": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters={
         "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8})),
-    "llama-bias-tied": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=True)),
+    "llama-bias-tied": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=True,
+                                                                rms_norm_eps=1e-5)),  # Llama-3's eps, base 10000
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
 }
@@ -186,8 +187,8 @@ def random_model(transformers, family, seed=0):
     config_class, model_class, changes = FAMILIES[family]
     config = getattr(transformers, config_class)(
         hidden_size=E, intermediate_size=FF, num_hidden_layers=DEPTH, num_attention_heads=H, num_key_value_heads=G,
-        vocab_size=VOCAB, max_position_embeddings=POSITIONS, rms_norm_eps=1e-6, initializer_range=0.3,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, **changes)
+        vocab_size=VOCAB, max_position_embeddings=POSITIONS, initializer_range=0.3, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None, **{"rms_norm_eps": 1e-6, **changes})
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
@@ -271,3 +272,18 @@ def test_an_exported_model_loads_into_transformers_with_equal_outputs(tmp_path, 
     with torch.no_grad():
         gap = (model(x) - hf_log_probs(hf, x)).abs().max().item()
     assert gap < 1e-4, gap
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_left_padded_batch_generates_as_transformers_does(tmp_path, transformers, family):
+    hf = random_model(transformers, family, seed=2)
+    hf.save_pretrained(tmp_path / family)
+    model = from_huggingface(tmp_path / family)
+    g = torch.Generator().manual_seed(6)
+    lengths, t = [6, 2, 4], 6
+    mask = torch.stack([torch.arange(t) >= t - n for n in lengths])
+    ids = torch.randint(1, VOCAB, (3, t), generator=g).masked_fill(~mask, 0)
+    ours = torchformer.generate(model, ids, 10, temperature=0, prompt_mask=mask)
+    with torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask.long(), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs)

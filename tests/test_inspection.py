@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from torchformer.train.inspection import attention_weights, capture_attention, plot_attention
 from torchformer.models import CTransformer, GTransformer, Seq2SeqTransformer
@@ -133,16 +134,32 @@ def test_plot_attention_without_matplotlib_returns_false(tmp_path, monkeypatch):
 # Hostile inputs: each error names the argument, what was expected and what was received
 
 
-def test_a_generator_takes_no_padding_mask():
+def test_a_generators_padding_mask_keeps_its_attention_off_the_padding():
     torch.manual_seed(0)
     model = GTransformer(16, 2, 2, 10, 20).eval()
     ids = torch.randint(0, 20, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.bool)
-    with pytest.raises(TypeError, match=r"mask must be None for a GTransformer: its forward\(\) takes no padding "
-                                        r"mask .*got a Tensor; call attention_weights\(model, ids\)"):
-        attention_weights(model, ids, mask)
-    with pytest.raises(TypeError, match="mask must be None for a GTransformer"):
-        attention_weights(torch.compile(model, backend="eager"), ids, mask)  # also behind the wrapper
+    mask[1, 4:] = False  # row 1: two padding tokens at the end
+    weights = attention_weights(model, ids, mask)  # (b, h, t, t)
+    assert weights[1, :, :, 4:].abs().max() == 0 and weights[0, :, 5, 5].abs().min() > 0
+    torch.testing.assert_close(weights[1, :, :4].sum(-1), torch.ones(2, 4))  # the real queries' rows sum to 1
+    behind = attention_weights(torch.compile(model, backend="eager"), ids, mask)  # also behind the wrapper
+    torch.testing.assert_close(behind, weights)
+
+    class NoMask(nn.Module):  # a model whose forward takes no mask: passing one is named
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def self_attention_layers(self):
+            return self.inner.self_attention_layers()
+
+        def forward(self, ids):
+            return self.inner(ids)
+
+    with pytest.raises(TypeError, match=r"mask must be None for a NoMask: its forward\(\) takes no padding "
+                                        r"mask, got a Tensor; call attention_weights\(model, ids\)"):
+        attention_weights(NoMask(), ids, mask)
     assert attention_weights(model, ids, layer=np.int64(0)).shape == (2, 2, 6, 6)  # a NumPy int
     with pytest.raises(TypeError, match="model must be a torch.nn.Module .*got str"):
         capture_attention("model", model.blocks.blocks[0].attention, ids)

@@ -349,3 +349,22 @@ def test_the_relative_fields_are_refused_without_relative_positions():
         TransformerConfig(16, 4, positions="relative", relative_buckets=2)
     with pytest.raises(ValueError, match="relative_max_distance must be an int >= 9"):
         TransformerConfig(16, 4, positions="relative", relative_buckets=16, relative_max_distance=8)
+
+
+def test_a_relative_bias_variant_built_by_from_sizes_gets_the_configs_buckets():
+    class Marked(RelativeBias):
+        @classmethod
+        def from_sizes(cls, *, heads, head_size, causal):
+            bias = super().from_sizes(heads=heads, head_size=head_size, causal=causal)
+            bias.marked = True  # a variant's own construction, which from_config must go through
+            return bias
+
+    class Attention(SelfAttention):
+        position_classes = {**SelfAttention.position_classes, "relative": Marked}
+
+    for buckets, distance in ((32, 128), (8, 12)):
+        config = TransformerConfig(16, 4, positions="relative", relative_buckets=buckets,
+                                   relative_max_distance=distance)
+        bias = Attention.from_config(config, causal=True).relative
+        assert type(bias) is Marked and bias.marked and bias.table.weight.shape == (buckets, 4)
+        assert (bias.num_buckets, bias.max_distance, bias.bidirectional) == (buckets, distance, False)

@@ -674,3 +674,28 @@ def test_plot_curves_labels_the_axis_and_marks_single_points(tmp_path, monkeypat
             plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["val_bpb"], marks=bad)
     with pytest.raises(TypeError, match="ylabel must be a str or None, got int 3"):
         plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["val_bpb"], ylabel=3)
+
+
+def test_resume_schedule_sets_the_new_rules_rate_at_the_saved_step():
+    """A schedule rebuilt with another length, its state loaded: the rates are the new rule's at the saved step."""
+    from torchformer.train.training import resume_schedule, warmup_cosine
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([param], lr=1.0)
+    old = warmup_cosine(opt, warmup_steps=2, total_steps=10)
+    for _ in range(9):
+        opt.step()
+        old.step()
+    saved_opt, saved_sched = opt.state_dict(), old.state_dict()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 8)))
+
+    opt2 = torch.optim.SGD([param], lr=1.0)
+    new = warmup_cosine(opt2, warmup_steps=2, total_steps=20)  # the run extended to 20 steps
+    opt2.load_state_dict(saved_opt)
+    new.load_state_dict(saved_sched)
+    expected = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 18))  # step 9 of the new rule
+    assert opt2.param_groups[0]["lr"] != pytest.approx(expected)  # what loading alone leaves: the old rule's rate
+    assert resume_schedule(new) == [pytest.approx(expected)]
+    assert opt2.param_groups[0]["lr"] == pytest.approx(expected) and new.get_last_lr() == [pytest.approx(expected)]
+    with pytest.raises(TypeError, match="scheduler must be a torch.optim.lr_scheduler.LambdaLR, got StepLR"):
+        resume_schedule(torch.optim.lr_scheduler.StepLR(opt2, 2))

@@ -278,6 +278,19 @@ def check_positions(
     return positions
 
 
+def check_shift(shift: object, b: int, device: torch.device) -> Tensor:
+    """Check a generator's ``shift`` ``(b,)`` (each row's left padding): integers on ``device``; as ``torch.long``."""
+    if not isinstance(shift, Tensor):
+        raise TypeError(f"shift must be a torch.Tensor of shape (b,) = ({b},), got {type(shift).__name__}")
+    if shift.dtype.is_floating_point or shift.dtype.is_complex or shift.dtype == torch.bool:
+        raise TypeError(f"shift must hold integers (torch.long), got dtype {shift.dtype}")
+    if tuple(shift.shape) != (b,):
+        raise ValueError(f"shift must have shape (b,) = ({b},), one per row of x, got {tuple(shift.shape)}")
+    if shift.device != device:
+        raise ValueError(f"shift is on {shift.device}, but x is on {device}")
+    return shift.long()
+
+
 def check_position_shape(positions: object, t: int, device: torch.device) -> Tensor:
     """Check that ``positions`` holds ``t`` integer positions ``(t,)`` on ``device``; return them as ``torch.long``.
 

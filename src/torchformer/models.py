@@ -34,7 +34,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_embeddings, check_features, check_mask, check_positions, check_tokens, values_checkable,
+    check_bool, check_embeddings, check_features, check_mask, check_positions, check_shift, check_tokens,
+    values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import MultiHeadAttention
@@ -513,8 +514,11 @@ class MLMTransformer(TransformerModel):
 class GTransformer(TransformerModel):
     """Autoregressive generator (a GPT-style language model): causal blocks, next-token log-probabilities.
 
-    ``forward(x, *, caches=None, positions=None)``: token ids ``(b, t)`` -> ``(b, t, num_tokens)``; the output at
-    position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``tie_weights=True`` shares the
+    ``forward(x, mask=None, *, caches=None, positions=None, shift=None)``: token ids ``(b, t)`` ->
+    ``(b, t, num_tokens)``; the output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``.
+    ``mask`` ``(b, t)`` marks real tokens (padding is never attended to); ``shift`` ``(b,)`` is each row's left
+    padding, so that its first real token has position 0 (a batch of prompts of different lengths, see
+    ``torchformer.generate``'s ``prompt_mask``). ``tie_weights=True`` shares the
     embedding with the output layer. To sample or beam-search, pass the model to ``torchformer.generate(model,
     prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
     (:mod:`torchformer.decoding.generation`).
@@ -530,7 +534,8 @@ class GTransformer(TransformerModel):
             ``tie_weights=True``, ...).
 
     Shapes:
-        ``x`` ``(b, t)`` ids, ``positions`` ``(t,)`` -> ``(b, t, v)`` log-probabilities of the next token.
+        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)``, ``positions`` ``(t,)``, ``shift`` ``(b,)`` -> ``(b, t, v)``
+        log-probabilities of the next token.
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -560,19 +565,36 @@ class GTransformer(TransformerModel):
                                   bias=config.head_bias, scale=config.head_scale)
 
     def forward(
-        self, x: Tensor, *, caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None
+        self,
+        x: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        caches: Optional[list[BlockCache]] = None,
+        positions: Optional[Tensor] = None,
+        shift: Optional[Tensor] = None,
     ) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
+
+        ``mask`` ``(b, t)``, True at real tokens: padding is not attended to (a cache remembers which of its slots
+        are padding). ``shift`` ``(b,)``: row ``r``'s tokens have positions ``positions - shift[r]`` in the
+        position embedding (its left padding, so that its first real token is at position 0). Attention keeps the
+        slots ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
+        if mask is not None:
+            check_mask(mask, "mask", tuple(x.shape), device=x.device)
         capacity = check_caches(caches, len(self.blocks.blocks))
         positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
                                     capacity=capacity, values=self.check_values)
-        h = self.embedding(x, positions)  # (b, t) -> (b, t, e)
-        return self.head(self.blocks(h, positions=positions, caches=caches))  # -> (b, t, v)
+        embedded = positions
+        if shift is not None:
+            shift = check_shift(shift, x.size(0), x.device)
+            embedded = (positions[None, :] - shift[:, None]).clamp(min=0)  # (b, t); a padding slot gets 0
+        h = self.embedding(x, embedded)  # (b, t) -> (b, t, e)
+        return self.head(self.blocks(h, mask, positions=positions, caches=caches))  # -> (b, t, v)
 
     def new_caches(self) -> list[BlockCache]:
         """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.

@@ -47,10 +47,12 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_features, check_positive_int, check_tokens, is_int, is_number, values_checked,
+    check_bool, check_features, check_mask, check_positive_int, check_tokens, is_int, is_number, values_checkable,
+    values_checked,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
@@ -84,6 +86,25 @@ def _check_prompt(prompt: object, name: str, num_tokens: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- the step
+
+
+def _check_prompt_mask(mask: object, prompt: Tensor, new: int, window: int, step: object) -> None:
+    """A left-padded batch's mask: ``(b, t)`` bool on the prompt's device, each row's real tokens last and at least
+    one of them (one read of the device), the whole fitting the model's window, and no custom step."""
+    check_mask(mask, "prompt_mask", tuple(prompt.shape), device=prompt.device)
+    if step is not None:
+        raise ValueError("prompt_mask decodes with the model itself at each step: leave step out (a compiled "
+                         "StaticCacheGenerator takes one prompt length at a time)")
+    if prompt.size(1) + new > window:
+        raise ValueError(f"a padded batch must fit the model's context: the prompt's {prompt.size(1)} positions and "
+                         f"max_new_tokens={new} make {prompt.size(1) + new}, but seq_length is {window}")
+    if values_checkable(mask):
+        left_padded, nonempty = torch.stack([(mask[:, 1:] >= mask[:, :-1]).all(), mask[:, -1].all()]).tolist()
+        if not left_padded:
+            raise ValueError("prompt_mask must pad on the left: in each row, once a real token (True) comes, "
+                             "every later position must be real too")
+        if not nonempty:
+            raise ValueError("prompt_mask has a row with no real token: every prompt needs at least one")
 
 
 class EagerStep:
@@ -135,21 +156,31 @@ class EagerStep:
 
 
 class _LMStepper:
-    """Next-token log-probabilities from a decoder-only model, with a KV cache while the window fits."""
+    """Next-token log-probabilities from a decoder-only model, with a KV cache while the window fits.
 
-    def __init__(self, model: nn.Module, step: Optional[EagerStep], tokens: Tensor) -> None:
+    With a ``prompt_mask`` (left-padded prompts), the padding is masked everywhere and each row's positions are
+    shifted by its padding (``model(..., shift=)``), so that every row decodes as its prompt alone; such a batch
+    always fits the window (:func:`generate` checks), and each step calls the model itself.
+    """
+
+    def __init__(self, model: nn.Module, step: Optional[EagerStep], tokens: Tensor,
+                 prompt_mask: Optional[Tensor] = None) -> None:
         self.model, self.step = model, step
         self.window = model.config.seq_length
         self.caches = None if step is None else step.new_caches(tokens)
         if step is not None:
             self.token, self.position = step.inputs(tokens)
         self.cached = 0  # positions held by the caches
+        self.prompt_mask = prompt_mask
+        self.shift = None if prompt_mask is None else (~prompt_mask).sum(dim=1)  # (n,): each row's left padding
 
     def start(self, tokens: Tensor) -> Tensor:
         """``(n, t) -> (n, v)``: run the (cropped) prompt, filling the caches."""
         window = tokens[:, -self.window :]
         positions = torch.arange(window.size(1), device=tokens.device)
-        logp = self.model(window, caches=self.caches, positions=positions if self.caches is not None else None)
+        padding = {} if self.prompt_mask is None else {"mask": self.prompt_mask, "shift": self.shift}
+        logp = self.model(window, caches=self.caches, positions=positions if self.caches is not None else None,
+                          **padding)
         self.cached = window.size(1)
         return logp[:, -1]
 
@@ -158,9 +189,15 @@ class _LMStepper:
         if self.caches is not None and self.cached < self.window:
             self.token.copy_(tokens[:, -1:])  # (n, 1) into the step's input memory
             self.position.fill_(self.cached)  # its position = its cache slot; a fill, so no wait for the device
-            logp = self.step(self.token, self.position, self.caches)  # type: ignore[misc]
+            if self.shift is None:
+                logp = self.step(self.token, self.position, self.caches)  # type: ignore[misc]
+            else:  # the new token is real; its embedding's position is shifted like the rest of its row
+                logp = self.model(self.token, caches=self.caches, positions=self.position, shift=self.shift)[:, -1]
             self.cached += 1
             return logp
+        if self.prompt_mask is not None:  # no cache: the whole sequence again, the prompt's padding still masked
+            mask = F.pad(self.prompt_mask, (0, tokens.size(1) - self.prompt_mask.size(1)), value=True)
+            return self.model(tokens, mask, shift=self.shift)[:, -1]
         # The window slides: every position shifts, so the cached keys and values are stale. Recompute.
         self.caches = None
         return self.model(tokens[:, -self.window :])[:, -1]
@@ -349,6 +386,7 @@ def generate(
     generator: Optional[torch.Generator] = None,
     return_logprobs: bool = False,
     step: Optional[EagerStep] = None,
+    prompt_mask: Optional[Tensor] = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
@@ -372,6 +410,10 @@ def generate(
             each new token was chosen.
         step: how one cached step runs (default :class:`EagerStep`; a compiled one is
             :class:`~torchformer.decoding.compiled.StaticCacheGenerator`).
+        prompt_mask: ``(b, t)`` bool, True at real tokens, for a batch of prompts of different lengths padded on
+            the left (as Hugging Face tokenizers pad for generation): each row then decodes as its prompt alone
+            (the padding masked, positions counted from each row's first real token), with or without the cache.
+            The prompt and the new tokens must fit ``seq_length``, and ``step`` must be left out.
 
     Returns:
         The token ids ``(b, t + max_new_tokens)`` for a prompt ``(b, t)``; with ``return_logprobs``, also the
@@ -386,10 +428,12 @@ def generate(
     check_bool(use_cache, "use_cache")  # "no" would be truthy
     check_bool(return_logprobs, "return_logprobs")
     _check_generator(generator)
+    if prompt_mask is not None:
+        _check_prompt_mask(prompt_mask, prompt, max_new_tokens, config.seq_length, step)
     if step is None and use_cache:
         step = EagerStep(model)
     with values_checked():  # the prompt is checked; the model reads no values at each token (a GPU would wait)
-        stepper = _LMStepper(model, step if use_cache else None, prompt)
+        stepper = _LMStepper(model, step if use_cache else None, prompt, prompt_mask)
         tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, temperature=temperature,
                                         top_k=top_k, top_p=top_p, generator=generator)
     return (tokens, logprobs) if return_logprobs else tokens

@@ -178,7 +178,12 @@ class Rotary(AttentionPositions):
         Returns:
             A module of the class this is called on.
         """
-        return cls(config.head_size, base=config.rotary_base, scaling=config.rotary_scaling)
+        # Built by from_sizes, the constructor a variant overrides (one that rotates part of each head, say); the
+        # config's frequencies are then set on whatever it built.
+        rotary = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
+        rotary.base = check_positive_float(config.rotary_base, "rotary_base")
+        rotary.scaling = check_rotary_scaling(config.rotary_scaling)
+        return rotary
 
     def frequencies(self, device: torch.device) -> Tensor:
         """``theta_m`` for ``m = 0 .. s/2 - 1``, rescaled by ``scaling`` if given.
@@ -441,8 +446,14 @@ class RelativeBias(AttentionPositions):
         Returns:
             A module of the class this is called on.
         """
-        return cls(config.heads, bidirectional=not causal, num_buckets=config.relative_buckets,
-                   max_distance=config.relative_max_distance)
+        # Built by from_sizes, the constructor a variant overrides (as Rotary's); the config's numbers are then set
+        # on whatever it built, with a table of their size when they are not the defaults.
+        bias = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
+        if (bias.num_buckets, bias.max_distance) != (config.relative_buckets, config.relative_max_distance):
+            bias.num_buckets, bias.max_distance = config.relative_buckets, config.relative_max_distance
+            bias.table = nn.Embedding(config.relative_buckets, config.heads)
+            nn.init.zeros_(bias.table.weight)  # plain attention at the start, as a new table always is
+        return bias
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
         """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)``.

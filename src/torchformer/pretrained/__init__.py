@@ -26,5 +26,6 @@ This package is part of the core: it needs only the config, the models and the f
 """
 
 from torchformer.pretrained.huggingface import from_huggingface, to_huggingface
+from torchformer.pretrained.tokenizer import HuggingFaceTokenizer
 
-__all__ = ["from_huggingface", "to_huggingface"]
+__all__ = ["HuggingFaceTokenizer", "from_huggingface", "to_huggingface"]

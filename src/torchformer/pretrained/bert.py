@@ -52,6 +52,7 @@ from torch import Tensor
 from torchformer._checks import is_int
 from torchformer.config import TransformerConfig
 from torchformer.models import MLMTransformer
+import torchformer.pretrained.building as building
 from torchformer.pretrained.folders import WeightReader
 
 # The torchformer models this family writes (to_huggingface picks the family by the model's class).
@@ -288,13 +289,9 @@ def empty_model(
     Returns:
         The model, its parameters' values unset (the output matrix tied to the embedding again, if tied).
     """
-    with torch.device("meta"):
-        model = MLMTransformer(config=config)
     embedding = stored_prefix(reader) + EMBEDDINGS[0][0]  # embeddings.word_embeddings.weight
-    model = model.to(dtype or reader.dtype(stored_name(reader, embedding))).to_empty(device=device)
-    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output matrix again
-        model.head.weight = model.embedding.tokens.weight
-    return model
+    stored = reader.dtype(stored_name(reader, embedding))
+    return building.empty_model(MLMTransformer, config, dtype=dtype or stored, device=device)
 
 
 def stored_name(reader: WeightReader, name: str) -> str:

@@ -35,6 +35,7 @@ from torch import Tensor
 from torchformer._checks import is_int
 from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
+import torchformer.pretrained.building as building
 from torchformer.pretrained.folders import WeightReader
 
 # The torchformer models this family writes (to_huggingface picks the family by the model's class).
@@ -256,13 +257,8 @@ def empty_model(
     Returns:
         The model, its parameters' values unset (the output layer tied to the embedding again, if tied).
     """
-    with torch.device("meta"):
-        model = GTransformer(config=config)
     embedding = PREFIX + TOP[0].gpt2 if PREFIX + TOP[0].gpt2 in reader.names() else TOP[0].gpt2  # wte.weight
-    model = model.to(dtype or reader.dtype(embedding)).to_empty(device=device)
-    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
-        model.head.toprobs.weight = model.embedding.tokens.weight
-    return model
+    return building.empty_model(GTransformer, config, dtype=dtype or reader.dtype(embedding), device=device)
 
 
 def load_weights(model: GTransformer, reader: WeightReader) -> None:

@@ -32,6 +32,7 @@ from torch import Tensor
 from torchformer._checks import is_int, is_number
 from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
+import torchformer.pretrained.building as building
 from torchformer.pretrained.folders import WeightReader
 
 MODELS = (GTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
@@ -254,12 +255,7 @@ def empty_model(
     Returns:
         The model, its parameters' values unset (the output layer tied to the embedding again, if tied).
     """
-    with torch.device("meta"):
-        model = GTransformer(config=config)
-    model = model.to(dtype or reader.dtype(TOP[0][0])).to_empty(device=device)
-    if config.tie_weights:  # to_empty gives every parameter its own memory: tie the output layer again
-        model.head.toprobs.weight = model.embedding.tokens.weight
-    return model
+    return building.empty_model(GTransformer, config, dtype=dtype or reader.dtype(TOP[0][0]), device=device)
 
 
 def load_weights(model: GTransformer, reader: WeightReader) -> None:

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from torchformer.config import TransformerConfig
 from torchformer.models import Seq2SeqTransformer
+import torchformer.pretrained.building as building
 from torchformer.pretrained.folders import WeightReader
 
 MODELS = (Seq2SeqTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
@@ -299,15 +300,10 @@ def empty_model(
     if config.tie_weights and OUTPUT[0] in stored and not torch.equal(reader.tensor(OUTPUT[0]),
                                                                         reader.tensor(stored_table(reader))):
         config = config.replace(tie_weights=False)
-    with torch.device("meta"):
-        model = Seq2SeqTransformer(config=config)
-    model = model.to(dtype or reader.dtype(stored_table(reader))).to_empty(device=device)
-    # to_empty gives every parameter its own memory: share the table again. (Each stack's relative table is one
-    # module in all of its layers, and stays one.)
-    model.tgt_embedding.tokens.weight = model.src_embedding.tokens.weight
-    if config.tie_weights:
-        model.head.toprobs.weight = model.src_embedding.tokens.weight
-    return model
+    # The shared table, the tied output layer and each stack's relative table stay one tensor each.
+    model = building.empty_model(Seq2SeqTransformer, config, dtype=dtype or reader.dtype(stored_table(reader)),
+                                 device=device)
+    return model  # type: ignore[return-value]
 
 
 def stored_table(reader: WeightReader) -> str:

@@ -86,8 +86,8 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
     Works for any model with a ``self_attention_layers()`` method (:class:`~torchformer.models.CTransformer` and
     :class:`~torchformer.models.GTransformer` have one), also behind ``torch.compile``.
     ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
-    dropout should not change the captured input. ``mask`` is for models that take one (a classifier's padding
-    mask); a generator takes none (its causal mask is built in), and passing one is a ``TypeError`` saying so.
+    dropout should not change the captured input. ``mask`` is for models that take one (a classifier's or a
+    generator's padding mask); passing one to a model whose ``forward`` takes none is a ``TypeError`` saying so.
 
     Args:
         model: a :class:`~torchformer.models.CTransformer`, :class:`~torchformer.models.GTransformer` or another
@@ -121,8 +121,8 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
             raise TypeError(f"model ({type(inner).__name__}) cannot be called as model(ids); use capture_attention() "
                             f"with the arguments its forward() takes") from None
         raise TypeError(
-            f"mask must be None for a {type(inner).__name__}: its forward() takes no padding mask (a generator's "
-            f"causal mask is built in), got a {type(mask).__name__}; call attention_weights(model, ids)"
+            f"mask must be None for a {type(inner).__name__}: its forward() takes no padding mask, got a "
+            f"{type(mask).__name__}; call attention_weights(model, ids)"
         ) from None
     except ValueError:  # no signature to read (a builtin): let the call itself say what is wrong
         pass

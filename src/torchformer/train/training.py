@@ -170,6 +170,32 @@ def warmup_cosine(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[float]:
+    """Set the optimizer's learning rates to what ``scheduler``'s rule gives at its step; return them.
+
+    Call it after a checkpoint restored the optimizer and the scheduler. The optimizer's state holds the learning
+    rates of the rule the run was saved with, and the scheduler's state only its step (its rule is code, rebuilt by
+    the script): when the rule changed (a run extended with a larger ``-N`` decays more slowly), the first resumed
+    step would otherwise take the old rule's rate, and only the steps after it the new one.
+
+    Args:
+        scheduler: a ``LambdaLR`` (as :func:`warmup_cosine` builds), its state restored.
+
+    Returns:
+        The learning rate of each parameter group, now set.
+
+    Raises:
+        TypeError: ``scheduler`` is not a ``LambdaLR``.
+    """
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise TypeError(f"scheduler must be a torch.optim.lr_scheduler.LambdaLR, got {type(scheduler).__name__}")
+    rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = list(rates)  # what get_last_lr() reports
+    return rates
+
+
 def set_seed(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA device).
 

@@ -1,0 +1,116 @@
+"""torchformer.train.optimizers: Muon for the blocks' matrices, Adam for the rest, as one optimizer.
+
+The reference is torch's own ``Muon`` and ``Adam`` run side by side on the same split: the combined optimizer takes
+exactly their steps, under a learning-rate schedule; its state survives a checkpoint (a resumed run takes exactly
+the steps of the uninterrupted one); and the split is the documented one.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchformer import GTransformer
+from torchformer.train.checkpoint import load_checkpoint, save_checkpoint
+from torchformer.train.optimizers import MuonWithAdam, make_optimizer, muon_split
+from torchformer.train.training import warmup_cosine
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return GTransformer(16, 2, 2, 8, 20, prenorm=True, qkv_bias=True)
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 20, (4, 9), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def train(net, opt, steps, start=0, sched=None, same_batch=False):
+    for step in range(start, start + steps):
+        x, y = batch(0 if same_batch else step)
+        loss = F.nll_loss(net(x).transpose(1, 2), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return loss.item()
+
+
+def test_the_split_puts_the_blocks_matrices_in_muon_and_everything_else_in_adam():
+    net = model()
+    matrices, rest = muon_split(net)
+    names = {id(p): n for n, p in net.named_parameters()}
+    assert {names[id(p)] for p in matrices} == {n for n, p in net.named_parameters()
+                                               if n.startswith("blocks.blocks.") and p.dim() == 2}
+    rest_names = {names[id(p)] for p in rest}
+    assert {"embedding.tokens.weight", "embedding.positions.embedding.weight", "head.toprobs.weight",
+            "blocks.blocks.0.attention.toqueries.bias", "blocks.blocks.0.norm1.weight"} <= rest_names
+    assert len(matrices) + len(rest) == len(list(net.parameters()))
+
+
+def test_it_takes_exactly_the_steps_of_torchs_muon_and_adam_side_by_side_under_a_schedule():
+    ours_net, ref_net = model(), model()
+    ours = make_optimizer(ours_net, "muon", lr=0.02)
+    matrices, rest = muon_split(ref_net)
+    muon = torch.optim.Muon(matrices, lr=0.02, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+    adam = torch.optim.Adam(rest, lr=0.02)
+    sched = warmup_cosine(ours, warmup_steps=2, total_steps=6)
+    ref_scheds = [warmup_cosine(o, warmup_steps=2, total_steps=6) for o in (muon, adam)]
+    for step in range(6):
+        for net, opts in ((ours_net, [ours]), (ref_net, [muon, adam])):
+            x, y = batch(step)
+            loss = F.nll_loss(net(x).transpose(1, 2), y)
+            for o in opts:
+                o.zero_grad()
+            loss.backward()
+            for o in opts:
+                o.step()
+        sched.step()
+        for s in ref_scheds:
+            s.step()
+    for (name, a), b in zip(ours_net.named_parameters(), ref_net.parameters()):
+        assert torch.equal(a, b), name
+    assert [g["lr"] for g in ours.param_groups] == [muon.param_groups[0]["lr"], adam.param_groups[0]["lr"]]
+
+
+def test_a_checkpoint_resumes_exactly_and_refuses_the_other_optimizer(tmp_path):
+    net = model()
+    opt = make_optimizer(net, "muon", lr=0.02)
+    sched = warmup_cosine(opt, warmup_steps=2, total_steps=8)
+    train(net, opt, 3, sched=sched)
+    path = save_checkpoint(tmp_path / "c.pt", model=net, optimizer=opt, scheduler=sched, step=3)
+    train(net, opt, 3, start=3, sched=sched)
+    after = copy.deepcopy(net.state_dict())
+
+    resumed = model(seed=1)  # other weights: everything must come from the file
+    opt2 = make_optimizer(resumed, "muon", lr=0.02)
+    sched2 = warmup_cosine(opt2, warmup_steps=2, total_steps=8)
+    assert load_checkpoint(path, model=resumed, optimizer=opt2, scheduler=sched2)["step"] == 3
+    train(resumed, opt2, 3, start=3, sched=sched2)
+    for k, v in after.items():
+        assert torch.equal(resumed.state_dict()[k], v), k
+    with pytest.raises(ValueError, match="holds the state of a MuonWithAdam optimizer, but the optimizer given is "
+                                         "a Adam"):
+        load_checkpoint(path, model=model(), optimizer=make_optimizer(model(), "adam", lr=0.02))
+
+
+def test_muon_lowers_the_loss_and_bad_arguments_are_named():
+    net = model()
+    opt = make_optimizer(net, "muon", lr=0.01)
+    first = train(net, opt, 1, same_batch=True)
+    assert train(net, opt, 30, start=1, same_batch=True) < first / 2  # one batch, learned by heart
+    assert isinstance(opt, MuonWithAdam) and type(make_optimizer(net, "adam", lr=0.01)) is torch.optim.Adam
+    with pytest.raises(ValueError, match="optimizer must be one of 'adam', 'muon'; got 'sgd'"):
+        make_optimizer(net, "sgd", lr=0.01)
+    with pytest.raises(ValueError, match="lr must be a non-negative number, got -1"):
+        make_optimizer(net, "muon", lr=-1)
+    with pytest.raises(TypeError, match="blocks must be given for a Linear"):
+        make_optimizer(torch.nn.Linear(2, 2), "muon", lr=0.01)
+    with pytest.raises(ValueError, match="matrices must hold 2-D parameters only"):
+        MuonWithAdam([torch.nn.Parameter(torch.zeros(3))], [], lr=0.01)
