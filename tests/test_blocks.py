@@ -83,7 +83,7 @@ def test_a_subclass_swaps_a_part_by_naming_its_class():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh', 'relu2', 'swiglu', 'geglu'; got"):
+    with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh', 'relu2', 'swiglu', 'geglu', 'geglu_tanh'; got"):
         config(activation="tanh")
     with pytest.raises(ValueError, match="ff_mult must be a positive int"):
         config(ff_mult=0)

@@ -195,8 +195,8 @@ def test_a_config_value_torchformer_cannot_express_is_named(tmp_path, field, val
 
 
 def test_other_model_types_and_missing_files_are_named(tmp_path):
-    folder = write(tmp_path / "t5", {**hf_config(), "model_type": "t5"}, gpt2_tensors())
-    with pytest.raises(ValueError, match="model_type='t5' is not supported; torchformer loads 'gpt2', 'llama'"):
+    folder = write(tmp_path / "gpt_neox", {**hf_config(), "model_type": "gpt_neox"}, gpt2_tensors())
+    with pytest.raises(ValueError, match="model_type='gpt_neox' is not supported; torchformer loads 'gpt2', 'llama'"):
         from_huggingface(folder)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         from_huggingface(tmp_path / "nowhere")

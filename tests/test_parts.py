@@ -17,6 +17,7 @@ from torchformer import (
     GTransformer,
     MLMTransformer,
     RMSNorm,
+    SelfAttention,
     Seq2SeqTransformer,
     TransformerBlock,
     TransformerConfig,
@@ -155,7 +156,7 @@ def test_gated_units_keep_the_parameter_count_of_the_plain_network():
 def test_feedforward_errors_name_the_argument():
     with pytest.raises(ValueError, match="activation 'swiglu' is a gated linear unit.*GatedFeedForward"):
         FeedForward(16, activation="swiglu")
-    with pytest.raises(ValueError, match="activation must be one of 'swiglu', 'geglu'; got 'relu'"):
+    with pytest.raises(ValueError, match="activation must be one of 'swiglu', 'geglu', 'geglu_tanh'; got 'relu'"):
         GatedFeedForward(16, activation="relu")
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh', 'relu2'; got 'tanh'"):
         FeedForward(16, activation="tanh")
@@ -617,3 +618,102 @@ def test_a_config_without_berts_fields_reads_as_before():
     assert model.embedding.types is None and model.embedding.norm is None and model.head.scale == 16**-0.5
     names = list(model.state_dict())
     assert not any(".types." in name or "embedding.norm" in name for name in names)
+
+
+# ----------------------------------------------------------------------------------------- T5's fields
+
+
+def t5_attention_by_hand(att, x, *, scale):
+    """Multi-head self-attention written out from att's weights: heads of att.head_size, scores times ``scale``."""
+    b, t, _ = x.shape
+    h, s = att.heads, att.head_size
+
+    def heads(y):  # (b, t, h s) -> (b, h, t, s)
+        return y.view(b, t, h, s).transpose(1, 2)
+
+    q = heads(x @ att.toqueries.weight.T)
+    k = heads(x @ att.tokeys.weight.T)
+    v = heads(x @ att.tovalues.weight.T)
+    weights = ((q @ k.transpose(-1, -2)) * scale).softmax(-1)  # (b, h, t, t)
+    return (weights @ v).transpose(1, 2).reshape(b, t, h * s) @ att.unifyheads.weight.T
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_attention_scale_and_head_dim_give_t5s_unscaled_heads_of_their_own_size(impl):
+    """emb 10 with 3 heads of 4 dimensions (no divisor of 10) and scores not divided by sqrt(4), against the formula."""
+    config = TransformerConfig(10, 3, head_dim=4, attention_scale=1.0, out_bias=False, impl=impl)
+    att = seeded(SelfAttention.from_config, config).double()
+    assert att.toqueries.weight.shape == (12, 10) and att.unifyheads.weight.shape == (10, 12)
+    x = torch.randn(2, 5, 10, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(att(x), t5_attention_by_hand(att, x, scale=1.0), atol=1e-12, rtol=0)
+        # The default divides by sqrt(s): another function of the same weights.
+        default = seeded(SelfAttention.from_config, config.replace(attention_scale=None)).double()
+        torch.testing.assert_close(default(x), t5_attention_by_hand(att, x, scale=0.5), atol=1e-12, rtol=0)
+        assert (default(x) - att(x)).abs().max() > 1e-3
+    assert TransformerConfig(10, 3, head_dim=4).head_size == 4 and TransformerConfig(12, 3).head_size == 4
+    with pytest.raises(ValueError, match="emb \\(10\\) must be divisible by heads \\(3\\)"):
+        TransformerConfig(10, 3)  # without head_dim, narrow heads still cut emb
+    with pytest.raises(ValueError, match="head_dim=4 sets the size of narrow heads, but wide=True"):
+        TransformerConfig(12, 3, head_dim=4, wide=True)
+    with pytest.raises(ValueError, match="attention_scale must be a positive float"):
+        TransformerConfig(12, 3, attention_scale=0.0)
+
+
+def test_ff_bias_off_is_w2_relu_w1_x_without_biases():
+    ff = seeded(FeedForward.from_config, TransformerConfig(8, 2, ff_bias=False, ff_hidden=12))
+    assert ff.net[0].bias is None and ff.net[3].bias is None and count(ff) == 2 * 8 * 12
+    x = torch.randn(3, 4, 8)
+    torch.testing.assert_close(ff(x), F.relu(x @ ff.net[0].weight.T) @ ff.net[3].weight.T)
+    assert seeded(FeedForward.from_config, TransformerConfig(8, 2)).net[0].bias is not None  # the default keeps them
+
+
+def test_geglu_tanh_gates_with_the_tanh_approximation_of_gelu():
+    ff = seeded(GatedFeedForward, 8, activation="geglu_tanh", hidden=12).double()
+    x = 3 * torch.randn(3, 4, 8, dtype=torch.float64)
+    a = x @ ff.w1.weight.T
+    gate = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))  # written out
+    torch.testing.assert_close(ff(x), (gate * (x @ ff.v.weight.T)) @ ff.w2.weight.T, atol=1e-12, rtol=0)
+    exact = seeded(GatedFeedForward, 8, activation="geglu", hidden=12).double()
+    assert (exact(x) - ff(x)).abs().max() > 1e-5  # not the exact GELU's unit
+    block = TransformerBlock(TransformerConfig(8, 2, activation="geglu_tanh"))
+    assert isinstance(block.ff, GatedFeedForward) and block.ff.act.approximate == "tanh"
+
+
+def test_head_scale_multiplies_the_vectors_by_e_to_the_minus_half_before_the_tied_output():
+    model = seeded(GTransformer, 16, 2, 1, 8, 11, tie_weights=True, head_bias=False, head_scale=True)
+    x = torch.randn(2, 3, 16)
+    want = F.log_softmax((x * 16**-0.5) @ model.embedding.tokens.weight.T, dim=-1)
+    torch.testing.assert_close(model.head(x), want)
+    # With the factor, the tied table keeps nn.Embedding's unit-variance start (the factor scales the logits).
+    assert 0.8 < model.embedding.tokens.weight.std() < 1.2
+    assert seeded(GTransformer, 16, 2, 1, 8, 11, tie_weights=True).embedding.tokens.weight.std() < 0.4
+    with pytest.raises(ValueError, match="CTransformer does not use head_scale=True"):
+        CTransformer(16, 2, 1, 8, 11, 2, head_scale=True)
+
+
+def test_share_embeddings_reads_source_and_target_through_one_table():
+    model = seeded(Seq2SeqTransformer, 16, 2, 1, 8, 11, 11, share_embeddings=True, tie_weights=True)
+    assert model.src_embedding.tokens.weight is model.tgt_embedding.tokens.weight is model.head.toprobs.weight
+    alone = seeded(Seq2SeqTransformer, 16, 2, 1, 8, 11, 11, tie_weights=True)
+    assert count(alone) - count(model) == 11 * 16  # one (v, e) table fewer
+    with pytest.raises(ValueError, match="num_tokens == tgt_tokens, got num_tokens=11, tgt_tokens=12"):
+        Seq2SeqTransformer(16, 2, 1, 8, 11, 12, share_embeddings=True)
+    with pytest.raises(ValueError, match="GTransformer does not use share_embeddings=True"):
+        GTransformer(16, 2, 1, 8, 11, share_embeddings=True)
+
+
+def test_a_config_without_t5s_fields_reads_as_before():
+    old = TransformerConfig(16, 4, depth=2, seq_length=8, num_tokens=11, tgt_tokens=11).to_dict()
+    for field in ("attention_scale", "head_dim", "ff_bias", "head_scale", "share_embeddings", "relative_buckets",
+                  "relative_max_distance", "relative_shared"):
+        del old[field]  # what a checkpoint written before these fields holds
+    config = TransformerConfig.from_dict(old)
+    assert (config.attention_scale, config.head_dim, config.ff_bias, config.head_scale) == (None, None, True, False)
+    assert (config.share_embeddings, config.relative_buckets, config.relative_max_distance) == (False, 32, 128)
+    assert config.relative_shared is False and config.head_size == 4
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(config=config)
+    assert model.head.scale is None and model.encoder.blocks[0].attention.scale is None
+    assert model.src_embedding.tokens.weight is not model.tgt_embedding.tokens.weight
+    assert "encoder.blocks.0.ff.net.0.bias" in model.state_dict()

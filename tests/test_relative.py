@@ -9,7 +9,11 @@ import math
 import pytest
 import torch
 
-from torchformer import GTransformer, KVCache, SelfAttention, StaticCacheGenerator, generate
+from torchformer import (
+    GTransformer, KVCache, SelfAttention, Seq2SeqTransformer, StaticCacheGenerator, TransformerConfig, generate,
+    load_model, seq2seq_generate,
+)
+from torchformer.train.checkpoint import save_checkpoint
 from torchformer.nn.masks import AttentionMask
 from torchformer.nn.relative import InterleavedRotary, RelativeBias, Rotary, alibi_slopes, relative_bucket
 
@@ -263,3 +267,104 @@ def test_window_equals_an_explicit_banded_mask(causal):
     q, k = att.project_queries(x), att.project_keys_values(x)[0]
     scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~band, -math.inf)
     torch.testing.assert_close(weights, scores.softmax(-1), atol=1e-12, rtol=0)
+
+
+# ---- T5's relative bias: buckets of its own, one table per stack ---------------------------------------------------
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets, max_distance", [(8, 12), (6, 40)])
+def test_relative_buckets_and_max_distance_follow_t5s_definition(bidirectional, num_buckets, max_distance):
+    distances = torch.arange(-60, 61)
+    buckets = relative_bucket(distances, bidirectional=bidirectional, num_buckets=num_buckets,
+                              max_distance=max_distance)
+    assert buckets.tolist() == [t5_bucket(n, bidirectional, num_buckets, max_distance) for n in distances.tolist()]
+    config = TransformerConfig(16, 4, positions="relative", relative_buckets=num_buckets,
+                               relative_max_distance=max_distance)
+    layer = SelfAttention.from_config(config, causal=not bidirectional)
+    assert (layer.relative.num_buckets, layer.relative.max_distance) == (num_buckets, max_distance)
+    assert layer.relative.table.weight.shape == (num_buckets, 4) and layer.relative.bidirectional == bidirectional
+
+
+def t5_model(shared, seed=0):
+    torch.manual_seed(seed)
+    return Seq2SeqTransformer(16, 4, 3, 12, 20, 20, decoder_depth=2, positions="relative", relative_buckets=8,
+                              relative_max_distance=12, relative_shared=shared).double().eval()
+
+
+def test_a_shared_table_is_one_table_per_stack_in_every_layer():
+    model = t5_model(shared=True)
+    for stack, causal in ((model.encoder, False), (model.decoder, True)):
+        tables = {id(block.attention.relative) for block in stack.blocks}
+        assert len(tables) == 1 and stack.blocks[0].attention.relative.bidirectional is not causal
+    assert model.encoder.blocks[0].attention.relative is not model.decoder.blocks[0].attention.relative
+    assert all(block.cross_attention.relative.bias(AttentionMask(torch.arange(3), None)) is None  # no positions
+               for block in model.decoder.blocks)
+    names = [name for name, _ in model.named_parameters() if "relative" in name]
+    assert names == ["encoder.blocks.0.attention.relative.table.weight",
+                     "decoder.blocks.0.attention.relative.table.weight"]  # where T5 stores them
+    unshared = t5_model(shared=False)
+    assert sum(p.numel() for p in unshared.parameters()) - sum(p.numel() for p in model.parameters()) == 3 * 8 * 4
+
+
+def test_a_shared_table_equals_every_layer_holding_the_same_table():
+    """The reference: the unshared model with each stack's tables set to one value computes the same, and the shared
+    table's gradient is the sum of the layers' gradients."""
+    shared, unshared = t5_model(shared=True), t5_model(shared=False)
+    with torch.no_grad():
+        for p in shared.parameters():
+            p.normal_()
+    unshared.load_state_dict(shared.state_dict())  # every layer's key holds its stack's table
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(0, 20, (2, 9), generator=g), torch.randint(0, 20, (2, 7), generator=g)
+    src_mask = torch.tensor([[True] * 9, [True] * 5 + [False] * 4])
+    torch.testing.assert_close(shared(src, tgt, src_mask), unshared(src, tgt, src_mask), atol=1e-12, rtol=0)
+    shared(src, tgt, src_mask).sum().backward()
+    unshared(src, tgt, src_mask).sum().backward()
+    for name, stack in (("encoder", unshared.encoder), ("decoder", unshared.decoder)):
+        summed = sum(block.attention.relative.table.weight.grad for block in stack.blocks)
+        got = getattr(shared, name).blocks[0].attention.relative.table.weight.grad
+        torch.testing.assert_close(got, summed, atol=1e-10, rtol=0)
+
+
+def test_a_shared_table_decodes_with_the_cache_and_round_trips_through_a_checkpoint(tmp_path):
+    model = t5_model(shared=True).float()
+    with torch.no_grad():
+        for block in (model.encoder.blocks[0], model.decoder.blocks[0]):
+            torch.nn.init.normal_(block.attention.relative.table.weight)
+    src = torch.randint(0, 20, (2, 9))
+    cached = seq2seq_generate(model, src, 10, bos=0, eos=1)
+    assert torch.equal(cached, seq2seq_generate(model, src, 10, bos=0, eos=1, use_cache=False))
+    loaded = load_model(save_checkpoint(tmp_path / "t5.pt", model=model, step=0)).eval()
+    assert loaded.decoder.blocks[1].attention.relative is loaded.decoder.blocks[0].attention.relative
+    tgt = torch.randint(0, 20, (2, 6))
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
+
+
+def test_the_relative_fields_are_refused_without_relative_positions():
+    for changes in (dict(relative_shared=True), dict(relative_buckets=16), dict(relative_max_distance=64)):
+        with pytest.raises(ValueError, match="apply to positions='relative' only, but positions is 'rotary'"):
+            TransformerConfig(16, 4, positions="rotary", **changes)
+    with pytest.raises(ValueError, match="relative_buckets must be an int >= 4"):
+        TransformerConfig(16, 4, positions="relative", relative_buckets=2)
+    with pytest.raises(ValueError, match="relative_max_distance must be an int >= 9"):
+        TransformerConfig(16, 4, positions="relative", relative_buckets=16, relative_max_distance=8)
+
+
+def test_a_relative_bias_variant_built_by_from_sizes_gets_the_configs_buckets():
+    class Marked(RelativeBias):
+        @classmethod
+        def from_sizes(cls, *, heads, head_size, causal):
+            bias = super().from_sizes(heads=heads, head_size=head_size, causal=causal)
+            bias.marked = True  # a variant's own construction, which from_config must go through
+            return bias
+
+    class Attention(SelfAttention):
+        position_classes = {**SelfAttention.position_classes, "relative": Marked}
+
+    for buckets, distance in ((32, 128), (8, 12)):
+        config = TransformerConfig(16, 4, positions="relative", relative_buckets=buckets,
+                                   relative_max_distance=distance)
+        bias = Attention.from_config(config, causal=True).relative
+        assert type(bias) is Marked and bias.marked and bias.table.weight.shape == (buckets, 4)
+        assert (bias.num_buckets, bias.max_distance, bias.bidirectional) == (buckets, distance, False)

@@ -31,7 +31,9 @@ CHOICES = {
     "impl": config_module.IMPLEMENTATIONS,
 }
 # Fields that apply only with another setting (the config refuses them alone, rather than ignore them).
-NEEDS = {"rotary_base": {"positions": "rotary"}, "rotary_scaling": {"positions": "rotary"}}
+NEEDS = {"rotary_base": {"positions": "rotary"}, "rotary_scaling": {"positions": "rotary"},
+         "relative_buckets": {"positions": "relative"}, "relative_max_distance": {"positions": "relative"},
+         "relative_shared": {"positions": "relative"}}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 

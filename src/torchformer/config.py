@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from torchformer._checks import (
-    check_bool, check_choice, check_heads, check_positive_float, check_positive_int, check_probability,
+    check_bool, check_choice, check_heads, check_int_at_least, check_positive_float, check_positive_int,
+    check_probability,
 )
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
@@ -28,7 +29,7 @@ ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 RELATIVE_POSITIONS = ("rotary", "rotary_interleaved", "alibi", "relative")
 ROTARY = ("rotary", "rotary_interleaved")  # the schemes that read rotary_base and rotary_scaling
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu", "geglu_tanh")
 
 
 # The keys of Llama-3.1's rotary frequency scaling (rotary_scaling), each a positive number.
@@ -124,8 +125,9 @@ class TransformerConfig:
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
         activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (GELU's tanh
             approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated
-            linear unit, ``"swiglu"`` or ``"geglu"`` (hidden size 2/3 of ``ff_mult * emb``, so the parameter count
-            stays about the same).
+            linear unit, ``"swiglu"``, ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as
+            T5 v1.1 and flan-T5) (hidden size 2/3 of ``ff_mult * emb``, so the parameter count stays about the
+            same).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
         kv_heads: heads of keys and values (grouped-query attention): ``None`` means ``heads``; 1 is multi-query
             attention. Must divide ``heads``.
@@ -178,6 +180,34 @@ class TransformerConfig:
             dense layer and a tanh, then dropout (``dropout``), before the linear layer that gives the class scores:
             BERT's pooler, with ``pool="first"`` on the ``[CLS]`` token (``BertForSequenceClassification``).
             ``False`` (the default): the linear layer reads the pooled vector itself, as before this field existed.
+        attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None``
+            (the default) is ``1 / sqrt(s)``, as before this field existed; T5 uses ``1.0`` (its weights were
+            trained with the factor folded into the query projection).
+        head_dim: the size ``s`` of every attention head, when it is not ``emb / heads`` (t5-3b: 128 with
+            ``emb`` 1024 and 32 heads): the queries, keys and values then have ``heads * head_dim`` dimensions,
+            and ``emb`` need not be divisible by ``heads``. ``None`` (the default): ``emb // heads`` (``emb`` with
+            ``wide``, which refuses a ``head_dim``).
+        ff_bias: biases in the two linear layers of the plain feed-forward network (``activation`` ``"relu"``,
+            ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``): ``True`` (the default), as before this field existed;
+            ``False`` as T5. The gated networks have none either way.
+        head_scale: a generator's output layer multiplies its input by ``e ** -0.5`` before the dot products with
+            the output matrix, as T5 does with its tied output layer (``tie_weights``); ``False`` (the default):
+            no factor, as before this field existed. A tied output matrix then keeps the embedding's
+            initialisation (the factor brings the first logits to unit scale instead). The other heads do not
+            read it.
+        share_embeddings: an encoder-decoder (:class:`~torchformer.models.Seq2SeqTransformer`) reads its source
+            and its target through one token embedding (T5's ``shared``; Vaswani et al. with a joint
+            vocabulary): ``num_tokens`` must equal ``tgt_tokens``. Learned position tables stay separate.
+            ``False`` (the default): two embeddings, as before this field existed. The other models do not use
+            it.
+        relative_buckets: the number of distance buckets of ``positions="relative"``, both directions together
+            in an encoder: 32 (the default, T5's ``relative_attention_num_buckets``). At least 4.
+        relative_max_distance: the distance from which on every distance shares the last bucket of
+            ``positions="relative"``: 128 (the default, T5's ``relative_attention_max_distance``). Above half of
+            ``relative_buckets``, where the logarithmic buckets start.
+        relative_shared: one relative-position table per stack, built by the stack and shared by all of its
+            self-attention layers (T5's, stored in its first block), instead of one per layer (``False``, the
+            default). Only with ``positions="relative"``.
     """
 
     emb: int
@@ -218,16 +248,26 @@ class TransformerConfig:
     embedding_norm: bool = False
     mlm_scale: bool = True
     pooler: bool = False
+    # Added for T5.
+    attention_scale: Optional[float] = None
+    head_dim: Optional[int] = None
+    ff_bias: bool = True
+    head_scale: bool = False
+    share_embeddings: bool = False
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    relative_shared: bool = False
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
         for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
-                     "input_dim", "num_token_types"):
+                     "input_dim", "num_token_types", "head_dim"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
-                     "embedding_norm", "mlm_scale", "pooler"):
+                     "embedding_norm", "mlm_scale", "pooler", "ff_bias", "head_scale", "share_embeddings",
+                     "relative_shared"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
@@ -243,14 +283,31 @@ class TransformerConfig:
         check_choice(self.impl, "impl", IMPLEMENTATIONS)
         check_choice(self.pool, "pool", POOLING)
         check_choice(self.norm, "norm", NORMS)
-        check_heads(self.emb, self.heads, self.kv_heads, self.wide)
+        if self.head_dim is not None and self.wide:
+            raise ValueError(f"head_dim={self.head_dim} sets the size of narrow heads, but wide=True gives every head "
+                             f"all emb={self.emb} dimensions: use one or the other")
+        # A head size of its own (head_dim), like wide heads, does not cut emb into heads: no divisibility rule.
+        check_heads(self.emb, self.heads, self.kv_heads, self.wide or self.head_dim is not None)
         if self.positions not in ROTARY and (self.rotary_base != 10000.0 or self.rotary_scaling is not None):
             raise ValueError(f"rotary_base and rotary_scaling apply to rotary positions only, but positions is "
                              f"{self.positions!r}: leave them out, or use positions='rotary'")
+        if self.attention_scale is not None:
+            object.__setattr__(self, "attention_scale", check_positive_float(self.attention_scale, "attention_scale"))
+        check_int_at_least(self.relative_buckets, "relative_buckets", 4)
+        # The logarithmic buckets run from half the buckets of a side (a causal layer's side is all of them) up to
+        # max_distance: it must lie beyond them, or the logarithm's range is empty.
+        check_int_at_least(self.relative_max_distance, "relative_max_distance", self.relative_buckets // 2 + 1)
+        if self.positions != "relative" and (self.relative_buckets != 32 or self.relative_max_distance != 128
+                                             or self.relative_shared):
+            raise ValueError(f"relative_buckets, relative_max_distance and relative_shared apply to "
+                             f"positions='relative' only, but positions is {self.positions!r}: leave them out, or "
+                             f"use positions='relative'")
 
     @property
     def head_size(self) -> int:
-        """``s``: ``emb`` for wide heads, ``emb // heads`` for narrow ones."""
+        """``s``: ``head_dim`` if given, else ``emb`` for wide heads and ``emb // heads`` for narrow ones."""
+        if self.head_dim is not None:
+            return self.head_dim
         return self.emb if self.wide else self.emb // self.heads
 
     @property

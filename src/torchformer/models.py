@@ -450,12 +450,14 @@ class CTransformer(TransformerModel):
 
 # The fields a classifier does not use because another model's head reads them: CTransformer refuses them, and
 # from_encoder sets them back to their defaults.
-OTHER_HEADS_FIELDS = ("tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale")
+OTHER_HEADS_FIELDS = ("tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale", "head_scale",
+                      "share_embeddings")
 # The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads' (mlm_scale is the
 # masked-LM head's, which a classifier leaves at its default), training's, the encoder-decoder's decoder (no part of
 # an encoder), and seq_length (compared as the learned positions' limit).
-FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "pooler", "tie_weights", "mlm_scale", "tgt_tokens",
-                                "decoder_depth", "dropout", "impl", "checkpoint_blocks", "seq_length"})
+FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "pooler", "tie_weights", "mlm_scale", "head_scale",
+                                "share_embeddings", "tgt_tokens", "decoder_depth", "dropout", "impl",
+                                "checkpoint_blocks", "seq_length"})
 
 
 class MLMTransformer(TransformerModel):
@@ -503,7 +505,7 @@ class MLMTransformer(TransformerModel):
         config.require("MLMTransformer", "seq_length", "num_tokens")
         # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
         config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias",
-                      "pooler")
+                      "pooler", "head_scale", "share_embeddings")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
@@ -596,13 +598,13 @@ class GTransformer(TransformerModel):
         config.require("GTransformer", "seq_length", "num_tokens")
         # input_dim is refused: generation feeds the model's own output tokens back in, so its input is token ids.
         config.unused("GTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim",
-                      "num_token_types", "mlm_scale", "pooler")
+                      "num_token_types", "mlm_scale", "pooler", "share_embeddings")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias)
+                                  bias=config.head_bias, scale=config.head_scale)
 
     def forward(
         self,
@@ -682,7 +684,11 @@ class Seq2SeqTransformer(TransformerModel):
         tgt_tokens: the target vocabulary size ``v``.
         config: a :class:`~torchformer.config.TransformerConfig` instead of the numbers.
         **options: any other field of :class:`~torchformer.config.TransformerConfig` (``decoder_depth``,
-            ``input_dim``, ...).
+            ``input_dim``, ``share_embeddings``, ...).
+
+    With ``share_embeddings=True`` the source and the target are read through one token table
+    (``src_embedding.tokens.weight`` is ``tgt_embedding.tokens.weight``), and with ``tie_weights`` too it is also the
+    output matrix: T5's one ``shared`` matrix.
 
     Shapes:
         ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
@@ -710,14 +716,21 @@ class Seq2SeqTransformer(TransformerModel):
         config.require("Seq2SeqTransformer", "seq_length", "tgt_tokens")
         config.unused("Seq2SeqTransformer", "num_classes", "pool", "num_token_types", "mlm_scale", "pooler")
         require_input("Seq2SeqTransformer", config)
+        if config.share_embeddings and (config.input_dim is not None or config.num_tokens != config.tgt_tokens):
+            raise ValueError(f"share_embeddings=True reads source and target tokens through one embedding: the "
+                             f"source must be token ids of the target's vocabulary, num_tokens == tgt_tokens, got "
+                             f"num_tokens={config.num_tokens}, tgt_tokens={config.tgt_tokens}, "
+                             f"input_dim={config.input_dim}")
         super().__init__(config)
         self.src_embedding = input_embedding(config)  # token ids, or feature vectors with input_dim
         self.tgt_embedding = TokenEmbedding.from_config(config, num_tokens=config.tgt_tokens)
+        if config.share_embeddings:  # T5's `shared`: one token table for both (a position table stays each one's)
+            self.tgt_embedding.tokens.weight = self.src_embedding.tokens.weight
         self.encoder = Encoder(config, block_class=self.encoder_block_class)
         self.decoder = Decoder(config, block_class=self.decoder_block_class)
         tie = self.tgt_embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias)
+                                  bias=config.head_bias, scale=config.head_scale)
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.

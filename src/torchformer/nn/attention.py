@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_choice, check_context, check_heads, check_positive_int, check_probability, check_sequence_inputs,
+    check_bool, check_choice, check_context, check_heads, check_positive_float, check_positive_int, check_probability,
+    check_sequence_inputs,
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.cache import ContextCache, KVCache
@@ -61,6 +62,7 @@ def attention_reference(
     *,
     dropout: float = 0.0,
     bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Plain scaled dot-product attention; returns ``(output, weights)``.
 
@@ -78,13 +80,17 @@ def attention_reference(
             so pass 0 when not training.
         bias: floats added to the scores before the softmax (ALiBi's, a learned relative bias), broadcastable to
             ``(b, h, t, u)``; ``None``: no bias.
+        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
 
     Returns:
         ``(output, weights)``: the output ``(b, h, t, s)`` and the weights ``(b, h, t, u)``.
     """
-    s = q.size(-1)
-    # Dividing by sqrt(s) keeps the dot products at unit variance, so the softmax does not saturate.
-    scores = q @ k.transpose(-2, -1) / math.sqrt(s)  # (b, h, t, s) @ (b, h, s, u) -> (b, h, t, u)
+    scores = q @ k.transpose(-2, -1)  # (b, h, t, s) @ (b, h, s, u) -> (b, h, t, u)
+    if scale is None:
+        # Dividing by sqrt(s) keeps the dot products at unit variance, so the softmax does not saturate.
+        scores = scores / math.sqrt(q.size(-1))
+    elif scale != 1.0:  # T5's 1.0 multiplies by nothing: its query weights were trained with the factor in them
+        scores = scores * scale
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     if allowed is not None:
@@ -108,6 +114,7 @@ def attention_fast(
     dropout: float = 0.0,
     every_row_has_key: bool = False,
     bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """The same function as :func:`attention_reference`, computed by ``scaled_dot_product_attention``.
 
@@ -129,13 +136,15 @@ def attention_fast(
         every_row_has_key: promise that every query has at least one allowed key, which skips the guard against
             the NaN that SDPA returns for a query that may see nothing.
         bias: floats added to the scores before the softmax, broadcastable to ``(b, h, t, u)``; ``None``: no bias.
+        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)`` (SDPA's own default).
 
     Returns:
         The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key, as on the reference path.
     """
     t, u = q.size(-2), k.size(-2)
     if allowed is None and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and t == u and t > 1)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and t == u and t > 1,
+                                              scale=scale)
     # SDPA returns NaN for a query that may see no key at all. Let such rows see everything, then zero them:
     # that matches the reference path (zero weights, zero output, zero gradient).
     any_key = None if allowed is None or every_row_has_key else allowed.any(dim=-1, keepdim=True)  # (b, 1, t, 1)
@@ -143,7 +152,7 @@ def attention_fast(
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale)
     return out if any_key is None else out.masked_fill(~any_key, 0.0)
 
 
@@ -166,6 +175,10 @@ class MultiHeadAttention(nn.Module):
             ``causal``: itself and the ``window - 1`` positions before it). ``None``: no window.
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
         out_bias: a bias in the output projection ``unifyheads`` (``True``; ``False`` as Llama).
+        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``: t5-3b's heads have 128 dimensions at
+            ``e = 1024``, ``h = 32``); the projections then map ``e -> h * s``. ``None``: ``e // h`` (narrow) or
+            ``e`` (wide, which refuses a head size).
+        scale: the factor the scores ``q . k`` are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
 
     ``positions`` may also be a built :class:`~torchformer.nn.relative.AttentionPositions` (``Rotary(s,
     base=500000.0)``, say): it is used as it is. :meth:`from_config` builds one that way, with the scheme's
@@ -201,6 +214,8 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         qkv_bias: bool = False,
         out_bias: bool = True,
+        head_size: int | None = None,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
@@ -208,7 +223,13 @@ class MultiHeadAttention(nn.Module):
         self.kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
         self.window = None if window is None else check_positive_int(window, "window")
         self.wide = check_bool(wide, "wide")
-        check_heads(emb, heads, self.kv_heads, wide)
+        if head_size is not None:
+            check_positive_int(head_size, "head_size")
+            if wide:
+                raise ValueError(f"head_size={head_size} sets the size of narrow heads, but wide=True gives every head "
+                                 f"all emb={emb} dimensions: use one or the other")
+        # A head size of its own, like wide heads, does not cut emb into heads: no divisibility rule then.
+        check_heads(emb, heads, self.kv_heads, wide or head_size is not None)
         self.causal = check_bool(causal, "causal")
         self.kqnorm = check_bool(kqnorm, "kqnorm")
         if not isinstance(positions, AttentionPositions):  # a name (a built scheme is used as it is, below)
@@ -219,8 +240,9 @@ class MultiHeadAttention(nn.Module):
             check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
-        self.head_size = emb if wide else emb // heads
-        inner = heads * self.head_size  # e (narrow) or h * e (wide)
+        self.head_size = head_size if head_size is not None else emb if wide else emb // heads
+        self.scale = None if scale is None else check_positive_float(scale, "scale")
+        inner = heads * self.head_size  # e (narrow), h * e (wide) or h * s (a head size of its own)
 
         # No biases by default (former's choice); GPT-2 and BERT have them (qkv_bias). A key bias adds the same
         # number to every score of a query, which the softmax ignores, but GPT-2's weights were trained with it.
@@ -238,26 +260,50 @@ class MultiHeadAttention(nn.Module):
             self.relative = scheme.from_sizes(heads=heads, head_size=self.head_size, causal=self.causal)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
+    def from_config(
+        cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+        positions: AttentionPositions | None = None,
+    ) -> MultiHeadAttention:
         """The self-attention layer a block of ``config`` uses.
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias`` and, when it acts inside attention,
-                ``positions`` (whose scheme reads what it needs: rotary ``rotary_base`` and ``rotary_scaling``).
+                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias``, ``head_dim``, ``attention_scale`` and, when it
+                acts inside attention, ``positions`` (whose scheme reads what it needs: rotary ``rotary_base`` and
+                ``rotary_scaling``, the relative bias ``relative_buckets`` and ``relative_max_distance``).
             causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            positions: a built position scheme to use, shared with other layers (a stack's one relative bias, with
+                ``relative_shared``); ``None``: the layer builds its own (:meth:`positions_from_config`).
 
         Returns:
             A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
             :class:`SelfAttention`).
         """
-        scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
+        scheme = cls.positions_from_config(config, causal=causal) if positions is None else positions
         return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
-                   kqnorm=config.kqnorm, impl=config.impl, positions=scheme.from_config(config, causal=causal),
-                   kv_heads=config.kv_heads, window=config.window, qkv_bias=config.qkv_bias,
-                   out_bias=config.out_bias)
+                   kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
+                   window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+                   head_size=config.head_dim, scale=config.attention_scale)
+
+    @classmethod
+    def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
+        """The position scheme a layer of this class and ``config`` uses inside attention.
+
+        The class ``position_classes`` names for ``config.positions`` (the base :class:`AttentionPositions`, which
+        does nothing, for the absolute schemes), built with its ``from_config``. A stack calls it once when its
+        layers share one scheme (``relative_shared``), and hands the result to every layer's :meth:`from_config`.
+
+        Args:
+            config: the model's architecture.
+            causal: whether the layer is causal (a causal relative bias has buckets for past keys only).
+
+        Returns:
+            The scheme, a new module.
+        """
+        scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
+        return scheme.from_config(config, causal=causal)
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
@@ -352,12 +398,13 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
         if return_weights or self.impl == "reference":
-            out, weights = attention_reference(q, k, v, mask.allowed(), dropout=p, bias=bias)
+            out, weights = attention_reference(q, k, v, mask.allowed(), dropout=p, bias=bias, scale=self.scale)
             return out, (weights if return_weights else None)
         if not mask.needs_tensor and bias is None:  # everything, or plain causal: SDPA masks by itself (flash)
-            return attention_fast(q, k, v, None, causal=mask.causal, dropout=p), None
+            return attention_fast(q, k, v, None, causal=mask.causal, dropout=p, scale=self.scale), None
         allowed = mask.allowed()  # plain causal with a bias included: allowed() is then the explicit triangle
-        return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias), None
+        return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias,
+                              scale=self.scale), None
 
     def finish(self, out: Tensor, mask: AttentionMask) -> Tensor:
         """Merge the heads, mix them, and zero the queries that saw no real key: ``(b, h, t, s) -> (b, t, e)``.
@@ -383,6 +430,8 @@ class MultiHeadAttention(nn.Module):
             + (f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else "")
             + (f", window={self.window}" if self.window is not None else "")
             + (", qkv_bias=True" if self.qkv_bias else "")
+            + (f", head_size={self.head_size}" if self.head_size * self.heads != self.emb and not self.wide else "")
+            + (f", scale={self.scale}" if self.scale is not None else "")
         )
 
 
@@ -409,7 +458,8 @@ class SelfAttention(MultiHeadAttention):
     ``causal``, ``window``, ``mask`` or the cache forbids it. With ``kv_heads=g``, $K$ and $V$ have ``g`` heads,
     each shared by ``h / g`` consecutive query heads. ``kqnorm`` layer-normalises each $Q_n$ and $K_n$;
     ``positions="rotary"`` then rotates them, ``"alibi"`` and ``"relative"`` add their bias to the scores,
-    beside $M$ (:mod:`torchformer.nn.relative`). ``dropout`` acts on the softmax's weights.
+    beside $M$ (:mod:`torchformer.nn.relative`). ``dropout`` acts on the softmax's weights. ``scale`` replaces
+    $1/\sqrt{s}$ (T5 multiplies by 1: the factor is in its $W_q$).
 
     ``forward(x, mask=None, *, positions=None, cache=None, return_weights=False)``:
 
@@ -438,6 +488,9 @@ class SelfAttention(MultiHeadAttention):
         window: sliding-window attention: a query sees only keys less than ``window`` positions away.
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
         out_bias: a bias in the output projection (``True``; ``False`` as Llama).
+        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
+        scale: the factor the scores are multiplied by instead of $1/\sqrt{s}$; ``None``: $1/\sqrt{s}$. T5's is
+            ``1.0``.
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -556,6 +609,8 @@ class CrossAttention(MultiHeadAttention):
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
         qkv_bias: a bias in the query, key and value projections; ``False``: none.
         out_bias: a bias in the output projection (``True``; ``False`` as Llama).
+        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
+        scale: the factor the scores are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
@@ -563,28 +618,37 @@ class CrossAttention(MultiHeadAttention):
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
                  impl: str = "sdpa", kv_heads: int | None = None, qkv_bias: bool = False,
-                 out_bias: bool = True) -> None:
+                 out_bias: bool = True, head_size: int | None = None, scale: float | None = None) -> None:
         super().__init__(emb, heads, wide=wide, dropout=dropout, kqnorm=kqnorm, impl=impl, kv_heads=kv_heads,
-                         qkv_bias=qkv_bias, out_bias=out_bias)
+                         qkv_bias=qkv_bias, out_bias=out_bias, head_size=head_size, scale=scale)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> MultiHeadAttention:
+    def from_config(
+        cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+        positions: AttentionPositions | None = None,
+    ) -> MultiHeadAttention:
         """The cross-attention layer of a decoder block of ``config``.
 
         Never causal, no window, no relative positions: the context is another sequence.
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``qkv_bias`` and ``out_bias`` are used.
+                ``kv_heads``, ``qkv_bias``, ``out_bias``, ``head_dim`` and ``attention_scale`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            positions: accepted for the same signature, and refused unless ``None``: the context's keys have no
+                positions in the queries' sequence.
 
         Returns:
             A layer of the class this is called on (a :class:`CrossAttention`).
         """
+        if positions is not None:
+            raise ValueError("cross-attention takes no position scheme: the context's keys have no positions in the "
+                             "queries' sequence")
         return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias)
+                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+                   head_size=config.head_dim, scale=config.attention_scale)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.

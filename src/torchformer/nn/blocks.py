@@ -41,6 +41,7 @@ from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAtt
 from torchformer.nn.cache import BlockCache
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.norms import make_norm
+from torchformer.nn.relative import AttentionPositions
 
 
 class TransformerBlock(nn.Module):
@@ -56,6 +57,9 @@ class TransformerBlock(nn.Module):
             ``window``).
         causal: self-attention only looks backwards (generators).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
+        positions: a position scheme the self-attention shares with the other blocks of its stack (T5's one
+            relative bias, ``relative_shared``: :meth:`stack_positions` builds it, the stack hands it to every
+            block); ``None``: the attention builds its own.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``.
@@ -66,14 +70,20 @@ class TransformerBlock(nn.Module):
     # entry ({**TransformerBlock.feedforward_classes, "swiglu": MyGLU}) or all (dict.fromkeys(ACTIVATIONS, MyFF)).
     feedforward_classes: dict[str, type[nn.Module]] = {
         "relu": FeedForward, "gelu": FeedForward, "gelu_tanh": FeedForward, "relu2": FeedForward,
-        "swiglu": GatedFeedForward, "geglu": GatedFeedForward,
+        "swiglu": GatedFeedForward, "geglu": GatedFeedForward, "geglu_tanh": GatedFeedForward,
     }
 
-    def __init__(self, config: TransformerConfig, *, causal: bool = False, layer: int = 0) -> None:
+    def __init__(
+        self, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+        positions: AttentionPositions | None = None,
+    ) -> None:
         super().__init__()
         self.emb, self.prenorm = config.emb, config.prenorm
         self.layer = layer  # which block of the stack this is, from 0: a variant may depend on its depth
-        self.attention = self.attention_class.from_config(config, causal=causal, layer=layer)
+        # A shared scheme is passed on only when there is one, so that an attention variant whose from_config
+        # predates the argument still builds every model that does not share.
+        shared = {} if positions is None else {"positions": positions}
+        self.attention = self.attention_class.from_config(config, causal=causal, layer=layer, **shared)
         self.norm1 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.build_middle(config)
         if config.activation not in self.feedforward_classes:
@@ -91,6 +101,25 @@ class TransformerBlock(nn.Module):
                 f"feedforward_classes = dict.fromkeys(ACTIVATIONS, {vars(cls)['feedforward_class'].__name__}) "
                 f"(ACTIVATIONS from torchformer.config), or {{**TransformerBlock.feedforward_classes, 'relu': ...}}"
             )
+
+    @classmethod
+    def stack_positions(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions | None:
+        """The one position scheme all blocks of a stack share, or ``None`` when each attention builds its own.
+
+        T5 learns one relative-position table per stack (``relative_shared``): the stack calls this once and
+        passes the result to every block as ``positions``, so each self-attention adds the bias of the same table.
+
+        Args:
+            config: the architecture of the blocks.
+            causal: whether the blocks' self-attention is causal (a decoder's: one-sided buckets).
+
+        Returns:
+            The scheme :attr:`attention_class` builds for ``config``, with ``config.relative_shared``; else
+            ``None``.
+        """
+        if not config.relative_shared:
+            return None
+        return cls.attention_class.positions_from_config(config, causal=causal)
 
     @classmethod
     def needs_final_norm(cls, config: TransformerConfig) -> bool:
@@ -199,6 +228,8 @@ class DecoderBlock(TransformerBlock):
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
+        positions: the self-attention's position scheme, shared with the stack's other blocks (as for
+            :class:`TransformerBlock`); the cross-attention has none. ``None``: the attention builds its own.
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)``,
@@ -207,8 +238,10 @@ class DecoderBlock(TransformerBlock):
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
 
-    def __init__(self, config: TransformerConfig, *, layer: int = 0) -> None:
-        super().__init__(config, causal=True, layer=layer)
+    def __init__(
+        self, config: TransformerConfig, *, layer: int = 0, positions: AttentionPositions | None = None
+    ) -> None:
+        super().__init__(config, causal=True, layer=layer, positions=positions)
 
     def build_middle(self, config: TransformerConfig) -> None:
         """Build the cross-attention and its norm, between self-attention and feed-forward.

@@ -6,9 +6,11 @@ with the same weights at every position. Two shapes of network:
 * :class:`FeedForward`: two linear layers with a nonlinearity between, ``W2 act(W1 x + b1) + b2``, hidden size
   ``h = ff_mult * e``. ``act`` is ``"relu"`` (Vaswani et al.), ``"gelu"`` (BERT), ``"gelu_tanh"`` (GELU's tanh
   approximation, which GPT-2's code uses) or ``"relu2"``, ReLU squared (So et al. 2021, "Primer"), which an
-  architecture search found to train faster at no cost.
+  architecture search found to train faster at no cost. With ``bias=False`` (the config's ``ff_bias``) it has no
+  biases, as T5's.
 * :class:`GatedFeedForward`: a gated linear unit (Shazeer 2020), ``W2 (act(W1 x) * (V x))``, with
-  ``act = SiLU`` (``"swiglu"``) or ``GELU`` (``"geglu"``). One path through the nonlinearity decides, component by
+  ``act = SiLU`` (``"swiglu"``), ``GELU`` (``"geglu"``) or GELU's tanh approximation (``"geglu_tanh"``, T5 v1.1's
+  and flan-T5's ``gated-gelu``). One path through the nonlinearity decides, component by
   component, how much of a second, linear path passes. It has three matrices instead of two, so its hidden size is
   ``2/3`` of ``ff_mult * e`` to keep the parameter count about the same.
 
@@ -26,7 +28,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_int, check_probability
+from torchformer._checks import check_bool, check_choice, check_positive_int, check_probability
 from torchformer.config import TransformerConfig
 
 
@@ -65,7 +67,7 @@ class GELUTanh(nn.GELU):
 NONLINEARITIES: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": GELUTanh, "relu2": ReLUSquared,
 }
-GATES: dict[str, type[nn.Module]] = {"swiglu": nn.SiLU, "geglu": nn.GELU}
+GATES: dict[str, type[nn.Module]] = {"swiglu": nn.SiLU, "geglu": nn.GELU, "geglu_tanh": GELUTanh}
 
 
 def gated_hidden_size(emb: int, ff_mult: int) -> int:
@@ -96,9 +98,9 @@ class FeedForward(nn.Module):
     $$
 
     $W_1$ ``(h, e)`` and $b_1$ are ``net[0].weight`` and ``net[0].bias``, $W_2$ ``(e, h)`` and $b_2$ are
-    ``net[3].weight`` and ``net[3].bias``; ``act`` is ReLU, GELU (exact or its tanh approximation) or ReLU squared
-    (``activation``), and ``dropout``
-    acts on its output (``net[2]``, training only).
+    ``net[3].weight`` and ``net[3].bias`` (with ``bias=False`` there are no $b_1$, $b_2$); ``act`` is ReLU, GELU
+    (exact or its tanh approximation) or ReLU squared (``activation``), and ``dropout`` acts on its output
+    (``net[2]``, training only).
 
     Args:
         emb: embedding size ``e``.
@@ -107,6 +109,7 @@ class FeedForward(nn.Module):
         activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu2"`` (ReLU squared). The gated ``"swiglu"``
             and ``"geglu"`` are :class:`GatedFeedForward`, which :meth:`from_config` picks for them.
         dropout: dropout on the hidden activations.
+        bias: the biases ``b1`` and ``b2`` (``True``); ``False``: none, as T5 (``config.ff_bias``).
 
     The layers are ``net.0`` (``W1``), ``net.1`` (the nonlinearity), ``net.2`` (dropout) and ``net.3`` (``W2``);
     checkpoints name the weights that way.
@@ -116,7 +119,7 @@ class FeedForward(nn.Module):
     """
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0,
-                 hidden: Optional[int] = None) -> None:
+                 hidden: Optional[int] = None, bias: bool = True) -> None:
         super().__init__()
         check_positive_int(emb, "emb")
         check_positive_int(ff_mult, "ff_mult")
@@ -127,11 +130,12 @@ class FeedForward(nn.Module):
                 f"GatedFeedForward (a block's feedforward_classes name it for the gated units)"
             )
         check_choice(activation, "activation", tuple(NONLINEARITIES))
+        check_bool(bias, "bias")
         self.net = nn.Sequential(
-            nn.Linear(emb, hidden),
+            nn.Linear(emb, hidden, bias=bias),
             NONLINEARITIES[activation](),
             nn.Dropout(check_probability(dropout, "dropout")),
-            nn.Linear(hidden, emb),
+            nn.Linear(hidden, emb, bias=bias),
         )
 
     @classmethod
@@ -143,8 +147,8 @@ class FeedForward(nn.Module):
         class refuses those).
 
         Args:
-            config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are
-                used.
+            config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation``, ``dropout`` and
+                ``ff_bias`` are used.
             layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
                 layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
 
@@ -152,10 +156,10 @@ class FeedForward(nn.Module):
             The feed-forward network of one block.
 
         Raises:
-            ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``).
+            ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``, ``"geglu_tanh"``).
         """
         return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
-                   hidden=config.ff_hidden)
+                   hidden=config.ff_hidden, bias=config.ff_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -174,7 +178,8 @@ class GatedFeedForward(nn.Module):
     no biases. ``dropout`` acts on the product (``drop``, training only).
 
     ``act(W1 x)`` ``(b, t, h)`` is the gate, ``V x`` ``(b, t, h)`` the gated value; their element-wise product is
-    the hidden layer. ``act`` is SiLU, ``x * sigmoid(x)`` (``"swiglu"``), or GELU (``"geglu"``). The hidden size is
+    the hidden layer. ``act`` is SiLU, ``x * sigmoid(x)`` (``"swiglu"``), GELU (``"geglu"``) or its tanh
+    approximation (``"geglu_tanh"``, :class:`GELUTanh`: T5 v1.1's and flan-T5's ``gated-gelu``). The hidden size is
     ``h = round(2/3 * ff_mult * e)`` (:func:`gated_hidden_size`), so the three matrices hold about as many weights
     as :class:`FeedForward`'s two. As in the paper (and PaLM, LLaMA), the layers have no biases.
 
@@ -182,7 +187,7 @@ class GatedFeedForward(nn.Module):
         emb: embedding size ``e``.
         ff_mult: the plain network's hidden size as a multiple of ``e``; this one's is 2/3 of it.
         hidden: the hidden size ``h`` (``config.ff_hidden``, Llama-2 7B's 11008); ``None``: 2/3 of ``ff_mult * e``.
-        activation: ``"swiglu"`` or ``"geglu"``.
+        activation: ``"swiglu"``, ``"geglu"`` or ``"geglu_tanh"``.
         dropout: dropout on the hidden layer (the product).
 
     Shapes:
@@ -204,7 +209,7 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, layer: int = 0) -> GatedFeedForward:
-        """The gated network ``config.activation`` names (``"swiglu"`` or ``"geglu"``), sized by ``config.ff_mult``.
+        """The gated network ``config.activation`` names, sized by ``config.ff_mult`` (or ``config.ff_hidden``).
 
         Args:
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are

@@ -139,29 +139,38 @@ class GeneratorHead(nn.Module):
         num_tokens: the vocabulary size ``v``.
         tie_to: an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e`` whose weight this layer shares (weight
             tying); the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first
-            logits have unit scale. ``None``: a weight of its own.
+            logits have unit scale (unless ``scale``, which does that instead). ``None``: a weight of its own.
         bias: a bias per token added to the logits (the default); ``False``: none, as GPT-2's output layer, which is
             the tied embedding alone (config field ``head_bias``).
+        scale: multiply each input vector by ``e ** -0.5`` before the output layer, as T5 does before its tied
+            output layer (config field ``head_scale``); ``False`` (the default): no factor.
 
     Shapes:
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
     """
 
-    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True) -> None:
+    def __init__(
+        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True, scale: bool = False
+    ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
         self.toprobs = nn.Linear(emb, num_tokens, bias=check_bool(bias, "bias"))
+        self.scale = emb**-0.5 if check_bool(scale, "scale") else None
         check_tie_to(tie_to, num_tokens, emb)
         if tie_to is not None:
             # nn.Embedding starts with unit-variance entries; as output weights they would give logits of standard
             # deviation sqrt(e) (a starting loss far above uniform guessing). Rescale to std e^-1/2: unit-variance
-            # logits.
-            with torch.no_grad():
-                tie_to.weight.normal_(0.0, emb**-0.5)
+            # logits. With the scale, the factor e^-1/2 does that, and the embedding keeps its unit-variance entries
+            # (T5's choice: its input vectors are then on the scale of the blocks' activations).
+            if self.scale is None:
+                with torch.no_grad():
+                    tie_to.weight.normal_(0.0, emb**-0.5)
             self.toprobs.weight = tie_to.weight
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.scale is not None:  # T5's: the vectors scaled before the dot products (a bias stays as it is)
+            x = x * self.scale
         return log_probabilities(self.toprobs(x))
 
 

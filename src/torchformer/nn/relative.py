@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_float
+from torchformer._checks import check_int_at_least, check_positive_float
 from torchformer.config import TransformerConfig, check_rotary_scaling
 from torchformer.nn.masks import AttentionMask
 
@@ -395,8 +395,11 @@ class RelativeBias(AttentionPositions):
     :func:`relative_bucket` (with this layer's ``bidirectional``, ``num_buckets`` and ``max_distance``);
     :meth:`bias` returns $B_{\operatorname{bucket}(i - j),\,h}$ for every head, ``(h, t, u)``.
 
-    Unlike T5, which shares one table across layers, every attention layer learns its own. The table starts at
-    zero, so a fresh layer attends as if there were no bias.
+    By default every attention layer learns its own table. T5 learns one per stack, stored in its first block and
+    used by all of its layers: with the config's ``relative_shared``, a stack builds one ``RelativeBias`` and hands
+    the same module to each of its self-attention layers (``MultiHeadAttention.from_config(config,
+    positions=...)``), so every layer adds the bias of the same table. The table starts at zero, so a fresh layer
+    attends as if there were no bias.
 
     Args:
         heads: ``h``.
@@ -410,6 +413,8 @@ class RelativeBias(AttentionPositions):
 
     def __init__(self, heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
+        check_int_at_least(num_buckets, "num_buckets", 4)
+        check_int_at_least(max_distance, "max_distance", num_buckets // 2 + 1)  # beyond the exact buckets
         self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
         self.table = nn.Embedding(num_buckets, heads)  # bucket -> one scalar per head
         nn.init.zeros_(self.table.weight)  # start as plain attention; training finds which distances matter
@@ -429,6 +434,26 @@ class RelativeBias(AttentionPositions):
             A module of the class this is called on.
         """
         return cls(heads, bidirectional=not causal)
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig, *, causal: bool) -> RelativeBias:
+        """A table for ``config``'s heads, ``relative_buckets`` and ``relative_max_distance``, one-sided if causal.
+
+        Args:
+            config: the model's architecture.
+            causal: a causal layer sees only past keys: its buckets are for ``i - j >= 0`` only.
+
+        Returns:
+            A module of the class this is called on.
+        """
+        # Built by from_sizes, the constructor a variant overrides (as Rotary's); the config's numbers are then set
+        # on whatever it built, with a table of their size when they are not the defaults.
+        bias = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
+        if (bias.num_buckets, bias.max_distance) != (config.relative_buckets, config.relative_max_distance):
+            bias.num_buckets, bias.max_distance = config.relative_buckets, config.relative_max_distance
+            bias.table = nn.Embedding(config.relative_buckets, config.heads)
+            nn.init.zeros_(bias.table.weight)  # plain attention at the start, as a new table always is
+        return bias
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
         """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)``.

@@ -7,6 +7,9 @@
 * :class:`Decoder`: ``depth`` :class:`~torchformer.nn.blocks.DecoderBlock`\\ s: causal self-attention and
   cross-attention to the ``context`` (the encoder's output).
 
+With ``config.relative_shared`` (T5), a stack builds one relative-position table and every block's self-attention
+adds its bias (:func:`shared_positions`); otherwise each attention layer has its own.
+
 With pre-norm blocks, the residual stream leaving the last block was never normalised, so the stack ends with a
 final normalisation (as GPT-2 does), of the blocks' kind (``config.norm``: LayerNorm or RMSNorm). With post-norm
 blocks the last block already normalised it.
@@ -62,6 +65,26 @@ def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCach
     return block(*args, cache=cache, **kwargs)
 
 
+def shared_positions(block_class: type[TransformerBlock], config: TransformerConfig, *, causal: bool) -> dict:
+    """The keyword argument that hands every block of a stack the same position scheme, or none.
+
+    With ``config.relative_shared`` (T5), the stack builds one relative-position table
+    (:meth:`~torchformer.nn.blocks.TransformerBlock.stack_positions`) and every block's self-attention uses it;
+    the parameters then appear once, under the first block's name. Otherwise each attention builds its own, and the
+    blocks are built as always (a block variant without the argument still works).
+
+    Args:
+        block_class: the stack's block class.
+        config: the architecture.
+        causal: whether the blocks' self-attention is causal.
+
+    Returns:
+        ``{"positions": scheme}``, or ``{}``.
+    """
+    scheme = block_class.stack_positions(config, causal=causal)
+    return {} if scheme is None else {"positions": scheme}
+
+
 class Encoder(nn.Module):
     """``depth`` transformer blocks, then a final norm with pre-norm blocks.
 
@@ -87,7 +110,8 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.emb = config.emb
-        self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i) for i in range(config.depth))
+        shared = shared_positions(block_class, config, causal=causal)
+        self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i, **shared) for i in range(config.depth))
         self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
@@ -128,7 +152,8 @@ class Decoder(nn.Module):
         super().__init__()
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.emb = config.emb
-        self.blocks = nn.ModuleList(block_class(config, layer=i) for i in range(depth))
+        shared = shared_positions(block_class, config, causal=True)  # the decoder's own table: one-sided buckets
+        self.blocks = nn.ModuleList(block_class(config, layer=i, **shared) for i in range(depth))
         self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 

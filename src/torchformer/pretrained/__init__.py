@@ -5,15 +5,16 @@
   config onto a :class:`~torchformer.config.TransformerConfig` and its tensors onto the model's parameters.
 * :func:`~torchformer.pretrained.huggingface.to_huggingface` writes a torchformer model as such a folder, ``config.json`` and ``model.safetensors``,
   which ``transformers``' matching ``Auto`` class (``AutoModelForCausalLM``, ``AutoModelForMaskedLM``,
-  ``AutoModelForSequenceClassification``) loads into the equal model.
+  ``AutoModelForSequenceClassification``, ``AutoModelForSeq2SeqLM``) loads into the equal model.
 * :class:`~torchformer.pretrained.tokenizer.HuggingFaceTokenizer` runs a folder's ``tokenizer.json``.
 
 The two functions live in :mod:`~torchformer.pretrained.huggingface`. One module per family:
 :mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``),
-:mod:`~torchformer.pretrained.llama` (Llama, Mistral, Qwen2 ``...ForCausalLM`` <-> ``GTransformer``) and
+:mod:`~torchformer.pretrained.llama` (Llama, Mistral, Qwen2 ``...ForCausalLM`` <-> ``GTransformer``),
 :mod:`~torchformer.pretrained.bert` (``BertForMaskedLM`` <-> ``MLMTransformer``, ``BertForSequenceClassification``
-<-> ``CTransformer``). The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped, one tensor at a
-time, into a model :mod:`~torchformer.pretrained.building` made without initialising it. Nothing imports
+<-> ``CTransformer``) and :mod:`~torchformer.pretrained.t5` (``T5ForConditionalGeneration`` <->
+``Seq2SeqTransformer``). The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped, one tensor at
+a time, into a model :mod:`~torchformer.pretrained.building` made without initialising it. Nothing imports
 ``transformers``: the format is plain files (JSON and safetensors).
 
 A config value the family's module cannot express is an error naming the field and the value, never a silently

@@ -1,8 +1,9 @@
 """The two entry points: a Hugging Face folder to a torchformer model, and back.
 
 :func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s
-``model_type`` (or the model's class) to pick the family's module, :mod:`~torchformer.pretrained.gpt2` or
-:mod:`~torchformer.pretrained.bert`, which maps the config and the tensors; every family module has the same
+``model_type`` (or the model's class) to pick the family's module, :mod:`~torchformer.pretrained.gpt2`,
+:mod:`~torchformer.pretrained.llama`, :mod:`~torchformer.pretrained.bert` or :mod:`~torchformer.pretrained.t5`,
+which maps the config and the tensors; every family module has the same
 functions (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``,
 ``export_weights``) and names the models it writes (``MODELS``), so nothing here knows a family's details; the
 files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the
@@ -22,16 +23,17 @@ from torchformer.models import TransformerModel
 import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
 import torchformer.pretrained.gpt2 as gpt2
 import torchformer.pretrained.llama as llama
+import torchformer.pretrained.t5 as t5
 from torchformer.pretrained.folders import WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
 
 PathLike = Union[str, os.PathLike]
 
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
-FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "bert": bert}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "bert": bert, "t5": t5}
 # The families a model can be written as, in order: the first whose MODELS has the model's class and whose
 # describes(model) is true (a GTransformer with learned positions is GPT-2, one with rotary positions Llama).
-EXPORTS = (gpt2, llama, bert)
+EXPORTS = (gpt2, llama, bert, t5)
 
 
 def from_huggingface(
@@ -55,7 +57,7 @@ def from_huggingface(
         The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, ``"llama"``,
         ``"mistral"`` and ``"qwen2"``, an :class:`~torchformer.models.MLMTransformer` for ``"bert"``, a
         :class:`~torchformer.models.CTransformer` for a ``"bert"`` whose ``architectures`` say
-        ``BertForSequenceClassification``.
+        ``BertForSequenceClassification``, and a :class:`~torchformer.models.Seq2SeqTransformer` for ``"t5"``.
 
     Raises:
         TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
@@ -71,7 +73,7 @@ def from_huggingface(
     kind = hf_config["model_type"]
     if kind not in FAMILIES:
         raise ValueError(f"config.json: model_type={kind!r} is not supported; torchformer loads "
-                         f"{', '.join(map(repr, FAMILIES))} (T5 comes next)")
+                         f"{', '.join(map(repr, FAMILIES))}")
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
     with WeightReader(folder) as reader:
@@ -88,8 +90,9 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     rotary positions and RMSNorm, as Llama (``LlamaForCausalLM``; Mistral with a ``window``), an
     :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``), a
     :class:`~torchformer.models.CTransformer` as BERT's classifier (``AutoModelForSequenceClassification``,
-    ``BertForSequenceClassification``). The
-    weights keep their dtype; the folder is created if needed, and each file is replaced atomically.
+    ``BertForSequenceClassification``), a :class:`~torchformer.models.Seq2SeqTransformer` as T5 (``AutoModelForSeq2SeqLM``,
+    ``T5ForConditionalGeneration``). The weights keep their dtype; the folder is created if needed, and each file
+    is replaced atomically.
 
     Args:
         model: a model whose config maps onto its family. GPT-2: learned positions, pre-norm LayerNorm blocks,
@@ -98,7 +101,10 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
             blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions;
             BERT's classifier: the same encoder, ``pool="first"``, ``pooler=True``, 2 or more classes.
             Without ``qkv_bias`` the query, key and value biases are written as zeros (the same function), and a
-            BERT without token types with one zero token-type vector. Compiled or wrapped models are unwrapped.
+            BERT without token types with one zero token-type vector. T5: relative positions with
+            ``relative_shared``, ``attention_scale=1.0``, pre-norm RMSNorm blocks, no biases anywhere, one shared
+            token table (``share_embeddings``), an activation T5 has (``"relu"``, ``"geglu_tanh"``, ...).
+            Compiled or wrapped models are unwrapped.
         folder: the folder to write.
 
     Returns:
@@ -113,7 +119,8 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
-        raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer), got "
+        raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer, a "
+                        f"Seq2SeqTransformer), got "
                         f"{type(target).__name__}")
     if not any(isinstance(target, family.MODELS) for family in EXPORTS):
         writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {family.__name__.split('.')[-1]}"
