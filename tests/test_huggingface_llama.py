@@ -116,7 +116,6 @@ def test_llama3_scaling_slows_the_slow_pairs_keeps_the_fast_ones_and_blends_betw
 @pytest.mark.parametrize("changes, message", [
     ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
     ({"mlp_bias": True}, "mlp_bias=True is not supported"),
-    ({"head_dim": 16}, "head_dim=16 is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=True is not supported"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types=.* is not supported"),
@@ -178,6 +177,7 @@ FAMILIES = {
     "llama-bias-tied": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=True,
                                                                 rms_norm_eps=1e-5)),  # Llama-3's eps, base 10000
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5)),
+    "llama-head-dim": ("LlamaConfig", "LlamaForCausalLM", dict(head_dim=16)),  # heads of 16, not 32 / 4
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
 }
 

@@ -136,10 +136,10 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     if get("mlp_bias"):
         raise refuse("mlp_bias", "torchformer's gated network has no biases")
     emb, heads = get("hidden_size"), get("num_attention_heads")
-    if get("head_dim") is not None and not (is_int(emb) and is_int(heads) and heads > 0
-                                            and get("head_dim") * heads == emb):
-        raise refuse("head_dim", f"torchformer's heads have size hidden_size / num_attention_heads ({emb!r} / "
-                                 f"{heads!r})")
+    # A head size other than hidden_size / num_attention_heads (Qwen3, Gemma) is the config's head_dim.
+    head_dim = get("head_dim")
+    if head_dim is not None and is_int(emb) and is_int(heads) and heads > 0 and head_dim * heads == emb:
+        head_dim = None  # the default: torchformer's narrow heads
     if kind == "qwen2" and get("use_sliding_window"):
         raise refuse("use_sliding_window", "Qwen2 windows some layers only; torchformer's window is every layer's")
     if any(layer != "full_attention" for layer in get("layer_types") or ()):
@@ -154,7 +154,7 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     kv_heads = get("num_key_value_heads")
     try:
         return TransformerConfig(
-            emb=emb, heads=heads, depth=get("num_hidden_layers"), seq_length=get("max_position_embeddings"),
+            emb=emb, heads=heads, head_dim=head_dim, depth=get("num_hidden_layers"), seq_length=get("max_position_embeddings"),
             num_tokens=get("vocab_size"), kv_heads=None if kv_heads in (None, heads) else kv_heads,
             ff_hidden=get("intermediate_size"), prenorm=True, norm="rms", norm_eps=get("rms_norm_eps"),
             activation="swiglu", positions="rotary", rotary_base=base, rotary_scaling=scaling,
