@@ -108,7 +108,7 @@ class MuonWithAdam(torch.optim.Optimizer):
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore both from ``state_dict`` (what :meth:`state_dict` returned), groups and per-parameter state.
+        """Restore both, groups and per-parameter state, from what ``state_dict()`` returned.
 
         Args:
             state_dict: the saved state.
