@@ -98,9 +98,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         weights = attention_weights(model, sequence, layer=args.layer)  # (1, h, t, t)
     names = labels(tokenizer, sequence[0].tolist())
     path = args.out / "attention.png"
+    block = args.layer % model.config.depth  # -1: the last block, shown by its index
     if plot_attention(weights[0].mean(0), x_labels=names, y_labels=names, path=path,
-                      title=f"block {args.layer}, mean over {weights.size(1)} heads"):
-        print(f"attention of block {args.layer}: {path}")
+                      title=f"block {block} of {model.config.depth}, mean over {weights.size(1)} heads"):
+        print(f"attention of block {block} (of 0 .. {model.config.depth - 1}): {path}")
     else:
         print("(matplotlib is not installed: no attention.png; pip install matplotlib)")
 

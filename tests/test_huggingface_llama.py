@@ -151,7 +151,8 @@ def test_a_llama_model_exports_and_loads_back_without_transformers(tmp_path):
     x = torch.randint(0, VOCAB, (2, POSITIONS))
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
-    for changes, message in [(dict(out_bias=True), "out_bias=True"), (dict(kqnorm=True), "kqnorm=True"),
+    for changes, message in [(dict(out_bias=True), "out_bias=True .*needs the query, key and value biases"),
+                             (dict(kqnorm=True), "kqnorm=True"),
                              (dict(activation="geglu"), "activation='geglu'")]:
         other = GTransformer(config=model.config.replace(**changes))
         with pytest.raises(ValueError, match=f"does not map onto Llama: .*{message}"):
@@ -256,7 +257,8 @@ def test_greedy_decoding_equals_transformers_generate(tmp_path, transformers, fa
           rotary_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8}), "LlamaForCausalLM"),
     (dict(window=5, kv_heads=1), "MistralForCausalLM"),
-], ids=["llama", "llama-bias-scaled", "mistral"])
+    (dict(qkv_bias=True, out_bias=False, tie_weights=True), "Qwen2ForCausalLM"),  # as a loaded Qwen2 is
+], ids=["llama", "llama-bias-scaled", "mistral", "qwen2"])
 def test_an_exported_model_loads_into_transformers_with_equal_outputs(tmp_path, transformers, options, architecture):
     torch.manual_seed(0)
     options = {"out_bias": False, **options}

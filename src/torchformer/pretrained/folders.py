@@ -83,8 +83,10 @@ def read_config(folder: PathLike) -> tuple[Path, dict[str, Any]]:
     """
     folder = check_path(folder, "folder")
     if not folder.is_dir():
+        hint = "" if folder.exists() else (f" (torchformer downloads nothing: with a network, huggingface-cli "
+                                           f"download {folder.name} --local-dir {folder} fetches a model's folder)")
         raise FileNotFoundError(f"folder must be a model folder (config.json and the weights), got {folder}, which "
-                                f"{'is a file' if folder.exists() else 'does not exist'}")
+                                f"{'is a file' if folder.exists() else 'does not exist'}{hint}")
     file = folder / CONFIG_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{folder} holds no {CONFIG_FILE}; a model folder in the Hugging Face layout has "

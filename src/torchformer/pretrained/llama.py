@@ -178,7 +178,7 @@ def describes(model: GTransformer) -> bool:
 
 
 def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
-    """A Llama ``config.json`` for ``model`` (a Mistral one with a ``window``), or an error naming each misfit.
+    """A Llama ``config.json`` for ``model`` (Mistral's with a ``window``, Qwen2's with q, k, v biases only).
 
     Args:
         model: a :class:`~torchformer.models.GTransformer` (not a subclass).
@@ -199,15 +199,16 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
         ("norm", config.norm == "rms", 'Llama has RMSNorm: "rms"'),
         ("activation", config.activation == "swiglu", 'Llama\'s feed-forward network is "swiglu"'),
         ("head_bias", not config.head_bias, "Llama's output layer has no bias: False"),
-        ("out_bias", config.out_bias == config.qkv_bias, "Llama has biases in all four attention projections or "
-                                                         "in none: out_bias equal to qkv_bias"),
+        ("out_bias", config.qkv_bias or not config.out_bias, "an output-projection bias needs the query, key and "
+                                                             "value biases too (Llama's attention_bias): False"),
         ("wide", not config.wide, "Llama's heads are narrow: False"),
         ("kqnorm", not config.kqnorm, "Llama does not normalise queries and keys: False"),
         ("extra", not config.extra, "Llama knows no variant's hyperparameters: {}"),
     ) if not ok]
     if wrong:
         raise ValueError(f"to_huggingface: this GTransformer does not map onto Llama: {'; '.join(wrong)}")
-    kind = "llama" if config.window is None else "mistral"
+    # Biases on q, k, v but not on the output projection: Qwen2; a window: Mistral; else Llama.
+    kind = "qwen2" if config.qkv_bias and not config.out_bias else "llama" if config.window is None else "mistral"
     rope_parameters = {"rope_type": "default", "rope_theta": config.rotary_base}
     if config.rotary_scaling is not None:
         rope_parameters = {**rope_parameters, "rope_type": "llama3", **config.rotary_scaling}
@@ -233,6 +234,11 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
     }
     if kind == "llama":
         hf.update(attention_bias=config.qkv_bias, mlp_bias=False)
+    elif kind == "qwen2":
+        if config.window is not None:
+            raise ValueError(f"to_huggingface: Qwen2 (biases on q, k, v only) windows only some layers, and this "
+                             f"model has window={config.window} in every layer: no family expresses both")
+        hf.update(use_sliding_window=False, sliding_window=None)
     else:
         if config.qkv_bias:
             raise ValueError("to_huggingface: Mistral has no attention biases; this model has qkv_bias=True and a "
