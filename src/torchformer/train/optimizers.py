@@ -104,7 +104,8 @@ class MuonWithAdam(torch.optim.Optimizer):
                 loss = closure()
         self.muon.step()
         self.adam.step()
-        self._share_state()  # the state of parameters stepped for the first time
+        if len(self.state) < len(self.muon.state) + len(self.adam.state):  # only after a first step: new entries
+            self._share_state()
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
