@@ -11,6 +11,7 @@ CPU: peak resident set size of the process, which includes the ~0.3 GB of the Py
     python benchmarks/step.py                       # CPU defaults: emb 256, 8 heads, depth 4, context 256 and 1024
     python benchmarks/step.py --device cuda --bf16  # on a GPU, with bf16 autocast
     python benchmarks/step.py --kinds fast rotary alibi relative rms swiglu relu2 gqa window   # the parts' cost
+    python benchmarks/step.py --contexts 256 --kinds fast modern torch   # the presets' four parts together
 
 For MFU on a GPU (``--compile`` also uses the fused AdamW, as the examples' training loops do): ``--batch-sizes``
 measures the given batch sizes in order, each in its own subprocess, and stops at the first that runs out of
@@ -77,6 +78,9 @@ PARTS = {
     "geglu": dict(activation="geglu"),
     "gqa": dict(kv_heads=2),
     "window": dict(window=128),
+    "prenorm": dict(prenorm=True),
+    # The presets' architecture (examples/generate_enwik8.py): all four modern parts at once.
+    "modern": dict(positions="rotary", norm="rms", activation="swiglu", prenorm=True),
 }
 
 

@@ -52,7 +52,8 @@ from torchformer.train.loading import load_model
 from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 from torchformer.config import POSITIONS
 from torchformer.scripts.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, flags_as_saved,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads,
+    flags_as_saved,
     preset_epilog, preset_flags, remove_interrupted_saves, utf8_text,
 )
 from torchformer.train.distributed import STRATEGIES, teardown_distributed, wrap_model
@@ -61,7 +62,8 @@ from torchformer.scripts.launch import (
     NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
 )
 from torchformer.train.training import (
-    CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
+    CSVLogger, CheckpointClock, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves,
+    progress,
     resolve_device, warmup_cosine,
 )
 
@@ -93,6 +95,7 @@ CHECKS = {
     **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
                      "eval_every", "stop_at", "threads"), POSITIVE_INT),
     "vocab_size": (lambda v: v >= 3, "an int >= 3 (<pad>, <unk> and at least one word)"),
+    "checkpoint_minutes": POSITIVE,
     "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),  # larger ones overflow Adam's step
     "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
     "gradient_clipping": (lambda v: 0 <= v < math.inf, "a number >= 0 (0: off)"),
@@ -157,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--val-size", type=int, default=5000, help="training reviews held out for validation")
     add("--eval-every", type=int, help="validate (and checkpoint) every N steps (default: once per epoch)")
     add("--checkpoint", help="folder for resumable checkpoints; with --predict also a checkpoint file")
+    add("--checkpoint-minutes", type=float, default=10, help="with --checkpoint: also save one when this "
+        "many minutes have passed since the last save (steps alone may be an hour apart on a CPU)")
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
     add("--out", default="runs/classify_imdb", help="folder for the log, plots, results.json and final model")
     add("--pretrained", metavar="FILE", help="start the encoder from this masked-language model (pretrained.pt of "
@@ -353,6 +358,9 @@ def predict(args: argparse.Namespace) -> None:
         sys.exit(f"classify_imdb.py: error: {path} holds no model of this script ({type(e).__name__}: {e})")
     texts = []
     for item in args.predict:  # each item is a text, or a file holding one review per line
+        if not item.strip():  # before the file checks: Path("") is the current folder
+            sys.exit("classify_imdb.py: error: --predict needs a non-empty review text "
+                     "(or a file with one review per line)")
         if len(item) < 4096 and Path(item).is_dir():
             sys.exit(f"classify_imdb.py: error: --predict {item}: a folder; pass a text file with one review per line")
         if not (len(item) < 4096 and Path(item).is_file()):
@@ -523,6 +531,18 @@ def train(args: argparse.Namespace) -> dict:
                      f"probably broke the weights. The usual remedies: a lower learning rate, a longer warmup, "
                      f"gradient clipping")
 
+    def save(step: int, epoch_state: torch.Tensor) -> None:
+        state = torch.Generator()  # the start state of the epoch a resumed run replays
+        state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
+        # Every process takes part (the states are gathered onto the main one, which writes the file).
+        save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
+                                    scheduler=sched, step=step, generators={"batches": state},
+                                    extra={**extra, "elapsed_s": time.perf_counter() - t_start})
+        if run.is_main:
+            prune_checkpoints(args.checkpoint, keep=2)
+        clock.reset()
+
+    clock = CheckpointClock(args.checkpoint_minutes if args.checkpoint else None, device=device)
     bar = progress(total=total, desc="train")
     bar.update(step)
     # Losses and token counts stay on the device and are read every 50 steps: reading them at every step would make
@@ -553,7 +573,8 @@ def train(args: argparse.Namespace) -> dict:
             bar.update(1)
             if step % 50 == 0:
                 recent = check_diverged(running[-50:]).mean().item()
-                bar.set_postfix(loss=f"{recent:.3f}", tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
+                bar.set_postfix({"loss": f"{recent:.3f}",  # "tok/s" as generate_enwik8.py's bar says it
+                                 "tok/s": f"{int(tokens) / (time.perf_counter() - t_log):,.0f}"})
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0], train_loss=recent,
                         seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
@@ -564,16 +585,14 @@ def train(args: argparse.Namespace) -> dict:
                         seconds=round(time.perf_counter() - t_start, 1))
                 bar.write(f"step {step}: train loss {train_loss:.4f} (since last validation), "
                           f"val loss {val.loss:.4f}, val accuracy {val.accuracy:.4f}")
-                running, tokens, t_log = [], 0, time.perf_counter()
                 if args.checkpoint:
-                    state = torch.Generator()  # the start state of the epoch a resumed run replays
-                    state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
-                    # Every process takes part (the states are gathered onto the main one, which writes the file).
-                    save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
-                                                scheduler=sched, step=step, generators={"batches": state},
-                                                extra={**extra, "elapsed_s": time.perf_counter() - t_start})
-                    if run.is_main:
-                        prune_checkpoints(args.checkpoint, keep=2)
+                    save(step, epoch_state)
+                running, tokens, t_log = [], 0, time.perf_counter()
+                bar.unpause()  # the bar's rate and time left count training steps only
+            elif step % 50 == 0 and clock.due():  # a checkpoint on the clock, between evaluations
+                save(step, epoch_state)
+                t_log = time.perf_counter()
+                bar.unpause()
             if step == args.stop_at:
                 bar.close()
                 log.close()

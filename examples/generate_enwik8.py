@@ -48,7 +48,7 @@ from torchformer.scripts.launch import (
     NoLog, average_over_processes, describe_run, seed_each_process, share_batch, start_run,
 )
 from torchformer.train.training import (
-    CSVLogger, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
+    CSVLogger, CheckpointClock, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, resume_schedule,
     warmup_cosine,
 )
@@ -98,7 +98,7 @@ CHECKS = {
     **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
                      "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
                      "stop_after"), POSITIVE_INT),
-    **dict.fromkeys(("minutes", "peak_tflops"), POSITIVE),
+    **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes"), POSITIVE),
     "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),  # larger ones overflow Adam's step
     "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -164,6 +164,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--accumulate", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
     add("--checkpoint", type=Path, help="folder for checkpoints; resume from the latest intact one in it (with "
         "--generate: sample from that one, or from this checkpoint file)")
+    add("--checkpoint-minutes", type=float, default=10, help="with --checkpoint: also save one when this "
+        "many minutes have passed since the last save (steps alone may be an hour apart on a CPU)")
     add("--seed", type=int, default=1, help="seed for the initialisation, batches and samples")
     add("--out", type=Path, default=Path("runs/generate_enwik8"),
         help="folder for the CSV log, the plot, results.json and the final model (model.pt)")
@@ -225,13 +227,14 @@ def rising(values: list[float], times: int = RISES) -> bool:
     return len(values) > times and all(b > a for a, b in zip(values[-times - 1:], values[-times:]))
 
 
-def load_data(path: Path | None):
+def load_data(path: Path | None, *, notes: bool = True):
+    """The three splits and where they came from; ``notes``: print the loader's notes (the main process only)."""
     try:
         if path is not None:
             with warnings.catch_warnings(record=True) as caught:  # e.g. "not the official enwik8": say it plainly
                 warnings.simplefilter("always")
                 splits = enwik8(path)
-            for warning in caught:
+            for warning in caught if notes else ():
                 print(f"note: {warning.message}", file=sys.stderr)
             return splits, str(path)
         return enwik8(), str(default_root() / "enwik8")
@@ -241,9 +244,10 @@ def load_data(path: Path | None):
         if path is not None:
             sys.exit(f"error: {e}")
         banner = "!" * 100
-        print(f"{banner}\n!! No --data and no enwik8 in {default_root()}: training on the 300 KB SAMPLE bundled with "
-              f"torchformer.\n!! Fine for a demo; the figures are NOT enwik8 results. Pass -D path/to/enwik8.zip.\n"
-              f"{banner}", file=sys.stderr)
+        if notes:
+            print(f"{banner}\n!! No --data and no enwik8 in {default_root()}: training on the 300 KB SAMPLE bundled "
+                  f"with torchformer.\n!! Fine for a demo; the figures are NOT enwik8 results. Pass -D "
+                  f"path/to/enwik8.zip.\n{banner}", file=sys.stderr)
         return enwik8_sample(), "bundled sample (enwik8_sample)"
     except OSError as e:  # the cache folder (TORCHFORMER_HOME) is a file, -D is a folder, a file is unreadable
         sys.exit(f"error: {e}")
@@ -419,7 +423,7 @@ def train(args, threads: int, why: str) -> dict:
     print(f"device: {args.device}" + (f", {threads} CPU thread(s) ({why})" if args.device.type == "cpu" else ""))
     print(describe_run(run, strategy=args.strategy, batch_size=args.batch_size, unit="sequences",
                        learn_rate=args.learn_rate))
-    (train, val, test), source = load_data(args.data)
+    (train, val, test), source = load_data(args.data, notes=run.is_main)
     print(f"data: {source}; {len(train):,} train, {len(val):,} val, {len(test):,} test bytes")
     if (source.startswith("bundled") and args.typed_num_batches is None and args.minutes is None
             and args.num_batches is not None and args.num_batches > SAMPLE_STEPS):
@@ -512,6 +516,7 @@ def train(args, threads: int, why: str) -> dict:
                                         scheduler=sched, step=step, extra=extra, generators=generators)
             if run.is_main:
                 prune_checkpoints(args.checkpoint, keep=2)
+            clock.reset()
 
     def diverged(message: str) -> None:
         bar.close()
@@ -531,6 +536,7 @@ def train(args, threads: int, why: str) -> dict:
                      f"gradient clipping, normalised keys and queries")
 
     tokens_per_step = args.batch_size * args.accumulate * args.context
+    clock = CheckpointClock(args.checkpoint_minutes if args.checkpoint else None, device=args.device)
     bar = progress(total=args.num_batches, desc="train")
     bar.update(start)
     say = getattr(bar, "write", print)  # tqdm.write keeps the bar intact; the plain fallback has no write
@@ -559,6 +565,7 @@ def train(args, threads: int, why: str) -> dict:
         checkpoint_now = evaluate_now or step == args.stop_after
         if not (checkpoint_now or step % args.log_every == 0):
             continue
+        checkpoint_now = checkpoint_now or clock.due()  # at logging steps only: the same steps on every process
         # The whole batch's losses (waits for the GPU to finish): every process checks the same numbers.
         losses = average_over_processes(torch.stack([loss for _, loss, _ in pending])).tolist()
         try:  # before anything is evaluated or saved: the checkpoints on disk predate the divergence
@@ -610,6 +617,7 @@ def train(args, threads: int, why: str) -> dict:
             log.close()
             return {"step": step}
         tic = time.perf_counter()  # evaluation, sampling and saving do not count as training time
+        bar.unpause()  # nor in the bar's rate and time left
     bar.close()
     # The first interval includes warm-up (and compilation with --compile); leave it out of the typical speed.
     typical = statistics.median(speeds[1:] or speeds) if speeds else None

@@ -31,6 +31,7 @@ import torch
 from torchformer.data.batching import ClassificationBatches
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled, texts_digest
+from torchformer.data.encoded import cached_encoding, encoding_key
 from torchformer.data.tokenizers import build_tokenizer
 from torchformer.config import POSITIONS
 from torchformer.models import MLMTransformer
@@ -39,12 +40,14 @@ from torchformer.train.checkpoint import (
     save_checkpoint,
 )
 from torchformer.scripts.cli import (
-    POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads, flags_as_saved,
+    POSITIVE, POSITIVE_INT, WRITABLE_FOLDER, check_flags, check_model_fits, check_outputs, choose_threads,
+    flags_as_saved,
     preset_epilog, preset_flags, remove_interrupted_saves,
 )
 from torchformer.train.masked_lm import mask_tokens, masked_lm_loss
 from torchformer.train.training import (
-    CSVLogger, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves, progress,
+    CSVLogger, CheckpointClock, TrainingDiverged, autocast, check_finite_losses, count_parameters, plot_curves,
+    progress,
     resolve_device, warmup_cosine,
 )
 
@@ -68,6 +71,7 @@ CHECKS = {
     **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
                      "eval_every", "stop_at", "threads"), POSITIVE_INT),
     "vocab_size": (lambda v: v >= 3, "an int >= 3 (<pad>, <unk> and at least one word)"),
+    "checkpoint_minutes": POSITIVE,
     "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),
     "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
     "mask_rate": (lambda v: 0 < v < 1, "a number in (0, 1)"),
@@ -113,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "official archive's folder")
     add("--eval-every", type=int, help="validate (and checkpoint) every N steps (default: 4 times per epoch)")
     add("--checkpoint", help="folder for resumable checkpoints")
+    add("--checkpoint-minutes", type=float, default=10, help="with --checkpoint: also save one when this "
+        "many minutes have passed since the last save (steps alone may be an hour apart on a CPU)")
     add("--stop-at", type=int, help="stop after this many steps, as if interrupted (resume with --checkpoint)")
     add("--out", default="runs/pretrain_imdb", help="folder for pretrained.pt, the log, the plot and results.json")
     return p
@@ -251,11 +257,18 @@ def pretrain(args: argparse.Namespace) -> dict:
     except (ImportError, ValueError) as e:  # no tokenizers package; -V below 257 for BPE
         sys.exit(f"pretrain_imdb.py: error: --tokenizer {args.tokenizer} -V {args.vocab_size}: {e}")
     mask_id = len(tokenizer)  # [MASK]: one id past the tokenizer's vocabulary
-    print(f"tokenizing {len(texts):,} pretraining and {len(val_texts):,} validation reviews")
+    # The ids are kept in OUT/tokenized, keyed by the texts, the tokenizer and --max-length: a restart reads them.
+    encoded = {}
+    for name, part in (("pretraining", texts), ("validation", val_texts)):
+        key = encoding_key(part, tokenizer.state_dict(), args.max_length)
+        encoded[name], read = cached_encoding(out / "tokenized", name, key,
+                                              lambda part=part: encode(tokenizer, part, args.max_length))
+        print(f"{name}: {len(part):,} reviews, " + ("token ids read from OUT/tokenized (the same texts, tokenizer "
+              "and --max-length as at an earlier start)" if read else "tokenized (kept in OUT/tokenized)"))
     g = torch.Generator().manual_seed(args.seed)  # batch order
-    train_batches = ClassificationBatches(encode(tokenizer, texts, args.max_length), [0] * len(texts),
+    train_batches = ClassificationBatches(encoded["pretraining"], [0] * len(texts),
                                           batch_size=args.batch_size, generator=g, device=device)
-    val_batches = ClassificationBatches(encode(tokenizer, val_texts, args.max_length), [0] * len(val_texts),
+    val_batches = ClassificationBatches(encoded["validation"], [0] * len(val_texts),
                                         batch_size=2 * args.batch_size, shuffle=False, device=device)
     val_masked = masked_validation(val_batches, mask_id=mask_id, rate=args.mask_rate, seed=args.seed)
 
@@ -296,6 +309,16 @@ def pretrain(args: argparse.Namespace) -> dict:
     except ValueError as e:  # the log.csv of another script's run in this --out
         sys.exit(f"pretrain_imdb.py: error: {e}")
     eval_every = args.eval_every or max(1, per_epoch // 4)
+
+    def save(step: int, epoch_state: torch.Tensor) -> None:
+        batch_state = torch.Generator()  # the start state of the epoch a resumed run replays
+        batch_state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
+        save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt, scheduler=sched,
+                        step=step, generators={"batches": batch_state, "masks": masks}, extra=extra)
+        prune_checkpoints(args.checkpoint, keep=2)
+        clock.reset()
+
+    clock = CheckpointClock(args.checkpoint_minutes if args.checkpoint else None, device=device)
     bar = progress(total=total, desc="pretrain")
     bar.update(step)
     running, t_log, tokens = [], time.perf_counter(), 0
@@ -340,8 +363,8 @@ def pretrain(args: argparse.Namespace) -> dict:
                 stop_if_diverged(running[-(step - checked):])
                 checked = step
                 recent = torch.stack(running[-50:])
-                bar.set_postfix(loss=f"{recent.mean().item():.3f}",
-                                tok_s=f"{int(tokens) / (time.perf_counter() - t_log):.0f}")
+                bar.set_postfix({"loss": f"{recent.mean().item():.3f}",
+                                 "tok/s": f"{int(tokens) / (time.perf_counter() - t_log):,.0f}"})
                 log.log(step=step, epoch=f"{step / per_epoch:.3f}", lr=sched.get_last_lr()[0],
                         train_loss=recent.mean().item(), seconds=round(time.perf_counter() - t_start, 1))
                 tokens, t_log = 0, time.perf_counter()
@@ -358,14 +381,14 @@ def pretrain(args: argparse.Namespace) -> dict:
                         seconds=round(time.perf_counter() - t_start, 1))
                 bar.write(f"step {step}: train loss {torch.stack(running).mean().item():.4f}, masked-token val loss "
                           f"{val_loss:.4f}, accuracy {val_accuracy:.4f}")
-                running, tokens, t_log = [], 0, time.perf_counter()
                 if args.checkpoint:
-                    batch_state = torch.Generator()  # the start state of the epoch a resumed run replays
-                    batch_state.set_state(g.get_state() if step % per_epoch == 0 else epoch_state)
-                    save_checkpoint(checkpoint_path(args.checkpoint, step), model=model, optimizer=opt,
-                                    scheduler=sched, step=step, generators={"batches": batch_state, "masks": masks},
-                                    extra=extra)
-                    prune_checkpoints(args.checkpoint, keep=2)
+                    save(step, epoch_state)
+                running, tokens, t_log = [], 0, time.perf_counter()
+                bar.unpause()  # the bar's rate and time left count training steps only
+            elif step % 50 == 0 and clock.due():  # a checkpoint on the clock, between evaluations
+                save(step, epoch_state)
+                t_log = time.perf_counter()
+                bar.unpause()
             if step == args.stop_at:
                 bar.close()
                 log.close()

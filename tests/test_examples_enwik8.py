@@ -471,3 +471,22 @@ def test_the_bundled_sample_trains_500_steps_unless_told_otherwise(script, tmp_p
     assert "note: -N 500 instead of the preset's 2000" in out
     script.main([*small[:1], str(tmp_path / "b"), *small[2:], "-N", "3"])  # -N given: taken as it is
     assert "note: -N 500" not in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_checkpoints_on_the_clock_between_evaluations_and_a_run_killed_after_one_resumes_exactly(
+        script, corpus, tmp_path, capsys):
+    # One evaluation (at the end, step 20), a log every 2 steps, and a clock always due: every logging step saves.
+    clocked = ("--test-every", "100", "--log-every", "2", "--checkpoint-minutes", "1e-9")
+    whole = script.main(tiny(corpus, tmp_path / "a", *clocked))
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path / "b", *clocked, "--checkpoint", str(ckpt)))
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == ["step_00000018.pt", "step_00000020.pt"]
+    (ckpt / "step_00000020.pt").unlink()  # as if killed between the clock's save at step 18 and the end
+    capsys.readouterr()
+    resumed = script.main(tiny(corpus, tmp_path / "b", *clocked, "--checkpoint", str(ckpt)))
+    assert "at step 18" in capsys.readouterr().out
+    assert resumed["bpb"] == whole["bpb"]
+    # The default clock (10 minutes) saves at the evaluations only in a run this short.
+    script.main(tiny(corpus, tmp_path / "c", "--checkpoint", str(tmp_path / "ckpt_c"), "--log-every", "2"))
+    assert sorted(p.name for p in (tmp_path / "ckpt_c").glob("*.pt")) == ["step_00000015.pt", "step_00000020.pt"]

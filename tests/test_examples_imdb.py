@@ -265,6 +265,12 @@ def test_predict_with_a_folder_is_a_clear_error(script, trained, tmp_path):
         script.main(["--predict", str(tmp_path), "--out", str(trained)])  # it said "no such file"
 
 
+@pytest.mark.parametrize("text", ["", "   "])
+def test_predict_with_an_empty_text_is_a_clear_error_not_a_folder(script, trained, text):
+    with pytest.raises(SystemExit, match=r"--predict needs a non-empty review text"):
+        script.main(["--predict", text, "--out", str(trained)])  # "" said "a folder" (Path("") is ".")
+
+
 def test_predict_with_text_that_is_not_utf8_is_a_clear_error(script, trained):
     with pytest.raises(SystemExit, match=r"--predict: not valid UTF-8 text: the byte 0xff at character 6"):
         script.main(["--predict", "great \udcff", "--out", str(trained)])  # argv's bytes b"great \xff"

@@ -100,10 +100,12 @@ def test_the_pretrained_file_holds_the_model_vocabulary_and_mask_id(pretrained, 
     assert len(tokenizer) <= 40
 
 
-def test_resume_reproduces_the_uninterrupted_run(pretrain, data_dir, pretrained, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(pretrain, data_dir, pretrained, tmp_path, capsys):
     argv = tiny(data_dir, tmp_path / "out", "--checkpoint", str(tmp_path / "ckpt"))
     assert pretrain.main(argv + ["--stop-at", "13"]) == {}
+    assert "pretraining: 310 reviews, tokenized (kept in OUT/tokenized)" in capsys.readouterr().out
     finished = pretrain.main(argv)
+    assert "pretraining: 310 reviews, token ids read from OUT/tokenized" in capsys.readouterr().out  # not again
     # The same command once more finds the run finished: the same model and figures, written again.
     again = pretrain.main(argv)
     assert again["val_masked_loss"] == finished["val_masked_loss"] and math.isfinite(again["val_masked_loss"])

@@ -25,7 +25,7 @@ from torchformer import (
     seq2seq_generate,
 )
 from torchformer.nn.feedforward import gated_hidden_size
-from torchformer.nn.norms import make_norm
+from torchformer.nn.norms import RMSNormFunction, make_norm, rms_norm
 from torchformer.nn.stacks import Decoder, Encoder
 from torchformer.train.checkpoint import save_checkpoint
 from torchformer import load_model
@@ -68,6 +68,37 @@ def test_rmsnorm_keeps_the_dtype_and_does_not_overflow_in_half_precision():
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), RMSNorm(8)(x), atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(norm.float()(torch.zeros(2, 8)), torch.zeros(2, 8))  # eps: no 0/0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_rmsnorm_hand_written_gradient_equals_autograd_on_the_formula(dtype):
+    # The fast path (RMSNormFunction: the gradient derived by hand) against the readable one (rms_norm, which
+    # autograd differentiates op by op): outputs, input and gain gradients, in each dtype, with leading dims.
+    torch.manual_seed(0)
+    x = (3 * torch.randn(2, 3, 5, 16, dtype=torch.float64) + 1).to(dtype)
+    weight, grad = torch.rand(16, dtype=torch.float64) + 0.5, torch.randn(2, 3, 5, 16, dtype=torch.float64)
+    results = []
+    for fn in (lambda x, w: RMSNormFunction.apply(x, w, 1e-5), lambda x, w: rms_norm(x, w, 1e-5)):
+        xs, ws = x.clone().requires_grad_(), weight.to(dtype).requires_grad_()
+        out = fn(xs, ws)
+        out.backward(grad.to(out.dtype))
+        results.append((out, xs.grad, ws.grad))
+    tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3}[dtype]
+    for fast, readable in zip(*results):
+        assert fast.dtype == readable.dtype
+        torch.testing.assert_close(fast, readable, atol=tolerance, rtol=tolerance)
+
+
+def test_rmsnorm_second_derivatives_and_frozen_gain():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    weight = (torch.rand(6, dtype=torch.float64) + 0.5).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (x, weight))
+    # A frozen gain gets no gradient, and the input's is unchanged by it.
+    frozen = weight.detach()
+    out = RMSNormFunction.apply(x, frozen, 1e-5)
+    (grad_x,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad_x, torch.autograd.grad(rms_norm(x, frozen, 1e-5).sum(), x)[0])
 
 
 def test_make_norm_and_its_errors():

@@ -15,7 +15,9 @@ from torchformer import (
 )
 from torchformer.train.checkpoint import save_checkpoint
 from torchformer.nn.masks import AttentionMask
-from torchformer.nn.relative import InterleavedRotary, RelativeBias, Rotary, alibi_slopes, relative_bucket
+from torchformer.nn.relative import (
+    InterleavedRotary, RelativeBias, RotateHalves, Rotary, alibi_slopes, relative_bucket, rotate_halves,
+)
 
 torch.set_num_threads(2)
 SCHEMES = ["rotary", "rotary_interleaved", "alibi", "relative"]
@@ -63,6 +65,42 @@ def test_the_two_rotary_layouts_are_one_rotation_with_the_coordinates_permuted()
     back = torch.argsort(to_halves)
     rotated = Rotary(s).rotate(x[..., to_halves], positions)[..., back]
     torch.testing.assert_close(rotated, InterleavedRotary(s).rotate(x, positions), rtol=0, atol=1e-12)
+
+
+def test_fast_rotation_equals_the_formula_forward_backward_and_in_the_queries_layout():
+    # RotateHalves (written into x's layout, the gradient as the opposite rotation) against rotate_halves under
+    # autograd, on the queries as attention makes them: a transposed view of the projection (b, t, h, s).
+    torch.manual_seed(0)
+    rotary, positions = Rotary(8), torch.tensor([3, 4, 5, 9, 20])
+    cos, sin = rotary.angles(positions, torch.float64)
+    projected = torch.randn(2, 5, 3, 8, dtype=torch.float64)  # (b, t, h, s)
+    grad = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    results = []
+    for rotate in (RotateHalves.apply, rotate_halves):
+        x = projected.clone().requires_grad_()
+        out = rotate(x.transpose(1, 2), cos, sin)  # (b, h, t, s)
+        out.backward(grad)
+        results.append((out, x.grad))
+    torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=1e-12)
+    assert results[0][0].transpose(1, 2).is_contiguous()  # the transposed layout kept: no copy on the way back
+    x = projected.transpose(1, 2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: rotary.rotate(x, positions), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: rotary.rotate(x, positions), (x,))
+
+
+def test_a_rotary_variant_with_learned_angles_gets_their_gradient():
+    class LearnedFrequencies(Rotary):  # a variant: theta is a parameter, so the angles need a gradient
+        def __init__(self, head_size):
+            super().__init__(head_size)
+            self.log_theta = torch.nn.Parameter(super().frequencies(torch.device("cpu")).log())
+
+        def frequencies(self, device):
+            return self.log_theta.exp()
+
+    torch.manual_seed(0)
+    rotary, x = LearnedFrequencies(8).double(), torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    rotary.rotate(x, torch.arange(5)).square().sum().backward()
+    assert rotary.log_theta.grad is not None and rotary.log_theta.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("cls", [Rotary, InterleavedRotary])

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from torchformer.train.training import (
+    CheckpointClock,
     CSVLogger,
     TrainingDiverged,
     autocast,
@@ -418,7 +419,47 @@ def test_progress_with_and_without_tqdm(monkeypatch):
         manual.update(3)
         manual.update()
         manual.set_description("done")
+        manual.unpause()  # a no-op without tqdm, as the scripts call it after every evaluation
         assert manual.n == 4 and manual.total == 10
+
+
+def test_unpause_leaves_the_time_between_out_of_the_bars_rate():
+    # What the scripts call after an evaluation: tqdm then counts neither its time in the elapsed time nor in the
+    # rate and the time left it shows. A 0.5 s "evaluation" between quick steps, with and without unpause.
+    pytest.importorskip("tqdm")
+    import time as clock
+
+    elapsed = {}
+    for unpause in (False, True):
+        bar = progress(total=1000, desc="train", disable=False)
+        bar.update(5)
+        clock.sleep(0.5)
+        if unpause:
+            bar.unpause()
+        bar.update(5)
+        elapsed[unpause] = bar.format_dict["elapsed"]
+        bar.close()
+    assert elapsed[False] >= 0.5 and elapsed[True] < 0.25, elapsed
+
+
+def test_the_checkpoint_clock_is_due_after_its_minutes_and_restarts_at_each_save(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("torchformer.train.training.time.monotonic", lambda: now[0])
+    clock = CheckpointClock(2.0)
+    now[0] += 119
+    assert not clock.due()
+    now[0] += 1
+    assert clock.due() and clock.due()  # due until a save restarts it
+    clock.reset()
+    assert not clock.due()
+    now[0] += 120
+    assert clock.due()
+    never = CheckpointClock(None)
+    now[0] += 1e9
+    assert not never.due()
+    for bad in (0, -1, float("nan"), float("inf"), "5", True):
+        with pytest.raises(ValueError, match="minutes must be a positive number or None"):
+            CheckpointClock(bad)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
 * :mod:`torchformer.data.bpe`: byte-level BPE learned from the training texts (the optional ``tokenizers`` package).
 * :mod:`torchformer.data.batching`: padding with masks and length bucketing.
+* :mod:`torchformer.data.encoded`: a tokenized corpus kept on disk, keyed by the texts and the tokenizer.
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch

@@ -15,11 +15,86 @@ Shapes: b batch size, t sequence length, e embedding size.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
 from torchformer._checks import check_choice, check_positive_float, check_positive_int
 from torchformer.config import NORMS
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm written out, for autograd to differentiate: the readable twin of :class:`RMSNormFunction`.
+
+    Args:
+        x: ``(..., e)``.
+        weight: the gain ``g`` ``(e,)``.
+        eps: added to ``mean(x^2)`` inside the square root.
+
+    Returns:
+        ``(..., e)``: ``x / sqrt(mean(x^2) + eps)`` in ``x``'s dtype, times ``weight``.
+    """
+    # The statistic in at least float32: a float16 square overflows above 256, and a sum of e small squares
+    # loses digits. The result returns to x's dtype before the gain, as LayerNorm's does.
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normalised = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., e) / (..., 1)
+    return normalised.to(x.dtype) * weight  # (..., e) * (e,)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    r"""RMSNorm with its gradient written by hand: the same numbers as :func:`rms_norm`, in fewer passes.
+
+    Written out, RMSNorm is five element-wise operations, and autograd differentiates each on its own: about a dozen
+    passes over ``(..., e)`` tensors in the backward pass, each a trip through memory on the CPU (a fused LayerNorm
+    makes two). With $\hat{x} = x r$, $r = (\operatorname{mean}(x^2) + \epsilon)^{-1/2}$ and $y = \hat{x} \odot g$,
+    the chain rule gives, for the gradient $\bar{y}$ of the output:
+
+    $$
+    \bar{g} = \sum_{\text{positions}} \bar{y} \odot \hat{x},
+    \qquad
+    \bar{x} = r \left(\bar{y} \odot g - \hat{x} \operatorname{mean}(\bar{y} \odot g \odot \hat{x})\right)
+    $$
+
+    (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). Only
+    ``x`` and ``r`` ``(..., 1)`` are kept for the backward pass; $\hat{x}$ is recomputed there. The tests compare
+    both directions with :func:`rms_norm` under autograd, and with ``gradcheck``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # as rms_norm: the statistic in float32 at least
+        r = torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, r)
+        ctx.eps = eps
+        return (wide * r).to(x.dtype) * weight  # (..., e)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], None]:  # type: ignore[override]
+        """The gradients of ``x`` and ``weight`` from the output's, by the formulas above.
+
+        Args:
+            ctx: what the forward pass kept: ``x``, ``weight`` and ``r``.
+            grad: the gradient of the output, ``(..., e)``.
+
+        Returns:
+            ``(grad_x, grad_weight, None)``: ``(..., e)`` and ``(e,)``, each ``None`` where no gradient is needed.
+        """
+        x, weight, r = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a second derivative (create_graph=True): autograd on the formula, which
+            # knows that r depends on x (the r kept here does not)
+            wanted = [t for t, needed in zip((x, weight), ctx.needs_input_grad) if needed]
+            grads = iter(torch.autograd.grad(rms_norm(x, weight, ctx.eps), wanted, grad, create_graph=True))
+            return tuple(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]) + (None,)
+        normalised = x.to(r.dtype) * r  # x-hat, (..., e)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[1]:  # summed over every position: (..., e) -> (e,)
+            grad_weight = (grad * normalised.to(x.dtype)).sum_to_size(weight.shape).to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_normalised = (grad * weight).to(r.dtype)  # (..., e)
+            dot = (grad_normalised * normalised).mean(dim=-1, keepdim=True)  # (..., 1)
+            grad_x = torch.addcmul(grad_normalised, normalised, dot, value=-1).mul_(r).to(x.dtype)
+        return grad_x, grad_weight, None
 
 
 class RMSNorm(nn.Module):
@@ -36,6 +111,10 @@ class RMSNorm(nn.Module):
     ``(..., e) -> (..., e)``; typically ``(b, t, e)``. ``g`` (``weight``, shape ``(e,)``) is a learned gain that
     starts at 1, so a fresh layer returns vectors of root mean square 1. There is no bias and no centering: the
     mean of ``x`` passes through, scaled.
+
+    The forward pass is :func:`rms_norm`'s; the gradient is written by hand (:class:`RMSNormFunction`): forward and
+    backward of a ``(16, 256, 256)`` batch take 7.4 to 7.8 ms instead of 11.2 to 11.5 on a CPU, 1 thread
+    (``python benchmarks/parts.py``; a fused LayerNorm takes 2.2).
 
     Args:
         emb: the size ``e`` of the last dimension.
@@ -54,11 +133,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(emb))
 
     def forward(self, x: Tensor) -> Tensor:
-        # The statistic in at least float32: a float16 square overflows above 256, and a sum of e small squares
-        # loses digits. The result returns to x's dtype before the gain, as LayerNorm's does.
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        normalised = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., e) / (..., 1)
-        return normalised.to(x.dtype) * self.weight  # (..., e) * (e,)
+        return RMSNormFunction.apply(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.emb}, eps={self.eps}"

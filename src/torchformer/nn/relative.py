@@ -107,6 +107,78 @@ class AttentionPositions(nn.Module):
         return None
 
 
+def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pair ``m`` of each vector, ``(x[..., m], x[..., m + s/2])``, by the angle of ``cos[m]`` and ``sin[m]``.
+
+    The formula as it reads, for autograd to differentiate; :class:`RotateHalves` computes the same numbers faster.
+
+    Args:
+        x: ``(..., t, s)``.
+        cos: ``(t, s/2)``, or any shape that broadcasts against a half of ``x``.
+        sin: as ``cos``.
+
+    Returns:
+        ``(..., t, s)``.
+    """
+    first, second = x.chunk(2, dim=-1)  # (..., t, s/2) each: pair m is (first[m], second[m])
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class RotateHalves(torch.autograd.Function):
+    """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
+
+    Two things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
+    presets' CPU model: 5.5 to 5.8 ms instead of 7.9 to 8.2, 1 thread, ``python benchmarks/parts.py``). The forward pass writes each half straight into the output (``out=``), in
+    ``x``'s memory layout: no concatenation, and no copy when the queries are a transposed view. And a rotation is
+    linear and orthogonal, so the gradient with respect to its input is the output's gradient rotated back,
+    ``rotate(grad, cos, -sin)``: the same two multiplications per pair, where autograd keeps and multiplies
+    each product separately. The angles get no gradient here: :class:`Rotary` uses the formula when they need one.
+
+    Shapes:
+        ``apply(x, cos, sin)``: ``x`` ``(b, h, t, s)``, ``cos`` and ``sin`` ``(t, s/2)`` -> ``(b, h, t, s)``.
+    """
+
+    @staticmethod
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """:func:`rotate_halves`' numbers, each half written straight into a new tensor of ``x``'s layout.
+
+        Args:
+            x: ``(..., t, s)``.
+            cos: ``(t, s/2)``, or any shape that broadcasts against a half of ``x``.
+            sin: as ``cos``.
+
+        Returns:
+            ``(..., t, s)``, strided as ``x``.
+        """
+        out = torch.empty_like(x)  # x's layout: a transposed view gives a transposed output
+        first, second = x.chunk(2, dim=-1)  # (..., t, s/2) each
+        out_first, out_second = out.chunk(2, dim=-1)
+        torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-1)  # first cos - second sin
+        torch.mul(first, sin, out=out_second).addcmul_(second, cos)  # first sin + second cos
+        return out
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        return RotateHalves.rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        """The input's gradient: the output's, rotated back by the same angles.
+
+        Args:
+            ctx: what the forward pass kept: ``cos`` and ``sin``.
+            grad: the gradient of the output, ``(b, h, t, s)``.
+
+        Returns:
+            ``(grad_x, None, None)``: ``(b, h, t, s)``; the angles get none.
+        """
+        cos, sin = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a second derivative (create_graph=True): the formula, which autograd follows
+            return rotate_halves(grad, cos, -sin), None, None
+        return RotateHalves.rotate(grad, cos, -sin), None, None
+
+
 class Rotary(AttentionPositions):
     r"""Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
 
@@ -233,8 +305,11 @@ class Rotary(AttentionPositions):
             The rotated vectors, shaped and typed as ``x``.
         """
         cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
-        first, second = x.chunk(2, dim=-1)  # (b, h, t, s/2) each: pair m is (first[m], second[m])
-        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+        # The formula itself when compiling (the compiler fuses it into one kernel, and cannot trace out= into
+        # strided memory) or for a variant that learns its angles (autograd's gradient reaches them).
+        if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
+            return rotate_halves(x, cos, sin)
+        return RotateHalves.apply(x, cos, sin)  # (b, h, t, s): rotate_halves' numbers, faster in eager mode
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, base={self.base:g}" + (f", scaling={self.scaling}" if self.scaling else "")

@@ -7,6 +7,7 @@ The example scripts (character-level generation on enwik8, classification on IMD
 * :func:`set_seed` and :func:`count_parameters`.
 * :class:`CSVLogger`, :func:`plot_curves` and :func:`progress`: record, draw and watch the training curves.
 * :func:`check_finite_losses`: stop a diverged run with a message that names the step and the usual remedies.
+* :class:`CheckpointClock`: save by wall time as well as by steps, so a killed run loses minutes, not an epoch.
 * Checkpointing (:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
   :func:`latest_intact_checkpoint`) lives in :mod:`torchformer.train.checkpoint`, :func:`unwrap_model` and
   :class:`CheckpointError` in :mod:`torchformer.saving`; they are re-exported here.
@@ -23,6 +24,7 @@ import math
 import numbers
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any, ContextManager, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -46,6 +48,7 @@ from torchformer.train.checkpoint import (
 
 __all__ = [
     "CSVLogger",
+    "CheckpointClock",
     "CheckpointError",
     "TrainingDiverged",
     "autocast",
@@ -579,7 +582,9 @@ def progress(
 
     Returns:
         (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``, ``update(n)``) and
-        ignores ``set_postfix``, ``set_description`` and ``close``. Both work as context managers.
+        ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as context managers. Call
+        ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm then restarts its
+        clock, so the rate and the time left it shows count training steps only.
 
     Raises:
         TypeError: ``iterable`` is not iterable, or ``desc`` is not a str.
@@ -627,6 +632,9 @@ class _PlainProgress:
     def set_description(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def unpause(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -635,6 +643,57 @@ class _PlainProgress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CheckpointClock:
+    """Says when a run is due to save a checkpoint by wall time: ``minutes`` after its start or its last save.
+
+    Steps alone are a poor clock for checkpoints: a setting that saves every few minutes on a GPU saves every hour
+    on a CPU, and a run killed in between loses all of it. A training loop asks :meth:`due` at its logging steps
+    and, when due, saves and calls :meth:`reset` (as after any save):
+
+        clock = CheckpointClock(args.checkpoint_minutes, device=device)
+        ...
+        if step % log_every == 0 and clock.due():
+            save(step)
+            clock.reset()
+
+    On several processes (``torch.distributed``) the main process's clock decides for all (a broadcast at each
+    :meth:`due`): every process must take part in the same saves, and their clocks drift apart.
+
+    Args:
+        minutes: the wall time between saves, > 0; ``None``: never due (steps alone decide).
+        device: where the broadcast's one-element tensor goes on several processes (a CUDA device with NCCL);
+            ``None``: the CPU.
+
+    Raises:
+        ValueError: ``minutes`` is not a positive number or ``None``.
+    """
+
+    def __init__(self, minutes: Optional[float], *, device: Union[torch.device, str, None] = None) -> None:
+        if minutes is not None and (not is_real(minutes) or not math.isfinite(minutes) or not minutes > 0):
+            raise ValueError(f"minutes must be a positive number or None, got {minutes!r}")
+        self.minutes, self.device = minutes, torch.device("cpu") if device is None else torch.device(device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting again from now: call it after every save."""
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether ``minutes`` have passed since the start or the last :meth:`reset` (the main process's clock).
+
+        Returns:
+            ``True`` when a checkpoint is due; always ``False`` without ``minutes``.
+        """
+        if self.minutes is None:
+            return False
+        due = time.monotonic() - self.last >= 60 * self.minutes
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([int(due)], device=self.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+        return due
 
 
 def _check_int(value: object, name: str, *, minimum: int) -> int:
