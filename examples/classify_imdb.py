@@ -42,6 +42,7 @@ from torchformer.train.checkpoint import (
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
 from torchformer.data.imdb_dataset import imdb, train_val_split
+from torchformer.data.download import DataNotFoundError
 from torchformer.data.imdb_unlabelled import texts_digest
 from torchformer.baselines import LSTMClassifier, LSTMConfig
 from torchformer.data.tokenizers import build_tokenizer, tokenizer_from_state_dict
@@ -419,8 +420,11 @@ def train(args: argparse.Namespace) -> dict:
         out.mkdir(parents=True, exist_ok=True)
     try:
         train_all, test = imdb(args.data, download=args.download) if args.data is None else imdb(args.data)
-    except FileNotFoundError as e:
-        sys.exit(f"classify_imdb.py: error: {e}\n(pass --data FOLDER, or --download to fetch the official archive)")
+    except DataNotFoundError as e:  # nothing in the cache folder: the flags that fix it, not the Python API's
+        sys.exit(f"classify_imdb.py: error: {e.problem}; pass --data FOLDER, or --download to fetch the official "
+                 f"archive")
+    except FileNotFoundError as e:  # --data names a folder without the data: the message says what is missing
+        sys.exit(f"classify_imdb.py: error: {e}")
     except ValueError as e:  # a damaged or unofficial file (the message names it); --download replaces a cached one
         hint = "" if args.data is not None else "\n(with the cached archive: --download fetches it again)"
         sys.exit(f"classify_imdb.py: error: {e}{hint}")
@@ -605,7 +609,7 @@ def train(args: argparse.Namespace) -> dict:
              ("accuracy", ["val_accuracy"], "validation accuracy (fraction of reviews right)"))
     for name, ys, ylabel in plots if run.is_main else ():
         if not plot_curves(out / "log.csv", out / f"{name}.png", x="step", ys=ys, ylabel=ylabel,
-                           title=f"IMDb: {name}"):
+                           title=f"IMDb: {name}", logy=name == "loss"):
             print("matplotlib is not installed: no plots")
     if args.final:
         print(f"tokenizing the {len(test):,} test reviews")

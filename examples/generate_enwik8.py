@@ -651,7 +651,7 @@ def train(args, threads: int, why: str) -> dict:
     if tb:
         tb.close()
     marks = {f"{split}, whole split: {bpb:.3f}": (args.num_batches, bpb)}
-    if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["train_bpb", "val_bpb"],
+    if plot_curves(args.out / "log.csv", args.out / "loss.png", x="step", ys=["train_bpb", "val_bpb"], logy=True,
                    ylabel="bits per byte", marks=marks,
                    title=f"{data_name(source)}: training batches and validation estimate, in bits per byte"):
         print(f"curves: {args.out / 'loss.png'}")

@@ -397,7 +397,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     bar.close()
     log.close()
     save_checkpoint(out / "pretrained.pt", model=model, step=step, extra=extra)
-    if not plot_curves(out / "log.csv", out / "loss.png", x="step", ys=["train_loss", "val_loss"],
+    if not plot_curves(out / "log.csv", out / "loss.png", x="step", ys=["train_loss", "val_loss"], logy=True,
                        ylabel="masked-token loss (nats)", title="IMDb masked-language-model pretraining"):
         print("matplotlib is not installed: no plot")
     seconds = time.perf_counter() - t_start

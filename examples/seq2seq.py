@@ -100,15 +100,15 @@ def plot(weights, src_len: int, out_len: int, path: Path) -> None:
     layers = weights.size(0)
     fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False)
     for i, ax in enumerate(axes[0]):
-        ax.imshow(weights[i, :out_len, :src_len].numpy(), cmap="viridis", vmin=0)
+        image = ax.imshow(weights[i, :out_len, :src_len].numpy(), cmap="viridis", vmin=0, vmax=1)
         ax.set_xticks(range(src_len))
         ax.set_yticks(range(out_len))
         ax.set_title(f"decoder layer {i + 1}")
         ax.set_xlabel("source position")
         ax.set_ylabel("output position")
+    fig.colorbar(image, ax=axes[0].tolist(), fraction=0.03, pad=0.02, label="attention weight")
     fig.suptitle("cross-attention (mean over heads) while reversing a digit string")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # tight_layout cannot place a colour bar shared by axes
     print(f"wrote {path}")
 
 

@@ -168,8 +168,9 @@ def test_clear_errors(script, tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         script.main(["--data", str(missing)])
     monkeypatch.setenv("TORCHFORMER_HOME", str(tmp_path / "empty_home"))
-    with pytest.raises(SystemExit, match="--data.*--download"):
+    with pytest.raises(SystemExit, match="--data.*--download") as info:
         script.main(["--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert "no IMDb data in" in str(info.value) and "path=" not in str(info.value)  # the flags, not the Python API
     with pytest.raises(SystemExit, match=r"no trained model at .*untrained.model\.pt: train first \(the final model "
                                          r"goes to --out\), or pass --out or --checkpoint to point at one"):
         script.main(["--predict", "fine", "--out", str(tmp_path / "untrained")])

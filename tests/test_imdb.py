@@ -2,6 +2,7 @@ import gzip
 import hashlib
 import json
 import os
+import pickle
 import random
 import tarfile
 from pathlib import Path
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchformer.data.imdb_dataset as imdb_module
-from torchformer.data.download import ChecksumError, DataFileError
+from torchformer.data.download import ChecksumError, DataFileError, DataNotFoundError
 from torchformer.data.imdb_dataset import imdb, train_val_split
 
 # (split, sentiment, id, rating) -> text. Ids 2 and 10 check a numeric (not string) sort;
@@ -155,8 +156,12 @@ def test_corrupt_download_leaves_nothing_cached(forms, tmp_path, monkeypatch):
 def test_missing_data_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"aclImdb_v1\.tar\.gz.*aclImdb/.*imdb_train\.jsonl\.gz"):
         imdb(root=tmp_path)
-    with pytest.raises(FileNotFoundError, match="download=True"):
+    with pytest.raises(DataNotFoundError, match="download=True") as info:
         imdb(root=tmp_path / "does-not-exist")
+    # Its parts, for a script to say the problem with its own flags: what is missing, and the API's remedy.
+    assert info.value.problem.startswith("no IMDb data in") and "download=True" not in info.value.problem
+    assert str(info.value) == f"{info.value.problem}; {info.value.advice}"
+    assert pickle.loads(pickle.dumps(info.value)).problem == info.value.problem
     with pytest.raises(FileNotFoundError, match="no IMDb data at"):
         imdb(tmp_path / "nothing-here")
     (tmp_path / "notes.txt").write_text("not an archive")

@@ -716,6 +716,18 @@ def test_plot_curves_labels_the_axis_and_marks_single_points(tmp_path, monkeypat
     with pytest.raises(TypeError, match="ylabel must be a str or None, got int 3"):
         plot_curves(csv_path, tmp_path / "c.png", x="step", ys=["val_bpb"], ylabel=3)
 
+    # A linear axis by default; logy for losses. A long title is wrapped to lines the figure holds, not cut.
+    assert drawn[-1].axes[0].get_yscale() == "linear"
+    title = "enwik8_prefix.gz: training batches and validation estimate, in bits per byte, with a longer tail"
+    plot_curves(csv_path, tmp_path / "d.png", x="step", ys=["train_bpb"], logy=True, title=title)
+    ax = drawn[-1].axes[0]
+    assert ax.get_yscale() == "log" and ax.get_title().replace("\n", " ") == title
+    assert all(len(line) <= 70 for line in ax.get_title().split("\n")) and "\n" in ax.get_title()
+    left, _, right, _ = ax.title.get_window_extent(drawn[-1].canvas.get_renderer()).extents
+    assert 0 <= left and right <= drawn[-1].bbox.width  # inside the figure
+    with pytest.raises(TypeError, match="logy must be a bool"):
+        plot_curves(csv_path, tmp_path / "e.png", x="step", ys=["val_bpb"], logy="yes")
+
 
 def test_resume_schedule_sets_the_new_rules_rate_at_the_saved_step():
     """A schedule rebuilt with another length, its state loaded: the rates are the new rule's at the saved step."""

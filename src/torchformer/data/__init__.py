@@ -14,7 +14,9 @@
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
 from torchformer.data.bpe import BPETokenizer
-from torchformer.data.download import ChecksumError, DataFileError, default_root, download, file_digest, verify
+from torchformer.data.download import (
+    ChecksumError, DataFileError, DataNotFoundError, default_root, download, file_digest, verify,
+)
 from torchformer.data.enwik8_dataset import enwik8, enwik8_sample, load_text_bytes, random_batches, sample_path
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled
@@ -26,6 +28,7 @@ __all__ = [
     "ChecksumError",
     "ClassificationBatches",
     "DataFileError",
+    "DataNotFoundError",
     "WordTokenizer",
     "bucket_batches",
     "deduplicate",

@@ -73,6 +73,25 @@ class ChecksumError(ValueError):
         return f"{what} for {self.path}: expected {self.expected}, got {self.received}. {self.advice}"
 
 
+class DataNotFoundError(FileNotFoundError):
+    """No copy of a dataset where a loader looked, and none asked for: the message says how to get one.
+
+    The message reads ``"{problem}; {advice}"``, the advice in the words of the Python API (``path=``,
+    ``download=True``); the parts are attributes, so a script can say ``problem`` with its own flags instead.
+
+    Args:
+        problem: what was looked for, where, and what is missing.
+        advice: how to get the data.
+    """
+
+    def __init__(self, problem: str, advice: str) -> None:
+        super().__init__(problem, advice)  # every field, so that the exception pickles
+        self.problem, self.advice = problem, advice
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.advice}"
+
+
 class DataFileError(ValueError):
     """A data file is there but unusable: truncated, damaged, or not in the expected format.
 

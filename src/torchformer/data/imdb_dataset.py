@@ -60,6 +60,7 @@ from torchformer.data._imdb_files import (
 from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     DataFileError,
+    DataNotFoundError,
     default_root,
     is_damaged_data,
     verify,
@@ -111,7 +112,8 @@ def imdb(
         1 = positive, each sorted by ``(label, id)``.
 
     Raises:
-        FileNotFoundError: nothing in an accepted form was found.
+        FileNotFoundError: nothing in an accepted form was found (:class:`~torchformer.data.download.DataNotFoundError`
+            when nothing was found in ``root`` and ``download`` was not asked for).
         ChecksumError: the archive in ``root`` is not the official one (and ``download`` is False).
         DataFileError: the data was found but is damaged or malformed (a truncated archive,
             a bad label, text that is not UTF-8, an empty split, ...); the message names the file.
@@ -136,10 +138,8 @@ def imdb(
             # The archive in root is the cache's copy of the official one: checked (or fetched) like a download.
             source = _cached_archive(archive, download)
         if source is None:
-            raise FileNotFoundError(
-                f"no IMDb data in '{root_dir}': {_what_is_missing(root_dir)}; "
-                "pass path=..., or download=True to fetch the official archive"
-            )
+            raise DataNotFoundError(f"no IMDb data in '{root_dir}': {_what_is_missing(root_dir)}",
+                                    "pass path=..., or download=True to fetch the official archive")
 
     if source.is_file():
         splits = _read_tar(source)

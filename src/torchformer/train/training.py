@@ -24,6 +24,7 @@ import math
 import numbers
 import os
 import random
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, ContextManager, Iterable, Iterator, Mapping, Optional, Sequence, Union
@@ -471,6 +472,7 @@ def plot_curves(
     title: Optional[str] = None,
     ylabel: Optional[str] = None,
     marks: Optional[Mapping[str, tuple[float, float]]] = None,
+    logy: bool = False,
 ) -> bool:
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
@@ -487,6 +489,8 @@ def plot_curves(
         title: a title above the plot; ``None``: none.
         ylabel: the y axis's name; ``None``: the column's name when there is one curve, else none.
         marks: labelled single points to add, ``{label: (x, y)}``; ``None``: none.
+        logy: a logarithmic y axis (for losses: the first steps' large values then do not squash the range the rest
+            of training moves in); values at or below zero are left out of the plot.
 
     Returns:
         ``True`` when the PNG was written, ``False`` when matplotlib is not installed.
@@ -504,6 +508,7 @@ def plot_curves(
         raise ValueError(f"x must be a column name and ys a non-empty sequence of them, got x={x!r}, ys={ys!r}")
     if ylabel is not None and not isinstance(ylabel, str):
         raise TypeError(f"ylabel must be a str or None, got {type(ylabel).__name__} {ylabel!r}")
+    check_bool(logy, "logy")
     marks = dict(marks or {})
     for label, point in marks.items():
         if not (isinstance(label, str) and isinstance(point, (tuple, list)) and len(point) == 2
@@ -549,13 +554,15 @@ def plot_curves(
     for label, (mx, my) in marks.items():
         ax.plot([mx], [my], marker="*", markersize=12, linestyle="none", label=label)
     ax.set_xlabel(x)
+    if logy:
+        ax.set_yscale("log")
     if ylabel is not None or len(ys) == 1:
         ax.set_ylabel(ylabel if ylabel is not None else ys[0])
     if len(ys) > 1 or marks:
         ax.legend()
     ax.grid(alpha=0.3)
     if title:
-        ax.set_title(title)
+        ax.set_title(textwrap.fill(title, 70))  # a long title on one line runs off both sides of the figure
     fig.tight_layout()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=100, format="png")
