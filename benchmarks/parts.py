@@ -2,9 +2,10 @@
 of the presets' CPU model (emb 256, 8 heads of 32, batch 16, context 256), in one process:
 
 * norms: ``torch.nn.LayerNorm`` (one fused kernel each way); RMSNorm as :func:`~torchformer.nn.norms.rms_norm` writes
-  it (autograd differentiates each operation); :class:`~torchformer.RMSNorm` (its gradient written by hand);
+  it (autograd differentiates each operation); ``torch.nn.functional.rms_norm``; :class:`~torchformer.RMSNorm` (its
+  gradient written by hand);
 * rotary: :func:`~torchformer.nn.relative.rotate_halves` under autograd; :class:`~torchformer.nn.relative.RotateHalves`
-  (the library's path), each on the queries as attention makes them (a transposed view);
+  (the library's path), each on the queries as attention makes them (a transposed view); and the angles alone;
 * feed-forward: the plain ``W2 relu(W1 x)`` of hidden size 1024; the gated SwiGLU of hidden size 683, as the library
   computes it (two input projections) and with the two projections concatenated into one product.
 
@@ -70,6 +71,8 @@ def main() -> None:
     rows = [
         ("norm", "LayerNorm (torch.nn)", activations, layer_norm),
         ("norm", "RMSNorm written out (autograd)", activations, lambda x: rms_norm(x, rms.weight, rms.eps)),
+        ("norm", "torch.nn.functional.rms_norm (autograd)", activations,
+         lambda x: F.rms_norm(x, (E,), rms.weight, rms.eps)),
         ("norm", "RMSNorm (hand-written gradient)", activations, rms),
         ("rotary", "rotate_halves (autograd)", queries, lambda q: rotate_halves(q, cos, sin)),
         ("rotary", "RotateHalves (the library's)", queries, lambda q: RotateHalves.apply(q, cos, sin)),
@@ -83,6 +86,15 @@ def main() -> None:
     print("| --- | --- | ---: |")
     for part, name, make_inputs, fn in rows:
         print(f"| {part} | {name} | {timed(make_inputs, fn, args.repeats):.2f} |", flush=True)
+    # The angles alone (Rotary.angles, forward only: no gradient flows into them), per call of a layer.
+    rotary, positions = Rotary(S), torch.arange(T)
+    times = []
+    for k in range(203):
+        start = time.perf_counter()
+        rotary.angles(positions, torch.float32)
+        if k >= 3:
+            times.append(time.perf_counter() - start)
+    print(f"| rotary | the angles alone (Rotary.angles, t = {T}; forward only) | {1000 * statistics.median(times):.3f} |")
 
 
 if __name__ == "__main__":

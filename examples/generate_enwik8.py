@@ -115,7 +115,7 @@ CHECKS = {
 }
 
 
-OUTPUTS = ("log.csv", "model.pt", "results.json", "loss.png")  # what a training run writes into --out
+OUTPUTS = ("log.csv", "model.pt", "best.pt", "results.json", "loss.png")  # what a training run writes into --out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -485,6 +485,7 @@ def train(args, threads: int, why: str) -> dict:
     generators = {"batches": batches, "sampling": sampler}
 
     start, elapsed = 0, 0.0
+    best = {"val_bpb": math.inf, "step": 0}  # the best validation estimate so far, whose model is OUT/best.pt
     if ckpt is not None:
         try:
             state = load_distributed_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched,
@@ -492,6 +493,7 @@ def train(args, threads: int, why: str) -> dict:
         except ValueError as e:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
+        best = state["extra"].get("best", best)  # a checkpoint from before best.pt existed: from here on
         resume_schedule(sched)  # the rates of this run's rule at `start`, not the saved rule's (a larger -N)
         print(f"resumed from {ckpt} at step {start}")
         if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
@@ -510,7 +512,7 @@ def train(args, threads: int, why: str) -> dict:
         if args.checkpoint:
             config = {k: getattr(args, k) for k in ARCHITECTURE}
             extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches, "warmup_steps": warmup,
-                     "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}}
+                     "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}, "best": best}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
                                         scheduler=sched, step=step, extra=extra, generators=generators)
@@ -592,12 +594,16 @@ def train(args, threads: int, why: str) -> dict:
                     f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
                     f"over the split)")
                 history.append(rows[-1]["val_bpb"])
+                improved = rows[-1]["val_bpb"] < best["val_bpb"]  # the same figure on every process
+                if improved:
+                    best = {"val_bpb": rows[-1]["val_bpb"], "step": step}
                 if rising(history) and not warned:
                     warned = True
                     say(f"warning: validation rose at the last {RISES} evaluations ("
                         f"{' -> '.join(f'{v:.3f}' for v in history[-RISES - 1:])} bits/byte) while the training loss "
                         f"fell: the model is learning the training text by heart. Train on more data (-D) or for "
-                        f"fewer steps (-N); the checkpoints keep the earlier, better models")
+                        f"fewer steps (-N); {args.out / 'best.pt'} keeps the model of the best validation so far "
+                        f"({best['val_bpb']:.3f} at step {best['step']})")
                 if args.sample_length > 0:  # on every process: an FSDP2 model runs on all of them at once
                     say(f"sample (seed in brackets, temperature {args.temperature}):\n"
                         f"{sample(model, val, args, sampler)}\n")
@@ -609,6 +615,9 @@ def train(args, threads: int, why: str) -> dict:
                     tb.add_scalar("val_bpb", row["val_bpb"], row["step"])
         if checkpoint_now:
             save(step)
+        if evaluate_now and improved:  # after the checkpoint (which records `best`); every process takes part
+            save_distributed_checkpoint(args.out / "best.pt", model=model, step=step, extra={
+                "config": {k: getattr(args, k) for k in ARCHITECTURE}, "val_bpb": best["val_bpb"]})
         if step == args.stop_after:
             print(f"--stop-after {step}: checkpoint saved, stopping")
             if tb:
@@ -648,6 +657,9 @@ def train(args, threads: int, why: str) -> dict:
         return result
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"model: {args.out / 'model.pt'} (sample from it: --generate \"PROMPT\" --out {args.out})")
+    if best["step"] and best["step"] != args.num_batches and (args.out / "best.pt").is_file():
+        print(f"best validation estimate: {best['val_bpb']:.3f} at step {best['step']}, better than the end's: its "
+              f"model is {args.out / 'best.pt'} (load_model, or --generate with --checkpoint {args.out / 'best.pt'})")
     if tb:
         tb.close()
     marks = {f"{split}, whole split: {bpb:.3f}": (args.num_batches, bpb)}

@@ -58,7 +58,7 @@ def test_another_tokenizer_recomputes_and_replaces_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [f"corpus-{key[:16]}.npz"]  # the stale file is gone
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "lengths"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "lengths", "npy", "float_lengths"])
 def test_a_damaged_file_is_recomputed_not_trusted(tmp_path, damage):
     tok, calls = tokenizer(), []
     key = encoding_key(TEXTS, tok.state_dict(), 16)
@@ -68,12 +68,17 @@ def test_a_damaged_file_is_recomputed_not_trusted(tmp_path, damage):
         path.write_bytes(path.read_bytes()[:100])
     elif damage == "garbage":
         path.write_bytes(b"not a numpy file")
+    elif damage == "npy":  # one array, not an archive of them, under the archive's name
+        with open(path, "wb") as f:
+            np.save(f, np.arange(3))
     else:
         with np.load(path) as data:
             ids, lengths = data["ids"], data["lengths"]
         with open(path, "wb") as f:
             if damage == "other_key":
                 np.savez(f, ids=ids, lengths=lengths, key=np.array("0" * 64))
+            elif damage == "float_lengths":
+                np.savez(f, ids=ids, lengths=lengths.astype(float), key=np.array(key))
             else:  # lengths that do not add up to the ids
                 np.savez(f, ids=ids, lengths=lengths + 1, key=np.array(key))
     ids, read = cached_encoding(tmp_path, "corpus", key, encoder(tok, TEXTS, calls))
@@ -81,8 +86,21 @@ def test_a_damaged_file_is_recomputed_not_trusted(tmp_path, damage):
     assert cached_encoding(tmp_path, "corpus", key, encoder(tok, TEXTS, calls)) == (expected, True)  # replaced
 
 
-def test_bad_names_and_keys_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="name must be letters"):
-        cached_encoding(tmp_path, "../x", "0" * 64, list)
+def test_bad_names_keys_and_texts_are_refused(tmp_path):
+    for name in ("../x", "a-b", "", "a b", "é"):
+        with pytest.raises(ValueError, match="name must be ASCII letters, digits and '_'"):
+            cached_encoding(tmp_path, name, "0" * 64, list)
+    with pytest.raises(TypeError, match="texts must be a sequence of str, got one str"):
+        encoding_key("abc", {}, None)
+
+
+def test_a_corpus_whose_name_begins_like_another_keeps_the_others_file(tmp_path):
+    tok, calls = tokenizer(), []
+    cached_encoding(tmp_path, "train_small", encoding_key(TEXTS[:2], tok.state_dict(), 16),
+                    encoder(tok, TEXTS[:2], calls))
+    for size in (8, 16):  # a new key for "train": only train's old file goes
+        cached_encoding(tmp_path, "train", encoding_key(TEXTS, tok.state_dict(), size), encoder(tok, TEXTS, calls))
+    names = sorted(p.name.split("-")[0] for p in tmp_path.iterdir())
+    assert names == ["train", "train_small"]
     with pytest.raises(ValueError, match="key must be a SHA-256 hex digest"):
         cached_encoding(tmp_path, "corpus", "abc", list)

@@ -15,6 +15,8 @@ import pytest
 from script_loader import load_script
 import torch
 
+from torchformer import load_model
+
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "generate_enwik8.py"
 
 
@@ -490,3 +492,30 @@ def test_checkpoints_on_the_clock_between_evaluations_and_a_run_killed_after_one
     # The default clock (10 minutes) saves at the evaluations only in a run this short.
     script.main(tiny(corpus, tmp_path / "c", "--checkpoint", str(tmp_path / "ckpt_c"), "--log-every", "2"))
     assert sorted(p.name for p in (tmp_path / "ckpt_c").glob("*.pt")) == ["step_00000015.pt", "step_00000020.pt"]
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_rising_validation_warns_and_best_pt_keeps_the_model_of_the_best_one(script, corpus, tmp_path, capsys,
+                                                                             monkeypatch):
+    # Validation estimates at steps 5, 10, 15, 20 that fall, then rise twice (as on the bundled sample), then the
+    # final figure: the model of step 10 is the one to keep.
+    figures = iter([3.0, 2.0, 2.5, 2.7, 2.7])
+    monkeypatch.setattr(script, "evaluate", lambda *args, **kwargs: next(figures))
+    states = {}
+    save = script.save_distributed_checkpoint
+
+    def remember(path, *, model, step, **kwargs):  # the weights at each save of best.pt
+        if path.name == "best.pt":
+            states[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        return save(path, model=model, step=step, **kwargs)
+
+    monkeypatch.setattr(script, "save_distributed_checkpoint", remember)
+    script.main(tiny(corpus, tmp_path / "run", "--sample-length", "0"))
+    out = capsys.readouterr().out
+    assert "warning: validation rose at the last 2 evaluations (2.000 -> 2.500 -> 2.700 bits/byte)" in out
+    assert "best.pt keeps the model of the best validation so far (2.000 at step 10)" in out
+    assert "best validation estimate: 2.000 at step 10, better than the end's" in out
+    assert sorted(states) == [5, 10]  # written at each new best, not after
+    best = load_model(tmp_path / "run" / "best.pt", model_class=script.GTransformer)
+    for key, value in best.state_dict().items():
+        assert torch.equal(value, states[10][key]), key

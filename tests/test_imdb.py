@@ -1,3 +1,4 @@
+import errno
 import gzip
 import hashlib
 import json
@@ -161,7 +162,9 @@ def test_missing_data_is_a_clear_error(tmp_path):
     # Its parts, for a script to say the problem with its own flags: what is missing, and the API's remedy.
     assert info.value.problem.startswith("no IMDb data in") and "download=True" not in info.value.problem
     assert str(info.value) == f"{info.value.problem}; {info.value.advice}"
-    assert pickle.loads(pickle.dumps(info.value)).problem == info.value.problem
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (copy.problem, copy.advice, str(copy)) == (info.value.problem, info.value.advice, str(info.value))
+    assert info.value.errno == errno.ENOENT and isinstance(info.value, FileNotFoundError)
     with pytest.raises(FileNotFoundError, match="no IMDb data at"):
         imdb(tmp_path / "nothing-here")
     (tmp_path / "notes.txt").write_text("not an archive")

@@ -78,7 +78,7 @@ def test_rmsnorm_hand_written_gradient_equals_autograd_on_the_formula(dtype):
     x = (3 * torch.randn(2, 3, 5, 16, dtype=torch.float64) + 1).to(dtype)
     weight, grad = torch.rand(16, dtype=torch.float64) + 0.5, torch.randn(2, 3, 5, 16, dtype=torch.float64)
     results = []
-    for fn in (lambda x, w: RMSNormFunction.apply(x, w, 1e-5), lambda x, w: rms_norm(x, w, 1e-5)):
+    for fn in (lambda x, w: RMSNormFunction.apply(x, w, 1e-5)[0], lambda x, w: rms_norm(x, w, 1e-5)):
         xs, ws = x.clone().requires_grad_(), weight.to(dtype).requires_grad_()
         out = fn(xs, ws)
         out.backward(grad.to(out.dtype))
@@ -93,10 +93,10 @@ def test_rmsnorm_second_derivatives_and_frozen_gain():
     torch.manual_seed(0)
     x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
     weight = (torch.rand(6, dtype=torch.float64) + 0.5).requires_grad_()
-    assert torch.autograd.gradgradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (x, weight))
+    assert torch.autograd.gradgradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5)[0], (x, weight))
     # A frozen gain gets no gradient, and the input's is unchanged by it.
     frozen = weight.detach()
-    out = RMSNormFunction.apply(x, frozen, 1e-5)
+    out = RMSNormFunction.apply(x, frozen, 1e-5)[0]
     (grad_x,) = torch.autograd.grad(out.sum(), x)
     torch.testing.assert_close(grad_x, torch.autograd.grad(rms_norm(x, frozen, 1e-5).sum(), x)[0])
 
@@ -748,3 +748,47 @@ def test_a_config_without_t5s_fields_reads_as_before():
     assert model.head.scale is None and model.encoder.blocks[0].attention.scale is None
     assert model.src_embedding.tokens.weight is not model.tgt_embedding.tokens.weight
     assert "encoder.blocks.0.ff.net.0.bias" in model.state_dict()
+
+
+def test_rmsnorm_and_rotary_under_torch_func_and_forward_mode_equal_their_formulas():
+    # The hand-written paths must not lock out what the written-out formulas allowed: torch.func's grad, vmap and
+    # per-example gradients, jvp and forward-mode dual numbers.
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import grad, jvp, vmap
+
+    from torchformer.nn.relative import Rotary, rotate_halves
+
+    torch.manual_seed(0)
+    norm = RMSNorm(8).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    weight = norm.weight.detach()
+    rotary, positions = Rotary(8), torch.arange(5)
+    cos, sin = rotary.angles(positions, torch.float64)
+    pairs = [  # (the library's path, the formula), each a function of one (b, ..., t, e) tensor
+        (lambda a: torch.func.functional_call(norm, {"weight": weight}, (a,)), lambda a: rms_norm(a, weight, 1e-5)),
+        (lambda a: rotary.rotate(a, positions), lambda a: rotate_halves(a, cos, sin)),
+    ]
+    x, tangent = torch.randn(2, 3, 5, 8, dtype=torch.float64), torch.randn(2, 3, 5, 8, dtype=torch.float64)
+
+    def dual(f):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(f(fwAD.make_dual(x, tangent))).tangent
+
+    transforms = {
+        "grad": lambda f: grad(lambda a: f(a).pow(3).sum())(x),
+        "vmap": lambda f: vmap(f)(x),
+        "per-example grad": lambda f: vmap(grad(lambda a: f(a).pow(3).sum()))(x),
+        "jvp": lambda f: jvp(f, (x,), (tangent,))[1],
+        "forward AD": dual,
+    }
+    for fast, formula in pairs:
+        for name, transform in transforms.items():
+            torch.testing.assert_close(transform(fast), transform(formula), atol=1e-10, rtol=1e-10, msg=name)
+    # vmap over the angles too (each batch element its own positions): the rule batches them beside x.
+    from torchformer.nn.relative import RotateHalves
+
+    xs = torch.randn(3, 2, 5, 8, dtype=torch.float64)
+    coss, sins = (torch.stack(parts) for parts in zip(*(rotary.angles(positions + k, torch.float64) for k in range(3))))
+    rotated = vmap(RotateHalves.apply)(xs, coss, sins)
+    torch.testing.assert_close(rotated, torch.stack([rotate_halves(xs[k], coss[k], sins[k]) for k in range(3)]))

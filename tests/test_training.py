@@ -457,8 +457,11 @@ def test_the_checkpoint_clock_is_due_after_its_minutes_and_restarts_at_each_save
     never = CheckpointClock(None)
     now[0] += 1e9
     assert not never.due()
-    for bad in (0, -1, float("nan"), float("inf"), "5", True):
+    for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="minutes must be a positive number or None"):
+            CheckpointClock(bad)
+    for bad in ("5", True, [1]):
+        with pytest.raises(TypeError, match="minutes must be a positive number or None, got"):
             CheckpointClock(bad)
 
 
@@ -725,6 +728,8 @@ def test_plot_curves_labels_the_axis_and_marks_single_points(tmp_path, monkeypat
     assert all(len(line) <= 70 for line in ax.get_title().split("\n")) and "\n" in ax.get_title()
     left, _, right, _ = ax.title.get_window_extent(drawn[-1].canvas.get_renderer()).extents
     assert 0 <= left and right <= drawn[-1].bbox.width  # inside the figure
+    plot_curves(csv_path, tmp_path / "f.png", x="step", ys=["train_bpb"], title="first line\nsecond line")
+    assert drawn[-1].axes[0].get_title() == "first line\nsecond line"  # the title's own line breaks are kept
     with pytest.raises(TypeError, match="logy must be a bool"):
         plot_curves(csv_path, tmp_path / "e.png", x="step", ys=["val_bpb"], logy="yes")
 

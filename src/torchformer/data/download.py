@@ -24,6 +24,7 @@ names another folder (see :func:`default_root`).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import http.client
@@ -74,7 +75,7 @@ class ChecksumError(ValueError):
 
 
 class DataNotFoundError(FileNotFoundError):
-    """No copy of a dataset where a loader looked, and none asked for: the message says how to get one.
+    """No copy of IMDb in the cache folder :func:`~torchformer.data.imdb` looked in, and no download asked for.
 
     The message reads ``"{problem}; {advice}"``, the advice in the words of the Python API (``path=``,
     ``download=True``); the parts are attributes, so a script can say ``problem`` with its own flags instead.
@@ -85,11 +86,14 @@ class DataNotFoundError(FileNotFoundError):
     """
 
     def __init__(self, problem: str, advice: str) -> None:
-        super().__init__(problem, advice)  # every field, so that the exception pickles
+        super().__init__(errno.ENOENT, f"{problem}; {advice}")  # errno and strerror, as any FileNotFoundError's
         self.problem, self.advice = problem, advice
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.advice}"
+
+    def __reduce__(self) -> tuple:  # pickles (across processes) with its parts, not OSError's (errno, strerror)
+        return type(self), (self.problem, self.advice)
 
 
 class DataFileError(ValueError):

@@ -56,26 +56,72 @@ class RMSNormFunction(torch.autograd.Function):
     \bar{x} = r \left(\bar{y} \odot g - \hat{x} \operatorname{mean}(\bar{y} \odot g \odot \hat{x})\right)
     $$
 
-    (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). Only
-    ``x`` and ``r`` ``(..., 1)`` are kept for the backward pass; $\hat{x}$ is recomputed there. The tests compare
+    (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). ``x``,
+    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass; $\hat{x}$ is recomputed there. ``apply(x,
+    weight, eps)`` returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``) and
+    ``torch.func`` transforms work too. The tests compare
     both directions with :func:`rms_norm` under autograd, and with ``gradcheck``.
     """
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # as rms_norm: the statistic in float32 at least
-        r = torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + eps)  # (..., 1)
-        ctx.save_for_backward(x, weight, r)
-        ctx.eps = eps
-        return (wide * r).to(x.dtype) * weight  # (..., e)
+    generate_vmap_rule = True  # torch.func.vmap (and per-example gradients) batch the forward pass's operations
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], None]:  # type: ignore[override]
+    def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # as rms_norm: the statistic in float32 at least
+        r = torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + eps)  # (..., 1)
+        return (wide * r).to(x.dtype) * weight, r  # (..., e), and r for the backward pass (not differentiable)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
+        """Keep what the derivatives need: ``x``, ``weight``, ``r`` and ``eps``.
+
+        Args:
+            ctx: the context the derivatives receive.
+            inputs: ``(x, weight, eps)``.
+            output: ``(y, r)``.
+        """
+        (x, weight, eps), (_, r) = inputs, output
+        ctx.save_for_backward(x, weight, r)
+        ctx.save_for_forward(x, weight, r)
+        ctx.eps = eps
+        ctx.mark_non_differentiable(r)
+
+    @staticmethod
+    def jvp(  # type: ignore[override]
+        ctx, x_dot: Optional[Tensor], weight_dot: Optional[Tensor], eps_dot: None
+    ) -> tuple[Tensor, None]:
+        """Forward-mode derivative: the output's tangent from the tangents of ``x`` and ``weight``.
+
+        Args:
+            ctx: what :meth:`setup_context` kept.
+            x_dot: the tangent of ``x`` ``(..., e)``, or ``None``.
+            weight_dot: the tangent of ``weight`` ``(e,)``, or ``None``.
+            eps_dot: ``eps``'s (none: a number).
+
+        Returns:
+            ``(y_dot, None)``: ``r`` has no tangent.
+        """
+        x, weight, r = ctx.saved_tensors
+        normalised = x.to(r.dtype) * r
+        y_dot = torch.zeros_like(normalised * weight)
+        if x_dot is not None:  # d x-hat = r (dx - x-hat mean(dx x-hat)): the transpose of the backward formula
+            x_dot = x_dot.to(r.dtype)
+            moved = r * (x_dot - normalised * (x_dot * normalised).mean(dim=-1, keepdim=True))
+            y_dot = y_dot + moved.to(x.dtype) * weight
+        if weight_dot is not None:
+            y_dot = y_dot + normalised.to(x.dtype) * weight_dot
+        return y_dot, None
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, grad: Tensor, grad_r: Optional[Tensor]
+    ) -> tuple[Optional[Tensor], Optional[Tensor], None]:
         """The gradients of ``x`` and ``weight`` from the output's, by the formulas above.
 
         Args:
-            ctx: what the forward pass kept: ``x``, ``weight`` and ``r``.
+            ctx: what :meth:`setup_context` kept: ``x``, ``weight``, ``r`` and ``eps``.
             grad: the gradient of the output, ``(..., e)``.
+            grad_r: the gradient of ``r`` (none: it is not differentiable).
 
         Returns:
             ``(grad_x, grad_weight, None)``: ``(..., e)`` and ``(e,)``, each ``None`` where no gradient is needed.
@@ -112,9 +158,9 @@ class RMSNorm(nn.Module):
     starts at 1, so a fresh layer returns vectors of root mean square 1. There is no bias and no centering: the
     mean of ``x`` passes through, scaled.
 
-    The forward pass is :func:`rms_norm`'s; the gradient is written by hand (:class:`RMSNormFunction`): forward and
-    backward of a ``(16, 256, 256)`` batch take 7.4 to 7.8 ms instead of 11.2 to 11.5 on a CPU, 1 thread
-    (``python benchmarks/parts.py``; a fused LayerNorm takes 2.2).
+    The forward pass is :func:`rms_norm`'s; the gradient is written by hand (:class:`RMSNormFunction`), fewer
+    passes through memory: ``python benchmarks/parts.py`` has the times (``benchmarks/RESULTS.md``: a third less
+    than autograd's on a 2-core Intel Xeon @ 2.80GHz, 1 thread, torch 2.13.0+cpu, 2026-11-26).
 
     Args:
         emb: the size ``e`` of the last dimension.
@@ -133,7 +179,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(emb))
 
     def forward(self, x: Tensor) -> Tensor:
-        return RMSNormFunction.apply(x, self.weight, self.eps)
+        return RMSNormFunction.apply(x, self.weight, self.eps)[0]  # (y, r): the output
 
     def extra_repr(self) -> str:
         return f"{self.emb}, eps={self.eps}"

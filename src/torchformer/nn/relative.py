@@ -128,8 +128,9 @@ class RotateHalves(torch.autograd.Function):
     """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
 
     Two things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
-    presets' CPU model: 5.5 to 5.8 ms instead of 7.9 to 8.2, 1 thread, ``python benchmarks/parts.py``). The forward pass writes each half straight into the output (``out=``), in
-    ``x``'s memory layout: no concatenation, and no copy when the queries are a transposed view. And a rotation is
+    presets' CPU model: a third less time, ``python benchmarks/parts.py``; ``benchmarks/RESULTS.md`` has the figures,
+    the machine and the date). The forward pass writes each half straight into the output (``out=``), in ``x``'s
+    memory layout: no concatenation, and no copy when the queries are a transposed view. And a rotation is
     linear and orthogonal, so the gradient with respect to its input is the output's gradient rotated back,
     ``rotate(grad, cos, -sin)``: the same two multiplications per pair, where autograd keeps and multiplies
     each product separately. The angles get no gradient here: :class:`Rotary` uses the formula when they need one.
@@ -158,9 +159,62 @@ class RotateHalves(torch.autograd.Function):
         return out
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(cos, sin)
+    def forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
         return RotateHalves.rotate(x, cos, sin)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Tensor) -> None:  # type: ignore[override]
+        """Keep the angles: the derivatives in both directions are rotations by them.
+
+        Args:
+            ctx: the context the derivatives receive.
+            inputs: ``(x, cos, sin)``.
+            output: the rotated ``x``.
+        """
+        _, cos, sin = inputs
+        ctx.save_for_backward(cos, sin)
+        ctx.save_for_forward(cos, sin)
+
+    @staticmethod
+    def jvp(ctx, x_dot: Tensor, cos_dot: None, sin_dot: None) -> Tensor:  # type: ignore[override]
+        """Forward-mode derivative: a rotation is linear, so the tangent is rotated as ``x`` is.
+
+        Args:
+            ctx: what :meth:`setup_context` kept.
+            x_dot: the tangent of ``x``.
+            cos_dot: the angles' tangent (none: they get no derivative here).
+            sin_dot: as ``cos_dot``.
+
+        Returns:
+            The output's tangent.
+        """
+        cos, sin = ctx.saved_tensors
+        return rotate_halves(x_dot, cos, sin)
+
+    @staticmethod
+    def vmap(info, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, int]:  # type: ignore[override]
+        """``torch.func.vmap``'s rule: the batch dimension of ``x`` in front, where the rotation ignores it.
+
+        Args:
+            info: vmap's batch size and randomness (unused).
+            in_dims: the batch dimension of ``x``, ``cos`` and ``sin`` (``None``: not batched).
+            x: ``x`` with its batch dimension.
+            cos: ``cos``, with its batch dimension if batched.
+            sin: as ``cos``.
+
+        Returns:
+            ``(out, 0)``: the rotated batch, batched in dimension 0.
+        """
+        x_dim, cos_dim, sin_dim = in_dims
+        x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(info.batch_size, *x.shape)
+        if cos_dim is None and sin_dim is None:  # the angles of every batch element alike: broadcast as they are
+            return RotateHalves.apply(x, cos, sin), 0
+
+        def batched(angle: Tensor, dim: Optional[int]) -> Tensor:  # (B, t, s/2) -> (B, 1, ..., 1, t, s/2)
+            angle = angle.movedim(dim, 0) if dim is not None else angle.expand(info.batch_size, *angle.shape)
+            return angle.reshape(angle.shape[0], *[1] * (x.dim() - angle.dim()), *angle.shape[1:])
+
+        return rotate_halves(x, batched(cos, cos_dim), batched(sin, sin_dim)), 0
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
@@ -306,8 +360,11 @@ class Rotary(AttentionPositions):
         """
         cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
         # The formula itself when compiling (the compiler fuses it into one kernel, and cannot trace out= into
-        # strided memory) or for a variant that learns its angles (autograd's gradient reaches them).
-        if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
+        # strided memory), for a variant that learns its angles (autograd's gradient reaches them), or for angles
+        # of more positions than x has (the formula broadcasts; out= would not).
+        half = x.shape[:-1] + (x.size(-1) // 2,)
+        if (torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad
+                or torch.broadcast_shapes(half, cos.shape, sin.shape) != half):  # angles that widen x: broadcast
             return rotate_halves(x, cos, sin)
         return RotateHalves.apply(x, cos, sin)  # (b, h, t, s): rotate_halves' numbers, faster in eager mode
 

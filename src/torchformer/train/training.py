@@ -555,14 +555,15 @@ def plot_curves(
         ax.plot([mx], [my], marker="*", markersize=12, linestyle="none", label=label)
     ax.set_xlabel(x)
     if logy:
-        ax.set_yscale("log")
+        ax.set_yscale("log", nonpositive="mask")
     if ylabel is not None or len(ys) == 1:
         ax.set_ylabel(ylabel if ylabel is not None else ys[0])
     if len(ys) > 1 or marks:
         ax.legend()
     ax.grid(alpha=0.3)
     if title:
-        ax.set_title(textwrap.fill(title, 70))  # a long title on one line runs off both sides of the figure
+        # A long line runs off both sides of the figure: each of the title's lines is wrapped on its own.
+        ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()))
     fig.tight_layout()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=100, format="png")
@@ -591,7 +592,7 @@ def progress(
         (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``, ``update(n)``) and
         ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as context managers. Call
         ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm then restarts its
-        clock, so the rate and the time left it shows count training steps only.
+        clock, so the rate, the time left and the elapsed time it shows count training steps only.
 
     Raises:
         TypeError: ``iterable`` is not iterable, or ``desc`` is not a str.
@@ -674,11 +675,14 @@ class CheckpointClock:
             ``None``: the CPU.
 
     Raises:
-        ValueError: ``minutes`` is not a positive number or ``None``.
+        TypeError: ``minutes`` is not a number or ``None``.
+        ValueError: ``minutes`` is not positive and finite.
     """
 
     def __init__(self, minutes: Optional[float], *, device: Union[torch.device, str, None] = None) -> None:
-        if minutes is not None and (not is_real(minutes) or not math.isfinite(minutes) or not minutes > 0):
+        if minutes is not None and not is_real(minutes):
+            raise TypeError(f"minutes must be a positive number or None, got {type(minutes).__name__} {minutes!r}")
+        if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
             raise ValueError(f"minutes must be a positive number or None, got {minutes!r}")
         self.minutes, self.device = minutes, torch.device("cpu") if device is None else torch.device(device)
         self.reset()
