@@ -159,7 +159,7 @@ class RMSNorm(nn.Module):
     mean of ``x`` passes through, scaled.
 
     The forward pass is :func:`rms_norm`'s; the gradient is written by hand (:class:`RMSNormFunction`), fewer
-    passes through memory: ``python benchmarks/parts.py`` has the times (``benchmarks/RESULTS.md``: a third less
+    passes through memory: ``python benchmarks/parts.py`` has the times (``benchmarks/RESULTS.md``: 20 to 30 % less
     than autograd's on a 2-core Intel Xeon @ 2.80GHz, 1 thread, torch 2.13.0+cpu, 2026-11-26).
 
     Args:
