@@ -15,7 +15,7 @@ Shapes: b batch size, t sequence length, e embedding size.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +72,7 @@ class RMSNormFunction(torch.autograd.Function):
         return (wide * r).to(x.dtype) * weight, r  # (..., e), and r for the backward pass (not differentiable)
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
         """Keep what the derivatives need: ``x``, ``weight``, ``r`` and ``eps``.
 
         Args:
@@ -88,7 +88,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(  # type: ignore[override]
-        ctx, x_dot: Optional[Tensor], weight_dot: Optional[Tensor], eps_dot: None
+        ctx: Any, x_dot: Optional[Tensor], weight_dot: Optional[Tensor], eps_dot: None
     ) -> tuple[Tensor, None]:
         """Forward-mode derivative: the output's tangent from the tangents of ``x`` and ``weight``.
 
@@ -114,7 +114,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx, grad: Tensor, grad_r: Optional[Tensor]
+        ctx: Any, grad: Tensor, grad_r: Optional[Tensor]
     ) -> tuple[Optional[Tensor], Optional[Tensor], None]:
         """The gradients of ``x`` and ``weight`` from the output's, by the formulas above.
 

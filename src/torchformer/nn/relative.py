@@ -30,7 +30,7 @@ Shapes: b batch size, h heads, t queries, u keys, s head size.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -163,7 +163,7 @@ class RotateHalves(torch.autograd.Function):
         return RotateHalves.rotate(x, cos, sin)
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple, output: Tensor) -> None:  # type: ignore[override]
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:  # type: ignore[override]
         """Keep the angles: the derivatives in both directions are rotations by them.
 
         Args:
@@ -176,7 +176,7 @@ class RotateHalves(torch.autograd.Function):
         ctx.save_for_forward(cos, sin)
 
     @staticmethod
-    def jvp(ctx, x_dot: Tensor, cos_dot: None, sin_dot: None) -> Tensor:  # type: ignore[override]
+    def jvp(ctx: Any, x_dot: Tensor, cos_dot: None, sin_dot: None) -> Tensor:  # type: ignore[override]
         """Forward-mode derivative: a rotation is linear, so the tangent is rotated as ``x`` is.
 
         Args:
@@ -192,7 +192,7 @@ class RotateHalves(torch.autograd.Function):
         return rotate_halves(x_dot, cos, sin)
 
     @staticmethod
-    def vmap(info, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, int]:  # type: ignore[override]
+    def vmap(info: Any, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, int]:  # type: ignore[override]
         """``torch.func.vmap``'s rule: the batch dimension of ``x`` in front, where the rotation ignores it.
 
         Args:
@@ -217,7 +217,7 @@ class RotateHalves(torch.autograd.Function):
         return rotate_halves(x, batched(cos, cos_dim), batched(sin, sin_dim)), 0
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         """The input's gradient: the output's, rotated back by the same angles.
 
         Args:
