@@ -94,7 +94,8 @@ def main() -> None:
         rotary.angles(positions, torch.float32)
         if k >= 3:
             times.append(time.perf_counter() - start)
-    print(f"| rotary | the angles alone (Rotary.angles, t = {T}; forward only) | {1000 * statistics.median(times):.3f} |")
+    ms = 1000 * statistics.median(times)
+    print(f"| rotary | the angles alone (Rotary.angles, t = {T}; forward only) | {ms:.3f} |")
 
 
 if __name__ == "__main__":

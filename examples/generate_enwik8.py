@@ -57,7 +57,8 @@ from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-26): 2.1500 and 2.1527 validation bits per byte on enwik8_prefix
-    # (seeds 1, 2; 9.2 min of training); with Adam and no kqnorm 2.2211, with learned positions, LayerNorm and ReLU 2.34.
+    # (seeds 1, 2; 9.2 min of training); with Adam and no kqnorm 2.2211; with learned positions, LayerNorm and ReLU
+    # 2.34.
     "cpu": dict(num_batches=2000, batch_size=32, learn_rate=5e-3, lr_warmup=50, embedding=128, heads=4, depth=4,
                 context=128, dropout=0.0, kqnorm=True, optimizer="muon", positions="rotary", norm="rms",
                 activation="swiglu",

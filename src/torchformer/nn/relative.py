@@ -192,7 +192,9 @@ class RotateHalves(torch.autograd.Function):
         return rotate_halves(x_dot, cos, sin)
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, int]:  # type: ignore[override]
+    def vmap(  # type: ignore[override]
+        info: Any, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor
+    ) -> tuple[Tensor, int]:
         """``torch.func.vmap``'s rule: the batch dimension of ``x`` in front, where the rotation ignores it.
 
         Args:
