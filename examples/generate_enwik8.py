@@ -50,7 +50,7 @@ from torchformer.scripts.launch import (
 from torchformer.train.training import (
     CSVLogger, CheckpointClock, TrainingDiverged, autocast, check_finite_losses, checkpoint_path, count_parameters,
     latest_intact_checkpoint, plot_curves, progress, prune_checkpoints, resolve_device, resume_schedule,
-    warmup_cosine,
+    warmup_cosine, warmup_stable_decay,
 )
 from torchformer.train.checkpoint import read_checkpoint
 from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
@@ -83,12 +83,13 @@ RISES = 2
 
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
-                "window", "wide")
+                "window", "wide", "logit_cap")
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
-RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer")
+RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer",
+            "schedule", "zero_init")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
-                         "kv_heads": None, "window": None, "wide": False}
+                         "kv_heads": None, "window": None, "wide": False, "logit_cap": None}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
 # of val_bpb, so that the two curves can be compared.
 COLUMNS = ["step", "loss", "train_bpb", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
@@ -101,7 +102,7 @@ CHECKS = {
     **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
                      "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
                      "stop_after"), POSITIVE_INT),
-    **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes"), POSITIVE),
+    **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes", "logit_cap"), POSITIVE),
     "learn_rate": (lambda v: 0 < v < 1e30, "a positive number below 1e30"),  # larger ones overflow Adam's step
     "lr_warmup": (lambda v: v >= 0, "an int >= 0"),
     "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -132,6 +133,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
     add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
+    add("--schedule", choices=("cosine", "wsd"), default="cosine", help="learning rate after the warmup: cosine "
+        "decay to 10%%, or wsd (constant, then a linear decay to 0 over the last 20%% of the steps)")
+    add("--zero-init", action=argparse.BooleanOptionalAction, default=False, help="start each block's attention "
+        "and feed-forward output projections at zero, so each block starts as the identity")
+    add("--logit-cap", type=float, help="soft-cap the output logits at this size: cap * tanh(logits / cap) "
+        "(default: none)")
     add("--optimizer", choices=OPTIMIZERS, help="adam, or muon: Muon for the blocks' matrices and Adam for the "
         "rest, one learning rate (torchformer.train.optimizers; default: the preset's, else adam)")
     add("-E", "--embedding", type=int, help="embedding size")
@@ -446,7 +453,8 @@ def train(args, threads: int, why: str) -> dict:
         return GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
                             prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
                             activation=args.activation, kv_heads=args.kv_heads, window=args.window,
-                            wide=args.wide, checkpoint_blocks=args.checkpoint_blocks)
+                            wide=args.wide, checkpoint_blocks=args.checkpoint_blocks,
+                            zero_init_residual=args.zero_init, logit_cap=args.logit_cap)
 
     try:
         # Sized on the meta device first: a typo in -C or -E is no OOM kill. FSDP shards all but the built model.
@@ -478,9 +486,10 @@ def train(args, threads: int, why: str) -> dict:
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")
     opt = make_optimizer(model, args.optimizer, lr=args.learn_rate, fused=args.device.type == "cuda")  # after wrapping
-    # Warmup, then cosine decay to step -N. A resumed run keeps the warmup it started with (check_resumable).
+    # Warmup, then cosine decay (or WSD's constant rate and linear decay) to step -N. A resumed run keeps the warmup it started with (check_resumable).
     warmup = min(args.lr_warmup, args.num_batches) if args.warmup_steps is None else args.warmup_steps
-    sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=args.num_batches)
+    schedule = warmup_stable_decay if args.schedule == "wsd" else warmup_cosine
+    sched = schedule(opt, warmup_steps=warmup, total_steps=args.num_batches)
     # Our own generators (not the global one) pick batches and samples, and the checkpoint restores them. They are
     # seeded alike on every process: each draws the same global batch and keeps its share (see micro_batch).
     # The batch generator lives on the device: drawing window starts on the CPU would mean a copy to the GPU,

@@ -120,3 +120,23 @@ def test_nan_and_inf_padding_reach_no_real_output_nor_any_gradient(prenorm, deco
     assert torch.equal(x.grad[~mask], torch.zeros_like(x.grad[~mask]))  # padding gets no gradient
     for name, p in block.named_parameters():
         torch.testing.assert_close(padded_grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+def test_zero_init_residual_starts_every_pre_norm_block_as_the_identity(activation):
+    options = dict(prenorm=True, activation=activation, zero_init_residual=True)
+    torch.manual_seed(0)
+    encoder, decoder = TransformerBlock(config(**options), causal=True), DecoderBlock(config(**options))
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
+    assert torch.equal(encoder(x), x) and torch.equal(run(decoder, x, ctx), x)  # every branch adds exactly 0
+    outputs = [encoder.attention.unifyheads, decoder.attention.unifyheads, decoder.cross_attention.unifyheads,
+               encoder.ff.w2 if activation == "swiglu" else encoder.ff.net[-1]]
+    assert all(not p.any() for layer in outputs for p in layer.parameters())  # weight and bias
+    # Only the initialisation changes: the zeros are trained (their gradient is the branch's input, not zero) and
+    # the other weights are PyTorch's, as without the flag.
+    (encoder(x) ** 2).sum().backward()
+    assert encoder.attention.unifyheads.weight.grad.abs().sum() > 0
+    torch.manual_seed(0)
+    plain = TransformerBlock(config(prenorm=True, activation=activation), causal=True)
+    assert torch.equal(plain.attention.toqueries.weight, encoder.attention.toqueries.weight)
+    assert plain.attention.unifyheads.weight.any() and not torch.equal(plain(x), x)

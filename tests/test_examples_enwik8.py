@@ -521,3 +521,26 @@ def test_a_rising_validation_warns_and_best_pt_keeps_the_model_of_the_best_one(s
     best = load_model(tmp_path / "run" / "best.pt", model_class=script.GTransformer)
     for key, value in best.state_dict().items():
         assert torch.equal(value, states[10][key]), key
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_the_speedrun_tricks_reach_the_model_and_the_schedule_and_a_resume_must_keep_them(script, corpus, tmp_path):
+    from torchformer.train.training import warmup_stable_decay
+
+    ckpt = tmp_path / "ckpt"
+    tricks = ["--zero-init", "--logit-cap", "5", "--schedule", "wsd"]
+    script.main(tiny(corpus, tmp_path / "run", *tricks, "--checkpoint", str(ckpt)))
+    config = load_model(tmp_path / "run" / "model.pt").config
+    assert config.zero_init_residual and config.logit_cap == 5.0
+    rule = warmup_stable_decay(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), warmup_steps=4,
+                               total_steps=20).lr_lambdas[0]
+    rows = training_rows(read_log(tmp_path / "run" / "log.csv"))
+    for step in range(1, 21):  # step s trains with the rate after s - 1 updates
+        assert float(rows[step]["lr"]) == pytest.approx(3e-3 * rule(step - 1), rel=1e-6), step
+    for flag, value, changed in (("--logit-cap", "6", "--logit-cap 5.0 (now 6.0)"),
+                                 ("--schedule", "cosine", "--schedule wsd (now cosine)"),
+                                 ("--zero-init", "--no-zero-init", "--zero-init True (now False)")):
+        other = list(tricks)
+        other[other.index(flag) + (flag != "--zero-init")] = value
+        with pytest.raises(SystemExit, match=re.escape(changed)):
+            script.main(tiny(corpus, tmp_path / "run", *other, "--checkpoint", str(ckpt), "-N", "30"))

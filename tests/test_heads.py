@@ -78,3 +78,34 @@ def test_the_pooler_is_berts_dense_layer_and_tanh_before_the_classes(pool):
         ClassifierHead(8, 3, pool, dropout=0.1)
     with pytest.raises(TypeError, match="pooler must be a bool"):
         ClassifierHead(8, 3, pool, pooler=1)
+
+
+def test_logit_cap_is_the_soft_cap_formula_and_bounds_every_logit():
+    torch.manual_seed(0)
+    head, x = GeneratorHead(8, 11, cap=2.0), torch.randn(3, 5, 8) * 10  # large inputs: logits far beyond the cap
+    z = head.toprobs(x)
+    assert z.abs().max() > 4.0
+    out = head(x)
+    assert torch.allclose(out, torch.log_softmax(2.0 * torch.tanh(z / 2.0), dim=-1), atol=1e-6)
+    assert ((out.max(-1).values - out.min(-1).values) < 4.0).all()  # capped logits lie in (-2, 2)
+    plain = GeneratorHead(8, 11)
+    plain.load_state_dict(head.state_dict())
+    assert torch.allclose(plain(x), torch.log_softmax(z, dim=-1), atol=1e-6)
+    loose = GeneratorHead(8, 11, cap=1e4)  # tanh is the identity near zero: a cap far above the logits does nothing
+    loose.load_state_dict(head.state_dict())
+    assert torch.allclose(loose(x), plain(x), atol=1e-5)
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="cap"):
+            GeneratorHead(8, 11, cap=bad)
+
+
+def test_logit_cap_reaches_the_generators_and_is_refused_by_the_other_models():
+    from torchformer import CTransformer, GTransformer, Seq2SeqTransformer, TransformerConfig
+
+    assert GTransformer(8, 2, 1, 6, 11, logit_cap=30).head.cap == 30.0
+    assert Seq2SeqTransformer(8, 2, 1, 6, 11, 13, logit_cap=15).head.cap == 15.0
+    assert TransformerConfig.from_dict(TransformerConfig(8, 2, logit_cap=30).to_dict()).logit_cap == 30.0
+    with pytest.raises(ValueError, match="CTransformer does not use logit_cap=30"):
+        CTransformer(8, 2, 1, 6, 11, 2, logit_cap=30)
+    with pytest.raises(ValueError, match="logit_cap"):
+        TransformerConfig(8, 2, logit_cap=0.0)

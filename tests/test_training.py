@@ -28,10 +28,12 @@ from torchformer.train.training import (
     progress,
     prune_checkpoints,
     resolve_device,
+    resume_schedule,
     save_checkpoint,
     set_seed,
     unwrap_model,
     warmup_cosine,
+    warmup_stable_decay,
 )
 
 
@@ -319,6 +321,42 @@ def test_warmup_cosine_rejects_bad_arguments():
         warmup_cosine(opt, warmup_steps=1, total_steps=10, min_lr_ratio=1.5)
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
         warmup_cosine([], warmup_steps=1, total_steps=10)
+
+
+def test_warmup_stable_decay_values_against_the_formula():
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    # warmup 10, then 100 steps: 80 at the full rate, a linear decay over the last 20 (decay_fraction 0.2) to 0.1
+    f = warmup_stable_decay(opt, warmup_steps=10, total_steps=110, min_lr_ratio=0.1).lr_lambdas[0]
+    assert f(0) == pytest.approx(1 / 11) and f(5) == pytest.approx(6 / 11)  # warmup as warmup_cosine's
+    assert f(10) == f(50) == f(90) == 1.0  # stable
+    assert f(100) == pytest.approx(0.1 + 0.9 * 10 / 20)  # half way down the decay
+    assert f(109) == pytest.approx(0.1 + 0.9 / 20)
+    assert f(110) == f(200) == pytest.approx(0.1)  # the end, and after it
+    g = warmup_stable_decay(opt, warmup_steps=0, total_steps=10, decay_fraction=1.0).lr_lambdas[0]
+    assert [g(s) for s in range(11)] == pytest.approx([1 - s / 10 for s in range(11)])  # all decay: linear to 0
+    # The optimizer's rate follows the rule step by step, and resume_schedule reproduces it.
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
+    sched = warmup_stable_decay(opt, warmup_steps=2, total_steps=12, decay_fraction=0.5)
+    rates = []
+    for _ in range(12):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    rule = warmup_stable_decay(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), warmup_steps=2,
+                               total_steps=12, decay_fraction=0.5).lr_lambdas[0]
+    assert rates == pytest.approx([0.5 * rule(s) for s in range(12)])
+    assert resume_schedule(sched) == pytest.approx([0.5 * rule(12)])
+
+
+def test_warmup_stable_decay_rejects_bad_arguments():
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    for bad in (0, 1.5, -0.1, "0.2"):
+        with pytest.raises(ValueError, match=f"decay_fraction must be a float in \\(0, 1\\], got {bad!r}"):
+            warmup_stable_decay(opt, warmup_steps=1, total_steps=10, decay_fraction=bad)
+    with pytest.raises(ValueError, match=r"total_steps must be >= warmup_steps \(10\), got 5"):
+        warmup_stable_decay(opt, warmup_steps=10, total_steps=5)
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        warmup_stable_decay([], warmup_steps=1, total_steps=10)
 
 
 # ---------------------------------------------------------------------------------------------------------

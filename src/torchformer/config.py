@@ -208,6 +208,13 @@ class TransformerConfig:
         relative_shared: one relative-position table per stack, built by the stack and shared by all of its
             self-attention layers (T5's, stored in its first block), instead of one per layer (``False``, the
             default). Only with ``positions="relative"``.
+        zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
+            (weight and bias), so that each block starts as the identity and the residual stream is the embedding
+            alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag). Only the
+            initialisation changes; ``False`` (the default): PyTorch's initialisation, as before this field existed.
+        logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
+            final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
+            growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.
     """
 
     emb: int
@@ -257,6 +264,9 @@ class TransformerConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     relative_shared: bool = False
+    # Training tricks of the speedrun literature (issue 28), off by default.
+    zero_init_residual: bool = False
+    logit_cap: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -267,7 +277,7 @@ class TransformerConfig:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
                      "embedding_norm", "mlm_scale", "pooler", "ff_bias", "head_scale", "share_embeddings",
-                     "relative_shared"):
+                     "relative_shared", "zero_init_residual"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
         # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
@@ -291,6 +301,8 @@ class TransformerConfig:
         if self.positions not in ROTARY and (self.rotary_base != 10000.0 or self.rotary_scaling is not None):
             raise ValueError(f"rotary_base and rotary_scaling apply to rotary positions only, but positions is "
                              f"{self.positions!r}: leave them out, or use positions='rotary'")
+        if self.logit_cap is not None:
+            object.__setattr__(self, "logit_cap", check_positive_float(self.logit_cap, "logit_cap"))
         if self.attention_scale is not None:
             object.__setattr__(self, "attention_scale", check_positive_float(self.attention_scale, "attention_scale"))
         check_int_at_least(self.relative_buckets, "relative_buckets", 4)

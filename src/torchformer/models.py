@@ -451,7 +451,7 @@ class CTransformer(TransformerModel):
 # The fields a classifier does not use because another model's head reads them: CTransformer refuses them, and
 # from_encoder sets them back to their defaults.
 OTHER_HEADS_FIELDS = ("tgt_tokens", "decoder_depth", "tie_weights", "head_bias", "mlm_scale", "head_scale",
-                      "share_embeddings")
+                      "share_embeddings", "logit_cap")
 # The config fields a fine-tuned classifier may change from its pretrained encoder's: the heads' (mlm_scale is the
 # masked-LM head's, which a classifier leaves at its default), training's, the encoder-decoder's decoder (no part of
 # an encoder), and seq_length (compared as the learned positions' limit).
@@ -505,7 +505,7 @@ class MLMTransformer(TransformerModel):
         config.require("MLMTransformer", "seq_length", "num_tokens")
         # Masked tokens are ids, so the input is too (no input_dim); no classes and no pooling: a token per position.
         config.unused("MLMTransformer", "num_classes", "tgt_tokens", "decoder_depth", "pool", "input_dim", "head_bias",
-                      "pooler", "head_scale", "share_embeddings")
+                      "pooler", "head_scale", "share_embeddings", "logit_cap")
         super().__init__(config)
         self.embedding = TokenEmbedding.from_config(config)
         self.encoder = Encoder(config, block_class=self.block_class)
@@ -604,7 +604,7 @@ class GTransformer(TransformerModel):
         self.blocks = Encoder(config, causal=True, block_class=self.block_class)
         tie = self.embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias, scale=config.head_scale)
+                                  bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
     def forward(
         self,
@@ -730,7 +730,7 @@ class Seq2SeqTransformer(TransformerModel):
         self.decoder = Decoder(config, block_class=self.decoder_block_class)
         tie = self.tgt_embedding.tokens if config.tie_weights else None
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie,  # type: ignore[arg-type]
-                                  bias=config.head_bias, scale=config.head_scale)
+                                  bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.

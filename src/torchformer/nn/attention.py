@@ -282,10 +282,14 @@ class MultiHeadAttention(nn.Module):
             :class:`SelfAttention`).
         """
         scheme = cls.positions_from_config(config, causal=causal) if positions is None else positions
-        return cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
-                   kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
-                   window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                   head_size=config.head_dim, scale=config.attention_scale)
+        built = cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
+                    kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
+                    window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+                    head_size=config.head_dim, scale=config.attention_scale)
+        if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
+            for parameter in built.unifyheads.parameters():
+                nn.init.zeros_(parameter)
+        return built
 
     @classmethod
     def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
@@ -646,9 +650,13 @@ class CrossAttention(MultiHeadAttention):
         if positions is not None:
             raise ValueError("cross-attention takes no position scheme: the context's keys have no positions in the "
                              "queries' sequence")
-        return cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                   impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                   head_size=config.head_dim, scale=config.attention_scale)
+        built = cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
+                    impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+                    head_size=config.head_dim, scale=config.attention_scale)
+        if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
+            for parameter in built.unifyheads.parameters():
+                nn.init.zeros_(parameter)
+        return built
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.

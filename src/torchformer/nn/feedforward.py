@@ -158,8 +158,12 @@ class FeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``, ``"geglu_tanh"``).
         """
-        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
-                   hidden=config.ff_hidden, bias=config.ff_bias)
+        network = cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
+                      hidden=config.ff_hidden, bias=config.ff_bias)
+        if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
+            for parameter in network.net[-1].parameters():
+                nn.init.zeros_(parameter)
+        return network
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -223,8 +227,12 @@ class GatedFeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is not a gated unit.
         """
-        return cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
-                   hidden=config.ff_hidden)
+        network = cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
+                      hidden=config.ff_hidden)
+        if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
+            for parameter in network.w2.parameters():
+                nn.init.zeros_(parameter)
+        return network
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.drop(self.act(self.w1(x)) * self.v(x)))  # (b, t, e) -> (b, t, h) -> (b, t, e)

@@ -144,17 +144,21 @@ class GeneratorHead(nn.Module):
             the tied embedding alone (config field ``head_bias``).
         scale: multiply each input vector by ``e ** -0.5`` before the output layer, as T5 does before its tied
             output layer (config field ``head_scale``); ``False`` (the default): no factor.
+        cap: soft-cap the logits, ``z -> cap * tanh(z / cap)``, before the log-softmax (config field
+            ``logit_cap``): each stays below ``cap`` in size, and near zero it is unchanged. ``None``: no cap.
 
     Shapes:
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
     """
 
     def __init__(
-        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True, scale: bool = False
+        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True, scale: bool = False,
+        cap: float | None = None,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
+        self.cap = None if cap is None else check_positive_float(cap, "cap")
         self.toprobs = nn.Linear(emb, num_tokens, bias=check_bool(bias, "bias"))
         self.scale = emb**-0.5 if check_bool(scale, "scale") else None
         check_tie_to(tie_to, num_tokens, emb)
@@ -171,7 +175,10 @@ class GeneratorHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.scale is not None:  # T5's: the vectors scaled before the dot products (a bias stays as it is)
             x = x * self.scale
-        return log_probabilities(self.toprobs(x))
+        logits = self.toprobs(x)  # (b, t, e) -> (b, t, v)
+        if self.cap is not None:
+            logits = self.cap * torch.tanh(logits / self.cap)
+        return log_probabilities(logits)
 
 
 class MaskedLMHead(nn.Module):
