@@ -248,17 +248,18 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
 
 def check_positions(
     positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None,
-    values: bool = True,
+    cached: bool | None = None, values: bool = True,
 ) -> Tensor:
     """Check the absolute positions ``(t,)`` of ``t`` consecutive tokens and return them as ``torch.long``; ``None``
     gives ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
 
-    ``limit``: the number of positions the model can encode (learned positions), or None. ``capacity``: the slots
-    of the KV caches in use, or None without caches. ``values``: read given positions to check them (one read of
+    ``limit``: the number of positions the model can encode (learned positions), or None. ``capacity``: the first
+    position the KV caches in use cannot hold, or None (no caches, or ring caches). ``cached``: whether caches are
+    in use (default: whether ``capacity`` is given). ``values``: read given positions to check them (one read of
     the device).
     """
     if positions is None:
-        if capacity is not None:
+        if capacity is not None or cached:
             raise ValueError(
                 "positions must be given with caches: the absolute positions of the new tokens, shape (t,), "
                 "e.g. torch.arange(cached, cached + t)"

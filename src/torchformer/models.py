@@ -34,7 +34,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_embeddings, check_features, check_mask, check_positions, check_shift, check_tokens,
+    check_bool, check_embeddings, check_features, check_mask, check_positions, check_positive_int, check_shift,
+    check_tokens,
     values_checkable,
 )
 from torchformer.config import TransformerConfig
@@ -630,7 +631,7 @@ class GTransformer(TransformerModel):
             check_mask(mask, "mask", tuple(x.shape), device=x.device)
         capacity = check_caches(caches, len(self.blocks.blocks))
         positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
-                                    capacity=capacity, values=self.check_values)
+                                    capacity=capacity, cached=caches is not None, values=self.check_values)
         embedded = positions
         if shift is not None:
             shift = check_shift(shift, x.size(0), x.device)
@@ -646,6 +647,43 @@ class GTransformer(TransformerModel):
             :meth:`forward` as ``caches``.
         """
         return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
+
+    def new_memory(self, memory: int) -> list[BlockCache]:
+        """Transformer-XL's segment memory: caches that keep the last ``memory + seq_length`` positions of a stream.
+
+        Feed a stream one segment at a time, ``model(x, caches=mem, positions=torch.arange(start, start + t))``
+        with ``t <= seq_length`` and ``start`` the segment's place in the stream: every layer attends over the
+        ``memory`` positions before the segment (their keys and values kept from the earlier calls, without
+        gradients) as well as over the segment's own. Information then travels further back at each layer: at
+        layer ``n`` it may come from about ``n`` segments ago (Dai et al. 2019). A stream that starts again (a new
+        document) starts from ``[c.reset() for c in mem]``; padding (``mask``) is never attended to, as without
+        memory.
+
+        Positions grow without bound along the stream, so the model must see distances, not positions: rotary,
+        ALiBi, the relative bias, or none. Learned and sinusoidal positions are refused: a learned table has
+        ``seq_length`` rows, and a position embedding added to the tokens would tell the memory's keys and the
+        segment's apart only by where the stream happens to be (the reason Transformer-XL made positions
+        relative).
+
+        Args:
+            memory: the positions kept before each segment, ``>= 1``.
+
+        Returns:
+            One :class:`~torchformer.nn.cache.BlockCache` per block, each with a
+            :class:`~torchformer.nn.cache.RingKVCache` of ``memory + seq_length`` slots.
+
+        Raises:
+            ValueError: ``memory`` is not a positive int, or the model adds positions to its embeddings.
+        """
+        check_positive_int(memory, "memory")
+        if self.config.positions in ("learned", "sinusoidal"):
+            raise ValueError(
+                f"segment memory needs positions that attention sees as distances (positions='rotary', 'alibi', "
+                f"'relative' or 'none'), but this model has positions={self.config.positions!r}: along a stream "
+                f"positions grow without bound, past a learned table's seq_length rows, and absolute embeddings "
+                f"would tell memory and segment apart only by where the stream happens to be"
+            )
+        return [BlockCache(memory + self.config.seq_length, ring=True) for _ in self.blocks.blocks]
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
@@ -794,7 +832,7 @@ class Seq2SeqTransformer(TransformerModel):
                              "computed the memory's keys and values into them once, for every step")
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
-                                    capacity=capacity, values=self.check_values)
+                                    capacity=capacity, cached=caches is not None, values=self.check_values)
         h = self.tgt_embedding(tgt, positions)
         return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
 

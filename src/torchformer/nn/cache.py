@@ -19,6 +19,11 @@ decoder generates, so its keys and values are computed once per sequence, before
 :class:`ContextCache`; every step then reads them there. A decoder block holds one cache of each kind, a
 :class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
 
+A :class:`RingKVCache` is Transformer-XL's segment memory (Dai et al. 2019) on the same buffers: slot ``p mod c``
+holds position ``p``, so it keeps the last ``c`` positions of an endless stream, and what earlier calls wrote is
+kept without gradients. A model trained on consecutive segments then attends over the previous segment's keys
+and values as well as its own (``GTransformer.new_memory``).
+
 The caches are part of attention's contract, so they live beside it in :mod:`torchformer.nn`; decoding
 (:mod:`torchformer.decoding`) only drives them.
 
@@ -129,6 +134,11 @@ class KVCache:
         return self.keys, self.values, self.real & self.written  # type: ignore[return-value,operator]
 
     @property
+    def position_limit(self) -> Optional[int]:
+        """The first position the cache cannot hold: its capacity (a :class:`RingKVCache` has none)."""
+        return self.capacity
+
+    @property
     def padded(self) -> bool:
         """Whether any token written so far was padding (a host-side flag, free to read)."""
         return self.real is not None
@@ -190,6 +200,49 @@ class KVCache:
         mark_static_address(self.keys, self.values)
         if self.real is not None:
             self.real = self.real.index_select(0, index)
+
+
+class RingKVCache(KVCache):
+    """A KV cache that keeps the last ``capacity`` positions of an endless stream: Transformer-XL's memory.
+
+    Slot ``p mod c`` holds position ``p`` (``slots`` records which position each slot holds), so a write of ``t``
+    new positions replaces the ``t`` oldest, and the queries see the ``c - t`` positions before theirs as well as
+    their own (the causal rule, on absolute positions, keeps the order). Positions grow without bound: only
+    schemes that see distances (rotary, ALiBi, the relative bias) make sense, and rotary computes its angles in
+    float64, so a key at position 10**7 is rotated as exactly as one at 10.
+
+    What earlier calls wrote is *memory*: it is detached at each write, so the gradient of a training step reaches
+    the keys and values of its own segment only (Transformer-XL's stop-gradient). Train one segment at a time:
+    a backward pass must run before the next segment is written (the write changes the buffers the previous
+    graph saved).
+
+    Args:
+        capacity: the slots ``c``: the memory plus the longest call (``GTransformer.new_memory`` uses the model's
+            ``seq_length`` plus ``memory``).
+    """
+
+    @property
+    def position_limit(self) -> Optional[int]:
+        """``None``: a ring takes any position."""
+        return None
+
+    def update(
+        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Write the new keys and values into the slots ``positions mod c``; return the whole buffers.
+
+        As :meth:`KVCache.update`, but any positions, consecutive and at most ``c`` of them per call.
+        """
+        if keys.size(2) > self.capacity:  # more would overwrite their own keys
+            raise ValueError(f"the ring cache has {self.capacity} slots (capacity), but {keys.size(2)} positions "
+                             f"were written at once")
+        if self.keys is not None and self.values is not None and (self.keys.requires_grad or self.values.requires_grad):
+            # Memory carries no gradient: cut it from the graph of the step that wrote it (no copy).
+            self.keys, self.values = self.keys.detach(), self.values.detach()
+        index = positions.remainder(self.capacity)  # (t,) the slots
+        result = super().update(keys, values, index, mask)
+        self.slots.index_copy_(0, index, positions)  # type: ignore[union-attr]  # the position each slot holds
+        return result
 
 
 class ContextCache:
@@ -280,18 +333,25 @@ class BlockCache:
 
     Args:
         capacity: slots of the self-attention cache (the model's ``seq_length``).
+        ring: the self-attention cache is a :class:`RingKVCache` (a segment memory) instead of a
+            :class:`KVCache`.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, ring: bool = False) -> None:
         if not is_int(capacity) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int (the positions a block's cache holds), got {capacity!r}")
-        self.self_attention = KVCache(capacity)
+        self.self_attention = (RingKVCache if ring else KVCache)(capacity)
         self.cross_attention = ContextCache()
 
     @property
     def capacity(self) -> int:
         """The slots of the self-attention cache: the most positions the block's cache holds."""
         return self.self_attention.capacity
+
+    @property
+    def position_limit(self) -> Optional[int]:
+        """The first position the self-attention cache cannot hold (``None`` for a ring)."""
+        return self.self_attention.position_limit
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.
@@ -313,7 +373,7 @@ class BlockCache:
 
 
 def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
-    """Check that ``caches`` holds one :class:`BlockCache` per block, all of one capacity; return that capacity.
+    """Check that ``caches`` holds one :class:`BlockCache` per block, all of one kind; return their position limit.
 
     A model calls it at its door, before any block writes into a cache: a wrong list fails here with a message
     that names it, not inside a block.
@@ -323,12 +383,12 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
         depth: the number of blocks.
 
     Returns:
-        The slots of each self-attention cache (:attr:`BlockCache.capacity`), or ``None`` when ``caches`` is
-        ``None``.
+        The first position the caches cannot hold (:attr:`BlockCache.position_limit`: the capacity, ``None`` for
+        ring caches), or ``None`` when ``caches`` is ``None``.
 
     Raises:
         ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
-            :class:`BlockCache`, or their capacities differ.
+            :class:`BlockCache`, or their capacities or kinds differ.
     """
     if caches is None:
         return None
@@ -339,7 +399,8 @@ def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional
         if not isinstance(cache, BlockCache):  # a check of the argument, as for a tensor: no dispatch on its class
             raise ValueError(f"caches[{i}] must be a BlockCache with a capacity, as model.new_caches() makes them; "
                              f"got {type(cache).__name__}")
-        if cache.capacity != caches[0].capacity:
-            raise ValueError(f"caches must all have one capacity, as model.new_caches() makes them; caches[0] has "
-                             f"{caches[0].capacity} slots, caches[{i}] {cache.capacity}")
-    return caches[0].capacity
+        if cache.capacity != caches[0].capacity or cache.position_limit != caches[0].position_limit:
+            raise ValueError(f"caches must all have one capacity and kind, as model.new_caches() and new_memory() "
+                             f"make them; caches[0] has {caches[0].capacity} slots (limit {caches[0].position_limit}), "
+                             f"caches[{i}] {cache.capacity} (limit {cache.position_limit})")
+    return caches[0].position_limit

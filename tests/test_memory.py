@@ -1,0 +1,141 @@
+"""Transformer-XL's segment memory (``GTransformer.new_memory``, ``RingKVCache``): against a full forward with the
+segment-window rule written out, gradients, padding, resets and the errors."""
+
+import pytest
+import torch
+
+from torchformer import GTransformer, TransformerBlock
+from torchformer.nn.attention import SelfAttention, attention_reference
+from torchformer.nn.cache import BlockCache, KVCache, RingKVCache, check_caches
+
+SCHEMES = ["rotary", "rotary_interleaved", "alibi", "relative", "none"]
+
+
+class SegmentWindowAttention(SelfAttention):
+    """The reference: a whole-sequence attention in which query ``i`` sees key ``j`` only if ``j`` is among the last
+    ``m + t`` positions up to the end of ``i``'s segment (segments of ``t``, the last one possibly shorter, of a
+    stream of ``n``), on the matmul-softmax path: its segment and the ``m`` positions before it, more before a
+    short segment (what a ring of ``m + t`` slots still holds).
+
+    That rule at every layer is what segment-by-segment processing with the memory computes: a state at position
+    ``j`` of layer ``l`` was computed when ``j``'s segment was the current one, seeing the same keys."""
+
+    segment = memory = length = 0
+
+    def attend(self, q, k, v, mask, *, return_weights=False):
+        i, j = mask.query_positions[:, None], mask.key_positions[None, :]
+        end = ((i // self.segment + 1) * self.segment).clamp(max=self.length)  # where i's segment ends
+        rule = j >= end - (self.memory + self.segment)  # (t, u)
+        allowed = mask.allowed()
+        allowed = rule if allowed is None else allowed & rule
+        out, _ = attention_reference(q, k, v, allowed, dropout=0.0, bias=self.relative.bias(mask), scale=self.scale)
+        return out, None
+
+
+class SegmentWindowBlock(TransformerBlock):
+    attention_class = SegmentWindowAttention
+
+
+class SegmentWindowModel(GTransformer):
+    block_class = SegmentWindowBlock
+
+
+def stream_logits(model, x, t, memory, mask=None):
+    """Feed ``x`` ``(b, n)`` segment by segment (``t`` tokens each) through fresh memory; the logits, joined."""
+    caches = model.new_memory(memory)
+    outs = []
+    for start in range(0, x.size(1), t):
+        segment_mask = None if mask is None else mask[:, start:start + t]
+        positions = torch.arange(start, min(start + t, x.size(1)))
+        outs.append(model(x[:, start:start + t], segment_mask, caches=caches, positions=positions))
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("positions", SCHEMES)
+@pytest.mark.parametrize("memory", [6, 4, 10])
+def test_segment_memory_equals_a_full_forward_with_the_segment_window_rule(positions, memory):
+    torch.manual_seed(0)
+    t, n = 6, 27  # four whole segments and a short last one
+    model = GTransformer(16, 4, 3, t, 20, positions=positions, prenorm=True).double().eval()
+    SegmentWindowAttention.segment, SegmentWindowAttention.memory, SegmentWindowAttention.length = t, memory, n
+    reference = SegmentWindowModel(16, 4, 3, n, 20, positions=positions, prenorm=True).double().eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randint(0, 20, (2, n))
+    torch.testing.assert_close(stream_logits(model, x, t, memory), reference(x), atol=1e-10, rtol=0)
+    if memory >= t:  # the first two segments, the second remembering all of the first: the plain model over both
+        whole = GTransformer(16, 4, 3, 2 * t, 20, positions=positions, prenorm=True).double().eval()
+        whole.load_state_dict(model.state_dict())
+        torch.testing.assert_close(stream_logits(model, x[:, :2 * t], t, memory), whole(x[:, :2 * t]), atol=1e-10,
+                                   rtol=0)
+
+
+def test_the_memory_carries_no_gradient_and_the_segment_its_own():
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 8, 20, positions="rotary", prenorm=True)
+    x = torch.cat([torch.randperm(8), 10 + torch.randperm(8)]).repeat(2, 1)  # ids 0-7, then 10-17
+    caches = model.new_memory(8)
+    model(x[:, :8], caches=caches, positions=torch.arange(8)).sum().backward()  # the first segment's step
+    model.zero_grad()
+    second = model(x[:, 8:], caches=caches, positions=torch.arange(8, 16))
+    second.sum().backward()  # no "backward through the graph a second time": the memory was cut from it
+    grad = model.embedding.tokens.weight.grad
+    assert not grad[:10].any()  # the first segment's tokens: read through the memory, but no gradient
+    assert grad[10:18].abs().sum(-1).gt(0).all()  # the second segment's own
+    assert model.blocks.blocks[0].attention.tokeys.weight.grad.abs().sum() > 0
+    # In one forward over both segments the same outputs reach the first segment's tokens: the test can fail.
+    whole = GTransformer(16, 2, 2, 16, 20, positions="rotary", prenorm=True)
+    whole.load_state_dict(model.state_dict())
+    whole(x)[:, 8:].sum().backward()
+    assert whole.embedding.tokens.weight.grad[:8].abs().sum(-1).gt(0).all()
+
+
+def test_padding_in_the_memory_is_never_attended_and_a_reset_starts_the_stream_again():
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 5, 20, positions="alibi", prenorm=True).double().eval()
+    x = torch.randint(0, 20, (2, 15))
+    mask = torch.ones(2, 15, dtype=torch.bool)
+    mask[0, 3:7] = False  # padding in row 0: in the first segment's memory and the second segment
+    other = x.clone()
+    other[0, 3:7] = (x[0, 3:7] + 1) % 20  # other tokens at the padded places
+    a, b = stream_logits(model, x, 5, 5, mask), stream_logits(model, other, 5, 5, mask)
+    torch.testing.assert_close(a[mask], b[mask], atol=1e-12, rtol=0)  # real positions never read padding
+    # A reset forgets the stream: the next segment is computed as at the start of one (distances only, so the
+    # absolute positions do not matter).
+    caches = model.new_memory(5)
+    model(x[:, :5], caches=caches, positions=torch.arange(5))
+    [cache.reset() for cache in caches]
+    again = model(x[:, 5:10], caches=caches, positions=torch.arange(5, 10))
+    torch.testing.assert_close(again, model(x[:, 5:10]), atol=1e-12, rtol=0)
+
+
+def test_a_ring_keeps_the_last_positions_of_an_endless_stream():
+    ring = RingKVCache(4)
+    keys = torch.arange(10.0).view(1, 1, 10, 1)  # key p holds the number p
+    for start in range(0, 10, 3):  # writes of 3, 3, 3 and 1 positions
+        positions = torch.arange(start, min(start + 3, 10))
+        k, _, usable = ring.update(keys[:, :, positions], keys[:, :, positions], positions)
+    assert sorted(ring.slots.tolist()) == [6, 7, 8, 9] and usable.all()  # the last four, slot p mod 4
+    assert [k[0, 0, slot, 0].item() for slot in range(4)] == [p for p in (8, 9, 6, 7)]
+    with pytest.raises(ValueError, match="the ring cache has 4 slots .* but 5 positions were written at once"):
+        ring.update(torch.zeros(1, 1, 5, 1), torch.zeros(1, 1, 5, 1), torch.arange(10, 15))
+    model = GTransformer(8, 2, 1, 4, 11, positions="rotary")
+    caches = model.new_memory(4)
+    assert all(c.capacity == 8 and c.position_limit is None for c in caches)
+    far = 10**7  # positions far beyond seq_length and the capacity are a ring's everyday work
+    assert model(torch.zeros(1, 3, dtype=torch.long), caches=caches, positions=torch.arange(far, far + 3)).shape \
+        == (1, 3, 11)
+
+
+def test_the_errors_name_what_is_wrong():
+    for positions in ("learned", "sinusoidal"):
+        with pytest.raises(ValueError, match=f"segment memory needs .* positions={positions!r}"):
+            GTransformer(8, 2, 1, 4, 11, positions=positions).new_memory(4)
+    model = GTransformer(8, 2, 2, 4, 11, positions="rotary")
+    with pytest.raises(ValueError, match="memory must be a positive int"):
+        model.new_memory(0)
+    with pytest.raises(ValueError, match="positions must be given with caches"):
+        model(torch.zeros(1, 3, dtype=torch.long), caches=model.new_memory(4))
+    mixed = [BlockCache(8), BlockCache(8, ring=True)]
+    with pytest.raises(ValueError, match="one capacity and kind"):
+        check_caches(mixed, 2)
+    assert isinstance(model.new_caches()[0].self_attention, KVCache)
