@@ -96,7 +96,8 @@ def check_extra(extra: object) -> dict:
     return plain
 NORMS = ("layer", "rms")
 POOLING = ("max", "mean", "first")
-IMPLEMENTATIONS = ("sdpa", "reference")
+IMPLEMENTATIONS = ("sdpa", "reference", "flex")
+SPARSE_PATTERNS = ("strided", "fixed")  # the sparse transformer's (torchformer.nn.masks)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,9 @@ class TransformerConfig:
         input_dim: feed dense ``(b, t, input_dim)`` vectors through a linear projection instead of token ids
             (audio frames, say); ``None``: token ids.
         kqnorm: layer-normalise keys and queries per head (bounds the attention logits).
-        impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``) or ``"reference"`` (matmul-softmax-matmul).
+        impl: ``"sdpa"`` (fused ``scaled_dot_product_attention``), ``"reference"`` (matmul-softmax-matmul) or
+            ``"flex"`` (``flex_attention`` with a block mask, which skips what a ``sparse`` pattern rules out once
+            compiled; no dropout).
         pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
         tie_weights: share the token embedding with the output layer (of a generator, or the masked-language head).
         checkpoint_blocks: activation checkpointing: while training, keep only each block's input and recompute
@@ -215,6 +218,15 @@ class TransformerConfig:
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
             growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.
+        sparse: a sparse attention pattern in every self-attention layer (Child et al. 2019,
+            :mod:`torchformer.nn.masks`): ``"strided"`` (the last ``sparse_stride`` positions and every
+            ``sparse_stride``-th before them) or ``"fixed"`` (the query's own block of ``sparse_stride`` positions
+            and the last ``sparse_summary`` positions of every block), besides the causal rule, ``window`` and
+            padding. ``None`` (the default): dense attention.
+        sparse_stride: the pattern's stride or block length ``l`` (about ``sqrt(seq_length)``); required with
+            ``sparse``.
+        sparse_summary: the fixed pattern's summary positions per block ``c``, in ``[1, sparse_stride]``
+            (default 1).
     """
 
     emb: int
@@ -267,6 +279,10 @@ class TransformerConfig:
     # Training tricks of the speedrun literature (issue 28), off by default.
     zero_init_residual: bool = False
     logit_cap: Optional[float] = None
+    # Sparse attention (issue 30).
+    sparse: Optional[str] = None
+    sparse_stride: Optional[int] = None
+    sparse_summary: int = 1
 
     def __post_init__(self) -> None:
         for name in ("emb", "heads", "depth", "ff_mult"):
@@ -301,6 +317,20 @@ class TransformerConfig:
         if self.positions not in ROTARY and (self.rotary_base != 10000.0 or self.rotary_scaling is not None):
             raise ValueError(f"rotary_base and rotary_scaling apply to rotary positions only, but positions is "
                              f"{self.positions!r}: leave them out, or use positions='rotary'")
+        if self.sparse is not None:
+            check_choice(self.sparse, "sparse", SPARSE_PATTERNS)
+            if self.sparse_stride is None:
+                raise ValueError(f"sparse={self.sparse!r} needs sparse_stride, the pattern's stride (block length)")
+            check_positive_int(self.sparse_stride, "sparse_stride")
+        elif self.sparse_stride is not None or self.sparse_summary != 1:
+            raise ValueError("sparse_stride and sparse_summary apply to a sparse pattern only: set sparse='strided' "
+                             "or 'fixed', or leave them out")
+        check_positive_int(self.sparse_summary, "sparse_summary")
+        if self.sparse == "strided" and self.sparse_summary != 1:
+            raise ValueError(f"sparse_summary applies to sparse='fixed' only, got {self.sparse_summary} with 'strided'")
+        if self.sparse == "fixed" and self.sparse_summary > self.sparse_stride:  # type: ignore[operator]
+            raise ValueError(f"sparse_summary must be at most sparse_stride={self.sparse_stride}, got "
+                             f"{self.sparse_summary}")
         if self.logit_cap is not None:
             object.__setattr__(self, "logit_cap", check_positive_float(self.logit_cap, "logit_cap"))
         if self.attention_scale is not None:

@@ -669,7 +669,7 @@ class GTransformer(TransformerModel):
             memory: the positions kept before each segment, ``>= 1``.
 
         Returns:
-            One :class:`~torchformer.nn.cache.BlockCache` per block, each with a
+            The caches, a :class:`~torchformer.nn.cache.BlockCache` per block in block order, each with a
             :class:`~torchformer.nn.cache.RingKVCache` of ``memory + seq_length`` slots.
 
         Raises:

@@ -50,7 +50,7 @@ from torchformer._checks import (
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.cache import ContextCache, KVCache
-from torchformer.nn.masks import AttentionMask
+from torchformer.nn.masks import AttentionMask, AttentionPattern, FixedPattern, StridedPattern
 from torchformer.nn.relative import ALiBi, AttentionPositions, InterleavedRotary, RelativeBias, Rotary
 
 
@@ -156,6 +156,47 @@ def attention_fast(
     return out if any_key is None else out.masked_fill(~any_key, 0.0)
 
 
+def attention_flex(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    """The same function as :func:`attention_reference`, by ``torch.nn.attention.flex_attention`` with a block mask.
+
+    The block mask records which blocks (128 x 128 by default) of the score matrix hold any allowed pair
+    (:meth:`~torchformer.nn.masks.AttentionMask.mask_mod`); compiled, flex attention computes those blocks only,
+    so a sparse pattern's cost follows its allowed pairs, not ``t * u``. Eager (and on the CPU) it computes the
+    whole matrix, which is how the tests compare it with the other paths. No dropout.
+
+    Args:
+        q: queries ``(b, h, t, s)``.
+        k: keys ``(b, h, u, s)``.
+        v: values ``(b, h, u, s)``.
+        mask: the rule (causal, window, pattern, padding) and the positions; the keys must have positions.
+        bias: floats added to the scores, ``(h, t, u)``; ``None``: no bias.
+        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``.
+
+    Returns:
+        The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise ValueError("impl='flex' cannot compute gradients on the CPU (PyTorch's flex attention has no CPU "
+                         "backward): train there with impl='sdpa' (the same function), or evaluate under no_grad")
+    b, t, u = q.size(0), q.size(-2), k.size(-2)
+    batch = b if mask.key_mask is not None else None  # padding differs per row; the rest is one mask for all
+    block_mask = create_block_mask(mask.mask_mod(), batch, None, t, u, device=q.device)
+    score_mod = None
+    if bias is not None:
+        table = bias.to(q.dtype)
+
+        def score_mod(score: Tensor, b_: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[h, q_idx, kv_idx]
+
+    out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    has_key = mask.query_has_key()  # (b, 1, t, 1) or None; flex leaves such rows at 0 already, made explicit here
+    return out if has_key is None else out.masked_fill(~has_key, 0.0)
+
+
 class MultiHeadAttention(nn.Module):
     """Projections and head bookkeeping shared by :class:`SelfAttention` and :class:`CrossAttention`.
 
@@ -166,7 +207,9 @@ class MultiHeadAttention(nn.Module):
         causal: if True, query ``i`` attends only to keys ``<= i``.
         dropout: dropout on the attention weights (training only).
         kqnorm: apply layer normalisation to keys and queries per head, which keeps the logits bounded.
-        impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
+        impl: ``"sdpa"`` (fast path, default), ``"reference"`` (plain matmul-softmax-matmul) or ``"flex"``
+            (``torch.nn.attention.flex_attention`` with a block mask: a sparse ``pattern`` then skips the blocks of
+            the score matrix it rules out, once compiled; no dropout).
         positions: a position scheme acting inside attention, ``"rotary"``, ``"alibi"`` or ``"relative"``
             (:mod:`torchformer.nn.relative`); ``"none"`` (default) when positions are added to the embeddings.
         kv_heads: ``g``, heads of keys and values (grouped-query attention): each group of ``h / g`` query heads
@@ -179,6 +222,9 @@ class MultiHeadAttention(nn.Module):
             ``e = 1024``, ``h = 32``); the projections then map ``e -> h * s``. ``None``: ``e // h`` (narrow) or
             ``e`` (wide, which refuses a head size).
         scale: the factor the scores ``q . k`` are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
+        pattern: a sparse attention pattern (:class:`~torchformer.nn.masks.StridedPattern`,
+            :class:`~torchformer.nn.masks.FixedPattern`, or a variant's :class:`~torchformer.nn.masks.AttentionPattern`)
+            that the positions of query and key must satisfy, besides ``causal`` and ``window``; ``None``: none.
 
     ``positions`` may also be a built :class:`~torchformer.nn.relative.AttentionPositions` (``Rotary(s,
     base=500000.0)``, say): it is used as it is. :meth:`from_config` builds one that way, with the scheme's
@@ -198,6 +244,8 @@ class MultiHeadAttention(nn.Module):
     position_classes: dict[str, type[AttentionPositions]] = {
         "rotary": Rotary, "rotary_interleaved": InterleavedRotary, "alibi": ALiBi, "relative": RelativeBias,
     }
+    # The sparse pattern for each config.sparse, built with (stride) or (stride, summary).
+    pattern_classes: dict[str, type[AttentionPattern]] = {"strided": StridedPattern, "fixed": FixedPattern}
 
     def __init__(
         self,
@@ -216,6 +264,7 @@ class MultiHeadAttention(nn.Module):
         out_bias: bool = True,
         head_size: int | None = None,
         scale: float | None = None,
+        pattern: AttentionPattern | None = None,
     ) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
@@ -240,6 +289,13 @@ class MultiHeadAttention(nn.Module):
             check_choice(positions, "positions", POSITIONS)  # a typo would silently mean "no positions" below
         self.dropout = check_probability(dropout, "dropout")
         self.impl = check_choice(impl, "impl", IMPLEMENTATIONS)
+        if impl == "flex" and self.dropout > 0:
+            raise ValueError(f"impl='flex' has no dropout on the attention weights, but dropout={self.dropout}: use "
+                             f"impl='sdpa' (or 'reference') for dropout")
+        if pattern is not None and not isinstance(pattern, AttentionPattern):
+            raise TypeError(f"pattern must be an AttentionPattern (StridedPattern, FixedPattern, ...) or None, got "
+                            f"{type(pattern).__name__}")
+        self.pattern = pattern
         self.head_size = head_size if head_size is not None else emb if wide else emb // heads
         self.scale = None if scale is None else check_positive_float(scale, "scale")
         inner = heads * self.head_size  # e (narrow), h * e (wide) or h * s (a head size of its own)
@@ -285,7 +341,7 @@ class MultiHeadAttention(nn.Module):
         built = cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
                     kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
                     window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                    head_size=config.head_dim, scale=config.attention_scale)
+                    head_size=config.head_dim, scale=config.attention_scale, pattern=cls.pattern_from_config(config))
         if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
             for parameter in built.unifyheads.parameters():
                 nn.init.zeros_(parameter)
@@ -308,6 +364,24 @@ class MultiHeadAttention(nn.Module):
         """
         scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
         return scheme.from_config(config, causal=causal)
+
+    @classmethod
+    def pattern_from_config(cls, config: TransformerConfig) -> AttentionPattern | None:
+        """The sparse pattern ``config.sparse`` names (the class :attr:`pattern_classes` gives it), or ``None``.
+
+        Args:
+            config: the model's architecture: ``sparse``, ``sparse_stride`` and, for ``"fixed"``,
+                ``sparse_summary``.
+
+        Returns:
+            A new pattern, or ``None`` when ``config.sparse`` is ``None``.
+        """
+        if config.sparse is None:
+            return None
+        pattern = cls.pattern_classes[config.sparse]
+        if config.sparse == "fixed":
+            return pattern(config.sparse_stride, config.sparse_summary)  # type: ignore[call-arg]
+        return pattern(config.sparse_stride)  # type: ignore[call-arg]
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
@@ -401,6 +475,8 @@ class MultiHeadAttention(nn.Module):
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
+        if self.impl == "flex" and not return_weights and mask.key_positions is not None:
+            return attention_flex(q, k, v, mask, bias=bias, scale=self.scale), None
         if return_weights or self.impl == "reference":
             out, weights = attention_reference(q, k, v, mask.allowed(), dropout=p, bias=bias, scale=self.scale)
             return out, (weights if return_weights else None)
@@ -436,6 +512,7 @@ class MultiHeadAttention(nn.Module):
             + (", qkv_bias=True" if self.qkv_bias else "")
             + (f", head_size={self.head_size}" if self.head_size * self.heads != self.emb and not self.wide else "")
             + (f", scale={self.scale}" if self.scale is not None else "")
+            + (f", pattern={self.pattern!r}" if self.pattern is not None else "")
         )
 
 
@@ -495,6 +572,8 @@ class SelfAttention(MultiHeadAttention):
         head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
         scale: the factor the scores are multiplied by instead of $1/\sqrt{s}$; ``None``: $1/\sqrt{s}$. T5's is
             ``1.0``.
+        pattern: a sparse pattern (:class:`~torchformer.nn.masks.StridedPattern`,
+            :class:`~torchformer.nn.masks.FixedPattern`) the positions must satisfy too; ``None``: dense.
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -525,12 +604,12 @@ class SelfAttention(MultiHeadAttention):
             if cache is not None:  # the first call (the prompt): store, then attend to these keys alone, since
                 cache.update(k, v, positions, mask)  # nothing else is cached (and plain causal stays fused)
             attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, window=self.window,
-                                           aligned=True)
+                                           aligned=True, pattern=self.pattern)
         else:
             k, v, usable = cache.update(k, v, positions, mask)  # (b, g, c, s) each; usable: (b or 1, c)
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
             attention_mask = AttentionMask(positions, cache.slots, usable, causal=self.causal, window=self.window,
-                                           padded=cache.padded)
+                                           padded=cache.padded, pattern=self.pattern)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask)

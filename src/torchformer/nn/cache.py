@@ -231,7 +231,20 @@ class RingKVCache(KVCache):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new keys and values into the slots ``positions mod c``; return the whole buffers.
 
-        As :meth:`KVCache.update`, but any positions, consecutive and at most ``c`` of them per call.
+        As :meth:`KVCache.update`, but any positions, at most ``c`` of them per call; what earlier calls wrote is
+        detached first.
+
+        Args:
+            keys: the new keys ``(b, h, t, s)``, ``t <= c``.
+            values: the new values ``(b, h, t, s)``.
+            positions: ``(t,)`` long, the absolute positions of the new keys (any size).
+            mask: ``(b, t)`` bool, ``True`` at real tokens; ``None``: all real.
+
+        Returns:
+            ``(keys, values, usable)`` as :meth:`KVCache.update`; :attr:`slots` then holds each slot's position.
+
+        Raises:
+            ValueError: more than ``c`` positions at once, or keys of another shape than the buffers'.
         """
         if keys.size(2) > self.capacity:  # more would overwrite their own keys
             raise ValueError(f"the ring cache has {self.capacity} slots (capacity), but {keys.size(2)} positions "

@@ -9,9 +9,14 @@ Every attention call gets an :class:`AttentionMask`. It records
 * ``key_mask`` ``(b, u)``: True for keys that may be used, False for padding (and, with a cache, for slots not
   written yet); ``None``: all may be used;
 * ``causal``: a query at position ``i`` may only see keys at positions ``<= i``;
-* ``window``: a query sees only keys less than ``window`` positions away (sliding-window, local attention).
+* ``window``: a query sees only keys less than ``window`` positions away (sliding-window, local attention);
+* ``pattern``: an :class:`AttentionPattern`, a rule on the two positions alone: the sparse transformer's
+  :class:`StridedPattern` and :class:`FixedPattern` (Child et al. 2019), under which a query sees about
+  ``2 * sqrt(n)`` of ``n`` keys instead of all of them.
 
-From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs. Because positions are
+Every rule is a condition that must hold, so they compose by "and": a pattern with the causal rule and padding is
+all three at once. From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs, and
+:meth:`AttentionMask.mask_mod` the same rule one pair at a time, for ``torch.nn.attention.flex_attention``. Because positions are
 absolute, the same rule is right with and without a cache. An attention variant that needs distances
 (ALiBi, relative position biases) reads them from the same positions: see ``docs/extending.md``.
 
@@ -20,12 +25,116 @@ Shapes: b batch size, t queries, u keys.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from torchformer._checks import is_int
+
+
+class AttentionPattern:
+    """A rule on positions alone, whether a query at position ``i`` may see a key at position ``j``.
+
+    A variant subclasses it and writes :meth:`rule`, element-wise on broadcastable tensors (so that the same code
+    serves a whole ``(t, u)`` matrix and flex attention's one pair at a time). The causal rule, windows and
+    padding are applied besides it, by :class:`AttentionMask`.
+    """
+
+    def rule(self, i: Tensor, j: Tensor) -> Tensor:
+        """Whether query position ``i`` may see key position ``j``, element-wise.
+
+        Args:
+            i: query positions, a long tensor.
+            j: key positions, a long tensor broadcastable with ``i``.
+
+        Returns:
+            Bool, of the broadcast shape of ``i`` and ``j``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define rule(i, j)")
+
+    def allows(self, query_positions: Tensor, key_positions: Tensor) -> Tensor:
+        """:meth:`rule` for every pair of a query and a key.
+
+        Args:
+            query_positions: ``(t,)`` long.
+            key_positions: ``(u,)`` long.
+
+        Returns:
+            ``(t, u)`` bool: True where query ``i`` may see key ``j``.
+        """
+        return self.rule(query_positions[:, None], key_positions[None, :])
+
+
+class StridedPattern(AttentionPattern):
+    """The sparse transformer's strided pattern: the last ``stride`` positions, and every ``stride``-th before.
+
+    Query ``i`` sees key ``j`` when ``|i - j| < stride`` (a local window) or ``i - j`` is a multiple of
+    ``stride`` (a column every ``stride`` positions). With ``stride`` near ``sqrt(n)`` each query sees about
+    ``2 sqrt(n)`` keys, and any position reaches any earlier one in two layers: first along its column, then
+    within a window. Suits data with a period (image rows, a table): Child et al. used it for images.
+
+    Args:
+        stride: ``l``, the window and the distance between columns, ``>= 1``.
+    """
+
+    def __init__(self, stride: int) -> None:
+        if not is_int(stride) or stride <= 0:
+            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        self.stride = stride
+
+    def rule(self, i: Tensor, j: Tensor) -> Tensor:
+        """``|i - j| < stride`` or ``i - j`` a multiple of ``stride``, element-wise.
+
+        Args:
+            i: query positions, a long tensor.
+            j: key positions, broadcastable with ``i``.
+
+        Returns:
+            Bool, of the broadcast shape.
+        """
+        d = i - j
+        return (d.abs() < self.stride) | (d.remainder(self.stride) == 0)
+
+    def __repr__(self) -> str:
+        return f"StridedPattern(stride={self.stride})"
+
+
+class FixedPattern(AttentionPattern):
+    """The sparse transformer's fixed pattern: the query's own block, and the last ``summary`` positions of each.
+
+    Positions fall into blocks of ``stride``; query ``i`` sees key ``j`` when both lie in one block
+    (``i // stride == j // stride``) or ``j`` is among the last ``summary`` positions of its block
+    (``j mod stride >= stride - summary``): those positions summarise their block for every later query. Suits
+    text, which has no period: Child et al. used it for enwik8.
+
+    Args:
+        stride: ``l``, the block length, ``>= 1``.
+        summary: ``c``, the summary positions at the end of each block, in ``[1, stride]``.
+    """
+
+    def __init__(self, stride: int, summary: int = 1) -> None:
+        if not is_int(stride) or stride <= 0:
+            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        if not is_int(summary) or not 1 <= summary <= stride:
+            raise ValueError(f"summary must be an int in [1, stride={stride}], got {summary!r}")
+        self.stride, self.summary = stride, summary
+
+    def rule(self, i: Tensor, j: Tensor) -> Tensor:
+        """``i`` and ``j`` in one block, or ``j`` among the last ``summary`` positions of its block, element-wise.
+
+        Args:
+            i: query positions, a long tensor.
+            j: key positions, broadcastable with ``i``.
+
+        Returns:
+            Bool, of the broadcast shape.
+        """
+        same_block = i.div(self.stride, rounding_mode="floor") == j.div(self.stride, rounding_mode="floor")
+        return same_block | (j.remainder(self.stride) >= self.stride - self.summary)
+
+    def __repr__(self) -> str:
+        return f"FixedPattern(stride={self.stride}, summary={self.summary})"
 
 
 class AttentionMask:
@@ -39,6 +148,7 @@ class AttentionMask:
         causal: queries see only keys at or before their own position.
         window: queries see only keys less than ``window`` positions away (``|i - j| < window``; with ``causal``,
             the last ``window`` positions up to the query's own). ``None``: no window.
+        pattern: an :class:`AttentionPattern` the positions must satisfy too; ``None``: none.
         padded: whether ``key_mask`` can leave a query without any key (it marks padding); default: whenever a
             ``key_mask`` is given. A cache's mask of written slots cannot: each query's own slot was just written.
         aligned: the keys are exactly the queries, in the same order (self-attention over one call's tokens,
@@ -56,6 +166,7 @@ class AttentionMask:
         window: Optional[int] = None,
         padded: Optional[bool] = None,
         aligned: bool = False,
+        pattern: Optional[AttentionPattern] = None,
     ) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
@@ -65,6 +176,9 @@ class AttentionMask:
             raise TypeError(f"key_mask must have dtype torch.bool (True = real key), got {key_mask.dtype}")
         self.query_positions, self.key_positions, self.key_mask = query_positions, key_positions, key_mask
         self.causal, self.window, self.aligned = causal, window, aligned
+        if pattern is not None and key_positions is None:
+            raise ValueError("an attention pattern needs the keys' positions; cross-attention's keys have none")
+        self.pattern = pattern
         self.padded = key_mask is not None if padded is None else padded
         self._allowed: Optional[Tensor] = None
         self._built = False
@@ -72,7 +186,7 @@ class AttentionMask:
     @property
     def needs_tensor(self) -> bool:
         """False when the mask is "everything" or "plain causal, keys = queries": SDPA then needs no mask tensor."""
-        if self.window is not None and self.key_positions is not None:
+        if (self.window is not None or self.pattern is not None) and self.key_positions is not None:
             return True
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
@@ -114,10 +228,40 @@ class AttentionMask:
         if self.window is not None and self.key_positions is not None:
             near = self.distance().abs() < self.window  # (t, u): a band around the diagonal
             allowed = near if allowed is None else allowed & near
+        if self.pattern is not None:
+            rule = self.pattern.allows(self.query_positions, self.key_positions)  # type: ignore[arg-type]
+            allowed = rule if allowed is None else allowed & rule
         if self.key_mask is not None:
             keys = self.key_mask[:, None, None, :]  # (b, u) -> (b, 1, 1, u)
             allowed = keys if allowed is None else allowed & keys  # (b, 1, t, u)
         return allowed
+
+    def mask_mod(self) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+        """The same rule as :meth:`allowed`, one (batch, head, query, key) index at a time: flex attention's form.
+
+        ``torch.nn.attention.flex_attention.create_block_mask`` calls it on index tensors and skips the blocks
+        of the score matrix where it is False everywhere: a sparse pattern then costs only its blocks.
+
+        Returns:
+            ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``.
+        """
+        qp, kp, key_mask = self.query_positions, self.key_positions, self.key_mask
+        if kp is None:
+            raise ValueError("cross-attention keys have no positions in the queries' sequence: no mask_mod")
+        causal, window, pattern = self.causal, self.window, self.pattern
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            i, j = qp[q_idx], kp[kv_idx]
+            ok = j <= i if causal else i == i  # (i == i: an all-True tensor of the right kind)
+            if window is not None:
+                ok = ok & ((i - j).abs() < window)
+            if pattern is not None:
+                ok = ok & pattern.rule(i, j)
+            if key_mask is not None:
+                ok = ok & key_mask[b, kv_idx]
+            return ok
+
+        return mask_mod
 
     def query_has_key(self) -> Optional[Tensor]:
         """``(b, 1, t, 1)`` bool: False for a query that may see no real key at all (it gets a zero output).
