@@ -399,6 +399,34 @@ def run_memory(suite: Suite, record: dict) -> str:
     return "\n".join(lines)
 
 
+def run_long_context(suite: Suite, record: dict) -> str:
+    """Time and peak memory of causal attention at 1k-8k positions: dense, the fixed pattern as a dense mask, and
+    the fixed pattern through compiled flex attention (benchmarks/long_context.py, forward and backward)."""
+    contexts = ["1024", "2048", "4096", "8192"]
+    extra = ["--device", "cuda", "--backward", "--batch", "4", "--heads", "8"]
+    if suite.smoke:  # the CPU has no flex backward: forward only, toy sizes
+        contexts, extra = ["128", "256"], ["--device", "cpu", "--repeats", "1", "--threads", "1"]
+    out = suite.work / "long_context.json"
+    status, _ = suite.run(record, suite.python("benchmarks/long_context.py", "--contexts", *contexts, "--json",
+                                               str(out), *extra))
+    if status != 0 or not out.exists():
+        record["status"] = "failed"
+        return "benchmarks/long_context.py failed: see the log."
+    rows = json.loads(out.read_text())["rows"]
+    record["figures"] = {"rows": rows}
+    lines = ["| context | kind | ms per call | x dense | peak memory (MB) | kept |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    dense = {row["context"]: row.get("ms") for row in rows if row["kind"] == "dense"}
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['context']} | {row['kind']} | {row['error']} | | | |")
+            continue
+        ratio = f"{row['ms'] / dense[row['context']]:.2f}" if dense.get(row["context"]) else "-"
+        kept = (f"{row['pairs_kept']:.1%} of pairs" if "pairs_kept" in row
+                else f"{row['blocks_kept']:.1%} of blocks" if "blocks_kept" in row else "")
+        lines.append(f"| {row['context']} | {row['kind']} | {row['ms']:.2f} | {ratio} | {row['peak_mb']:,.1f} | {kept} |")
+    return "\n".join(lines)
+
+
 STAGES = {stage.name: stage for stage in [
     Stage("tests", "CUDA-only tests, then the whole test suite", 300, run_tests),
     Stage("step-small", "training step, emb 256, depth 4, contexts 256 and 1024", 180, run_step),
@@ -410,6 +438,8 @@ STAGES = {stage.name: stage for stage in [
     Stage("imdb-pretrained", "IMDb: masked-LM pretraining on the unlabelled reviews, fine-tuning, test set", 540,
           run_imdb_pretrained),
     Stage("memory", "peak memory with and without activation checkpointing", 240, run_memory),
+    Stage("long-context", "attention at 1k-8k positions: dense, a sparse pattern as a mask, and through flex "
+          "attention", 240, run_long_context),
 ]}
 
 

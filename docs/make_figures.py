@@ -40,6 +40,7 @@ from torchformer.train.inspection import capture_attention
 import sys  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from figures.canvas import new_figure, save  # noqa: E402
+from figures.long_context import draw_long_context  # noqa: E402
 from figures.models import draw_model_decoder_only, draw_model_encoder_decoder  # noqa: E402
 from figures.decoding import (  # noqa: E402
     draw_beam_search, draw_going_big_memory, draw_pooling, draw_sampling, draw_tokens,
@@ -505,6 +506,7 @@ FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "pooling": draw_pooling,
     "tokens": draw_tokens,
     "going-big-memory": draw_going_big_memory,
+    "long-context": draw_long_context,
 }
 
 

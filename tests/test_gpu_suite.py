@@ -99,6 +99,10 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     assert pretrained["split"] == "test" and pretrained["count"] == 40 and pretrained["corpus"]["kept"] == 60 + 100
     memory = by["memory"]["figures"]["rows"]  # activation checkpointing off, then on
     assert [row["checkpoint_blocks"] for row in memory] == [False, True] and all(row["peak_mb"] > 0 for row in memory)
+    long_context = by["long-context"]["figures"]["rows"]  # every kind at both toy contexts, measured
+    assert [(row["context"], row["kind"]) for row in long_context] == [
+        (n, kind) for n in (128, 256) for kind in ("dense", "fixed-mask", "fixed-flex")]
+    assert all(row["ms"] > 0 for row in long_context) and "| 256 | fixed-flex |" in by["long-context"]["table"]
     assert "===== tests: python -m pytest" in (out / "log.txt").read_text()
     print(f"smoke run of every stage: {seconds:.0f} s")
 

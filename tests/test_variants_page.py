@@ -29,11 +29,13 @@ CHOICES = {
     "norm": config_module.NORMS,
     "pool": config_module.POOLING,
     "impl": config_module.IMPLEMENTATIONS,
+    "sparse": config_module.SPARSE_PATTERNS,
 }
 # Fields that apply only with another setting (the config refuses them alone, rather than ignore them).
 NEEDS = {"rotary_base": {"positions": "rotary"}, "rotary_scaling": {"positions": "rotary"},
          "relative_buckets": {"positions": "relative"}, "relative_max_distance": {"positions": "relative"},
-         "relative_shared": {"positions": "relative"}}
+         "relative_shared": {"positions": "relative"}, "sparse": {"sparse_stride": 8},
+         "sparse_stride": {"sparse": "strided"}, "sparse_summary": {"sparse": "fixed", "sparse_stride": 8}}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
