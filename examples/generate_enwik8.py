@@ -83,13 +83,14 @@ RISES = 2
 
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
-                "window", "wide", "logit_cap")
+                "window", "wide", "logit_cap", "sparse", "sparse_stride")
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
 RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer",
             "schedule", "zero_init")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
-                         "kv_heads": None, "window": None, "wide": False, "logit_cap": None}
+                         "kv_heads": None, "window": None, "wide": False, "logit_cap": None,
+                         "sparse": None, "sparse_stride": None}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
 # of val_bpb, so that the two curves can be compared.
 COLUMNS = ["step", "loss", "train_bpb", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
@@ -100,6 +101,7 @@ MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny 
 # that is None (not given, and no preset sets it) is not checked.
 CHECKS = {
     **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
+                     "sparse_stride",
                      "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
                      "stop_after"), POSITIVE_INT),
     **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes", "logit_cap"), POSITIVE),
@@ -152,6 +154,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--activation", choices=("relu", "gelu", "relu2", "swiglu", "geglu"), help="feed-forward nonlinearity")
     add("--kv-heads", type=int, help="key/value heads (grouped-query attention; default: --heads)")
     add("--window", type=int, help="sliding-window attention: each byte sees the last N bytes (default: all)")
+    add("--sparse", choices=("strided", "fixed"), help="a sparse transformer's attention pattern in every layer "
+        "(docs/long-context.md; needs --sparse-stride): on the CPU a mask, so it changes what is learned, not the "
+        "time per step")
+    add("--sparse-stride", type=int, help="the pattern's stride (strided) or block length (fixed), about the square "
+        "root of -C; the fixed pattern keeps the last position of each block")
     add("--kqnorm", action=argparse.BooleanOptionalAction, help="layer-normalise keys and queries (fixes the "
         "scale of the attention logits, which can stabilise training at high learning rates)")
     add("--wide", action="store_true", help="wide heads: each head sees the whole embedding (then -E need not be "
@@ -454,7 +461,8 @@ def train(args, threads: int, why: str) -> dict:
                             prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
                             activation=args.activation, kv_heads=args.kv_heads, window=args.window,
                             wide=args.wide, checkpoint_blocks=args.checkpoint_blocks,
-                            zero_init_residual=args.zero_init, logit_cap=args.logit_cap)
+                            zero_init_residual=args.zero_init, logit_cap=args.logit_cap, sparse=args.sparse,
+                            sparse_stride=args.sparse_stride)
 
     try:
         # Sized on the meta device first: a typo in -C or -E is no OOM kill. FSDP shards all but the built model.

@@ -544,3 +544,13 @@ def test_the_speedrun_tricks_reach_the_model_and_the_schedule_and_a_resume_must_
         other[other.index(flag) + (flag != "--zero-init")] = value
         with pytest.raises(SystemExit, match=re.escape(changed)):
             script.main(tiny(corpus, tmp_path / "run", *other, "--checkpoint", str(ckpt), "-N", "30"))
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_sparse_pattern_reaches_every_layer_and_needs_its_stride(script, corpus, tmp_path):
+    script.main(tiny(corpus, tmp_path / "run", "-N", "2", "--sparse", "fixed", "--sparse-stride", "4"))
+    model = load_model(tmp_path / "run" / "model.pt")
+    assert (model.config.sparse, model.config.sparse_stride) == ("fixed", 4)
+    assert all(repr(block.attention.pattern) == "FixedPattern(stride=4, summary=1)" for block in model.blocks.blocks)
+    with pytest.raises(SystemExit, match="sparse='strided' needs sparse_stride"):
+        script.main(tiny(corpus, tmp_path / "other", "-N", "2", "--sparse", "strided"))
