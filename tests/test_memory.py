@@ -139,3 +139,48 @@ def test_the_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="one capacity and kind"):
         check_caches(mixed, 2)
     assert isinstance(model.new_caches()[0].self_attention, KVCache)
+
+
+def test_generation_with_memory_sees_the_whole_context_while_it_fits_and_goes_on_past_it():
+    from torchformer import generate
+    from torchformer.decoding.generation import MemoryStep
+
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 6, 11, positions="rotary").double().eval()
+    whole = GTransformer(16, 2, 2, 20, 11, positions="rotary").double().eval()  # a context of all 20 positions
+    whole.load_state_dict(model.state_dict())
+    prompt = torch.randint(0, 11, (2, 9))  # longer than seq_length: fed in segments of 6
+    with_memory, logp = generate(model, prompt, 11, temperature=0, step=MemoryStep(model, 14), return_logprobs=True)
+    plain, plain_logp = generate(whole, prompt, 11, temperature=0, return_logprobs=True)  # 9 + 11 = 14 + 6 positions
+    assert torch.equal(with_memory, plain)
+    torch.testing.assert_close(logp, plain_logp, atol=1e-10, rtol=0)
+    far = generate(model, prompt, 40, temperature=0, step=MemoryStep(model, 4))  # far past memory + seq_length
+    assert far.shape == (2, 49) and torch.equal(far[:, :9], prompt)
+    with pytest.raises(ValueError, match="segment memory needs"):
+        MemoryStep(GTransformer(16, 2, 1, 6, 11), 4)
+
+
+def test_bits_per_byte_with_memory_scores_each_stream_as_the_segment_window_rule_says():
+    import math
+
+    from torchformer.train.evaluation import bits_per_byte
+
+    torch.manual_seed(0)
+    t, m = 5, 3
+    model = GTransformer(16, 2, 2, t, 20, positions="alibi", prenorm=True).double().eval()
+    data = torch.randint(0, 20, (47,))  # 46 predictions: 3 streams of 16, 16 and 14
+    got = bits_per_byte(model, data, context=t, memory=m, batch_size=3)
+    nats = 0.0
+    # Each stream alone, one pass with the rule written out; the short last stream is padded at its end to 16 (its
+    # segments are the others': 5, 5, 5 and 1 positions), which its real positions, before the padding, never see.
+    SegmentWindowAttention.segment, SegmentWindowAttention.memory, SegmentWindowAttention.length = t, m, 16
+    for start, end in ((0, 16), (16, 32), (32, 46)):
+        inputs, targets = data[start:end], data[start + 1:end + 1]
+        reference = SegmentWindowModel(16, 2, 2, end - start, 20, positions="alibi", prenorm=True).double().eval()
+        reference.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            nats -= reference(inputs[None])[0].gather(-1, targets[:, None]).sum().item()
+    assert got == pytest.approx(nats / math.log(2) / 46, abs=1e-9)
+    assert model.training is False and bits_per_byte(model, data, context=t, memory=m, batch_size=1) < 8
+    with pytest.raises(ValueError, match="memory=3 scores every byte once as streams: leave out windows"):
+        bits_per_byte(model, data, context=t, memory=m, windows=2)

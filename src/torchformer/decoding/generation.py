@@ -58,7 +58,7 @@ from torchformer.config import TransformerConfig
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
 from torchformer.nn.cache import BlockCache
 
-__all__ = ["EagerStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
+__all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
 
 def _check_token(value: object, name: str, num_tokens: int) -> int:
@@ -121,6 +121,12 @@ class EagerStep:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
+    @property
+    def limit(self) -> Optional[int]:
+        """The positions this step's caches hold: the model's ``seq_length`` (past it, :func:`generate` slides
+        its window and recomputes); ``None`` for caches that take any position (:class:`MemoryStep`)."""
+        return self.model.config.seq_length
+
     def new_caches(self, prompt: Tensor) -> list[BlockCache]:
         """Empty caches for decoding ``prompt`` ``(n, t)``.
 
@@ -149,6 +155,41 @@ class EagerStep:
         return self.model(token, caches=caches, positions=position)[:, -1]
 
 
+class MemoryStep(EagerStep):
+    """Decoding with Transformer-XL's segment memory: the model's ring caches (``model.new_memory(memory)``).
+
+    :func:`generate` then feeds a long prompt in segments of ``seq_length`` tokens, and every new token sees the
+    last ``memory + seq_length - 1`` positions before it through the ring, for as many tokens as asked: no window
+    to recompute. For a model trained with memory (``docs/long-context.md``), this is how it was trained to read.
+
+    Args:
+        model: a decoder-only model with ``new_memory`` (a :class:`~torchformer.models.GTransformer` with positions
+            inside attention).
+        memory: the positions kept before each segment, ``>= 1``.
+    """
+
+    def __init__(self, model: nn.Module, memory: int) -> None:
+        super().__init__(model)
+        self.memory = check_positive_int(memory, "memory")
+        model.new_memory(self.memory)  # refuses a model with absolute positions now, not at the first token
+
+    @property
+    def limit(self) -> Optional[int]:
+        """``None``: a ring holds any position."""
+        return None
+
+    def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+        """Empty ring caches for decoding ``prompt``.
+
+        Args:
+            prompt: the token ids about to be decoded, ``(n, t)`` (unused: the caches allocate on their first write).
+
+        Returns:
+            ``model.new_memory(memory)``: one :class:`~torchformer.nn.cache.BlockCache` per block.
+        """
+        return self.model.new_memory(self.memory)
+
+
 # -------------------------------------------------------------------------------------------- the steppers
 #
 # A stepper hides how log-probabilities for the next token are obtained (with or without a cache, decoder-only or
@@ -168,6 +209,7 @@ class _LMStepper:
         self.model, self.step = model, step
         self.window = model.config.seq_length
         self.caches = None if step is None else step.new_caches(tokens)
+        self.limit = None if step is None else step.limit  # None: ring caches, which never need recomputing
         if step is not None:
             self.token, self.position = step.inputs(tokens)
         self.cached = 0  # positions held by the caches
@@ -176,6 +218,13 @@ class _LMStepper:
 
     def start(self, tokens: Tensor) -> Tensor:
         """``(n, t) -> (n, v)``: run the (cropped) prompt, filling the caches."""
+        if self.caches is not None and self.limit is None:  # a memory: the whole prompt, a segment at a time
+            for begin in range(0, tokens.size(1), self.window):
+                segment = tokens[:, begin:begin + self.window]
+                logp = self.model(segment, caches=self.caches,
+                                  positions=torch.arange(begin, begin + segment.size(1), device=tokens.device))
+            self.cached = tokens.size(1)
+            return logp[:, -1]
         window = tokens[:, -self.window :]
         positions = torch.arange(window.size(1), device=tokens.device)
         padding = {} if self.prompt_mask is None else {"mask": self.prompt_mask, "shift": self.shift}
@@ -186,7 +235,7 @@ class _LMStepper:
 
     def advance(self, tokens: Tensor) -> Tensor:
         """``tokens`` ``(n, t)``, the sequences so far with the newest token last -> ``(n, v)``."""
-        if self.caches is not None and self.cached < self.window:
+        if self.caches is not None and (self.limit is None or self.cached < self.limit):
             self.token.copy_(tokens[:, -1:])  # (n, 1) into the step's input memory
             self.position.fill_(self.cached)  # its position = its cache slot; a fill, so no wait for the device
             if self.shift is None:

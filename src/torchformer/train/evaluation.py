@@ -21,6 +21,11 @@ over the whole split, the result estimates the figure for the whole split; scori
 not (one stretch of text can be much easier or harder than the rest: the first 20,000 bytes of the enwik8
 validation split score 0.3 bits per byte lower than the whole of it).
 
+A model trained with Transformer-XL's segment memory (``GTransformer.new_memory``) reads text as a stream, and is
+scored that way with ``memory=m``: the data is cut into ``batch_size`` contiguous streams, each fed in segments of
+``context`` bytes through the model's memory, so that every byte is predicted once, seeing its segment up to itself
+and the ``m`` bytes before the segment (fewer at the start of a stream).
+
 On several processes (:mod:`torchformer.train.distributed`), ``distributed=True`` shares the batches out: each
 process scores every ``world_size``-th batch, and the sums of bits and of scored bytes are added up over the
 processes. The result is the single-process figure exactly: each batch's sum is computed as one process would, and
@@ -71,6 +76,7 @@ def bits_per_byte(
     device: Optional[Union[str, torch.device]] = None,
     progress: Optional[str] = None,
     distributed: bool = False,
+    memory: Optional[int] = None,
 ) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
 
@@ -91,6 +97,9 @@ def bits_per_byte(
         distributed: every process of the process group calls this with the same arguments and scores its
             share of the batches; all return the figure of the whole data (see the module docstring). Without
             a process group, the same as ``False``.
+        memory: score the data as ``batch_size`` streams fed through the model's segment memory of this many
+            positions (``model.new_memory(memory)``), in segments of ``context``; not with ``stride`` or
+            ``windows``. With ``distributed``, every process scores the whole data (the same figure).
 
     Returns:
         total bits over the ``len(data) - 1`` predicted bytes, divided by ``len(data) - 1`` (with ``windows``:
@@ -107,10 +116,6 @@ def bits_per_byte(
         raise ValueError(f"data must hold at least 2 tokens (the first is never predicted), got {len(data)}")
     check_positive_int(context, "context")
     check_positive_int(batch_size, "batch_size")
-    if stride is None:
-        stride = max(1, context // 2)
-    if not is_int(stride) or not 1 <= stride <= context:
-        raise ValueError(f"stride must be an int in [1, context={context}], got {stride!r}")
     if windows is not None:
         check_positive_int(windows, "windows")
     if not is_int(seed):
@@ -121,6 +126,16 @@ def bits_per_byte(
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else data.device
+    if memory is not None:
+        check_positive_int(memory, "memory")
+        if windows is not None or stride is not None:
+            raise ValueError(f"memory={memory} scores every byte once as streams: leave out windows ({windows}) "
+                             f"and stride ({stride})")
+        return _bits_per_byte_streamed(model, data.to(device), context, memory, batch_size, progress)
+    if stride is None:
+        stride = max(1, context // 2)
+    if not is_int(stride) or not 1 <= stride <= context:
+        raise ValueError(f"stride must be an int in [1, context={context}], got {stride!r}")
 
     n = len(data)
     length = min(context, n - 1)  # short data: a single window over all of it
@@ -173,6 +188,35 @@ def bits_per_byte(
 
     assert windows is not None or counted == n - 1, (counted, n)  # every byte after the first, exactly once
     return total_nats / math.log(2) / counted
+
+
+def _bits_per_byte_streamed(model: nn.Module, data: Tensor, context: int, memory: int, streams: int,
+                            progress: Optional[str]) -> float:
+    """``bits_per_byte`` with ``memory``: ``streams`` contiguous rows, fed a segment at a time through the memory."""
+    predictions = len(data) - 1  # inputs data[p], targets data[p + 1], for p = 0 .. predictions - 1
+    length = math.ceil(predictions / streams)  # each stream's predictions; the last one may be shorter
+    rows = math.ceil(predictions / length)
+    index = torch.arange(rows * length, device=data.device).view(rows, length)  # (r, l): a prediction each
+    real = index < predictions  # the last row's tail is padding
+    index = index.clamp(max=predictions - 1)
+    inputs, targets = data[index].long(), data[index + 1].long()
+    caches = model.new_memory(memory)  # type: ignore[operator]
+    nats = []
+    was_training = model.training
+    model.eval()
+    plan = range(0, length, context)
+    try:
+        for start in (progress_bar(plan, desc=progress) if progress is not None else plan):
+            x, mask = inputs[:, start:start + context], real[:, start:start + context]
+            positions = torch.arange(start, start + x.size(1), device=data.device)
+            logp = model(x, None if bool(mask.all()) else mask, caches=caches, positions=positions)
+            if start == 0:
+                _check_output(logp, x, data)
+            picked = logp.gather(-1, targets[:, start:start + context, None]).squeeze(-1)  # (r, segment)
+            nats.append(-torch.where(mask, picked.double(), 0.0).sum().item())
+    finally:
+        model.train(was_training)
+    return math.fsum(nats) / math.log(2) / predictions
 
 
 def _check_output(logp: Tensor, inputs: Tensor, data: Tensor) -> None:
