@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import GTransformer, generate, load_model
+from torchformer.decoding.generation import MemoryStep
 from torchformer.config import POSITIONS
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
@@ -87,7 +88,7 @@ ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions",
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
 RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer",
-            "schedule", "zero_init")
+            "schedule", "zero_init", "memory")
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False, "logit_cap": None,
                          "sparse": None, "sparse_stride": None}
@@ -101,7 +102,7 @@ MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny 
 # that is None (not given, and no preset sets it) is not checked.
 CHECKS = {
     **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
-                     "sparse_stride",
+                     "sparse_stride", "memory",
                      "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
                      "stop_after"), POSITIVE_INT),
     **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes", "logit_cap"), POSITIVE),
@@ -154,6 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--activation", choices=("relu", "gelu", "relu2", "swiglu", "geglu"), help="feed-forward nonlinearity")
     add("--kv-heads", type=int, help="key/value heads (grouped-query attention; default: --heads)")
     add("--window", type=int, help="sliding-window attention: each byte sees the last N bytes (default: all)")
+    add("--memory", type=int, help="Transformer-XL's segment memory of N positions: train on -b contiguous streams "
+        "of the data, a segment of -C bytes per step, every layer also attending over the N positions before the "
+        "segment (kept without gradients; docs/long-context.md); evaluation and samples read the same way. Needs "
+        "positions inside attention (rotary, alibi, relative, none); not with --compile")
     add("--sparse", choices=("strided", "fixed"), help="a sparse transformer's attention pattern in every layer "
         "(docs/long-context.md; needs --sparse-stride): on the CPU a mask, so it changes what is learned, not the "
         "time per step")
@@ -216,6 +221,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--device: {e}")
     if args.generate is not None:
         return args
+    if args.memory is not None and args.compile:
+        p.error("--memory does not run under --compile yet: leave one out")
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
@@ -287,9 +294,10 @@ def sample(model, data, args, generator) -> str:
     """Continue a random ``context``-byte seed from ``data`` by ``--sample-length`` bytes."""
     start = int(torch.randint(len(data) - args.context, (1,), generator=generator, device=generator.device))
     seed = data[start:start + args.context].long()[None].to(args.device)
+    step = MemoryStep(model, args.memory) if args.memory else None
     with autocast(args.device):
         out = generate(model, seed, args.sample_length, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, generator=generator)
+                       top_p=args.top_p, generator=generator, step=step)
     return f"[{decode(seed[0])}]{decode(out[0, args.context:])}"
 
 
@@ -309,9 +317,13 @@ def generate_mode(args) -> str:
         sys.exit(f"error: {e}")
     prompt = torch.tensor(list(args.generate.encode("utf-8")), device=args.device)[None]  # (1, t) byte ids
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    try:
+        step = MemoryStep(model, args.memory) if args.memory else None  # a model trained with memory reads so
+    except ValueError as e:
+        sys.exit(f"error: --memory: {e}")
     with autocast(args.device):
         out = generate(model, prompt, args.sample_length, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, generator=generator)
+                       top_p=args.top_p, generator=generator, step=step)
     text = decode(out[0])
     print(text)
     return text
@@ -326,10 +338,17 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
     """
     generator = torch.Generator(device=args.device).manual_seed(args.seed + 2)
     probe = make_optimizer(model, args.optimizer, lr=0.0, fused=args.device.type == "cuda")
+    streams = Streams(train, args) if args.memory else None
+    memory = model.new_memory(args.memory) if args.memory else None  # a throwaway memory of its own
+    count = iter(range(10**9))
 
     def step() -> None:
         for _ in range(args.accumulate):
-            micro_loss(net, *micro_batch(train, args, generator), args).backward()
+            if streams is None:
+                micro_loss(net, *micro_batch(train, args, generator), args).backward()
+            else:
+                x, y, positions, _ = streams.batch(next(count))
+                micro_loss(net, x, y, args, caches=memory, positions=positions).backward()
         if args.gradient_clipping > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
         probe.step()
@@ -355,11 +374,38 @@ def micro_batch(train: torch.Tensor, args, generator: torch.Generator) -> tuple[
     return share.take(x), share.targets(y)
 
 
-def micro_loss(net, x: torch.Tensor, y: torch.Tensor, args) -> torch.Tensor:
+class Streams:
+    """With ``--memory``: the training split as ``-b`` contiguous streams, read one segment of ``-C`` bytes at a
+    time. Micro-batch ``g`` (counted over the whole run, so a resumed run continues exactly) is segment
+    ``g mod S`` of every stream, ``S`` the segments a stream holds; at segment 0 the streams start again and the
+    memory is emptied. Under torchrun each process trains (and remembers) its share of the streams."""
+
+    def __init__(self, train: torch.Tensor, args) -> None:
+        rows, self.context = args.batch_size, args.context
+        length = len(train) // rows
+        self.rows = train[: rows * length].view(rows, length)  # (b, length): stream r is one stretch of the text
+        self.segments = (length - 1) // self.context
+        if self.segments < 1:
+            sys.exit(f"--memory: the training split ({len(train):,} bytes) holds fewer than one -C {self.context} "
+                     f"segment per stream for -b {rows} streams")
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """This process's ``(k, C)`` inputs and targets of micro-batch ``index``, their positions in the streams
+        ``(C,)``, and whether the streams start again there."""
+        segment = index % self.segments
+        start = segment * self.context
+        x, y = self.rows[:, start:start + self.context], self.rows[:, start + 1:start + self.context + 1]
+        share = share_batch(x.size(0))
+        positions = torch.arange(start, start + self.context, device=x.device)
+        return share.take(x), share.targets(y), positions, segment == 0
+
+
+def micro_loss(net, x: torch.Tensor, y: torch.Tensor, args, **memory) -> torch.Tensor:
     """This process's part of the global micro-batch's mean loss, divided by ``--accumulate``: averaged over the
-    processes (as DDP and FSDP2 average gradients), the mean over the whole batch (one process: that mean)."""
+    processes (as DDP and FSDP2 average gradients), the mean over the whole batch (one process: that mean).
+    ``memory``: ``caches`` and ``positions`` with ``--memory``."""
     with autocast(args.device):
-        logp = net(x)  # (k, t, 256) log-probabilities of the next byte
+        logp = net(x, **memory)  # (k, t, 256) log-probabilities of the next byte
     tokens = share_batch(args.batch_size).divisor * args.context
     return F.nll_loss(logp.float().flatten(0, 1), y.flatten(), reduction="sum") / tokens / args.accumulate
 
@@ -412,8 +458,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def evaluate(model, data, args, windows=None, progress=None) -> float:
-    """Bits per byte, each process scoring its share of the windows: every process gets the whole figure."""
+    """Bits per byte, each process scoring its share of the windows: every process gets the whole figure. With
+    ``--memory``, the whole split as ``--test-batch-size`` streams through the memory (every process all of it)."""
     with autocast(args.device):
+        if args.memory:
+            return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size,
+                                 memory=args.memory, progress=progress)
         return bits_per_byte(model, data, context=args.context, batch_size=args.test_batch_size, windows=windows,
                              progress=progress, distributed=True)
 
@@ -474,6 +524,13 @@ def train(args, threads: int, why: str) -> dict:
     # The batches are bytes (ids 0..255) and positions the model's own: skip the value checks, which on a GPU would
     # make the host wait for the device at every step (tests/test_host_syncs.py).
     model.check_values = False
+    streams, memory = None, None
+    if args.memory:  # before wrapping: the memory's caches belong to the model's own blocks
+        try:
+            memory = model.new_memory(args.memory)
+        except ValueError as e:
+            sys.exit(f"error: --memory: {e}")
+        streams = Streams(train, args)
     seed_each_process(args.seed)  # each process its own dropout masks (the main one keeps its stream)
     flops = model_flops_per_token(model, context=args.context)
     parameters = count_parameters(model)
@@ -516,6 +573,12 @@ def train(args, threads: int, why: str) -> dict:
             sys.exit(f"cannot resume: {e}. Use the same flags, or a new --checkpoint folder")
         start, elapsed = state["step"], state["extra"]["elapsed_s"]
         best = state["extra"].get("best", best)  # a checkpoint from before best.pt existed: from here on
+        if memory is not None and state["process_state"] is not None:  # this process's memory, as it was saved
+            for cache, saved in zip(memory, state["process_state"]["memory"]):
+                cache.self_attention.load_state_dict(saved, device=args.device)
+        elif memory is not None:  # another number of processes: other rows; the streams go on without memory
+            print(f"note: {ckpt.name} holds the memory of {state['world_size']} process(es): this run's memory starts "
+                  f"empty")
         resume_schedule(sched)  # the rates of this run's rule at `start`, not the saved rule's (a larger -N)
         print(f"resumed from {ckpt} at step {start}")
         if state["world_size"] != run.world_size:  # each process's dropout masks came from another split
@@ -536,8 +599,12 @@ def train(args, threads: int, why: str) -> dict:
             extra = {"config": config, "elapsed_s": elapsed, "num_batches": args.num_batches, "warmup_steps": warmup,
                      "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}, "best": best}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
+            own = None if memory is None else {"memory": [  # each process's memory of its rows, on the CPU
+                {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in cache.self_attention.state_dict().items()}
+                for cache in memory]}
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
-                                        scheduler=sched, step=step, extra=extra, generators=generators)
+                                        scheduler=sched, step=step, extra=extra, generators=generators,
+                                        process_state=own)
             if run.is_main:
                 prune_checkpoints(args.checkpoint, keep=2)
             clock.reset()
@@ -573,8 +640,15 @@ def train(args, threads: int, why: str) -> dict:
     for step in range(start + 1, args.num_batches + 1):
         net.train()
         loss_sum = torch.zeros((), device=args.device)
-        for _ in range(args.accumulate):
-            loss = micro_loss(net, *micro_batch(train, args, batches), args)
+        for micro in range(args.accumulate):
+            if streams is None:
+                loss = micro_loss(net, *micro_batch(train, args, batches), args)
+            else:  # the next segment of every stream, through the memory of the one before
+                x, y, positions, restart = streams.batch((step - 1) * args.accumulate + micro)
+                if restart:
+                    for cache in memory:
+                        cache.reset()
+                loss = micro_loss(net, x, y, args, caches=memory, positions=positions)
             loss.backward()
             loss_sum += loss.detach()
         if args.gradient_clipping > 0:
@@ -612,9 +686,10 @@ def train(args, threads: int, why: str) -> dict:
         if evaluate_now:
             with divergence_checked(step):  # the uncompiled module: evaluation shapes vary
                 rows[-1]["val_bpb"] = evaluate(model, val, args, windows=val_windows)
+                how = ("the whole split, as streams through the memory" if args.memory
+                       else f"estimate: {val_windows} windows spread over the split")
                 say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
-                    f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte (estimate: {val_windows} windows spread "
-                    f"over the split)")
+                    f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte ({how})")
                 history.append(rows[-1]["val_bpb"])
                 improved = rows[-1]["val_bpb"] < best["val_bpb"]  # the same figure on every process
                 if improved:

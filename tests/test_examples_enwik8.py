@@ -554,3 +554,31 @@ def test_a_sparse_pattern_reaches_every_layer_and_needs_its_stride(script, corpu
     assert all(repr(block.attention.pattern) == "FixedPattern(stride=4, summary=1)" for block in model.blocks.blocks)
     with pytest.raises(SystemExit, match="sparse='strided' needs sparse_stride"):
         script.main(tiny(corpus, tmp_path / "other", "-N", "2", "--sparse", "strided"))
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_segment_memory_trains_on_streams_resumes_exactly_and_is_kept_by_the_run(script, corpus, tmp_path, capsys):
+    from torchformer.train.checkpoint import read_payload
+
+    memory = ["--memory", "8", "--positions", "rotary"]
+    whole = script.main(tiny(corpus, tmp_path / "a", *memory))
+    plain = script.main(tiny(corpus, tmp_path / "plain", "--positions", "rotary"))
+    assert whole["bpb"] != plain["bpb"]  # the memory changed what was learned (and how validation reads)
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path / "b", *memory, "--checkpoint", str(ckpt), "--stop-after", "12"))
+    saved = read_payload(next(ckpt.glob("*.pt")), map_location="cpu", mmap=False, verify=True)
+    kept = saved["ranks"][0]["state"]["memory"]  # the process's memory, one cache per block
+    assert len(kept) == 2 and kept[0]["keys"].shape[2] == 8 + 16 and kept[0]["written"].any()
+    resumed = script.main(tiny(corpus, tmp_path / "b", *memory, "--checkpoint", str(ckpt)))
+    assert resumed["bpb"] == whole["bpb"]  # the memory came back with the weights: the same steps, bit for bit
+    a, b = training_rows(read_log(tmp_path / "a" / "log.csv")), training_rows(read_log(tmp_path / "b" / "log.csv"))
+    assert all(a[s]["loss"] == b[s]["loss"] for s in range(1, 21))
+    with pytest.raises(SystemExit, match=re.escape("--memory 8 (now 16)")):
+        script.main(tiny(corpus, tmp_path / "b", "--memory", "16", "--positions", "rotary", "--checkpoint",
+                         str(ckpt), "-N", "30"))
+    with pytest.raises(SystemExit, match="error: --memory: segment memory needs"):
+        script.main(tiny(corpus, tmp_path / "c", "--memory", "8", "--positions", "learned"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        script.main(tiny(corpus, tmp_path / "d", *memory, "--compile"))
+    assert "--memory does not run under --compile" in capsys.readouterr().err

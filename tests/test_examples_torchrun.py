@@ -146,3 +146,24 @@ def test_imdb_resumes_a_one_process_checkpoint_on_two_and_evaluates_as_one(data_
     assert results["confusion"] == expected.confusion.tolist()
     assert results["calibration"] == expected.calibration.to_dict()
     assert results["accuracy"] >= 0.9  # it learned the tiny corpus's rule
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_enwik8_with_memory_on_two_ddp_processes_keeps_each_ones_memory_and_resumes_exactly(corpus, tmp_path,
+                                                                                            capsys):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    memory = ["--memory", "8", "--positions", "rotary", "-N", "4", "--test-every", "2"]
+    torchrun("generate_enwik8", enwik8_flags(corpus, out, "--checkpoint", str(ckpt), *memory), tmp_path / "logs")
+    ranks = torch.load(ckpt / "step_00000002.pt", weights_only=True)["ranks"]
+    assert [rank["state"]["memory"][0]["keys"].shape[0] for rank in ranks] == [2, 2]  # each its 2 of the 4 streams
+    assert not torch.equal(ranks[0]["state"]["memory"][0]["keys"], ranks[1]["state"]["memory"][0]["keys"])
+    (tmp_path / "ckpt2").mkdir()
+    shutil.copy(ckpt / "step_00000002.pt", tmp_path / "ckpt2")
+    again = tmp_path / "again"
+    torchrun("generate_enwik8", enwik8_flags(corpus, again, "--checkpoint", str(tmp_path / "ckpt2"), *memory),
+             tmp_path / "logs2")
+    assert rows(again / "log.csv") == rows(out / "log.csv")[2:]  # each process got its own memory back
+    capsys.readouterr()
+    load("generate_enwik8").main(enwik8_flags(corpus, tmp_path / "one", "--checkpoint", str(ckpt), *memory[:-4],
+                                              "-N", "6", "--test-every", "2"))
+    assert "holds the memory of 2 process(es): this run's memory starts empty" in capsys.readouterr().out

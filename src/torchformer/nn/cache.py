@@ -149,6 +149,35 @@ class KVCache:
             self.written.fill_(False)
         self.real, self._any_written = None, False
 
+    def state_dict(self) -> dict:
+        """What the cache holds, as plain data and tensors: to save a training run's segment memory with it.
+
+        Returns:
+            ``{"keys", "values", "real", "slots", "written", "any_written"}``: the buffers themselves (not copies;
+            ``None`` before the first write) and the host-side flag.
+        """
+        return {"keys": self.keys, "values": self.values, "real": self.real, "slots": self.slots,
+                "written": self.written, "any_written": self._any_written}
+
+    def load_state_dict(self, state: dict, *, device: Optional[torch.device] = None) -> None:
+        """Hold what :meth:`state_dict` returned (of a cache of the same capacity), on ``device``.
+
+        Args:
+            state: a :meth:`state_dict`.
+            device: where the buffers go; ``None``: where they are.
+
+        Raises:
+            ValueError: the saved buffers have another number of slots than this cache's capacity.
+        """
+        keys = state["keys"]
+        if keys is not None and keys.size(2) != self.capacity:
+            raise ValueError(f"the saved cache has {keys.size(2)} slots, this one {self.capacity} (capacity)")
+        moved = {name: state[name] if state[name] is None or device is None else state[name].to(device)
+                 for name in ("keys", "values", "real", "slots", "written")}
+        self.keys, self.values, self.real = moved["keys"], moved["values"], moved["real"]
+        self.slots, self.written = moved["slots"], moved["written"]
+        self._any_written = bool(state["any_written"])
+
     def _allocate(self, keys: Tensor, values: Tensor) -> None:
         b, h, t, s = keys.shape
         c = self.capacity

@@ -54,6 +54,7 @@ def save_distributed_checkpoint(
     step: int,
     extra: Optional[Mapping[str, Any]] = None,
     generators: Optional[Mapping[str, torch.Generator]] = None,
+    process_state: Any = None,
 ) -> Path:
     """Gather the full model and optimizer states onto rank 0, which writes them to ``path`` atomically.
 
@@ -68,6 +69,8 @@ def save_distributed_checkpoint(
         step: the number of optimizer steps taken so far, a non-negative int.
         extra: plain data the script needs to resume, as for ``save_checkpoint``; ``None``: an empty dict.
         generators: this process's named ``torch.Generator`` objects (each process saves its own states).
+        process_state: this process's own data, kept with its generator states (plain data and CPU tensors: a
+            segment memory of the batch rows it trains, say); ``None``: none.
 
     Returns:
         ``path``, on every process, once the file is complete.
@@ -83,7 +86,7 @@ def save_distributed_checkpoint(
         model_state, optimizer_state = get_model_state_dict(target, options=options), None
     else:
         model_state, optimizer_state = get_state_dict(target, optimizer, options=options)
-    ranks = _gather({"rng": capture_rng_state(), "generators": generator_states(generators)})
+    ranks = _gather({"rng": capture_rng_state(), "generators": generator_states(generators), "state": process_state})
     error = None
     if ranks is not None:  # the main process
         try:
@@ -127,7 +130,9 @@ def load_distributed_checkpoint(
         restore_rng: also restore the global generators (Python, NumPy, torch), chosen the same way.
 
     Returns:
-        ``{"step": int, "extra": dict, "world_size": int}``, ``world_size`` being that of the saving run.
+        ``{"step": int, "extra": dict, "world_size": int, "process_state": ...}``, ``world_size`` being that of the
+        saving run, and ``process_state`` what this process's rank saved as its ``process_state`` (``None`` when
+        the number of processes changed, or nothing was saved).
 
     Raises:
         FileNotFoundError: there is no file at ``path``.
@@ -159,11 +164,13 @@ def load_distributed_checkpoint(
     ranks = ckpt.get("ranks") or [{"rng": ckpt.get("rng"), "generators": ckpt.get("generators", {})}]
     rank, world_size = rank_and_world_size()
     mine = ranks[rank] if len(ranks) == world_size else ranks[0]  # see the module docstring
+    own = mine.get("state") if len(ranks) == world_size else None  # another process's rows would be wrong
     for name, g in (generators or {}).items():
         g.set_state(mine["generators"][name].cpu())
     if restore_rng and mine["rng"] is not None:  # a bare state_dict saved by other code holds no generator states
         restore_rng_state(mine["rng"])
-    return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks)}
+    return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {}), "world_size": len(ranks),
+            "process_state": own}
 
 
 def _keyed_by_name(state: dict, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
