@@ -108,8 +108,10 @@ def test_the_errors_name_what_is_wrong():
         TransformerConfig(16, 2, sparse="fixed", sparse_stride=4, sparse_summary=5)
     with pytest.raises(ValueError, match="sparse_summary applies to sparse='fixed' only"):
         TransformerConfig(16, 2, sparse="strided", sparse_stride=4, sparse_summary=2)
-    with pytest.raises(ValueError, match="summary must be an int in \\[1, stride=3\\], got 0"):
+    with pytest.raises(ValueError, match="summary must be a positive int, got 0"):
         FixedPattern(3, 0)
+    with pytest.raises(ValueError, match="summary must be an int in \\[1, stride=3\\], got 4"):
+        FixedPattern(3, 4)
     with pytest.raises(ValueError, match="stride must be a positive int, got 0"):
         StridedPattern(0)
     with pytest.raises(ValueError, match="impl='flex' has no dropout"):

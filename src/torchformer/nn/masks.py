@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from torchformer._checks import is_int
+from torchformer._checks import check_positive_int, is_int
 
 
 class AttentionPattern:
@@ -79,9 +79,7 @@ class StridedPattern(AttentionPattern):
     """
 
     def __init__(self, stride: int) -> None:
-        if not is_int(stride) or stride <= 0:
-            raise ValueError(f"stride must be a positive int, got {stride!r}")
-        self.stride = stride
+        self.stride = check_positive_int(stride, "stride")
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
         """``|i - j| < stride`` or ``i - j`` a multiple of ``stride``, element-wise.
@@ -114,11 +112,9 @@ class FixedPattern(AttentionPattern):
     """
 
     def __init__(self, stride: int, summary: int = 1) -> None:
-        if not is_int(stride) or stride <= 0:
-            raise ValueError(f"stride must be a positive int, got {stride!r}")
-        if not is_int(summary) or not 1 <= summary <= stride:
+        self.stride, self.summary = check_positive_int(stride, "stride"), check_positive_int(summary, "summary")
+        if summary > stride:
             raise ValueError(f"summary must be an int in [1, stride={stride}], got {summary!r}")
-        self.stride, self.summary = stride, summary
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
         """``i`` and ``j`` in one block, or ``j`` among the last ``summary`` positions of its block, element-wise.
