@@ -139,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--schedule", choices=("cosine", "wsd"), default="cosine", help="learning rate after the warmup: cosine "
         "decay to 10%%, or wsd (constant, then a linear decay to 0 over the last 20%% of the steps)")
     add("--zero-init", action=argparse.BooleanOptionalAction, default=False, help="start each block's attention "
-        "and feed-forward output projections at zero, so each block starts as the identity")
+        "and feed-forward output projections at zero, so each (pre-norm) block starts as the identity")
     add("--logit-cap", type=float, help="soft-cap the output logits at this size: cap * tanh(logits / cap) "
         "(default: none)")
     add("--optimizer", choices=OPTIMIZERS, help="adam, or muon: Muon for the blocks' matrices and Adam for the "
@@ -210,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     if args.generate is not None:  # only the sampling flags apply
         check_flags(p, args, {k: CHECKS[k] for k in ("sample_length", "temperature", "top_k", "top_p", "seed",
-                                                     "threads")})
+                                                     "threads", "memory")})
         if not args.generate:
             p.error("--generate needs a non-empty prompt (the model continues it)")
         if args.sample_length == 0:
@@ -223,6 +223,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     if args.memory is not None and args.compile:
         p.error("--memory does not run under --compile yet: leave one out")
+    if (args.sparse is None) != (args.sparse_stride is None):
+        p.error("--sparse and --sparse-stride go together: the pattern, and its stride (block length), e.g. "
+                "--sparse fixed --sparse-stride 16")
     if args.minutes is not None and args.num_batches is not None:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset

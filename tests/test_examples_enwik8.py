@@ -547,13 +547,16 @@ def test_the_speedrun_tricks_reach_the_model_and_the_schedule_and_a_resume_must_
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
-def test_a_sparse_pattern_reaches_every_layer_and_needs_its_stride(script, corpus, tmp_path):
+def test_a_sparse_pattern_reaches_every_layer_and_needs_its_stride(script, corpus, tmp_path, capsys):
     script.main(tiny(corpus, tmp_path / "run", "-N", "2", "--sparse", "fixed", "--sparse-stride", "4"))
     model = load_model(tmp_path / "run" / "model.pt")
     assert (model.config.sparse, model.config.sparse_stride) == ("fixed", 4)
     assert all(repr(block.attention.pattern) == "FixedPattern(stride=4, summary=1)" for block in model.blocks.blocks)
-    with pytest.raises(SystemExit, match="sparse='strided' needs sparse_stride"):
-        script.main(tiny(corpus, tmp_path / "other", "-N", "2", "--sparse", "strided"))
+    for alone in (["--sparse", "strided"], ["--sparse-stride", "4"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            script.main(tiny(corpus, tmp_path / "other", "-N", "2", *alone))
+        assert "--sparse and --sparse-stride go together" in capsys.readouterr().err
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")

@@ -184,3 +184,26 @@ def test_bits_per_byte_with_memory_scores_each_stream_as_the_segment_window_rule
     assert model.training is False and bits_per_byte(model, data, context=t, memory=m, batch_size=1) < 8
     with pytest.raises(ValueError, match="memory=3 scores every byte once as streams: leave out windows"):
         bits_per_byte(model, data, context=t, memory=m, windows=2)
+
+
+def test_summed_segment_losses_backpropagate_at_once_and_long_calls_are_refused():
+    from torchformer import generate
+    from torchformer.decoding.generation import MemoryStep
+
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 2, 4, 11, positions="rotary")
+    x = torch.randint(0, 11, (2, 12))
+    caches = model.new_memory(4)
+    loss = sum(model(x[:, s:s + 4], caches=caches, positions=torch.arange(s, s + 4)).mean() for s in (0, 4, 8))
+    loss.backward()  # each segment's graph kept the buffers it read: no in-place error
+    per_segment = GTransformer(16, 2, 2, 4, 11, positions="rotary")
+    per_segment.load_state_dict(model.state_dict())
+    caches = per_segment.new_memory(4)
+    for s in (0, 4, 8):  # the same, one backward per segment: gradients add up to the same
+        per_segment(x[:, s:s + 4], caches=caches, positions=torch.arange(s, s + 4)).mean().backward()
+    for (name, p), q in zip(model.named_parameters(), per_segment.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="x has 6 positions, but with caches a call takes at most seq_length=4"):
+        model(x[:, :6], caches=model.new_memory(4), positions=torch.arange(6))
+    with pytest.raises(ValueError, match="step=MemoryStep runs cached steps, but use_cache is False"):
+        generate(model, x[:, :3], 2, step=MemoryStep(model, 4), use_cache=False)

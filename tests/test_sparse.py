@@ -123,3 +123,19 @@ def test_the_errors_name_what_is_wrong():
         layer(torch.randn(1, 4, 16))
     with pytest.raises(ValueError, match="an attention pattern needs the keys' positions"):
         AttentionMask(torch.arange(3), None, pattern=StridedPattern(2))
+
+
+def test_flex_decodes_a_batch_with_a_cache_as_sdpa_does():
+    from torchformer import generate
+
+    torch.manual_seed(0)
+    sdpa = GTransformer(16, 2, 2, 12, 20, positions="rotary", sparse="strided", sparse_stride=3).eval()
+    flex = GTransformer(16, 2, 2, 12, 20, positions="rotary", sparse="strided", sparse_stride=3, impl="flex").eval()
+    flex.load_state_dict(sdpa.state_dict())
+    prompt = torch.randint(0, 20, (2, 4))  # two rows: the cache's mask of written slots is one row for both
+    a, logp_a = generate(sdpa, prompt, 6, temperature=0, return_logprobs=True)
+    b, logp_b = generate(flex, prompt, 6, temperature=0, return_logprobs=True)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(logp_a, logp_b, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="impl='flex' has no dropout"):
+        TransformerConfig(16, 2, impl="flex", dropout=0.1)

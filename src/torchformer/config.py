@@ -212,8 +212,9 @@ class TransformerConfig:
             self-attention layers (T5's, stored in its first block), instead of one per layer (``False``, the
             default). Only with ``positions="relative"``.
         zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
-            (weight and bias), so that each block starts as the identity and the residual stream is the embedding
-            alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag). Only the
+            (weight and bias), so that each pre-norm block starts as the identity and the residual stream is the
+            embedding alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag; a post-norm
+            block still applies its norms). Only the
             initialisation changes; ``False`` (the default): PyTorch's initialisation, as before this field existed.
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
@@ -331,6 +332,9 @@ class TransformerConfig:
         if self.sparse == "fixed" and self.sparse_summary > self.sparse_stride:  # type: ignore[operator]
             raise ValueError(f"sparse_summary must be at most sparse_stride={self.sparse_stride}, got "
                              f"{self.sparse_summary}")
+        if self.impl == "flex" and self.dropout > 0:  # flex_attention has no dropout on the weights
+            raise ValueError(f"impl='flex' has no dropout on the attention weights, but dropout={self.dropout}: use "
+                             f"impl='sdpa' (or 'reference') for dropout")
         if self.logit_cap is not None:
             object.__setattr__(self, "logit_cap", check_positive_float(self.logit_cap, "logit_cap"))
         if self.attention_scale is not None:

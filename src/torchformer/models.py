@@ -630,6 +630,9 @@ class GTransformer(TransformerModel):
         if mask is not None:
             check_mask(mask, "mask", tuple(x.shape), device=x.device)
         capacity = check_caches(caches, len(self.blocks.blocks))
+        if caches is not None and x.size(1) > self.config.seq_length:  # a ring would keep less than its memory
+            raise ValueError(f"x has {x.size(1)} positions, but with caches a call takes at most "
+                             f"seq_length={self.config.seq_length}: feed a longer input a segment at a time")
         positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
                                     capacity=capacity, cached=caches is not None, values=self.check_values)
         embedded = positions
@@ -654,7 +657,8 @@ class GTransformer(TransformerModel):
         Feed a stream one segment at a time, ``model(x, caches=mem, positions=torch.arange(start, start + t))``
         with ``t <= seq_length`` and ``start`` the segment's place in the stream: every layer attends over the
         ``memory`` positions before the segment (their keys and values kept from the earlier calls, without
-        gradients) as well as over the segment's own. Information then travels further back at each layer: at
+        gradients) as well as over the segment's own (a shorter segment sees more of the past: the caches keep
+        the last ``memory + seq_length`` positions). Information then travels further back at each layer: at
         layer ``n`` it may come from about ``n`` segments ago (Dai et al. 2019). A stream that starts again (a new
         document) starts from ``[c.reset() for c in mem]``; padding (``mask``) is never attended to, as without
         memory.

@@ -440,7 +440,9 @@ def generate(
     """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
     The returned sequences start with the whole prompt, but the model only ever sees the last ``model.seq_length``
-    tokens (see the module docstring for what happens past the context). Once a row emits ``eos`` the rest of it is
+    tokens (see the module docstring for what happens past the context), unless ``step`` is a :class:`MemoryStep`
+    (Transformer-XL's segment memory: the whole prompt is read, and every token sees the last
+    ``memory + seq_length - 1`` positions). Once a row emits ``eos`` the rest of it is
     ``eos``, and decoding stops when every row has finished.
 
     Runs without gradients; call ``model.eval()`` first, or dropout stays active.
@@ -458,7 +460,8 @@ def generate(
         return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from which
             each new token was chosen.
         step: how one cached step runs (default :class:`EagerStep`; a compiled one is
-            :class:`~torchformer.decoding.compiled.StaticCacheGenerator`).
+            :class:`~torchformer.decoding.compiled.StaticCacheGenerator`; through a segment memory,
+            :class:`MemoryStep`).
         prompt_mask: ``(b, t)`` bool, True at real tokens, for a batch of prompts of different lengths padded on
             the left (as Hugging Face tokenizers pad for generation): each row then decodes as its prompt alone
             (the padding masked, positions counted from each row's first real token), with or without the cache.
@@ -479,6 +482,8 @@ def generate(
     _check_generator(generator)
     if prompt_mask is not None:
         _check_prompt_mask(prompt_mask, prompt, max_new_tokens, config.seq_length, step)
+    if step is not None and not use_cache:
+        raise ValueError(f"step={type(step).__name__} runs cached steps, but use_cache is False: leave one out")
     if step is None and use_cache:
         step = EagerStep(model)
     with values_checked():  # the prompt is checked; the model reads no values at each token (a GPU would wait)

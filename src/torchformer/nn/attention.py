@@ -183,7 +183,8 @@ def attention_flex(
         raise ValueError("impl='flex' cannot compute gradients on the CPU (PyTorch's flex attention has no CPU "
                          "backward): train there with impl='sdpa' (the same function), or evaluate under no_grad")
     b, t, u = q.size(0), q.size(-2), k.size(-2)
-    batch = b if mask.key_mask is not None else None  # padding differs per row; the rest is one mask for all
+    # Padding differs per row; the rest is one mask for all (a cache's (1, c) mask of written slots too).
+    batch = b if mask.key_mask is not None and mask.key_mask.size(0) > 1 else None
     block_mask = create_block_mask(mask.mask_mod(), batch, None, t, u, device=q.device)
     score_mod = None
     if bias is not None:

@@ -198,7 +198,7 @@ class KVCache:
                 raise ValueError(
                     f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(held.shape)}, but the new {name} have "
                     f"shape {tuple(new.shape)}: another batch size or another model. Use fresh caches "
-                    f"(model.new_caches()) for each batch"
+                    f"(model.new_caches(), or new_memory()) for each batch"
                 )
             if new.dtype != held.dtype or new.device != held.device:
                 raise TypeError(
@@ -241,9 +241,10 @@ class RingKVCache(KVCache):
     float64, so a key at position 10**7 is rotated as exactly as one at 10.
 
     What earlier calls wrote is *memory*: it is detached at each write, so the gradient of a training step reaches
-    the keys and values of its own segment only (Transformer-XL's stop-gradient). Train one segment at a time:
-    a backward pass must run before the next segment is written (the write changes the buffers the previous
-    graph saved).
+    the keys and values of its own segment only (Transformer-XL's stop-gradient). While gradients are recorded the
+    buffers are copied before each write, so a graph keeps the buffers it read: the losses of several segments may
+    be summed and backpropagated at once. Positions must go on where the last call stopped (a jump would leave
+    slots of older positions in view as memory): a stream that jumps starts again with :meth:`reset`.
 
     Args:
         capacity: the slots ``c``: the memory plus the longest call (``GTransformer.new_memory`` uses the model's
@@ -279,8 +280,9 @@ class RingKVCache(KVCache):
             raise ValueError(f"the ring cache has {self.capacity} slots (capacity), but {keys.size(2)} positions "
                              f"were written at once")
         if self.keys is not None and self.values is not None and (self.keys.requires_grad or self.values.requires_grad):
-            # Memory carries no gradient: cut it from the graph of the step that wrote it (no copy).
-            self.keys, self.values = self.keys.detach(), self.values.detach()
+            # Memory carries no gradient: cut it from the graph of the step that wrote it, and write into a copy,
+            # so that graph keeps the buffers it read (an in-place write would invalidate its backward pass).
+            self.keys, self.values = self.keys.detach().clone(), self.values.detach().clone()
         index = positions.remainder(self.capacity)  # (t,) the slots
         result = super().update(keys, values, index, mask)
         self.slots.index_copy_(0, index, positions)  # type: ignore[union-attr]  # the position each slot holds

@@ -253,8 +253,8 @@ class AttentionMask:
                 ok = ok & ((i - j).abs() < window)
             if pattern is not None:
                 ok = ok & pattern.rule(i, j)
-            if key_mask is not None:
-                ok = ok & key_mask[b, kv_idx]
+            if key_mask is not None:  # (b, u), or (1, u) for every row
+                ok = ok & key_mask[b if key_mask.size(0) > 1 else 0, kv_idx]
             return ok
 
         return mask_mod

@@ -156,14 +156,7 @@ def warmup_cosine(
         TypeError: ``optimizer`` is not an optimizer, or a step count is not an int.
         ValueError: a step count is out of range, or ``min_lr_ratio`` is not in [0, 1].
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    _check_int(warmup_steps, "warmup_steps", minimum=0)
-    _check_int(total_steps, "total_steps", minimum=1)
-    if total_steps < warmup_steps:
-        raise ValueError(f"total_steps must be >= warmup_steps ({warmup_steps}), got {total_steps}")
-    if not is_number(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:
-        raise ValueError(f"min_lr_ratio must be a float in [0, 1], got {min_lr_ratio!r}")
+    _check_schedule(optimizer, warmup_steps, total_steps, min_lr_ratio)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -174,6 +167,18 @@ def warmup_cosine(
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _check_schedule(optimizer: object, warmup_steps: object, total_steps: object, min_lr_ratio: object) -> None:
+    """The arguments the schedules share, checked alike."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    _check_int(warmup_steps, "warmup_steps", minimum=0)
+    _check_int(total_steps, "total_steps", minimum=1)
+    if total_steps < warmup_steps:  # type: ignore[operator]
+        raise ValueError(f"total_steps must be >= warmup_steps ({warmup_steps}), got {total_steps}")
+    if not is_number(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:  # type: ignore[operator]
+        raise ValueError(f"min_lr_ratio must be a float in [0, 1], got {min_lr_ratio!r}")
 
 
 def warmup_stable_decay(
@@ -209,8 +214,7 @@ def warmup_stable_decay(
     """
     if not is_number(decay_fraction) or not 0 < decay_fraction <= 1:
         raise ValueError(f"decay_fraction must be a float in (0, 1], got {decay_fraction!r}")
-    # The checks of the shared arguments are warmup_cosine's; its scheduler is dropped.
-    warmup_cosine(optimizer, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+    _check_schedule(optimizer, warmup_steps, total_steps, min_lr_ratio)
     decay = max(1, round(decay_fraction * (total_steps - warmup_steps)))
 
     def factor(step: int) -> float:
