@@ -123,8 +123,11 @@ class EagerStep:
 
     @property
     def limit(self) -> Optional[int]:
-        """The positions this step's caches hold: the model's ``seq_length`` (past it, :func:`generate` slides
-        its window and recomputes); ``None`` for caches that take any position (:class:`MemoryStep`)."""
+        """The positions this step's caches hold: the model's ``seq_length``.
+
+        Past it, :func:`generate` slides its window and recomputes; ``None`` is for caches that take any position
+        (:class:`MemoryStep`).
+        """
         return self.model.config.seq_length
 
     def new_caches(self, prompt: Tensor) -> list[BlockCache]:
