@@ -57,12 +57,12 @@ from torchformer.train.checkpoint import read_checkpoint
 from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 
 PRESETS = {
-    # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-26): 2.1500 and 2.1527 validation bits per byte on enwik8_prefix
-    # (seeds 1, 2; 9.2 min of training); with Adam and no kqnorm 2.2211; with learned positions, LayerNorm and ReLU
-    # 2.34.
+    # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-26): 2.1469 and 2.1365 validation bits per byte on
+    # enwik8_prefix (seeds 1, 2); with a cosine schedule 2.1500 and 2.1527 (9.2 min of training); with Adam and no
+    # kqnorm 2.2211; with learned positions, LayerNorm and ReLU 2.34.
     "cpu": dict(num_batches=2000, batch_size=32, learn_rate=5e-3, lr_warmup=50, embedding=128, heads=4, depth=4,
-                context=128, dropout=0.0, kqnorm=True, optimizer="muon", positions="rotary", norm="rms",
-                activation="swiglu",
+                context=128, dropout=0.0, kqnorm=True, optimizer="muon", schedule="wsd", positions="rotary",
+                norm="rms", activation="swiglu",
                 test_every=500, test_subset=20_000),
     # For one H100/H200 (bf16), trained for a fixed time. Measured on one H100 with --minutes 5: 1.262 test bits
     # per byte on the Wikipedia stand-in corpus, 1.0M tokens/s, 30.5% MFU (docs/enwik8.md). Without kqnorm, learning
@@ -89,6 +89,8 @@ ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions",
 # extends the run; --minutes is turned into -N.)
 RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer",
             "schedule", "zero_init", "memory")
+# What a run recorded before these flags existed trained with (a missing key means that, not "anything").
+RUN_DEFAULTS = {"schedule": "cosine", "zero_init": False, "memory": None}
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False, "logit_cap": None,
                          "sparse": None, "sparse_stride": None}
@@ -136,8 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
     add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
-    add("--schedule", choices=("cosine", "wsd"), default="cosine", help="learning rate after the warmup: cosine "
-        "decay to 10%%, or wsd (constant, then a linear decay to 0 over the last 20%% of the steps)")
+    add("--schedule", choices=("cosine", "wsd"), help="learning rate after the warmup: cosine decay to 10%%, or wsd "
+        "(constant, then a linear decay to 0 over the last 20%% of the steps; default: the preset's, else cosine)")
     add("--zero-init", action=argparse.BooleanOptionalAction, default=False, help="start each block's attention "
         "and feed-forward output projections at zero, so each (pre-norm) block starts as the identity")
     add("--logit-cap", type=float, help="soft-cap the output logits at this size: cap * tanh(logits / cap) "
@@ -236,6 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, key) is None and not (key in ("num_batches", "minutes") and given_length):
             setattr(args, key, value)
     args.optimizer = args.optimizer or "adam"
+    args.schedule = args.schedule or "cosine"
     check_flags(p, args, CHECKS)
     if args.embedding % args.heads and not args.wide:  # each narrow head gets embedding // heads dimensions
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
@@ -434,8 +437,9 @@ def check_resumable(ckpt: Path, args) -> None:
     if extra.get("learn_rate", args.learn_rate) != args.learn_rate:  # (older checkpoints do not record it)
         changed.append(f"--learn-rate {extra['learn_rate']} (now {args.learn_rate})")
     run = extra.get("run", {})  # older checkpoints do not record these
-    changed += [f"--{k.replace('_', '-')} {run[k]} (now {getattr(args, k)})" for k in RUN_KEYS
-                if k in run and run[k] != getattr(args, k)]
+    saved_run = {k: run[k] if k in run else RUN_DEFAULTS[k] for k in RUN_KEYS if k in run or k in RUN_DEFAULTS}
+    changed += [f"--{k.replace('_', '-')} {value} (now {getattr(args, k)})" for k, value in saved_run.items()
+                if value != getattr(args, k)]
     if changed:
         sys.exit(f"cannot resume: {ckpt} was trained with {', '.join(changed)}; use a new --checkpoint folder")
     planned = extra.get("num_batches")  # older checkpoints do not record it

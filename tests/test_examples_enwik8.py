@@ -37,11 +37,12 @@ def corpus(tmp_path_factory) -> Path:
 
 def tiny(corpus: Path, out: Path, *extra: str) -> list[str]:
     """A 20-step run of a tiny model; dropout and accumulation on, so every source of randomness matters. The cpu
-    preset's Muon and kqnorm are off (flags given later win): these tests are of the script, not of the preset."""
+    preset's Muon, kqnorm and WSD schedule are off (flags given later win): these tests are of the script, not of
+    the preset."""
     return ["-D", str(corpus), "--out", str(out), "--threads", "1", "-N", "20", "-b", "4", "-E", "16", "-H", "2",
             "-d", "2", "-C", "16", "--dropout", "0.1", "--accumulate", "2", "--lr-warmup", "4", "-l", "3e-3",
             "--test-every", "5", "--test-subset", "300", "--sample-length", "8", "--temperature", "1.0",
-            "--optimizer", "adam", "--no-kqnorm", *extra]  # Adam and no kqnorm unless a test says otherwise
+            "--optimizer", "adam", "--no-kqnorm", "--schedule", "cosine", *extra]  # unless a test says otherwise
 
 
 def read_log(path: Path) -> list[dict]:
@@ -585,3 +586,16 @@ def test_segment_memory_trains_on_streams_resumes_exactly_and_is_kept_by_the_run
     with pytest.raises(SystemExit):
         script.main(tiny(corpus, tmp_path / "d", *memory, "--compile"))
     assert "--memory does not run under --compile" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_run_recorded_before_the_schedule_flag_resumes_only_with_the_cosine_it_had(script, corpus, tmp_path,
+                                                                                       monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    with monkeypatch.context() as m:  # a checkpoint of the script before --schedule: its run records no schedule
+        m.setattr(script, "RUN_KEYS", tuple(k for k in script.RUN_KEYS if k not in script.RUN_DEFAULTS))
+        script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt), "--stop-after", "12"))
+    with pytest.raises(SystemExit, match=re.escape("--schedule cosine (now wsd)")):  # the cpu preset's now
+        script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt), "--schedule", "wsd"))
+    assert script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt)))["step"] == 20
+    assert script.PRESETS["cpu"]["schedule"] == "wsd"
