@@ -32,15 +32,15 @@ from typing import Any
 from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.decoding.compiled import StaticCacheGenerator
-from torchformer.decoding.generation import beam_search, generate, seq2seq_generate
+from torchformer.decoding.generation import MemoryStep, beam_search, generate, seq2seq_generate
 from torchformer.models import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
-from torchformer.nn.cache import BlockCache, ContextCache, KVCache
+from torchformer.nn.cache import BlockCache, ContextCache, KVCache, RingKVCache
 from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
-from torchformer.nn.masks import AttentionMask
+from torchformer.nn.masks import AttentionMask, FixedPattern, StridedPattern
 from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
@@ -72,19 +72,23 @@ __all__ = [
     "DecoderBlock",
     "Encoder",
     "FeedForward",
+    "FixedPattern",
     "GatedFeedForward",
     "GeneratorHead",
     "GTransformer",
     "KVCache",
     "LearnedPositions",
     "MaskedLMHead",
+    "MemoryStep",
     "MLMTransformer",
     "MultiHeadAttention",
+    "RingKVCache",
     "RMSNorm",
     "SelfAttention",
     "Seq2SeqTransformer",
     "SinusoidalPositions",
     "StaticCacheGenerator",
+    "StridedPattern",
     "TokenEmbedding",
     "TransformerBlock",
     "TransformerConfig",
