@@ -244,7 +244,8 @@ class RingKVCache(KVCache):
     the keys and values of its own segment only (Transformer-XL's stop-gradient). While gradients are recorded the
     buffers are copied before each write, so a graph keeps the buffers it read: the losses of several segments may
     be summed and backpropagated at once. Positions must go on where the last call stopped (a jump would leave
-    slots of older positions in view as memory): a stream that jumps starts again with :meth:`reset`.
+    slots of older positions in view as memory): a stream that jumps starts again with
+    :meth:`~KVCache.reset`.
 
     Args:
         capacity: the slots ``c``: the memory plus the longest call (``GTransformer.new_memory`` uses the model's
@@ -271,7 +272,7 @@ class RingKVCache(KVCache):
             mask: ``(b, t)`` bool, ``True`` at real tokens; ``None``: all real.
 
         Returns:
-            ``(keys, values, usable)`` as :meth:`KVCache.update`; :attr:`slots` then holds each slot's position.
+            ``(keys, values, usable)`` as :meth:`KVCache.update`; ``slots`` then holds each slot's position.
 
         Raises:
             ValueError: more than ``c`` positions at once, or keys of another shape than the buffers'.
