@@ -423,7 +423,8 @@ def run_long_context(suite: Suite, record: dict) -> str:
         ratio = f"{row['ms'] / dense[row['context']]:.2f}" if dense.get(row["context"]) else "-"
         kept = (f"{row['pairs_kept']:.1%} of pairs" if "pairs_kept" in row
                 else f"{row['blocks_kept']:.1%} of blocks" if "blocks_kept" in row else "")
-        lines.append(f"| {row['context']} | {row['kind']} | {row['ms']:.2f} | {ratio} | {row['peak_mb']:,.1f} | {kept} |")
+        peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:,.1f}"
+        lines.append(f"| {row['context']} | {row['kind']} | {row['ms']:.2f} | {ratio} | {peak} | {kept} |")
     return "\n".join(lines)
 
 

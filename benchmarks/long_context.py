@@ -11,9 +11,9 @@ One attention call, ``(b, h, n, s)`` queries, keys and values, causal, in three 
 * ``fixed-flex``: the same pattern through ``torch.compile(flex_attention)`` with a block mask (128 x 128 blocks),
   which computes only the blocks holding an allowed pair.
 
-Each measurement runs in a fresh process, so that its peak memory is its own: on CUDA
-``torch.cuda.max_memory_allocated`` during the call, on the CPU the growth of the process's peak resident memory
-(``ru_maxrss``) over what it held after making the inputs. Times are medians of ``--repeats`` calls after warm-up,
+Each measurement runs in a fresh process. On CUDA the peak memory is ``torch.cuda.max_memory_allocated`` during
+the calls, over what the inputs hold; on the CPU it is not reported (the process's peak resident memory is a
+high-water mark that the warm-up, and flex attention's compilation, set before the timed calls). Times are medians of ``--repeats`` calls after warm-up,
 and ratios are against ``dense`` in the same run. The CPU has no flex backward, so ``--backward`` (a forward and a
 backward pass) is for CUDA. Also printed: the share of the ``n * (n + 1) / 2`` causal pairs the pattern keeps, and
 the share of blocks the block mask keeps (what flex attention computes).
@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -91,19 +90,14 @@ def measure(kind: str, n: int, args: argparse.Namespace) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux
     times = []
     for _ in range(args.repeats):
         tic = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - tic)
-    if device.type == "cuda":
-        peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-    else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    row.update(ms=1000 * statistics.median(times), peak_mb=round(peak_mb, 1))
+    peak_mb = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1) if device.type == "cuda" else None
+    row.update(ms=1000 * statistics.median(times), peak_mb=peak_mb)
     return row
 
 
@@ -152,8 +146,8 @@ def main(argv=None) -> list[dict]:
                 ratio = f"{row['ms'] / dense_ms:.2f}" if dense_ms else "-"
                 kept = (f"{row['pairs_kept']:.1%} pairs" if "pairs_kept" in row
                         else f"{row['blocks_kept']:.1%} blocks" if "blocks_kept" in row else "")
-                print(f"{n:>8} {kind:>11} {row['stride']:>6} {row['ms']:>9.1f} {ratio:>8} {row['peak_mb']:>9.1f} "
-                      f"{kept:>14}")
+                peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:.1f}"
+                print(f"{n:>8} {kind:>11} {row['stride']:>6} {row['ms']:>9.1f} {ratio:>8} {peak:>9} {kept:>14}")
             rows.append(row)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
