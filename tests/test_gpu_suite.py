@@ -123,7 +123,8 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 
 @pytest.mark.parametrize("stages, message", [
-    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, imdb-pretrained, memory; got "
+    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, imdb-pretrained, memory, "
+                   "long-context; got "
                    "'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
