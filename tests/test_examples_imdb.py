@@ -14,6 +14,7 @@ import gzip
 import importlib.util
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def script():
 def tiny(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["--data", str(data_dir), "--out", str(out), "--device", "cpu", "--threads", "1", "-E", "32", "-H", "2",
             "-d", "1", "-M", "32", "-b", "16", "-e", "4", "-l", "1e-2", "--lr-warmup", "64", "--dropout", "0.1",
-            "-V", "64", "--val-size", "60", "--eval-every", "7", *extra]
+            "-V", "64", "--val-size", "60", "--eval-every", "7", "--optimizer", "adam", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +231,7 @@ def test_val_size_must_leave_training_reviews(script, data_dir, tmp_path):
         (["-V", "500"], "--vocab-size 64 (now 500)"),
         (["--gradient-clipping", "0.5"], "--gradient-clipping 1.0 (now 0.5)"),
         (["-e", "5", "-l", "3e-3"], "--num-epochs 4 (now 5), --learn-rate 0.01 (now 0.003)"),
+        (["--optimizer", "muon"], "--optimizer adam (now muon)"),
     ],
 )
 def test_resume_with_other_flags_is_refused_naming_them(script, data_dir, tmp_path, changed, message):
@@ -238,6 +240,26 @@ def test_resume_with_other_flags_is_refused_naming_them(script, data_dir, tmp_pa
     with pytest.raises(SystemExit) as info:
         script.main(tiny(data_dir, tmp_path, "--checkpoint", ckpt, *changed))
     assert message in str(info.value) and str(info.value).startswith("cannot resume")
+
+
+def test_a_checkpoint_from_before_the_optimizer_flag_resumes_only_with_adam(script, data_dir, tmp_path, monkeypatch):
+    ckpt = str(tmp_path / "ckpt")
+    with monkeypatch.context() as m:  # the script before --optimizer: its run records no optimizer
+        m.setattr(script, "RUN_KEYS", tuple(k for k in script.RUN_KEYS if k not in script.RUN_DEFAULTS))
+        assert script.main(tiny(data_dir, tmp_path, "--checkpoint", ckpt, "--stop-at", "2")) == {}
+    with pytest.raises(SystemExit, match=re.escape("--optimizer adam (now muon)")):  # the cpu preset's now
+        script.main(tiny(data_dir, tmp_path, "--checkpoint", ckpt, "--optimizer", "muon"))
+    args = script.parse_args(tiny(data_dir, tmp_path, "--checkpoint", ckpt))
+    script.check_resumable(script.latest_intact_checkpoint(ckpt), args)  # with adam it resumes
+    assert script.PRESETS["cpu"]["optimizer"] == "muon"
+
+
+def test_the_preset_trains_a_transformer_with_muon_and_the_lstm_with_adam(script, data_dir, tmp_path):
+    base = ["--data", str(data_dir), "--out", str(tmp_path), "--device", "cpu", "--preset", "cpu"]
+    assert script.parse_args(base).optimizer == "muon"
+    assert script.parse_args([*base, "--model", "lstm"]).optimizer == "adam"
+    assert script.parse_args([*base, "--optimizer", "adam"]).optimizer == "adam"
+    assert script.parse_args([*base, "--preset", "gpu"]).optimizer == "adam"
 
 
 def test_the_vocabulary_size_does_not_block_resuming_bytes(script, data_dir, tmp_path):
