@@ -103,6 +103,11 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     assert [(row["context"], row["kind"]) for row in long_context] == [
         (n, kind) for n in (128, 256) for kind in ("dense", "fixed-mask", "fixed-flex")]
     assert all(row["ms"] > 0 for row in long_context) and "| 256 | fixed-flex |" in by["long-context"]["table"]
+    long_runs = by["long-context-enwik8"]["figures"]["rows"]  # dense, memory, pattern: each trained and scored
+    assert [row["run"] for row in long_runs] == [name for name, _, _ in suite.LONG_RUNS]
+    assert all(row["split"] == "validation" and row["bpb"] > 0 and row["step"] == 4 for row in long_runs)
+    commands = by["long-context-enwik8"]["commands"]
+    assert "--memory 16" in commands[1] and "--sparse fixed" in commands[2] and "--memory" not in commands[0]
     assert "===== tests: python -m pytest" in (out / "log.txt").read_text()
     print(f"smoke run of every stage: {seconds:.0f} s")
 
@@ -124,7 +129,7 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 @pytest.mark.parametrize("stages, message", [
     ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, imdb-pretrained, memory, "
-                   "long-context; got "
+                   "long-context, long-context-enwik8; got "
                    "'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
