@@ -454,7 +454,9 @@ def run_long_context_enwik8(suite: Suite, record: dict) -> str:
             flags += ["--device", "cpu", "--threads", "1", "-N", "4", "-E", "16", "-H", "2", "-d", "1",
                       "--test-every", "2", "--test-subset", "256", *smoke.split()]
         else:
-            flags += ["--device", "cuda", "--minutes", str(suite.args.long_context_minutes), *gpu.split()]
+            # The preset warms up over 1,000 steps, most of a short run: 100 here, the same for all three.
+            flags += ["--device", "cuda", "--minutes", str(suite.args.long_context_minutes), "--lr-warmup", "100",
+                      *gpu.split()]
             flags += ["--peak-tflops", str(suite.peak)] if suite.peak else []
         status, _ = suite.run(record, suite.python("examples/generate_enwik8.py", *flags))
         if status != 0 or not (out / "results.json").exists():
@@ -464,7 +466,7 @@ def run_long_context_enwik8(suite: Suite, record: dict) -> str:
         rows.append({"run": name, **{k: result.get(k) for k in ("bpb", "split", "step", "elapsed_s", "tokens_per_s",
                                                                "mfu", "parameters")}})
     record["figures"] = {"rows": rows, "data": data.name}
-    if all("error" in row for row in rows):
+    if any("error" in row for row in rows):  # a comparison with a row missing is no comparison
         record["status"] = "failed"
     lines = ["| run | validation bits per byte | steps | training (min) | tokens/s | MFU |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -607,7 +609,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    "(default 7.5: the one 8-minute GPU run so far took 561 s in all, more than the 555 s a "
                    "570 s budget leaves a command)")
     p.add_argument("--long-context-minutes", type=float, default=1.5, help="training time of each of the three "
-                   "runs of the long-context-enwik8 stage (default 1.5)")
+                   "runs of the long-context-enwik8 stage (default 1.5; above about 2 the three no longer fit in "
+                   "one 570 s budget)")
     p.add_argument("--imdb-data", type=Path, help="folder with the IMDb data for the imdb stage")
     p.add_argument("--publish", type=Path, metavar="DIR", help="no stages: copy DIR/results.json into --page")
     p.add_argument("--page", type=Path, default=PAGE, help="the results page for --publish")

@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-e", "--num-epochs", type=int, help="passes over the training reviews")
     add("-b", "--batch-size", type=int, help="reviews per batch, in all: under torchrun each of N processes computes "
         "b / N of them (the learning rate is not scaled)")
-    add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
+    add("-l", "--learn-rate", type=float, help="peak learning rate (of Adam, and of Muon if --optimizer muon)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-V", "--vocab-size", type=int, help="word vocabulary size, <pad> and <unk> included (word tokenizer)")
     add("-M", "--max", "--max-length", dest="max_length", type=int, help="tokens kept per review (the rest is cut)")
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lr-warmup", type=int, help="warm the learning rate up over this many training *examples* (as former)")
     add("--optimizer", choices=OPTIMIZERS, help="adam, or muon: Muon for the transformer blocks' matrices and Adam "
         "for the rest, one learning rate (torchformer.train.optimizers; default: the preset's, else adam; the LSTM "
-        "trains with adam unless given)")
+        "and --pretrained fine-tuning train with adam unless given)")
     add("--gradient-clipping", type=float, default=1.0, help="clip the gradient norm to this (0: off)")
     add("--dropout", type=float, help="dropout rate")
     add("--tokenizer", choices=("word", "bpe", "byte"), help="words or byte-level BPE subwords (both learned from the "
@@ -196,7 +196,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check_flags(p, args, {"pretrained": CHECKS["pretrained"]})
         take_pretrained_flags(p, args)
     preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
-    if args.model == "lstm" and args.optimizer is None:  # a preset's optimizer is for a transformer's blocks
+    # A preset's optimizer is for a transformer trained from scratch: the LSTM has no blocks for Muon, and the
+    # fine-tuning of a pretrained encoder was measured with Adam only (docs/imdb.md).
+    typed_optimizer = args.optimizer is not None
+    if (args.model == "lstm" or args.pretrained is not None) and not typed_optimizer:
         args.optimizer = "adam"
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -220,9 +223,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--stop-at needs --checkpoint (it simulates an interruption: the run resumes from the checkpoint)")
     if args.download and args.data is not None:
         p.error("--download fetches the archive into the cache: give it without --data")
-    if args.optimizer == "muon" and (args.model == "lstm" or args.strategy == "fsdp"):
-        p.error("--optimizer muon is for a transformer's blocks (not --model lstm), as whole matrices (not "
-                "--strategy fsdp): use --optimizer adam (the cpu preset's optimizer is muon)")
+    if args.optimizer == "muon" and args.model == "lstm":
+        p.error("--optimizer muon is for a transformer's blocks: --model lstm trains with --optimizer adam")
+    if args.optimizer == "muon" and args.strategy == "fsdp":
+        p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp, or "
+                "--optimizer adam" + ("" if typed_optimizer else " (the cpu preset's optimizer is muon)"))
     check_outputs(p, args.out, OUTPUTS)
     return args
 

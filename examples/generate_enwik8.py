@@ -137,7 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("-b", "--batch-size", type=int, help="sequences per micro-batch, in all: under torchrun each of N processes "
         "computes b / N of them (the learning rate is not scaled)")
     add("-l", "--learn-rate", type=float, help="peak learning rate")
-    add("--lr-warmup", type=int, help="linear warmup steps (then cosine decay to 10%%)")
+    add("--lr-warmup", type=int, help="linear warmup steps (then the --schedule: cosine decay to 10%%, or wsd)")
     add("--schedule", choices=("cosine", "wsd"), help="learning rate after the warmup: cosine decay to 10%%, or wsd "
         "(constant, then a linear decay to 0 over the last 20%% of the steps; default: the preset's, else cosine)")
     add("--zero-init", action=argparse.BooleanOptionalAction, default=False, help="start each block's attention "

@@ -260,6 +260,7 @@ def test_the_preset_trains_a_transformer_with_muon_and_the_lstm_with_adam(script
     assert script.parse_args([*base, "--model", "lstm"]).optimizer == "adam"
     assert script.parse_args([*base, "--optimizer", "adam"]).optimizer == "adam"
     assert script.parse_args([*base, "--preset", "gpu"]).optimizer == "adam"
+    assert script.parse_args([*base, "--model", "lstm", "--optimizer", "adam"]).optimizer == "adam"
 
 
 def test_the_vocabulary_size_does_not_block_resuming_bytes(script, data_dir, tmp_path):
@@ -321,7 +322,7 @@ def test_help_says_what_each_preset_sets(script, capsys):
     assert info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal's width
     assert "tokens kept per review (the rest is cut) (--preset cpu: 512; --preset gpu: 2048)" in text
-    assert "peak learning rate (Adam) (--preset cpu: 0.003; --preset gpu: 0.003)" in text
+    assert "peak learning rate (of Adam, and of Muon if --optimizer muon) (--preset cpu: 0.003; --preset gpu: 0.003)" in text
     assert "(default: runs/classify_imdb)" in text and "(default: 5000)" in text
     assert "default: the cores other programs leave idle" in text  # --threads
     # The epilog: each preset as the flags it stands for, in a form that can be typed.
@@ -508,7 +509,12 @@ def test_muon_fine_tunes_resumes_exactly_and_is_refused_where_it_cannot_work(scr
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     capsys.readouterr()
-    for extra in (("--model", "lstm"), ("--strategy", "fsdp")):
+    for extra, message in ((("--model", "lstm"), "--model lstm trains with --optimizer adam"),
+                           (("--strategy", "fsdp"), "--strategy fsdp shards them: use --strategy ddp, or "
+                                                    "--optimizer adam\n")):
         with pytest.raises(SystemExit):
             script.main(tiny(data_dir, tmp_path / "c", "--optimizer", "muon", *extra))
-        assert "--optimizer muon is for a transformer's blocks" in capsys.readouterr().err
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the preset's muon, not the user's: the message says where it came from
+        script.main(["--data", str(data_dir), "--out", str(tmp_path / "d"), "--device", "cpu", "--strategy", "fsdp"])
+    assert "--optimizer adam (the cpu preset's optimizer is muon)" in capsys.readouterr().err
