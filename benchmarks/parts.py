@@ -6,8 +6,9 @@ of the presets' CPU model (emb 256, 8 heads of 32, batch 16, context 256), in on
   gradient written by hand);
 * rotary: :func:`~torchformer.nn.relative.rotate_halves` under autograd; :class:`~torchformer.nn.relative.RotateHalves`
   (the library's path), each on the queries as attention makes them (a transposed view); and the angles alone;
-* feed-forward: the plain ``W2 relu(W1 x)`` of hidden size 1024; the gated SwiGLU of hidden size 683, as the library
-  computes it (two input projections) and with the two projections concatenated into one product.
+* feed-forward: the plain ``W2 relu(W1 x)`` of hidden size 1024; the gated SwiGLU of the library's hidden size 688
+  (2/3 of 1024 to the nearest multiple of 16), as the library computes it (two input projections), with the two
+  projections concatenated into one product, and of hidden size 683 (the nearest integer, torchformer before 0.5).
 
     python benchmarks/parts.py --threads 1
 
@@ -62,7 +63,7 @@ def main() -> None:
 
     layer_norm, rms = nn.LayerNorm(E), RMSNorm(E)
     cos, sin = Rotary(S).angles(torch.arange(T), torch.float32)
-    plain, gated = FeedForward(E), GatedFeedForward(E)
+    plain, gated, exact = FeedForward(E), GatedFeedForward(E), GatedFeedForward(E, hidden=round(2 * 4 * E / 3))
 
     def gated_one_product(x):  # W1 and V as one (2h, e) matrix: one product, then its two halves
         gate, value = F.linear(x, torch.cat([gated.w1.weight, gated.v.weight])).chunk(2, dim=-1)
@@ -77,8 +78,9 @@ def main() -> None:
         ("rotary", "rotate_halves (autograd)", queries, lambda q: rotate_halves(q, cos, sin)),
         ("rotary", "RotateHalves (the library's)", queries, lambda q: RotateHalves.apply(q, cos, sin)),
         ("feed-forward", "ReLU, hidden 1024", activations, plain),
-        ("feed-forward", "SwiGLU, hidden 683", activations, gated),
+        ("feed-forward", f"SwiGLU, hidden {gated.w1.out_features} (the library's)", activations, gated),
         ("feed-forward", "SwiGLU, W1 and V as one product", activations, gated_one_product),
+        ("feed-forward", f"SwiGLU, hidden {exact.w1.out_features} (before 0.5)", activations, exact),
     ]
     print(f"# forward + backward, (b, t, e) = ({B}, {T}, {E}), {H} heads, torch {torch.__version__}, "
           f"{args.threads} thread(s), median of {args.repeats}")

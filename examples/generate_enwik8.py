@@ -232,6 +232,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
     args.warmup_steps = None  # the warmup a resumed run started with (check_resumable); None: min(--lr-warmup, -N)
+    # A resumed run's feed-forward width as its config records it (check_resumable): a gated network of torchformer
+    # before 0.5 rounded 2/3 of 4 * embedding to the nearest integer, today to a multiple of 16. None: the default.
+    args.ff_hidden = None
     given_length = args.minutes is not None or args.num_batches is not None
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
     for key, value in preset.items():  # a preset's training length (-N or --minutes) applies only if neither is given
@@ -428,7 +431,8 @@ def check_resumable(ckpt: Path, args) -> None:
         saved = read_checkpoint(ckpt)
         step, extra = saved["step"], saved["extra"]
         config = flags_as_saved(saved, extra["config"])  # a "rotary" of before 0.5 is "rotary_interleaved"
-    except (OSError, ValueError, KeyError, TypeError) as e:  # a foreign or damaged file: say which, not a traceback
+        args.ff_hidden = saved["config"].ff_hidden  # set for a gated network saved before 0.5 (its width then)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a foreign or damaged file: say which
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")
     changed = [f"--{k.replace('_', '-')} {config.get(k, ARCHITECTURE_DEFAULTS.get(k))} (now {getattr(args, k)})"
@@ -512,6 +516,14 @@ def train(args, threads: int, why: str) -> dict:
     if args.context >= min(len(train), len(val)):
         sys.exit(f"--context {args.context} is too long for this data ({len(val):,} validation bytes)")
     train = train.to(args.device)  # 90 MB at most; sampling windows then never leaves the device
+    ckpt = None  # before the model is built: a resumed model is built as its checkpoint's config says
+    if run.is_main:  # the final model.pt is written atomically too: a killed save leaves its temporary in --out
+        remove_interrupted_saves(args.out, args.checkpoint)
+    if args.checkpoint:
+        # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
+        ckpt = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
+    if ckpt is not None:
+        check_resumable(ckpt, args)
 
     def build() -> GTransformer:
         return GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
@@ -519,7 +531,7 @@ def train(args, threads: int, why: str) -> dict:
                             activation=args.activation, kv_heads=args.kv_heads, window=args.window,
                             wide=args.wide, checkpoint_blocks=args.checkpoint_blocks,
                             zero_init_residual=args.zero_init, logit_cap=args.logit_cap, sparse=args.sparse,
-                            sparse_stride=args.sparse_stride)
+                            sparse_stride=args.sparse_stride, ff_hidden=args.ff_hidden)
 
     try:
         # Sized on the meta device first: a typo in -C or -E is no OOM kill. FSDP shards all but the built model.
@@ -545,15 +557,7 @@ def train(args, threads: int, why: str) -> dict:
     # `model` stays the module itself (with FSDP2, sharded in place): evaluation, sampling and checkpoints use it.
     wrapped = wrap_model(model, strategy=args.strategy)
     net = torch.compile(wrapped) if args.compile else wrapped
-    ckpt = None
-    if run.is_main:  # the final model.pt is written atomically too: a killed save leaves its temporary in --out
-        remove_interrupted_saves(args.out, args.checkpoint)
-    if args.checkpoint:
-        # Warns of each damaged one it skips; the main process renames those (else pruning would keep them).
-        ckpt = latest_intact_checkpoint(args.checkpoint, set_aside=run.is_main)
-    if ckpt is not None:
-        check_resumable(ckpt, args)
-    elif args.minutes:
+    if ckpt is None and args.minutes:
         seconds = seconds_per_step(net, model, train, args)
         args.num_batches = max(1, int(args.minutes * 60 / seconds))
         print(f"--minutes {args.minutes:g}: {1000 * seconds:.1f} ms per step measured, so -N {args.num_batches}")

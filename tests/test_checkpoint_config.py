@@ -415,14 +415,14 @@ def test_a_rotary_checkpoint_of_today_keeps_its_layout_and_newer_config_versions
     model = make("GTransformer", positions="rotary")
     path = save_checkpoint(tmp_path / "a.pt", model=model, step=1)
     payload = torch.load(path, weights_only=True)
-    assert payload["config_version"] == 2 and payload["format_version"] == 3
+    assert payload["config_version"] == 3 and payload["format_version"] == 3
     assert load_model(path).config.positions == "rotary"
     from torchformer.train.checkpoint import _digest
 
     newer = {k: v for k, v in payload.items() if k != "integrity"}
-    newer["config_version"] = 3
+    newer["config_version"] = 4
     torch.save({**newer, "integrity": {"sha256": _digest(newer)}}, tmp_path / "newer.pt")
-    with pytest.raises(ValueError, match=r"config_version 3; this torchformer reads versions 1 to 2"):
+    with pytest.raises(ValueError, match=r"config_version 4; this torchformer reads versions 1 to 3"):
         load_model(tmp_path / "newer.pt")
 
 
@@ -433,7 +433,7 @@ def test_an_exported_rotary_folder_of_before_config_versions_loads_in_its_layout
     trained = make("GTransformer", positions="rotary_interleaved").eval()
     folder = export_model(trained, tmp_path / "old")
     data = json.loads((folder / "config.json").read_text())
-    assert data["format_version"] == 2 and data["config_version"] == 2
+    assert data["format_version"] == 2 and data["config_version"] == 3
     # What 0.4 wrote: format 1, no config_version, "rotary", and its digest of that record.
     del data["config_version"]
     data["format_version"], data["config"]["positions"] = 1, "rotary"
@@ -450,3 +450,39 @@ def test_an_exported_rotary_folder_of_before_config_versions_loads_in_its_layout
     (today / "config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="was changed after export_model wrote it"):
         load_model(today)
+
+
+# ---- the gated networks' width in files written before the multiple-of-16 rule ----------------------------------
+
+
+def test_a_gated_network_saved_before_the_multiple_of_16_rule_loads_with_the_width_it_was_trained_with(tmp_path):
+    """config_version 2 sized a gated unit round(2/3 * ff_mult * emb) = 43 at emb 16; today's default is 48. Such a
+    file (no ff_hidden) loads as a model of 43, computing what it did; a model built with today's default is refused
+    by name; the checkpoint and the exported folder alike."""
+    from torchformer.saving import _architecture_digest
+    from torchformer.train.checkpoint import _digest
+
+    trained = make("GTransformer", activation="swiglu", ff_hidden=43)
+    assert make("GTransformer", activation="swiglu").blocks.blocks[0].ff.w1.out_features == 48  # today's default
+    payload = torch.load(save_checkpoint(tmp_path / "new.pt", model=trained, step=3), weights_only=True)
+    old = {k: v for k, v in payload.items() if k != "integrity"}
+    old["config_version"], old["config"] = 2, {**old["config"], "ff_hidden": None}  # as version 2 wrote it
+    torch.save({**old, "integrity": {"sha256": _digest(old)}}, tmp_path / "old.pt")
+    folder = export_model(trained, tmp_path / "folder")
+    data = json.loads((folder / "config.json").read_text())
+    data["config_version"], data["config"]["ff_hidden"] = 2, None
+    data["config_sha256"] = _architecture_digest(data["model_class"], data["config"], data["model_class_path"], 2)
+    (folder / "config.json").write_text(json.dumps(data))
+    for path in (tmp_path / "old.pt", folder):
+        loaded = load_model(path)
+        assert loaded.config == trained.config and loaded.config.ff_hidden == 43
+        torch.testing.assert_close(outputs(loaded), outputs(trained), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"ff_hidden: 43 \(checkpoint\) vs None \(model\)"):
+        load_checkpoint(tmp_path / "old.pt", model=make("GTransformer", activation="swiglu"))
+    # A plain network's width was ff_mult * emb in every version: nothing to convert.
+    plain = make("GTransformer")
+    payload = torch.load(save_checkpoint(tmp_path / "plain.pt", model=plain, step=1), weights_only=True)
+    old = {k: v for k, v in payload.items() if k != "integrity"}
+    old["config_version"] = 2
+    torch.save({**old, "integrity": {"sha256": _digest(old)}}, tmp_path / "plain_old.pt")
+    assert load_model(tmp_path / "plain_old.pt").config.ff_hidden is None

@@ -599,3 +599,27 @@ def test_a_run_recorded_before_the_schedule_flag_resumes_only_with_the_cosine_it
         script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt), "--schedule", "wsd"))
     assert script.main(tiny(corpus, tmp_path / "run", "--checkpoint", str(ckpt)))["step"] == 20
     assert script.PRESETS["cpu"]["schedule"] == "wsd"
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_run_of_before_the_multiple_of_16_rule_resumes_exactly_with_its_gated_width(script, corpus, tmp_path,
+                                                                                        monkeypatch):
+    """Its checkpoints (config_version 2) hold a gated network of round(2/3 * 4 * 16) = 43 units, today's default is
+    48: the resumed model is built with the checkpoint's width, and the run continues as if never stopped."""
+    from torchformer.nn import feedforward
+    from torchformer.train.checkpoint import _digest
+
+    with monkeypatch.context() as m:  # torchformer before the rule
+        m.setattr(feedforward, "gated_hidden_size", lambda emb, ff_mult: max(1, round(2 * ff_mult * emb / 3)))
+        whole = script.main(tiny(corpus, tmp_path / "a"))
+        script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(tmp_path / "ckpt"), "--stop-after", "12"))
+    for path in (tmp_path / "ckpt").glob("*.pt"):  # as config_version 2 wrote them
+        payload = {k: v for k, v in torch.load(path, weights_only=True).items() if k != "integrity"}
+        assert payload["config_version"] == 3 and payload["model"]["blocks.blocks.0.ff.w1.weight"].shape == (43, 16)
+        payload["config_version"] = 2
+        torch.save({**payload, "integrity": {"sha256": _digest(payload)}}, path)
+    resumed = script.main(tiny(corpus, tmp_path / "b", "--checkpoint", str(tmp_path / "ckpt")))
+    assert resumed["bpb"] == whole["bpb"]
+    steps_a = training_rows(read_log(tmp_path / "a" / "log.csv"))
+    steps_b = training_rows(read_log(tmp_path / "b" / "log.csv"))
+    assert [steps_b[s]["loss"] for s in range(13, 21)] == [steps_a[s]["loss"] for s in range(13, 21)]

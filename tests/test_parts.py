@@ -172,16 +172,21 @@ def test_each_feedforward_is_its_formula(activation):
 
 
 def test_gated_units_keep_the_parameter_count_of_the_plain_network():
-    """emb 64, ff_mult 4: plain 2 * 64 * 256 + 256 + 64 = 33,088; gated h = round(2/3 * 256) = 171,
-    3 * 64 * 171 = 32,832, 0.8% fewer."""
+    """emb 64, ff_mult 4: plain 2 * 64 * 256 + 256 + 64 = 33,088; gated h = 2/3 * 256 = 170.7, to the nearest
+    multiple of 16 176, 3 * 64 * 176 = 33,792, 2.1% more."""
     config = TransformerConfig(64, 4, ff_mult=4)
     plain = count(feedforward(config))
-    assert plain == 33_088 and gated_hidden_size(64, 4) == 171
+    assert plain == 33_088 and gated_hidden_size(64, 4) == 176
     for activation in ("swiglu", "geglu"):
         gated = count(feedforward(config.replace(activation=activation)))
-        assert gated == 32_832 and abs(gated - plain) / plain < 0.05
+        assert gated == 33_792 and abs(gated - plain) / plain < 0.05
     assert count(feedforward(config.replace(activation="relu2"))) == plain
-    assert gated_hidden_size(1, 1) == 1  # never an empty layer
+    for emb in (16, 24, 100, 128, 256, 512, 768, 4096):  # the nearest multiple of 16 to 2/3 of ff_mult * emb
+        for ff_mult in (1, 2, 3, 4):
+            h = gated_hidden_size(emb, ff_mult)
+            assert h % 16 == 0 and abs(h - 2 * ff_mult * emb / 3) <= 8
+    assert (gated_hidden_size(128, 4), gated_hidden_size(256, 4), gated_hidden_size(768, 4)) == (336, 688, 2048)
+    assert gated_hidden_size(1, 1) == 16  # never an empty layer
 
 
 def test_feedforward_errors_name_the_argument():
@@ -487,7 +492,7 @@ def test_ff_hidden_sizes_every_feed_forward_network(activation):
         assert sizes == {13}
     default = GTransformer(16, 4, 1, 8, 11, activation=activation).blocks.blocks[0].ff
     assert {m.out_features for m in default.modules() if isinstance(m, nn.Linear)} - {16} == \
-        ({64} if activation == "relu" else {43})  # ff_mult * e, and 2/3 of it for a gated unit
+        ({64} if activation == "relu" else {48})  # ff_mult * e; for a gated unit 2/3 of it (42.7), to a multiple of 16
 
 
 def test_out_bias_off_leaves_the_output_projection_linear():

@@ -336,8 +336,8 @@ BLOCK_COUNTS = [
     (dict(kqnorm=True), 3232 + 16),
     # kqnorm with wide heads: LayerNorm(16) twice = 64
     (dict(kqnorm=True, wide=True), 4112 + 64 + 2128 + 64),
-    # swiglu, ff_mult 4: h = round(2/3 * 64) = round(42.67) = 43, 3*16*43 = 2064, no biases
-    (dict(activation="swiglu"), 1040 + 2064 + 64),
+    # swiglu, ff_mult 4: h = 2/3 * 64 = 42.67 to the nearest multiple of 16 = 48, 3*16*48 = 2304, no biases
+    (dict(activation="swiglu"), 1040 + 2304 + 64),
     # geglu, ff_mult 3: h = round(2/3 * 48) = 32, 3*16*32 = 1536
     (dict(activation="geglu", ff_mult=3), 1040 + 1536 + 64),
     # relu2 and gelu: the plain network's count

@@ -127,8 +127,8 @@ class TransformerConfig:
         activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (GELU's tanh
             approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated
             linear unit, ``"swiglu"``, ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as
-            T5 v1.1 and flan-T5) (hidden size 2/3 of ``ff_mult * emb``, so the parameter count stays about the
-            same).
+            T5 v1.1 and flan-T5) (hidden size 2/3 of ``ff_mult * emb``, to the nearest multiple of 16, so the
+            parameter count stays about the same).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
         kv_heads: heads of keys and values (grouped-query attention): ``None`` means ``heads``; 1 is multi-query
             attention. Must divide ``heads``.
@@ -161,7 +161,8 @@ class TransformerConfig:
             PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
             (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
         ff_hidden: the hidden size of every feed-forward network, when it is not what ``ff_mult`` gives (Llama-2
-            7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, 2/3 of it for a gated unit.
+            7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, for a gated unit 2/3 of it
+            to the nearest multiple of 16 (``nn.feedforward.gated_hidden_size``).
         out_bias: a bias in the output projection of every attention layer (``unifyheads``): ``True`` (the default),
             as before this field existed; ``False`` as Llama, Mistral and Qwen2.
         rotary_base: the base of rotary positions' frequencies, ``theta_m = base^(-2m/s)``: 10000 (the default, the

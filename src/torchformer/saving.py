@@ -38,6 +38,7 @@ from torchformer._files import check_parents, check_path, file_sha256, read_json
 from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
+from torchformer.nn.feedforward import GATES
 
 PathLike = Union[str, os.PathLike]
 
@@ -48,7 +49,9 @@ EXPORT_FORMAT_VERSION = 2  # 2: the record has a config_version (torchformer 0.5
 # What a saved config means. 2 (torchformer 0.5): positions="rotary" pairs each half of a head with the other, as
 # Llama and every Hugging Face checkpoint do. A record without a config_version is older: its "rotary" paired
 # adjacent coordinates, and it is read as "rotary_interleaved", so the model comes back exactly as it was trained.
-CONFIG_VERSION = 2
+# 3: a gated feed-forward network's default hidden size is 2/3 of ff_mult * emb to the nearest multiple of 16; an
+# older config without ff_hidden meant round(2/3 * ff_mult * emb), and is read with that number as its ff_hidden.
+CONFIG_VERSION = 3
 # Config fields that change how a model trains or computes, not what its weights mean: saved weights load into a
 # model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
 # and activation checkpointing is a memory choice of the training run).
@@ -156,9 +159,12 @@ def saved_config(record: Mapping[str, Any], where: object) -> Optional[Transform
     if version < 2 and isinstance(data, Mapping) and data.get("positions") == "rotary":
         data = {**data, "positions": "rotary_interleaved"}  # the layout it was trained with
     try:
-        return TransformerConfig.from_dict(data)
+        config = TransformerConfig.from_dict(data)
     except (TypeError, ValueError) as e:  # e.g. a field added by a newer torchformer
         raise ValueError(f"{where} holds a config this version of torchformer cannot read: {e}") from e
+    if version < 3 and config.activation in GATES and config.ff_hidden is None:  # the width it was trained with
+        config = config.replace(ff_hidden=max(1, round(2 * config.ff_mult * config.emb / 3)))
+    return config
 
 
 def is_or_extends(cls: type, name: str) -> bool:
@@ -350,7 +356,7 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
 
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds the record
-    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 2}`` and
+    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 3}`` and
     ``"format_version": 2``,
     ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read the weights into another
     architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both checked by

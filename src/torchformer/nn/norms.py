@@ -57,10 +57,11 @@ class RMSNormFunction(torch.autograd.Function):
     $$
 
     (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). ``x``,
-    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass; $\hat{x}$ is recomputed there. ``apply(x,
-    weight, eps)`` returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``) and
-    ``torch.func`` transforms work too. The tests compare
-    both directions with :func:`rms_norm` under autograd, and with ``gradcheck``.
+    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass, which never forms $\hat{x}$: with $u = \bar{y}
+    \odot x$, one product, both sums are products with vectors, $\bar{g} = \sum_p r_p u_p$ over the positions $p$
+    and $\operatorname{mean}(\bar{y} \odot g \odot \hat{x}) = r \, (u \cdot g) / e$. ``apply(x, weight, eps)``
+    returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``) and ``torch.func`` transforms
+    work too. The tests compare both directions with :func:`rms_norm` under autograd, and with ``gradcheck``.
     """
 
     generate_vmap_rule = True  # torch.func.vmap (and per-example gradients) batch the forward pass's operations
@@ -68,7 +69,9 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # as rms_norm: the statistic in float32 at least
-        r = torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + eps)  # (..., 1)
+        # mean(x^2) through the norm: one pass over x, no (..., e) tensor of squares
+        mean_square = torch.linalg.vector_norm(wide, dim=-1, keepdim=True).square_().div_(x.size(-1))  # (..., 1)
+        r = torch.rsqrt(mean_square + eps)  # (..., 1)
         return (wide * r).to(x.dtype) * weight, r  # (..., e), and r for the backward pass (not differentiable)
 
     @staticmethod
@@ -132,14 +135,16 @@ class RMSNormFunction(torch.autograd.Function):
             wanted = [t for t, needed in zip((x, weight), ctx.needs_input_grad) if needed]
             grads = iter(torch.autograd.grad(rms_norm(x, weight, ctx.eps), wanted, grad, create_graph=True))
             return tuple(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]) + (None,)
-        normalised = x.to(r.dtype) * r  # x-hat, (..., e)
+        e, wide = x.size(-1), x.to(r.dtype)  # x itself in float32
+        # Both sums read u = grad * x once, as products with vectors (no further (..., e) tensor): since x-hat = x r,
+        # sum_p grad_p * x-hat_p = r @ u over the positions, and mean(grad * g * x-hat) = r (u @ g) / e.
+        u = grad.to(r.dtype) * wide  # (..., e)
         grad_x = grad_weight = None
-        if ctx.needs_input_grad[1]:  # summed over every position: (..., e) -> (e,)
-            grad_weight = (grad * normalised.to(x.dtype)).sum_to_size(weight.shape).to(weight.dtype)
-        if ctx.needs_input_grad[0]:
-            grad_normalised = (grad * weight).to(r.dtype)  # (..., e)
-            dot = (grad_normalised * normalised).mean(dim=-1, keepdim=True)  # (..., 1)
-            grad_x = torch.addcmul(grad_normalised, normalised, dot, value=-1).mul_(r).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # (P,) @ (P, e) -> (e,), P the positions
+            grad_weight = (r.reshape(-1) @ u.reshape(-1, e)).to(weight.dtype)
+        if ctx.needs_input_grad[0]:  # r (grad * g) - x-hat r mean(grad * g * x-hat) = r (grad * g) - x r^3 (u @ g) / e
+            scale = (u @ weight.to(r.dtype)).unsqueeze(-1) * r.pow(3) / e  # (..., 1)
+            grad_x = (grad * weight).to(r.dtype).mul_(r).addcmul_(wide, scale, value=-1).to(x.dtype)
         return grad_x, grad_weight, None
 
 
