@@ -76,9 +76,9 @@ def gated_hidden_size(emb: int, ff_mult: int) -> int:
     A gated unit of this size has about the parameters of a plain network of hidden size ``ff_mult * emb``. A plain
     network has two ``e x 4e`` matrices (``ff_mult=4``), ``8 e^2`` weights; a gated one has three ``e x h``
     matrices, ``3 e h``, equal for ``h = 8/3 e = 2/3 * 4e``. A multiple of 16 because matrix products run slower
-    on other sizes: at ``e`` 256, 4,096 positions, forward and backward of one ``256 x h`` matrix took 49 ms at
-    ``h = 688`` and 74 ms at 683 (1 thread, AMD EPYC, torch 2.13.0+cpu, 2026-11-27; GPU kernels prefer such sizes
-    too). LLaMA rounds up to a multiple of 256; the nearest multiple of 16 keeps the count closer to the plain
+    on other sizes: at ``e`` 256 and 4,096 positions, forward and backward of one ``256 x h`` projection took 51 ms
+    at ``h = 688`` and 64 ms at 683 (``python benchmarks/parts.py``, 1 thread of a 2-core AMD EPYC, torch
+    2.13.0+cpu, 2026-11-27; GPU kernels prefer such sizes too). LLaMA rounds up to a multiple of 256; the nearest multiple of 16 keeps the count closer to the plain
     network's (688 units: 0.8 % more weights at ``e`` 256). Before torchformer 0.5 (``config_version`` 2 and
     older) the size was ``round(2/3 * ff_mult * emb)``; such configs are read with that number as ``ff_hidden``.
 
