@@ -8,7 +8,7 @@ of the presets' CPU model (emb 256, 8 heads of 32, batch 16, context 256), in on
   (the library's path), each on the queries as attention makes them (a transposed view); and the angles alone;
 * feed-forward: the plain ``W2 relu(W1 x)`` of hidden size 1024; the gated SwiGLU of the library's hidden size 688
   (2/3 of 1024 to the nearest multiple of 16), as the library computes it (two input projections), with the two
-  projections concatenated into one product, and of hidden size 683 (the nearest integer, torchformer before 0.5).
+  projections concatenated into one product, and of hidden size 683 (the nearest integer, the rule of config_version 2).
 * matrix: one input projection of the gated network alone, ``e x 688`` and ``e x 683``.
 
     python benchmarks/parts.py --threads 1
@@ -84,10 +84,10 @@ def main() -> None:
         ("feed-forward", "ReLU, hidden 1024", activations, plain),
         ("feed-forward", f"SwiGLU, hidden {gated.w1.out_features} (the library's)", activations, gated),
         ("feed-forward", "SwiGLU, W1 and V as one product", activations, gated_one_product),
-        ("feed-forward", f"SwiGLU, hidden {exact.w1.out_features} (before 0.5)", activations, exact),
+        ("feed-forward", f"SwiGLU, hidden {exact.w1.out_features} (config_version 2)", activations, exact),
         # One input projection of each width alone: where the widths differ, without the element-wise work.
         ("matrix", f"e x {gated.w1.out_features} (the library's gated width)", projected(gated.w1), gated.w1),
-        ("matrix", f"e x {exact.w1.out_features} (before 0.5)", projected(exact.w1), exact.w1),
+        ("matrix", f"e x {exact.w1.out_features} (config_version 2)", projected(exact.w1), exact.w1),
     ]
     print(f"# forward + backward, (b, t, e) = ({B}, {T}, {E}), {H} heads, torch {torch.__version__}, "
           f"{args.threads} thread(s), median of {args.repeats}")

@@ -58,9 +58,9 @@ from torchformer.train.optimizers import OPTIMIZERS, make_optimizer
 
 PRESETS = {
     # Measured on 2 CPU cores (docs/enwik8.md, 2026-11-27): 2.1510 and 2.1708 validation bits per byte on
-    # enwik8_prefix (seeds 1, 2; 2.1469 and 2.1365 with the gated width 341 of before that day); with a cosine
-    # schedule 2.1500 and 2.1527 (9.2 min of training); with Adam and no kqnorm 2.2211; with learned positions,
-    # LayerNorm and ReLU 2.34.
+    # enwik8_prefix (seeds 1, 2; 2.1469 and 2.1365 with the gated width 341 of before that day); at width 341 with
+    # a cosine schedule 2.1500 and 2.1527 (9.2 min of training); with Adam and no kqnorm 2.2211; with learned
+    # positions, LayerNorm and ReLU 2.34.
     "cpu": dict(num_batches=2000, batch_size=32, learn_rate=5e-3, lr_warmup=50, embedding=128, heads=4, depth=4,
                 context=128, dropout=0.0, kqnorm=True, optimizer="muon", schedule="wsd", positions="rotary",
                 norm="rms", activation="swiglu",
@@ -233,8 +233,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give -N/--num-batches or --minutes, not both")
     args.typed_num_batches = args.num_batches  # a resume must know whether -N came from the command or a preset
     args.warmup_steps = None  # the warmup a resumed run started with (check_resumable); None: min(--lr-warmup, -N)
-    # A resumed run's feed-forward width as its config records it (check_resumable): a gated network of torchformer
-    # before 0.5 rounded 2/3 of 4 * embedding to the nearest integer, today to a multiple of 16. None: the default.
+    # A resumed run's feed-forward width as its config records it (check_resumable): a gated network saved before
+    # 2026-11-27 (config_version 2) rounded 2/3 of 4 * embedding to the nearest integer, today to a multiple of 16.
     args.ff_hidden = None
     given_length = args.minutes is not None or args.num_batches is not None
     preset = PRESETS[args.preset or ("gpu" if args.device.type == "cuda" else "cpu")]
@@ -432,7 +432,7 @@ def check_resumable(ckpt: Path, args) -> None:
         saved = read_checkpoint(ckpt)
         step, extra = saved["step"], saved["extra"]
         config = flags_as_saved(saved, extra["config"])  # a "rotary" of before 0.5 is "rotary_interleaved"
-        args.ff_hidden = saved["config"].ff_hidden  # set for a gated network saved before 0.5 (its width then)
+        args.ff_hidden = saved["config"].ff_hidden  # set for a gated network of config_version 2 (its width)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a foreign or damaged file: say which
         sys.exit(f"cannot resume: {ckpt} is not a checkpoint written by this script ({type(e).__name__}: {e}); "
                  f"use a new --checkpoint folder")

@@ -479,6 +479,14 @@ def test_a_gated_network_saved_before_the_multiple_of_16_rule_loads_with_the_wid
         torch.testing.assert_close(outputs(loaded), outputs(trained), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"ff_hidden: 43 \(checkpoint\) vs None \(model\)"):
         load_checkpoint(tmp_path / "old.pt", model=make("GTransformer", activation="swiglu"))
+    # Where 2/3 * ff_mult * emb is a multiple of 16 (emb 24: 64) both rules agree: such a file fits today's default.
+    same = make("GTransformer", activation="swiglu", emb=24)
+    payload = torch.load(save_checkpoint(tmp_path / "same.pt", model=same, step=1), weights_only=True)
+    old = {k: v for k, v in payload.items() if k != "integrity"}
+    old["config_version"] = 2
+    torch.save({**old, "integrity": {"sha256": _digest(old)}}, tmp_path / "same_old.pt")
+    assert load_model(tmp_path / "same_old.pt").config.ff_hidden is None
+    assert load_checkpoint(tmp_path / "same_old.pt", model=make("GTransformer", activation="swiglu", emb=24))
     # A plain network's width was ff_mult * emb in every version: nothing to convert.
     plain = make("GTransformer")
     payload = torch.load(save_checkpoint(tmp_path / "plain.pt", model=plain, step=1), weights_only=True)

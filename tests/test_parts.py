@@ -89,6 +89,21 @@ def test_rmsnorm_hand_written_gradient_equals_autograd_on_the_formula(dtype):
         torch.testing.assert_close(fast, readable, atol=tolerance, rtol=tolerance)
 
 
+def test_rmsnorm_gradient_keeps_float32_under_autocast():
+    # Its sums are matrix-vector products, which autocast would run in bf16 if backward() were called inside it.
+    torch.manual_seed(0)
+    x, weight, grad = torch.randn(4, 9, 32), torch.rand(32) + 0.5, torch.randn(4, 9, 32)
+    grads = []
+    for autocast in (False, True):
+        xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            RMSNormFunction.apply(xs, ws, 1e-5)[0].backward(grad)
+        grads.append((xs.grad, ws.grad))
+    for plain, autocast in zip(*grads):
+        assert autocast.dtype == torch.float32
+        torch.testing.assert_close(autocast, plain, rtol=1e-6, atol=1e-6)
+
+
 def test_rmsnorm_second_derivatives_and_frozen_gain():
     torch.manual_seed(0)
     x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)

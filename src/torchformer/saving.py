@@ -38,7 +38,7 @@ from torchformer._files import check_parents, check_path, file_sha256, read_json
 from torchformer._version import __version__
 from torchformer.config import TransformerConfig
 from torchformer.models import MODEL_CLASSES, TransformerModel
-from torchformer.nn.feedforward import GATES
+from torchformer.nn.feedforward import GATES, gated_hidden_size
 
 PathLike = Union[str, os.PathLike]
 
@@ -50,7 +50,8 @@ EXPORT_FORMAT_VERSION = 2  # 2: the record has a config_version (torchformer 0.5
 # Llama and every Hugging Face checkpoint do. A record without a config_version is older: its "rotary" paired
 # adjacent coordinates, and it is read as "rotary_interleaved", so the model comes back exactly as it was trained.
 # 3: a gated feed-forward network's default hidden size is 2/3 of ff_mult * emb to the nearest multiple of 16; an
-# older config without ff_hidden meant round(2/3 * ff_mult * emb), and is read with that number as its ff_hidden.
+# older config without ff_hidden meant round(2/3 * ff_mult * emb), and is read with that number as its ff_hidden
+# where the two differ.
 CONFIG_VERSION = 3
 # Config fields that change how a model trains or computes, not what its weights mean: saved weights load into a
 # model that differs only in these (a model is routinely evaluated with dropout 0, or on the reference attention path,
@@ -163,7 +164,9 @@ def saved_config(record: Mapping[str, Any], where: object) -> Optional[Transform
     except (TypeError, ValueError) as e:  # e.g. a field added by a newer torchformer
         raise ValueError(f"{where} holds a config this version of torchformer cannot read: {e}") from e
     if version < 3 and config.activation in GATES and config.ff_hidden is None:  # the width it was trained with
-        config = config.replace(ff_hidden=max(1, round(2 * config.ff_mult * config.emb / 3)))
+        trained = max(1, round(2 * config.ff_mult * config.emb / 3))
+        if trained != gated_hidden_size(config.emb, config.ff_mult):  # equal where 2/3 ff_mult emb is a multiple of 16
+            config = config.replace(ff_hidden=trained)
     return config
 
 

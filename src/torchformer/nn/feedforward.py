@@ -78,9 +78,10 @@ def gated_hidden_size(emb: int, ff_mult: int) -> int:
     matrices, ``3 e h``, equal for ``h = 8/3 e = 2/3 * 4e``. A multiple of 16 because matrix products run slower
     on other sizes: at ``e`` 256 and 4,096 positions, forward and backward of one ``256 x h`` projection took 51 ms
     at ``h = 688`` and 64 ms at 683 (``python benchmarks/parts.py``, 1 thread of a 2-core AMD EPYC, torch
-    2.13.0+cpu, 2026-11-27; GPU kernels prefer such sizes too). LLaMA rounds up to a multiple of 256; the nearest multiple of 16 keeps the count closer to the plain
-    network's (688 units: 0.8 % more weights at ``e`` 256). Before torchformer 0.5 (``config_version`` 2 and
-    older) the size was ``round(2/3 * ff_mult * emb)``; such configs are read with that number as ``ff_hidden``.
+    2.13.0+cpu, 2026-11-27; GPU kernels prefer such sizes too). LLaMA rounds up to a multiple of 256; the nearest
+    multiple of 16 keeps the count closer to the plain network's (688 units: 0.8 % more weights at ``e`` 256).
+    Configs saved with ``config_version`` 2 or older (before 2026-11-27) sized it ``round(2/3 * ff_mult * emb)``;
+    they are read with that number as ``ff_hidden`` where it differs.
 
     Args:
         emb: embedding size ``e``.

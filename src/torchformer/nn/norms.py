@@ -15,12 +15,13 @@ Shapes: b batch size, t sequence length, e embedding size.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, check_positive_float, check_positive_int
+from torchformer._checks import autocast_enabled, check_choice, check_positive_float, check_positive_int
 from torchformer.config import NORMS
 
 
@@ -40,6 +41,19 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     normalised = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., e) / (..., 1)
     return normalised.to(x.dtype) * weight  # (..., e) * (e,)
+
+
+def _full_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` while it is on there (it would run matrix products in bf16 or float16).
+
+    Args:
+        device: where the computation runs.
+
+    Returns:
+        A context manager.
+    """
+    on = device.type in ("cpu", "cuda") and autocast_enabled(device.type)
+    return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -70,7 +84,7 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # as rms_norm: the statistic in float32 at least
         # mean(x^2) through the norm: one pass over x, no (..., e) tensor of squares
-        mean_square = torch.linalg.vector_norm(wide, dim=-1, keepdim=True).square_().div_(x.size(-1))  # (..., 1)
+        mean_square = torch.linalg.vector_norm(wide, dim=-1, keepdim=True).square() / x.size(-1)  # (..., 1)
         r = torch.rsqrt(mean_square + eps)  # (..., 1)
         return (wide * r).to(x.dtype) * weight, r  # (..., e), and r for the backward pass (not differentiable)
 
@@ -140,11 +154,12 @@ class RMSNormFunction(torch.autograd.Function):
         # sum_p grad_p * x-hat_p = r @ u over the positions, and mean(grad * g * x-hat) = r (u @ g) / e.
         u = grad.to(r.dtype) * wide  # (..., e)
         grad_x = grad_weight = None
-        if ctx.needs_input_grad[1]:  # (P,) @ (P, e) -> (e,), P the positions
-            grad_weight = (r.reshape(-1) @ u.reshape(-1, e)).to(weight.dtype)
-        if ctx.needs_input_grad[0]:  # r (grad * g) - x-hat r mean(grad * g * x-hat) = r (grad * g) - x r^3 (u @ g) / e
-            scale = (u @ weight.to(r.dtype)).unsqueeze(-1) * r.pow(3) / e  # (..., 1)
-            grad_x = (grad * weight).to(r.dtype).mul_(r).addcmul_(wide, scale, value=-1).to(x.dtype)
+        with _full_precision(x.device):  # a backward pass run under autocast would take the products down to bf16
+            if ctx.needs_input_grad[1]:  # (P,) @ (P, e) -> (e,), P the positions
+                grad_weight = (r.reshape(-1) @ u.reshape(-1, e)).to(weight.dtype)
+            if ctx.needs_input_grad[0]:  # r (grad g) - x-hat r mean(grad g x-hat) = r (grad g) - x r^3 (u @ g) / e
+                scale = (u @ weight.to(r.dtype)).unsqueeze(-1) * r.pow(3) / e  # (..., 1)
+                grad_x = (grad * weight).to(r.dtype).mul_(r).addcmul_(wide, scale, value=-1).to(x.dtype)
         return grad_x, grad_weight, None
 
 
