@@ -74,8 +74,10 @@ class RMSNormFunction(torch.autograd.Function):
     ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass, which never forms $\hat{x}$: with $u = \bar{y}
     \odot x$, one product, both sums are products with vectors, $\bar{g} = \sum_p r_p u_p$ over the positions $p$
     and $\operatorname{mean}(\bar{y} \odot g \odot \hat{x}) = r \, (u \cdot g) / e$. ``apply(x, weight, eps)``
-    returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``) and ``torch.func`` transforms
-    work too. The tests compare both directions with :func:`rms_norm` under autograd, and with ``gradcheck``.
+    returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``, ``torch.func.jacfwd``),
+    ``torch.func.grad`` and ``vmap`` work too; ``torch.func.jacrev`` and ``hessian`` do not (the backward pass's
+    second-derivative branch needs autograd's own graph). The tests compare both directions with :func:`rms_norm`
+    under autograd, and with ``gradcheck``.
     """
 
     generate_vmap_rule = True  # torch.func.vmap (and per-example gradients) batch the forward pass's operations
