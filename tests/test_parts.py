@@ -104,6 +104,17 @@ def test_rmsnorm_gradient_keeps_float32_under_autocast():
         torch.testing.assert_close(autocast, plain, rtol=1e-6, atol=1e-6)
 
 
+def test_rmsnorm_reverse_mode_torch_func_transforms_equal_the_formulas():
+    # jacrev and hessian run the backward pass inside torch.func, where autograd.grad cannot be called.
+    torch.manual_seed(0)
+    weight, x = torch.rand(6, dtype=torch.float64) + 0.5, torch.randn(3, 6, dtype=torch.float64)
+    fast = lambda a: RMSNormFunction.apply(a, weight, 1e-5)[0]  # noqa: E731
+    formula = lambda a: rms_norm(a, weight, 1e-5)  # noqa: E731
+    torch.testing.assert_close(torch.func.jacrev(fast)(x), torch.func.jacrev(formula)(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.func.hessian(lambda a: fast(a).pow(3).sum())(x),
+                               torch.func.hessian(lambda a: formula(a).pow(3).sum())(x), rtol=1e-10, atol=1e-10)
+
+
 def test_rmsnorm_second_derivatives_and_frozen_gain():
     torch.manual_seed(0)
     x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)

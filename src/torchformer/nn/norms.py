@@ -75,8 +75,7 @@ class RMSNormFunction(torch.autograd.Function):
     \odot x$, one product, both sums are products with vectors, $\bar{g} = \sum_p r_p u_p$ over the positions $p$
     and $\operatorname{mean}(\bar{y} \odot g \odot \hat{x}) = r \, (u \cdot g) / e$. ``apply(x, weight, eps)``
     returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``, ``torch.func.jacfwd``),
-    ``torch.func.grad`` and ``vmap`` work too; ``torch.func.jacrev`` and ``hessian`` do not (the backward pass's
-    second-derivative branch needs autograd's own graph). The tests compare both directions with :func:`rms_norm`
+    ``torch.func.grad``, ``jacrev``, ``hessian`` and ``vmap`` work too. The tests compare both directions with :func:`rms_norm`
     under autograd, and with ``gradcheck``.
     """
 
@@ -146,11 +145,16 @@ class RMSNormFunction(torch.autograd.Function):
             ``(grad_x, grad_weight, None)``: ``(..., e)`` and ``(e,)``, each ``None`` where no gradient is needed.
         """
         x, weight, r = ctx.saved_tensors
-        if torch.is_grad_enabled():  # a second derivative (create_graph=True): autograd on the formula, which
-            # knows that r depends on x (the r kept here does not)
-            wanted = [t for t, needed in zip((x, weight), ctx.needs_input_grad) if needed]
-            grads = iter(torch.autograd.grad(rms_norm(x, weight, ctx.eps), wanted, grad, create_graph=True))
-            return tuple(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]) + (None,)
+        if torch.is_grad_enabled():  # a second derivative (create_graph=True, torch.func.jacrev): the formulas above
+            # in differentiable operations, r recomputed from x so that its dependence on x is part of the graph
+            wide = x.to(r.dtype)
+            r = torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + ctx.eps)  # (..., 1)
+            normalised = wide * r  # x-hat
+            grad_normalised = (grad * weight).to(r.dtype)
+            grad_x = r * (grad_normalised - normalised * (grad_normalised * normalised).mean(dim=-1, keepdim=True))
+            grad_weight = (grad * normalised.to(x.dtype)).sum_to_size(weight.shape)
+            return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
+                    grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None, None)
         e, wide = x.size(-1), x.to(r.dtype)  # x itself in float32
         # Both sums read u = grad * x once, as products with vectors (no further (..., e) tensor): since x-hat = x r,
         # sum_p grad_p * x-hat_p = r @ u over the positions, and mean(grad * g * x-hat) = r (u @ g) / e.
