@@ -75,8 +75,8 @@ class RMSNormFunction(torch.autograd.Function):
     \odot x$, one product, both sums are products with vectors, $\bar{g} = \sum_p r_p u_p$ over the positions $p$
     and $\operatorname{mean}(\bar{y} \odot g \odot \hat{x}) = r \, (u \cdot g) / e$. ``apply(x, weight, eps)``
     returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``, ``torch.func.jacfwd``),
-    ``torch.func.grad``, ``jacrev``, ``hessian`` and ``vmap`` work too. The tests compare both directions with :func:`rms_norm`
-    under autograd, and with ``gradcheck``.
+    ``torch.func.grad``, ``jacrev``, ``hessian`` and ``vmap`` work too. The tests compare both directions with
+    :func:`rms_norm` under autograd, and with ``gradcheck``.
     """
 
     generate_vmap_rule = True  # torch.func.vmap (and per-example gradients) batch the forward pass's operations
