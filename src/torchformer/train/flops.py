@@ -21,12 +21,10 @@ reads it from a device's name.
 from __future__ import annotations
 
 import math
-import numbers
 
-import numpy as np
 from torch import nn
 
-from torchformer._checks import check_int_at_least
+from torchformer._checks import check_int_at_least, is_real
 from torchformer.nn.attention import MultiHeadAttention
 
 __all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token", "peak_bf16_tflops"]
@@ -73,18 +71,11 @@ def matmul_parameters(model: nn.Module) -> int:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    # A table tied to a linear layer (the output head) is multiplied there, so it stays in the count.
     multiplied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     lookups = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in multiplied
     }
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():  # parameters() already yields a shared tensor once; the set makes sure
-        if id(p) not in seen and id(p) not in lookups:
-            seen.add(id(p))
-            total += p.numel()
-    return total
+    return sum(p.numel() for p in model.parameters() if id(p) not in lookups)  # parameters() yields a shared one once
 
 
 def model_flops_per_token(model: nn.Module, *, context: int) -> int:
@@ -109,8 +100,7 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
                         f"{model!r:.60}")
     check_int_at_least(context, "context", 1)
     attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    attention_flops = sum(12 * m.heads * m.head_size * context for m in attention)
-    return 6 * matmul_parameters(model) + attention_flops
+    return 6 * matmul_parameters(model) + sum(12 * m.heads * m.head_size * context for m in attention)
 
 
 def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:
@@ -131,9 +121,9 @@ def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -
         ValueError: an argument is not a finite number in its range.
     """
     for name, value in (("tokens_per_second", tokens_per_second), ("flops_per_token", flops_per_token)):
-        if not _is_real(value) or not 0 <= value < math.inf:
+        if not is_real(value) or not 0 <= value < math.inf:
             raise ValueError(f"{name} must be a number >= 0 (and finite), got {value!r}")
-    if not _is_real(peak_tflops) or not 0 < peak_tflops < math.inf:
+    if not is_real(peak_tflops) or not 0 < peak_tflops < math.inf:
         raise ValueError(f"peak_tflops must be a positive number (TFLOP/s, finite), got {peak_tflops!r}")
     return float(tokens_per_second) * float(flops_per_token) / (float(peak_tflops) * 1e12)
 
@@ -175,7 +165,3 @@ def peak_bf16_tflops(device_name: str) -> float | None:
         if "".join(part.lower().split()) in squeezed:
             return peak
     return None
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
