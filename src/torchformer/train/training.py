@@ -117,11 +117,8 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
         TypeError: ``enabled`` is not a bool, or ``device`` not a str, ``torch.device`` or ``None``.
     """
     check_bool(enabled, "enabled")
-    parsed = parse_device(device)
-    if not enabled:
-        return contextlib.nullcontext()
-    device = resolve_device(parsed)
-    if device.type == "cuda":
+    parsed = parse_device(device)  # checked also when disabled; resolved (it must exist here) only when enabled
+    if enabled and resolve_device(parsed).type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -158,13 +155,24 @@ def warmup_cosine(
     """
     _check_schedule(optimizer, warmup_steps, total_steps, min_lr_ratio)
 
+    def cosine(step: int) -> float:  # from 1 at the end of warmup to 0 at total_steps
+        progress = (step - warmup_steps) / (total_steps - warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    return _warmup_then(optimizer, warmup_steps, total_steps, min_lr_ratio, cosine)
+
+
+def _warmup_then(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float, decay: Any
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The schedules' shared frame: linear warmup, ``m + (1 - m) * decay(s)`` up to ``total_steps``, then ``m``."""
+
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
         if step >= total_steps:
             return min_lr_ratio
-        progress = (step - warmup_steps) / (total_steps - warmup_steps)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1 - min_lr_ratio) * decay(step)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -216,15 +224,8 @@ def warmup_stable_decay(
         raise ValueError(f"decay_fraction must be a float in (0, 1], got {decay_fraction!r}")
     _check_schedule(optimizer, warmup_steps, total_steps, min_lr_ratio)
     decay = max(1, round(decay_fraction * (total_steps - warmup_steps)))
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if step >= total_steps:
-            return min_lr_ratio
-        return min_lr_ratio + (1 - min_lr_ratio) * min(1.0, (total_steps - step) / decay)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return _warmup_then(optimizer, warmup_steps, total_steps, min_lr_ratio,
+                        lambda step: min(1.0, (total_steps - step) / decay))
 
 
 def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[float]:
@@ -299,16 +300,14 @@ def check_finite_losses(losses: Iterable[float], steps: Iterable[int]) -> None:
 
     Once the loss is NaN, every weight soon is too, and whatever fails next (an evaluation, a sampler) blames
     its input instead of the cause; so a training loop checks the losses it reads anyway (e.g. every few steps)
-    and stops at once, before the next checkpoint would save the broken weights. ``losses[i]`` is the loss of
-    ``steps[i]``.
-
-    ``losses``: any iterable of real numbers (Python or NumPy numbers, one-element tensors) or a 1-D tensor or
-    array; ``steps``: the same of integers (a ``range`` will do). Both are read once, so generators work too.
-    Anything else is a ``TypeError`` naming the argument.
+    and stops at once, before the next checkpoint would save the broken weights. Both arguments are read once, so
+    generators work too; anything else than what they take is a ``TypeError`` naming the argument.
 
     Args:
-        losses: the losses to check.
-        steps: the step of each loss, as many as ``losses``.
+        losses: the losses to check: any iterable of real numbers (Python or NumPy numbers, one-element tensors)
+            or a 1-D tensor or array.
+        steps: the step of each loss (``losses[i]`` is the loss of ``steps[i]``), as many, the same of integers
+            (a ``range`` will do).
 
     Raises:
         TrainingDiverged: a loss is NaN or infinite; the message names its step and the usual remedies.
@@ -343,11 +342,7 @@ def _real_values(values: object, name: str, *, integer: bool) -> list:
     result = []
     for i, value in enumerate(values):
         number = _scalar(value)
-        if integer:
-            ok = is_int(number)
-        else:
-            ok = is_number(number)
-        if not ok:
+        if not (is_int(number) if integer else is_number(number)):
             raise TypeError(f"{expected}; {name}[{i}] is {type(value).__name__} {value!r:.60}")
         result.append(number)
     return result
@@ -355,13 +350,9 @@ def _real_values(values: object, name: str, *, integer: bool) -> list:
 
 def _scalar(value: Any) -> Any:
     """A one-element tensor or array, or a NumPy scalar, as the Python number it holds; anything else unchanged."""
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else value
-    if isinstance(value, np.ndarray):
-        return value.item() if value.size == 1 else value
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.item() if math.prod(value.shape) == 1 else value
+    return value.item() if isinstance(value, np.generic) else value
 
 
 class CSVLogger:
@@ -410,8 +401,7 @@ class CSVLogger:
             raise TypeError(f"fieldnames must be a sequence of non-empty str, got {self.fieldnames!r}")
         if not self.fieldnames or len(set(self.fieldnames)) != len(self.fieldnames):
             raise ValueError(f"fieldnames must be non-empty and unique, got {self.fieldnames}")
-        if resume_step is not None and (not is_int(resume_step)
-                                        or resume_step < 0):
+        if resume_step is not None and (not is_int(resume_step) or resume_step < 0):
             raise ValueError(f"resume_step must be a non-negative int or None, got {resume_step!r}")
         if resume_step is not None and step_column not in self.fieldnames:
             raise ValueError(f"step_column {step_column!r} is not one of the fieldnames {self.fieldnames}")
@@ -530,18 +520,19 @@ def plot_curves(
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
     Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
-    ``ValueError`` naming its column and line. ``ylabel`` names the y axis (give it whenever the curves share a
-    unit: say which); ``marks`` adds labelled single points, ``{"test: 1.26": (step, value)}``, e.g. a final figure.
-    ``png_path`` must end in ``.png`` (an existing folder is refused).
+    ``ValueError`` naming its column and line.
 
     Args:
         csv_path: the CSV file to read.
-        png_path: the PNG file to write; missing parent folders are created.
+        png_path: the PNG file to write, ending in ``.png`` (an existing folder is refused); missing parent folders
+            are created.
         x: the column of the x axis (usually ``"step"``).
         ys: the columns to plot, one curve each.
         title: a title above the plot; ``None``: none.
-        ylabel: the y axis's name; ``None``: the column's name when there is one curve, else none.
-        marks: labelled single points to add, ``{label: (x, y)}``; ``None``: none.
+        ylabel: the y axis's name (give it whenever the curves share a unit: say which); ``None``: the column's
+            name when there is one curve, else none.
+        marks: labelled single points to add, ``{label: (x, y)}``, e.g. a final figure ``{"test: 1.26": (step,
+            value)}``; ``None``: none.
         logy: a logarithmic y axis (for losses: the first steps' large values then do not squash the range the rest
             of training moves in); values at or below zero are left out of the plot.
 
@@ -591,13 +582,11 @@ def plot_curves(
                  if max(index[x], index[y]) < len(row) and row[index[x]] != "" and row[index[y]] != ""]
         curves[y] = [(number(i, x, a), number(i, y, b)) for i, a, b in cells]
 
-    try:
-        import matplotlib
+    try:  # Figure + FigureCanvasAgg avoid pyplot's global state
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         return False
-    del matplotlib  # imported only to fail early; Figure + FigureCanvasAgg avoid pyplot's global state
 
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
@@ -690,14 +679,10 @@ class _PlainProgress:
     def set_postfix(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def set_description(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
     def unpause(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
+    set_description, close = set_postfix, unpause  # display calls: nothing to display
 
     def __enter__(self) -> _PlainProgress:
         return self
