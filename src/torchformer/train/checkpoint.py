@@ -2,32 +2,26 @@
 
 A checkpoint is one file holding everything needed to continue training as if it had never stopped:
 
-* the model's ``state_dict`` (taken from the module behind any ``torch.compile`` / DataParallel wrapper, so
-  the keys are the same whichever way the model was run),
-* the optimizer and learning-rate scheduler states and the step counter,
+* the model's ``state_dict`` (from the module behind any ``torch.compile`` / DataParallel wrapper, so the keys are
+  the same whichever way the model was run), the optimizer and learning-rate scheduler states and the step counter,
 * ``extra``: whatever the script needs to rebuild itself (config, vocabulary, best validation loss, ...),
-* the state of every random number generator: Python's ``random``, NumPy's global generator, torch's CPU and
-  CUDA generators, and the named ``torch.Generator`` objects the script samples batches from. Without these a
-  resumed run would draw different dropout masks and batches, and would not reproduce the uninterrupted run.
+* the state of every random number generator: Python's, NumPy's, torch's CPU and CUDA ones, and the named
+  ``torch.Generator`` objects the script samples batches from. Without these a resumed run would draw different
+  dropout masks and batches, and would not reproduce the uninterrupted run,
+* for a :class:`~torchformer.models.TransformerModel`, its class name and config (:mod:`torchformer.saving`):
+  loading into another architecture is an error naming the fields that differ, and
+  :func:`~torchformer.train.loading.load_model` rebuilds the model from the file alone.
 
-For a torchformer model (a :class:`~torchformer.models.TransformerModel`) the checkpoint also stores the model's
-class name and its :class:`~torchformer.config.TransformerConfig`. Loading it into a model of another architecture
-is then an error naming the fields that differ, and :func:`~torchformer.train.loading.load_model` rebuilds the model
-from the file alone (the record: :mod:`torchformer.saving`).
+Three guarantees (docs/training.md, "Checkpoints", tells more):
 
-Two properties matter in production:
-
-* **Atomic writes.** The file is written to a temporary name in the same folder, flushed and fsync'ed, then
-  renamed over the target with ``os.replace`` (atomic on POSIX and Windows). A crash or a full disk halfway
-  through a save leaves the previous checkpoint untouched instead of a truncated file.
-* **Damage is detected.** The checkpoint stores a SHA-256 digest of everything it holds (every tensor's bytes,
-  dtype and shape, and every plain value), and :func:`load_checkpoint` recomputes it: a file changed on disk after
-  it was written (a flipped bit, a bad copy) is a :class:`CheckpointError` naming the file, never a silently wrong
+* **Atomic writes.** A temporary file in the same folder, flushed and fsync'ed, is renamed over the target
+  (``os.replace``): a crash or a full disk halfway through a save leaves the previous checkpoint untouched.
+* **Damage is detected.** The file holds a SHA-256 digest of everything in it, which :func:`load_checkpoint`
+  recomputes: a file changed after it was written is a :class:`CheckpointError` naming it, never a silently wrong
   model. :func:`latest_intact_checkpoint` resumes from the newest checkpoint that passes this check.
-* **Safe loading.** Files are read with ``torch.load(..., weights_only=True)``, which refuses to run arbitrary
-  pickled code. So everything saved must be tensors or plain containers of str/int/float/bool/None: the RNG
-  states of Python and NumPy (a tuple and an ndarray) are converted to such forms on save and back on load,
-  and ``save_checkpoint`` rejects an ``extra`` it could not load again, naming the offending entry.
+* **Safe loading.** ``torch.load(..., weights_only=True)`` runs no pickled code, so everything saved is tensors or
+  plain containers of str/int/float/bool/None (Python's and NumPy's RNG states are converted on save and back on
+  load), and ``save_checkpoint`` rejects an ``extra`` it could not load again, naming the offending entry.
 
 Typical use::
 
@@ -254,8 +248,7 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write a checkpoint to ``path`` (parent folders are created) and return the path.
 
-    ``step`` is the number of optimizer steps taken so far, i.e. the step to resume from. ``extra`` must hold
-    only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
+    ``extra`` must hold only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
     ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
     the checkpoint also holds ``"model_class"`` (its class name), ``"model_class_path"`` (where to import it from,
     :meth:`~torchformer.models.TransformerModel.import_path`) and ``"config"`` (``model.config.to_dict()``).
@@ -265,7 +258,7 @@ def save_checkpoint(
         model: the model; its weights are taken from the module behind any wrapper (:func:`~torchformer.saving.unwrap_model`).
         optimizer: the optimizer whose state to save; ``None``: none.
         scheduler: the learning-rate scheduler (anything with ``state_dict()``) whose state to save; ``None``: none.
-        step: the number of optimizer steps taken so far, a non-negative int.
+        step: the number of optimizer steps taken so far (the step to resume from), a non-negative int.
         extra: anything else the script needs to resume (plain data, see above); ``None``: an empty dict.
         generators: named ``torch.Generator`` objects whose states to save (e.g. ``{"batches": g}``); the global
             generators of Python, NumPy and torch's CPU are always saved, CUDA's once CUDA is in use.
@@ -402,9 +395,8 @@ def load_checkpoint(
     """Load ``path`` into ``model`` (and the optimizer, scheduler and generators given); return step and extra.
 
     ``model`` may be wrapped (``torch.compile``, DataParallel): the weights go into the module behind the wrapper. Keys
-    saved from a wrapped model by other code (prefixed ``_orig_mod.`` or ``module.``) are accepted too. ``restore_rng``
-    controls the global generators (Python, NumPy, torch CPU and CUDA); the named ``generators`` are always restored
-    when given. A plain ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
+    saved from a wrapped model by other code (prefixed ``_orig_mod.`` or ``module.``) are accepted too. A plain
+    ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
     configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
@@ -418,7 +410,8 @@ def load_checkpoint(
         optimizer: an optimizer to restore, built over the same parameters in the same order; ``None``: not
             restored. The checkpoint must then hold an optimizer state of the same class.
         scheduler: a learning-rate scheduler to restore, of the saved class; ``None``: not restored.
-        generators: named ``torch.Generator`` objects to restore; each name must be in the checkpoint.
+        generators: named ``torch.Generator`` objects to restore (whatever ``restore_rng`` says); each name must be
+            in the checkpoint.
         map_location: where the tensors are loaded, as ``torch.load`` takes it (default ``"cpu"``; the weights then
             move to the model's device as they are copied in).
         restore_rng: also restore the global generators (Python, NumPy, torch CPU and CUDA), so the run continues
@@ -448,15 +441,13 @@ def load_checkpoint(
     state = check_payload(ckpt, path, target, optimizer=optimizer, scheduler=scheduler, generators=generators)
     if restore_rng and "rng" in ckpt:
         _check_rng_state(ckpt["rng"], path)
-    states = {"optimizer": optimizer, "scheduler": scheduler}
-    generators, saved = _check_generators(generators), ckpt.get("generators", {})
 
     target.load_state_dict(state)
-    for name, obj in states.items():
+    for name, obj in {"optimizer": optimizer, "scheduler": scheduler}.items():
         if obj is not None:
             obj.load_state_dict(ckpt[name])
-    for name, g in generators.items():
-        g.set_state(saved[name].cpu())  # generator states are CPU byte tensors, even for CUDA generators
+    for name, g in _check_generators(generators).items():  # each name is in the checkpoint (check_payload)
+        g.set_state(ckpt["generators"][name].cpu())  # generator states are CPU byte tensors, even for CUDA generators
     if restore_rng and "rng" in ckpt:
         restore_rng_state(ckpt["rng"])
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
@@ -512,8 +503,6 @@ def check_payload(
 def read_checkpoint(path: PathLike) -> dict:
     """What a checkpoint file holds besides its weights, without loading the weights into memory.
 
-    Returns ``{"step": int, "extra": dict, "config": TransformerConfig or None, "model_class": str or None,
-    "model_class_path": str or None}``:
     ``config`` and ``model_class`` are ``None`` for a checkpoint of a plain ``nn.Module`` (or a bare
     ``state_dict``). The file is read with ``torch.load(..., weights_only=True, mmap=True)``: the tensors are
     mapped, not read, so this is cheap even for a checkpoint of many gigabytes; for the same reason the weights'
@@ -754,7 +743,6 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     np.random.set_state(_plain_to_numpy(state["numpy"]))
     torch.set_rng_state(state["torch_cpu"].cpu())  # map_location may have moved it; RNG states live on the CPU
     if torch.cuda.is_available():
-        # A run resumed on fewer GPUs restores those it has; on a CPU-only machine the CUDA states don't matter.
         for index, cuda_state in enumerate(state["torch_cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
 
