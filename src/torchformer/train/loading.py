@@ -13,7 +13,6 @@ rebuilt from the file alone, in the dtype it was saved in (a ``model.half()`` st
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
@@ -23,7 +22,7 @@ from torchformer._devices import map_location_device
 from torchformer._files import check_path
 from torchformer.models import TransformerModel
 from torchformer.saving import CONFIG_FILE, WEIGHTS_FILE, load_exported, rebuild_model, resolve_model_class
-from torchformer.train.checkpoint import load_checkpoint, read_checkpoint
+from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, read_payload
 
 PathLike = Union[str, os.PathLike]
 
@@ -89,12 +88,9 @@ def load_model(
 
 
 def _checkpoint_dtypes(path: Path) -> dict[str, torch.dtype]:
-    """The dtype of every floating point weight in a checkpoint file (memory-mapped: the weights stay on disk)."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except Exception:  # noqa: BLE001 - load_checkpoint reads the file next and names what is wrong with it
-        return {}
-    state = ckpt.get("model", ckpt) if isinstance(ckpt, dict) else None
-    if not isinstance(state, dict):
-        return {}
-    return {name: t.dtype for name, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    """The dtype of every floating point weight in a checkpoint file (memory-mapped: the weights stay on disk).
+
+    Called after :func:`~torchformer.train.checkpoint.read_checkpoint` read the same file the same way, so it reads
+    back, and its ``"model"`` is a state_dict (a bare state_dict file's too)."""
+    state = read_payload(path, map_location="cpu", mmap=True, verify=False)["model"]
+    return {name: t.dtype for name, t in state.items() if t.is_floating_point()}

@@ -174,20 +174,16 @@ def format_confusion_matrix(matrix: Tensor, *, labels: Sequence[str] | None = No
     if matrix.dtype.is_complex:
         raise TypeError(f"matrix must hold real numbers (counts or fractions), got dtype {matrix.dtype}")
     c = matrix.size(0)
-    if labels is None:
-        labels = [str(i) for i in range(c)]
-    elif isinstance(labels, (str, bytes)) or not isinstance(labels, Iterable):
+    if labels is not None and (isinstance(labels, (str, bytes)) or not isinstance(labels, Iterable)):
         # a str would be split into one label per character
         raise TypeError(f"labels must be a sequence of {c} class names, got {type(labels).__name__} {labels!r:.60}")
-    else:
-        labels = [str(label) for label in labels]
+    labels = [str(label) for label in (range(c) if labels is None else labels)]
     if len(labels) != c:
         raise ValueError(f"labels must name all {c} classes, got {len(labels)}")
     cells = [[_format_count(v) for v in row] for row in matrix.tolist()]
     width = max(len(s) for s in [*labels, *(v for row in cells for v in row), "true \\ predicted"])
     lines = ["true \\ predicted".ljust(width) + "".join(f"  {label:>{width}}" for label in labels)]
-    for label, row in zip(labels, cells):
-        lines.append(f"{label:<{width}}" + "".join(f"  {v:>{width}}" for v in row))
+    lines += [f"{label:<{width}}" + "".join(f"  {v:>{width}}" for v in row) for label, row in zip(labels, cells)]
     return "\n".join(lines)
 
 
@@ -314,13 +310,8 @@ def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins:
     if t.min() < 0 or t.max() >= c:
         raise ValueError(f"targets must be class ids in [0, {c}), got ids from {int(t.min())} to {int(t.max())}")
     confidence, predicted = p.max(dim=1)
-    return _binned(confidence, predicted == t, classes=c, bins=int(bins))
-
-
-def _binned(confidence: Tensor, correct: Tensor, *, classes: int, bins: int) -> Calibration:
-    """The :class:`Calibration` of ``confidence`` ``(n,)`` (float64) and ``correct`` ``(n,)`` (bool), unchecked."""
-    return _calibration_from_sums(_calibration_sums(confidence, correct, classes=classes, bins=bins),
-                                  classes=classes, bins=bins)
+    sums = _calibration_sums(confidence, predicted == t, classes=c, bins=int(bins))
+    return _calibration_from_sums(sums, classes=c, bins=int(bins))
 
 
 def _edges(classes: int, bins: int) -> Tensor:
