@@ -15,11 +15,9 @@ with almost no context; the default ``stride = context // 2`` costs about twice 
 gives every scored byte at least half a context; ``stride = 1`` gives every byte a full context.
 
 While training, scoring a whole validation split at every evaluation costs too much. ``windows=k`` scores
-``k`` windows of that same plan, one drawn at random from each of ``k`` equal stretches of the data (with a fixed
-seed, so every evaluation scores the same bytes and the curve is comparable over time). Because the windows are spread
-over the whole split, the result estimates the figure for the whole split; scoring only its first bytes does
-not (one stretch of text can be much easier or harder than the rest: the first 20,000 bytes of the enwik8
-validation split score 0.3 bits per byte lower than the whole of it).
+``k`` windows of that same plan, one drawn at random (seeded: the same bytes at every evaluation) from each of ``k``
+equal stretches of the data: an estimate of the whole split's figure, which its first bytes alone are not (one
+stretch of text can be much easier than the rest; docs/enwik8.md has the figures).
 
 A model trained with Transformer-XL's segment memory (``GTransformer.new_memory``) reads text as a stream, and is
 scored that way with ``memory=m``: the data is cut into ``batch_size`` contiguous streams, each fed in segments of

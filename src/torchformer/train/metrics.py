@@ -253,9 +253,8 @@ class Calibration:
 def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins: int = 10) -> Calibration:
     """How far a classifier's confidence is from its accuracy.
 
-    Is it right 90 % of the time when it says "90 %"? ``probabilities`` ``(n, c)``: one distribution over the ``c``
-    classes per example (``model(x).exp()`` for a model that returns log-probabilities); ``targets`` ``(n,)``: the true
-    class ids. The prediction is the likeliest class, and its **confidence** the probability given to it.
+    Is it right 90 % of the time when it says "90 %"? The prediction is the likeliest class, and its **confidence**
+    the probability given to it.
 
     The examples are grouped by confidence into ``bins`` bins of equal width over **[1/c, 1]** (not [0, 1]): the
     largest of ``c`` probabilities that sum to 1 is at least their mean, 1/c, so bins below 1/c would always be empty
@@ -271,7 +270,8 @@ def calibration(probabilities: Tensor, targets: Sequence[int] | Tensor, *, bins:
     it.
 
     Args:
-        probabilities: ``(n, c)``, each row a distribution over the classes (rows must sum to 1 within 2 %).
+        probabilities: ``(n, c)``, each row a distribution over the ``c`` classes (rows must sum to 1 within 2 %):
+            ``model(x).exp()`` for a model that returns log-probabilities.
         targets: the true class ids ``(n,)``: a 1-D tensor, array, list or other iterable of ints.
         bins: the number of confidence bins, an int in ``[1, MAX_BINS]``.
 
@@ -394,11 +394,9 @@ def evaluate_classifier(
 ) -> ClassifierResult:
     """Evaluate ``model`` on every ``(ids, mask, labels)`` batch; the model is put in eval mode and restored after.
 
-    ``model(ids, mask)`` must return ``(b, c)`` log-probabilities. The loss is the mean negative log-likelihood
-    per example (not per batch, so a smaller last batch weighs no more than its examples). With
-    ``mixed_precision`` the forward pass runs under :func:`torchformer.train.training.autocast` (bf16 on CUDA only).
-    ``num_classes``, if given, must be the model's ``c``. The result's ``calibration`` is :func:`calibration` of
-    the same predictions (their confidence is ``exp`` of the largest log-probability) in ``CALIBRATION_BINS`` bins.
+    The loss is the mean negative log-likelihood per example (not per batch, so a smaller last batch weighs no more
+    than its examples). The result's ``calibration`` is :func:`calibration` of the same predictions (their
+    confidence is ``exp`` of the largest log-probability) in ``CALIBRATION_BINS`` bins.
 
     ``distributed=True``: every process of the process group (:mod:`torchformer.train.distributed`) calls this with
     the same batches, in the same order, and scores every ``world_size``-th of them, starting at its rank; the sums
