@@ -550,10 +550,6 @@ def verify_checkpoint(path: PathLike) -> None:
     read_payload(Path(path), map_location="cpu", mmap=True, verify=True)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Helpers
-
-
 def check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
     """Refuse a saved optimizer state that does not fit ``optimizer``'s parameter groups, before anything is loaded.
 

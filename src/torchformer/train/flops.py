@@ -106,8 +106,6 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
 def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:
     """Model FLOPs utilisation: the fraction of ``peak_tflops`` (TFLOP/s) that the training throughput needs.
 
-    All three must be finite real numbers (Python or NumPy), ``peak_tflops`` positive, the others ``>= 0``.
-
     Args:
         tokens_per_second: the training throughput, tokens per second (over all devices, if ``peak_tflops`` is
             their sum).
@@ -118,7 +116,8 @@ def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -
         The utilisation as a fraction (0.4 = 40 %; above 1 means the FLOP count or the peak is wrong).
 
     Raises:
-        ValueError: an argument is not a finite number in its range.
+        ValueError: an argument is not a finite real number (Python or NumPy), ``peak_tflops`` not positive, or
+            another one negative.
     """
     for name, value in (("tokens_per_second", tokens_per_second), ("flops_per_token", flops_per_token)):
         if not is_real(value) or not 0 <= value < math.inf:

@@ -126,8 +126,7 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
         ) from None
     except ValueError:  # no signature to read (a builtin): let the call itself say what is wrong
         pass
-    layer = int(layer)
-    return capture_attention(inner, layers[layer], *call)
+    return capture_attention(inner, layers[int(layer)], *call)
 
 
 def plot_attention(

@@ -118,10 +118,8 @@ class MuonWithAdam(torch.optim.Optimizer):
         # torch built new groups and a new state here: the inner optimizers step with them from now on.
         self.muon.param_groups, self.adam.param_groups = self.param_groups[:1], self.param_groups[1:]
         for inner in (self.muon, self.adam):
-            for group in inner.param_groups:
-                for p in group["params"]:
-                    if p in self.state:
-                        inner.state[p] = self.state[p]
+            params = [p for group in inner.param_groups for p in group["params"]]
+            inner.state.update({p: self.state[p] for p in params if p in self.state})
 
 
 def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = False,

@@ -361,10 +361,8 @@ class CSVLogger:
     The header is written when the file is new or empty. Opening an existing file appends to it (a resumed
     run continues the same file) after checking its header matches ``fieldnames``. Columns missing from a row
     are left empty, so metrics logged at different rates (training loss every step, validation every 1000)
-    can share a file. A cell holds a number (Python or NumPy, a one-element tensor or array: logged as the number
-    it holds), a str, or ``None`` (empty); anything else, a multi-element tensor or a list say, is a ``TypeError``
-    naming the column, since :func:`plot_curves` could not read it back. The file is UTF-8; an existing file that is
-    not is a ``ValueError`` naming it.
+    can share a file. A cell :func:`plot_curves` could not read back (see :meth:`log`) is a ``TypeError`` naming
+    the column. The file is UTF-8.
 
     A resumed run passes ``resume_step``: rows of the existing file logged *after* it are dropped first, since a
     killed run may have logged past its last checkpoint and the resumed run logs those steps again. Rows whose step
@@ -445,7 +443,8 @@ class CSVLogger:
         """Append one row: ``log(step=10, loss=2.31)``; columns not given stay empty.
 
         Args:
-            **row: the cells, by column: numbers (Python or NumPy, one-element tensors or arrays), strs or ``None``.
+            **row: the cells, by column: numbers (Python or NumPy, one-element tensors or arrays: logged as the
+                number they hold), strs or ``None`` (empty).
 
         Raises:
             ValueError: no column given, an unknown column, or the logger is closed.
