@@ -6,10 +6,9 @@ its SHA-256 digest and the model's config. Because the file holds whole tensors 
 a run on 2 processes resumes on 1 or 8, and :func:`~torchformer.train.loading.load_model` or
 :func:`~torchformer.train.checkpoint.load_checkpoint` read its weights like any other checkpoint.
 
-Why one full file rather than ``torch.distributed.checkpoint``'s folder of shards: torchformer's models are small
-enough that the main process can hold a whole copy in CPU memory, and one file keeps every guarantee the library
-already gives (atomic writes, integrity digest, config check, ``latest_intact_checkpoint``). A model too large for
-one machine's CPU memory needs ``torch.distributed.checkpoint`` (each process writes its own shard) instead.
+One full file rather than ``torch.distributed.checkpoint``'s folder of shards keeps every guarantee the library
+already gives (atomic writes, integrity digest, config check, ``latest_intact_checkpoint``) while the main process
+can hold a whole copy in CPU memory, as it can for torchformer's models; a larger model needs the sharded format.
 
 Both functions are collective: every process calls them, with the same arguments. Gathering and scattering use
 ``torch.distributed.checkpoint.state_dict`` (``get_state_dict``/``set_state_dict`` with ``full_state_dict=True``),
@@ -17,10 +16,9 @@ PyTorch's own conversion between shards and full tensors. The optimizer state is
 so it fits a model sharded in any way. Every process reads the file when loading: on several machines the folder
 must be shared (a network file system), as it must be for any resume.
 
-**Random number generators.** Each process has its own (the dropout masks of its share of the batch). The file
-holds every process's generator states; a run resumed on the same number of processes restores each process's own,
-so it continues exactly as the uninterrupted run would have. On another number of processes each one gets rank 0's
-states: training continues correctly, but the batches are split differently, so not bit for bit as before.
+**Random number generators.** Each process has its own (the dropout masks of its share of the batch), and the file
+holds them all: resumed on the same number of processes, each gets its own back and the run continues exactly; on
+another number each gets rank 0's, and training continues correctly but not bit for bit (docs/going-big.md).
 """
 
 from __future__ import annotations

@@ -85,9 +85,8 @@ def bits_per_byte(
         context: the most inputs the model sees at once.
         batch_size: windows per forward pass.
         stride: distance between window starts, in ``[1, context]``; default ``max(1, context // 2)``.
-        windows: score only this many of the windows (about ``windows * stride`` bytes), one drawn at random
-            from each of ``windows`` equal stretches of the data by a generator seeded with ``seed``: an
-            estimate of the whole figure. Default: all.
+        windows: score only this many of the windows (about ``windows * stride`` bytes), drawn as the module
+            docstring says: an estimate of the whole figure. Default: all.
         seed: which windows ``windows`` draws; the same seed draws the same windows on every call.
         device: where to run; default the device of the model's parameters (or of ``data``).
         progress: show a progress bar with this label while scoring (when tqdm is installed; see

@@ -37,15 +37,14 @@ __all__ = ["attention_weights", "capture_attention", "plot_attention"]
 def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwargs: Any) -> Tensor:
     """Run ``model(*args, **kwargs)`` once and return the weights ``(b, h, t, u)`` of the module ``attention``.
 
-    ``attention`` must be a :class:`~torchformer.nn.attention.SelfAttention` or
-    :class:`~torchformer.nn.attention.CrossAttention` inside ``model`` that the forward pass calls exactly once.
     Run a full forward pass, not incremental decoding with caches: the replay sees only the new positions.
     Rows sum to 1 over the keys a query may see; masked keys (padding, the future) get exactly 0. Runs without
     gradients; put the model in ``eval()`` mode first if dropout should not change the captured input.
 
     Args:
         model: the model (or any callable) whose forward pass calls ``attention``.
-        attention: the attention module to look into.
+        attention: the :class:`~torchformer.nn.attention.SelfAttention` or
+            :class:`~torchformer.nn.attention.CrossAttention` to look into, which the forward pass calls exactly once.
         *args: what ``model`` takes, e.g. token ids ``(b, t)``.
         **kwargs: ``model``'s keyword arguments.
 
@@ -83,17 +82,14 @@ def capture_attention(model: nn.Module, attention: nn.Module, *args: Any, **kwar
 def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None, *, layer: int = -1) -> Tensor:
     """Self-attention weights ``(b, h, t, t)`` of block ``layer`` for token ids ``(b, t)`` (and a padding mask).
 
-    Works for any model with a ``self_attention_layers()`` method (:class:`~torchformer.models.CTransformer` and
-    :class:`~torchformer.models.GTransformer` have one), also behind ``torch.compile``.
-    ``layer`` indexes the blocks like a list (``-1`` is the last). Put the model in ``eval()`` mode first if
-    dropout should not change the captured input. ``mask`` is for models that take one (a classifier's or a
-    generator's padding mask); passing one to a model whose ``forward`` takes none is a ``TypeError`` saying so.
+    Put the model in ``eval()`` mode first if dropout should not change the captured input.
 
     Args:
         model: a :class:`~torchformer.models.CTransformer`, :class:`~torchformer.models.GTransformer` or another
             model with ``self_attention_layers()``, compiled or not.
         ids: token ids ``(b, t)``.
-        mask: bool ``(b, t)``, ``True`` at real tokens, for a model that takes one; ``None``: no mask.
+        mask: bool ``(b, t)``, ``True`` at real tokens, for a model that takes one (a classifier's or a generator's
+            padding mask); ``None``: no mask.
         layer: which block's self-attention, indexed like a list (``-1``: the last).
 
     Returns:

@@ -77,10 +77,6 @@ PathLike = Union[str, os.PathLike]
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
     """``None`` or ``"auto"``: CUDA if available, else CPU. Otherwise the named device, checked to exist.
 
-    Refused with a ``ValueError`` naming the device: unknown names (``"gpu"``), devices this machine lacks
-    (``"cuda"`` without a GPU, ``"cuda:3"`` with two GPUs, ``"mps"`` off a Mac), ``"meta"`` (it holds no data, so
-    no model can run on it) and ``"cpu:N"`` for ``N != 0`` (torch ignores the index: all of the CPU is device 0).
-
     Args:
         device: a device name (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``; case and surrounding spaces
             ignored), a ``torch.device``, or ``None`` (the same as ``"auto"``).
@@ -89,7 +85,9 @@ def resolve_device(device: Union[str, torch.device, None] = None) -> torch.devic
         The device, checked to exist on this machine.
 
     Raises:
-        ValueError: the device is unknown, missing here, ``"meta"``, or ``"cpu:N"`` with ``N != 0``.
+        ValueError: naming the device: unknown names (``"gpu"``), devices this machine lacks (``"cuda"`` without a
+            GPU, ``"cuda:3"`` with two GPUs, ``"mps"`` off a Mac), ``"meta"`` (it holds no data, so no model can
+            run on it) and ``"cpu:N"`` for ``N != 0`` (torch ignores the index: all of the CPU is device 0).
         TypeError: ``device`` is not a str, ``torch.device`` or ``None``.
     """
     return resolve_named_device(device, "device")
