@@ -248,8 +248,8 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write a checkpoint to ``path`` (parent folders are created) and return the path.
 
-    ``extra`` must hold only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses with
-    ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
+    ``extra`` must hold only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses
+    with ``dataclasses.asdict`` and NumPy scalars with ``.item()``. For a :class:`~torchformer.models.TransformerModel`
     the checkpoint also holds ``"model_class"`` (its class name), ``"model_class_path"`` (where to import it from,
     :meth:`~torchformer.models.TransformerModel.import_path`) and ``"config"`` (``model.config.to_dict()``).
 
