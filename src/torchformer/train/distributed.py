@@ -164,13 +164,12 @@ def wrap_model(
     """``model`` made data-parallel over the process group: ``strategy="ddp"`` or ``"fsdp"`` (FSDP2).
 
     Move the model to ``run.device`` first, and build the optimizer after wrapping (FSDP2 replaces each
-    parameter with a sharded ``DTensor``). Without a process group the model comes back as it is.
+    parameter with a sharded ``DTensor``).
 
     Args:
         model: the model, on its device.
-        strategy: ``"ddp"``: returns a ``DistributedDataParallel`` around the model. ``"fsdp"``: shards the model
-            in place with ``fully_shard``, each of ``blocks`` on its own and then the whole, and returns it (the
-            same object, still a ``TransformerModel``).
+        strategy: ``"ddp"``, or ``"fsdp"``: shards the model in place with ``fully_shard``, each of ``blocks`` on
+            its own and then the whole.
         mixed_precision: with FSDP on CUDA, compute in bfloat16 (``MixedPrecisionPolicy(param_dtype=bfloat16,
             reduce_dtype=float32)``: parameters are gathered in bf16, gradients averaged in fp32, and the
             sharded master weights stay fp32). Ignored on the CPU and by DDP, where mixed precision is the
@@ -179,8 +178,9 @@ def wrap_model(
             model. Pass them for any other module.
 
     Returns:
-        The data-parallel model: a ``DistributedDataParallel`` for ``"ddp"``, ``model`` itself (sharded) for
-        ``"fsdp"``, and ``model`` unchanged without a process group.
+        The data-parallel model: a ``DistributedDataParallel`` around ``model`` for ``"ddp"``, ``model`` itself
+        (sharded; the same object, still a ``TransformerModel``) for ``"fsdp"``, and ``model`` unchanged without a
+        process group.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``mixed_precision`` is not a bool, or ``blocks`` is missing

@@ -135,16 +135,16 @@ def plot_attention(
 ) -> bool:
     """Draw a ``(t, u)`` matrix as a heat map PNG at ``path``.
 
-    Row ``i`` is query ``y_labels[i]``, column ``j`` key ``x_labels[j]``. Pass one head (``weights[0, head]``) or the
-    mean over heads (``weights[0].mean(0)``). Nothing is assumed about the values, so cross-attention and any other
-    matrix work too. ``path`` must end in ``.png``; an existing folder, an empty path or another suffix is a
-    ``ValueError`` (matplotlib would otherwise write the picture elsewhere, e.g. ``folder.png`` next to the folder).
+    Pass one head (``weights[0, head]``) or the mean over heads (``weights[0].mean(0)``). Nothing is assumed about
+    the values, so cross-attention and any other matrix work too.
 
     Args:
         weights: the matrix ``(t, u)``, real numbers on any device.
         x_labels: ``u`` labels of the keys (the columns); a str gives one label per character.
         y_labels: ``t`` labels of the queries (the rows); likewise.
-        path: the PNG file to write; missing parent folders are created.
+        path: the PNG file to write, ending in ``.png`` (an existing folder, an empty path or another suffix is
+            refused: matplotlib would write the picture elsewhere, e.g. ``folder.png`` next to the folder); missing
+            parent folders are created.
         title: a title above the picture; ``None``: none.
 
     Returns:

@@ -60,12 +60,11 @@ def _as_labels(x: object, name: str) -> Tensor:
             x = torch.as_tensor(x)
         except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # ["a"], [1, None], [2**70]
             raise TypeError(f"{expected}, got {type(x).__name__} {x!r:.60} ({e})") from None
-    t = x
-    if t.numel() == 0:
-        t = t.long()  # torch.as_tensor([]) is float32; an empty list is still a list of labels
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() != 1:
-        raise TypeError(f"{expected}, got dtype {t.dtype}, shape {tuple(t.shape)}")
-    return t.long().cpu()
+    if x.numel() == 0:
+        x = x.long()  # torch.as_tensor([]) is float32; an empty list is still a list of labels
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool or x.dim() != 1:
+        raise TypeError(f"{expected}, got dtype {x.dtype}, shape {tuple(x.shape)}")
+    return x.long().cpu()
 
 
 def _check_pair(predictions: object, targets: object) -> tuple[Tensor, Tensor]:
@@ -188,11 +187,9 @@ def format_confusion_matrix(matrix: Tensor, *, labels: Sequence[str] | None = No
 
 
 def _format_count(v: float | int | bool) -> str:
-    if isinstance(v, float):
-        if v.is_integer():
-            return str(int(v))
+    if isinstance(v, float) and not v.is_integer():
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}"  # (nan and inf print as such)
-    return str(int(v))  # int, and bool as 0 / 1
+    return str(int(v))  # int, bool as 0 / 1, and a whole float without decimals
 
 
 @dataclass
