@@ -28,7 +28,7 @@ import random
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, ContextManager, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -161,7 +161,8 @@ def warmup_cosine(
 
 
 def _warmup_then(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float, decay: Any
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float,
+    decay: Callable[[int], float],
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedules' shared frame: linear warmup, ``m + (1 - m) * decay(s)`` up to ``total_steps``, then ``m``."""
 
