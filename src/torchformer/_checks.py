@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import numbers
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -93,6 +94,20 @@ def check_positive_float(value: object, name: str) -> float:
     if not is_number(value) or not 0.0 < value < float("inf"):
         raise ValueError(f"{name} must be a positive float, got {value!r}")
     return float(value)
+
+
+def fields_from_dict(cls: Any, data: object) -> Any:
+    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: what a config's ``from_dict`` does.
+
+    A ``TypeError`` unless ``data`` is a mapping, a ``ValueError`` naming unknown fields; ``cls`` checks the values.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}")
+    return cls(**data)
 
 
 def check_choice(value: object, name: str, choices: tuple) -> str:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from torchformer._checks import (
-    check_bool, check_choice, check_mask, check_positive_int, check_probability, check_tokens,
+    check_bool, check_choice, check_mask, check_positive_int, check_probability, check_tokens, fields_from_dict,
 )
 
 __all__ = ["LSTMConfig", "LSTMClassifier"]
@@ -106,15 +106,7 @@ class LSTMConfig:
                 ``bidirectional`` is not a bool.
             ValueError: ``data`` names an unknown field, or another value is not valid; the message names the field.
         """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return fields_from_dict(cls, data)
 
 
 def _lengths_from_mask(mask: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 from torchformer._checks import (
     check_bool, check_choice, check_heads, check_int_at_least, check_positive_float, check_positive_int,
-    check_probability,
+    check_probability, fields_from_dict,
 )
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
@@ -30,7 +30,10 @@ RELATIVE_POSITIONS = ("rotary", "rotary_interleaved", "alibi", "relative")
 ROTARY = ("rotary", "rotary_interleaved")  # the schemes that read rotary_base and rotary_scaling
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu", "geglu_tanh")
-
+NORMS = ("layer", "rms")
+POOLING = ("max", "mean", "first")
+IMPLEMENTATIONS = ("sdpa", "reference", "flex")
+SPARSE_PATTERNS = ("strided", "fixed")  # the sparse transformer's (torchformer.nn.masks)
 
 # The keys of Llama-3.1's rotary frequency scaling (rotary_scaling), each a positive number.
 ROTARY_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -94,10 +97,6 @@ def check_extra(extra: object) -> dict:
     # What JSON read back: plain types (a NumPy float becomes a float, which a checkpoint can store), and nothing
     # shared with the caller's dicts and lists.
     return plain
-NORMS = ("layer", "rms")
-POOLING = ("max", "mean", "first")
-IMPLEMENTATIONS = ("sdpa", "reference", "flex")
-SPARSE_PATTERNS = ("strided", "fixed")  # the sparse transformer's (torchformer.nn.masks)
 
 
 @dataclass(frozen=True)
@@ -290,21 +289,21 @@ class TransformerConfig:
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
         for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
-                     "input_dim", "num_token_types", "head_dim"):
+                     "input_dim", "num_token_types", "head_dim", "ff_hidden"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
                      "embedding_norm", "mlm_scale", "pooler", "ff_bias", "head_scale", "share_embeddings",
-                     "relative_shared", "zero_init_residual"):
+                     "relative_shared", "zero_init_residual", "out_bias"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
-        # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
+        # Plain floats: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
-        object.__setattr__(self, "norm_eps", check_positive_float(self.norm_eps, "norm_eps"))
-        if self.ff_hidden is not None:
-            check_positive_int(self.ff_hidden, "ff_hidden")
-        check_bool(self.out_bias, "out_bias")
-        object.__setattr__(self, "rotary_base", check_positive_float(self.rotary_base, "rotary_base"))
+        for name in ("norm_eps", "rotary_base"):
+            object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
+        for name in ("logit_cap", "attention_scale"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
         object.__setattr__(self, "rotary_scaling", check_rotary_scaling(self.rotary_scaling))
         check_choice(self.positions, "positions", POSITIONS)
         check_choice(self.activation, "activation", ACTIVATIONS)
@@ -336,10 +335,6 @@ class TransformerConfig:
         if self.impl == "flex" and self.dropout > 0:  # flex_attention has no dropout on the weights
             raise ValueError(f"impl='flex' has no dropout on the attention weights, but dropout={self.dropout}: use "
                              f"impl='sdpa' (or 'reference') for dropout")
-        if self.logit_cap is not None:
-            object.__setattr__(self, "logit_cap", check_positive_float(self.logit_cap, "logit_cap"))
-        if self.attention_scale is not None:
-            object.__setattr__(self, "attention_scale", check_positive_float(self.attention_scale, "attention_scale"))
         check_int_at_least(self.relative_buckets, "relative_buckets", 4)
         # The logarithmic buckets run from half the buckets of a side (a causal layer's side is all of them) up to
         # max_distance: it must lie beyond them, or the logarithm's range is empty.
@@ -438,13 +433,7 @@ class TransformerConfig:
                 not a bool.
             ValueError: ``data`` names an unknown field, or another value is not valid (as for :meth:`replace`).
         """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}")
-        return cls(**data)
+        return fields_from_dict(cls, data)
 
     def differences(self, other: TransformerConfig) -> list[str]:
         """``["heads: 2 vs 4", ...]``: the fields where ``self`` and ``other`` differ.
