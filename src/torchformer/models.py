@@ -105,9 +105,8 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
                 like: Tensor, values: bool) -> Tensor:
     """Check a model's input and its optional padding mask ``(b, t)``; return the input for the embedding.
 
-    The input is token ids ``(b, t)``, or with ``config.input_dim`` feature vectors ``(b, t, input_dim)`` of
-    ``like``'s dtype. Padding vectors are zeroed: they may hold anything, NaN included, and although attention never
-    reads them, ``0 * NaN`` in the gradient of the input projection would still poison its weights.
+    Padding vectors are zeroed: they may hold anything, NaN included, and although attention never reads them,
+    ``0 * NaN`` in the gradient of the input projection would still poison its weights.
 
     Args:
         x: the input: token ids ``(b, t)``, or feature vectors ``(b, t, d)`` with ``config.input_dim = d``.
@@ -409,8 +408,8 @@ class CTransformer(TransformerModel):
         usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
         every field that shapes the encoder or changes what it computes, and its blocks must be of the same classes;
         the fields of the head and of training (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``,
-        ...) may differ, and ``seq_length`` too unless the positions are learned. A classifier for an MLM:
-        ``CTransformer(config=mlm.config.replace(tie_weights=False, num_classes=2))``.
+        ...) may differ, and ``seq_length`` too unless the positions are learned (:meth:`from_encoder` builds such
+        a classifier and calls this).
 
         Args:
             pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
@@ -537,21 +536,9 @@ class MLMTransformer(TransformerModel):
         h = self.encoder(h, mask, positions=positions)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
-    def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
-
-        Returns:
-            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
-        """
-        return [block.attention for block in self.encoder.blocks]
-
-    def transformer_blocks(self) -> list[nn.Module]:
-        """The encoder's blocks, in the order they run.
-
-        Returns:
-            The blocks, as a new list.
-        """
-        return list(self.encoder.blocks)
+    # The encoder is a classifier's, under the same name: its layers are listed the same way.
+    self_attention_layers = CTransformer.self_attention_layers
+    transformer_blocks = CTransformer.transformer_blocks
 
 
 class GTransformer(TransformerModel):
@@ -777,10 +764,8 @@ class Seq2SeqTransformer(TransformerModel):
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.
 
-        The source is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` with ``input_dim=d``.
-
         Args:
-            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
+            src: the source, ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``.
             src_mask: ``(b, u)``, True for real source positions, False for padding; ``None``: all are real.
 
         Returns:
