@@ -110,9 +110,7 @@ def model_class(model: nn.Module) -> type:
         ``type(model)``, or for a sharded model the first class of its MRO that is not an FSDP class.
     """
     try:
-        from torch.distributed.fsdp import (
-            FSDPModule,  # torch >= 2.6, and only where torch.distributed is built
-        )
+        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6, and only where torch.distributed is built
     except ImportError:
         return type(model)
     return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
@@ -360,11 +358,10 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds the record
     ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 3}`` and
-    ``"format_version": 2``,
-    ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read the weights into another
-    architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both checked by
-    :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically (temporary file,
-    then rename). The weights keep their dtype (float16, bfloat16, ...).
+    ``"format_version": 2``, ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read
+    the weights into another architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both
+    checked by :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically
+    (temporary file, then rename). The weights keep their dtype (float16, bfloat16, ...).
 
     Args:
         model: a trained :class:`~torchformer.models.TransformerModel` (or a compiled or wrapped one).
@@ -532,12 +529,9 @@ def _safetensors_dtypes(file: Path) -> dict[str, torch.dtype]:
         header = None
     if not isinstance(header, dict):
         return {}  # not a safetensors file: loading it says so
-    dtypes = {}
-    for name, info in header.items():
-        dtype = getattr(torch, _SAFETENSORS_FLOATS.get(info.get("dtype"), ""), None) if isinstance(info, dict) else None
-        if isinstance(dtype, torch.dtype):
-            dtypes[name] = dtype
-    return dtypes
+    dtypes = {name: getattr(torch, _SAFETENSORS_FLOATS.get(info.get("dtype"), ""), None)
+              for name, info in header.items() if isinstance(info, dict)}
+    return {name: dtype for name, dtype in dtypes.items() if isinstance(dtype, torch.dtype)}
 
 
 def _load_safetensors(safetensors_torch: Any, model: TransformerModel, file: Path) -> None:
