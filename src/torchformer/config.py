@@ -103,6 +103,8 @@ def check_extra(extra: object) -> dict:
 class TransformerConfig:
     """The architecture of a transformer (frozen: change a copy with :meth:`replace`).
 
+    Every field from ``qkv_bias`` on was added later, and its default is what the models did before it existed.
+
     Args:
         emb: embedding size ``e``.
         heads: attention heads ``h``.
@@ -149,73 +151,66 @@ class TransformerConfig:
         extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
             ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
             ``from_config``, and it is saved with the rest of the config, so the variant comes back with it.
-        qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). ``False``
-            (the default): no bias there, as before this field existed. The output projection (``unifyheads``) has a
-            bias either way.
+        qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). The
+            output projection (``unifyheads``) has a bias either way.
         head_bias: a bias in the output layer of a generator (:class:`~torchformer.models.GTransformer`,
-            :class:`~torchformer.models.Seq2SeqTransformer`): ``True`` (the default), as before this field existed;
-            ``False`` as GPT-2 (whose output layer is the tied embedding alone). The other heads do not read it.
+            :class:`~torchformer.models.Seq2SeqTransformer`); ``False`` as GPT-2 (whose output layer is the tied
+            embedding alone). The other heads do not read it.
         norm_eps: the ``eps`` of the blocks' norms and of a pre-norm stack's final norm (``norm``), added to the
             variance (LayerNorm) or the mean square (RMSNorm) before the square root: ``1e-5`` (the default,
             PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
             (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
         ff_hidden: the hidden size of every feed-forward network, when it is not what ``ff_mult`` gives (Llama-2
-            7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, for a gated unit 2/3 of it
-            to the nearest multiple of 16 (``nn.feedforward.gated_hidden_size``).
-        out_bias: a bias in the output projection of every attention layer (``unifyheads``): ``True`` (the default),
-            as before this field existed; ``False`` as Llama, Mistral and Qwen2.
+            7B's 11008 at ``emb`` 4096); ``None``: ``ff_mult * emb``, for a gated unit 2/3 of it to the nearest
+            multiple of 16 (``nn.feedforward.gated_hidden_size``).
+        out_bias: a bias in the output projection of every attention layer (``unifyheads``); ``False`` as Llama,
+            Mistral and Qwen2.
         rotary_base: the base of rotary positions' frequencies, ``theta_m = base^(-2m/s)``: 10000 (the default, the
             paper's); Llama-3 uses 500000. Only with ``positions="rotary"`` or ``"rotary_interleaved"``.
         rotary_scaling: Llama-3.1's rescaling of the rotary frequencies for long contexts, ``{"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``
-            (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None`` (the default): none.
+            (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None``: none.
         num_token_types: token-type (segment) embeddings: a learned vector for each of this many types, added to
             each token's embedding, the type given per position as the models' ``token_types`` input (BERT's
-            sentence A and B: 2). ``None`` (the default): no such vectors and no such input, as before this field
-            existed.
+            sentence A and B: 2). ``None``: no such vectors and no such input.
         embedding_norm: normalise the embedding (token + position + token-type vectors) with ``norm`` and
-            ``norm_eps`` before its dropout, as BERT does; ``False`` (the default): no norm there, as before.
+            ``norm_eps`` before its dropout, as BERT does.
         mlm_scale: the masked-LM head (:class:`~torchformer.models.MLMTransformer`) multiplies its logits by
-            ``e ** -0.5`` (``True``, the default, as before this field existed; the reason is in
-            :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot products with the output matrix, as
-            BERT. The other heads do not read it.
+            ``e ** -0.5`` (the reason is in :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot
+            products with the output matrix, as BERT. The other heads do not read it.
         pooler: a classifier (:class:`~torchformer.models.CTransformer` only) passes its pooled vector through a
             dense layer and a tanh, then dropout (``dropout``), before the linear layer that gives the class scores:
             BERT's pooler, with ``pool="first"`` on the ``[CLS]`` token (``BertForSequenceClassification``).
-            ``False`` (the default): the linear layer reads the pooled vector itself, as before this field existed.
-        attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None``
-            (the default) is ``1 / sqrt(s)``, as before this field existed; T5 uses ``1.0`` (its weights were
-            trained with the factor folded into the query projection).
+            ``False``: the linear layer reads the pooled vector itself.
+        attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None`` is
+            ``1 / sqrt(s)``; T5 uses ``1.0`` (its weights were trained with the factor folded into the query
+            projection).
         head_dim: the size ``s`` of every attention head, when it is not ``emb / heads`` (t5-3b: 128 with
             ``emb`` 1024 and 32 heads): the queries, keys and values then have ``heads * head_dim`` dimensions,
-            and ``emb`` need not be divisible by ``heads``. ``None`` (the default): ``emb // heads`` (``emb`` with
-            ``wide``, which refuses a ``head_dim``).
+            and ``emb`` need not be divisible by ``heads``. ``None``: ``emb // heads`` (``emb`` with ``wide``,
+            which refuses a ``head_dim``).
         ff_bias: biases in the two linear layers of the plain feed-forward network (``activation`` ``"relu"``,
-            ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``): ``True`` (the default), as before this field existed;
-            ``False`` as T5. The gated networks have none either way.
+            ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``); ``False`` as T5. The gated networks have none either way.
         head_scale: a generator's output layer multiplies its input by ``e ** -0.5`` before the dot products with
-            the output matrix, as T5 does with its tied output layer (``tie_weights``); ``False`` (the default):
-            no factor, as before this field existed. A tied output matrix then keeps the embedding's
-            initialisation (the factor brings the first logits to unit scale instead). The other heads do not
-            read it.
+            the output matrix, as T5 does with its tied output layer (``tie_weights``). ``False``: no factor, and a
+            tied output matrix keeps the embedding's initialisation (the factor brings the first logits to unit
+            scale instead). The other heads do not read it.
         share_embeddings: an encoder-decoder (:class:`~torchformer.models.Seq2SeqTransformer`) reads its source
             and its target through one token embedding (T5's ``shared``; Vaswani et al. with a joint
             vocabulary): ``num_tokens`` must equal ``tgt_tokens``. Learned position tables stay separate.
-            ``False`` (the default): two embeddings, as before this field existed. The other models do not use
-            it.
+            ``False``: two embeddings. The other models do not use it.
         relative_buckets: the number of distance buckets of ``positions="relative"``, both directions together
             in an encoder: 32 (the default, T5's ``relative_attention_num_buckets``). At least 4.
         relative_max_distance: the distance from which on every distance shares the last bucket of
             ``positions="relative"``: 128 (the default, T5's ``relative_attention_max_distance``). Above half of
             ``relative_buckets``, where the logarithmic buckets start.
         relative_shared: one relative-position table per stack, built by the stack and shared by all of its
-            self-attention layers (T5's, stored in its first block), instead of one per layer (``False``, the
-            default). Only with ``positions="relative"``.
+            self-attention layers (T5's, stored in its first block), instead of one per layer (``False``). Only
+            with ``positions="relative"``.
         zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
             (weight and bias), so that each pre-norm block starts as the identity and the residual stream is the
             embedding alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag; a post-norm
-            block still applies its norms). Only the
-            initialisation changes; ``False`` (the default): PyTorch's initialisation, as before this field existed.
+            block still applies its norms). Only the initialisation changes; ``False``: PyTorch's initialisation.
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
             growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.
