@@ -151,10 +151,8 @@ def check_embeddings(
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
     # Only against a floating point parameter: a quantised (int8) weight says nothing about the inputs' dtype.
     if like is not None and x.dtype != like.dtype and like.is_floating_point() and not autocast_enabled(x.device.type):
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
-            f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
-        )
+        raise TypeError(f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
+                        f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast")
     return size[0], size[1], size[2]
 
 
@@ -172,9 +170,7 @@ def check_mask(
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name} must have dtype torch.bool (True = {true_means}), got {mask.dtype}; use {name}.bool()"
-        )
+        raise TypeError(f"{name} must have dtype torch.bool (True = {true_means}), got {mask.dtype}; use {name}.bool()")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {dims} = {tuple(shape)}, got {tuple(mask.shape)}")
     if device is not None and mask.device != device:
@@ -245,19 +241,15 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
             f"(the model was built with input_dim={dim}: it takes vectors, not token ids)"
         )
     if x.dim() != 3 or x.size(-1) != dim:
-        raise ValueError(
-            f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
-            f"{tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
+                         f"{tuple(x.shape)}")
     if x.size(0) == 0 or x.size(1) == 0:
         raise ValueError(
             f"{name} must contain at least one sequence of at least one vector, got shape {tuple(x.shape)}"
         )
     if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
-            f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast"
-        )
+        raise TypeError(f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
+                        f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast")
     return x
 
 

@@ -378,10 +378,8 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
-        raise TypeError(
-            f"model must be a torchformer TransformerModel (a model with a config to export), got "
-            f"{type(target).__name__}; for other modules save the state_dict with save_checkpoint"
-        )
+        raise TypeError(f"model must be a torchformer TransformerModel (a model with a config to export), got "
+                        f"{type(target).__name__}; for other modules save the state_dict with save_checkpoint")
     directory = check_path(directory, "directory")
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"directory must be a folder to export the model to, got the file {directory}")
