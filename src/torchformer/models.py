@@ -199,11 +199,10 @@ class TransformerModel(nn.Module):
     another architecture is an error naming the differing fields.
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
-    them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. It does so
-    on every device alike; on a GPU each check makes the host wait for the device once, so a training loop that
-    makes its own batches may set ``model.check_values = False`` (on the model itself, not on a DDP or compile
-    wrapper), after which a bad id fails in the device's own assertion. Shapes and dtypes are always checked (they
-    cost no wait); ``torch.compile``'d code reads no values.
+    them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. On a GPU
+    each check makes the host wait once, so a training loop that makes its own batches may set it ``False`` (on the
+    model itself, not on a DDP or compile wrapper); shapes and dtypes are always checked (docs/models.md, "Error
+    messages").
 
     Args:
         config: the architecture; kept as ``model.config``.
@@ -284,9 +283,6 @@ class CTransformer(TransformerModel):
     mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
     ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler (dense, tanh, dropout) before
     the classes' linear layer. :meth:`from_encoder` starts one from a pretrained encoder (a loaded BERT).
-
-    Give either the six numbers (former's positional arguments) and any other config field as a keyword, or a
-    whole ``config``.
 
     Args:
         emb: embedding size ``e``.
@@ -644,17 +640,10 @@ class GTransformer(TransformerModel):
         Feed a stream one segment at a time, ``model(x, caches=mem, positions=torch.arange(start, start + t))``
         with ``t <= seq_length`` and ``start`` the segment's place in the stream: every layer attends over the
         ``memory`` positions before the segment (their keys and values kept from the earlier calls, without
-        gradients) as well as over the segment's own (a shorter segment sees more of the past: the caches keep
-        the last ``memory + seq_length`` positions). Information then travels further back at each layer: at
-        layer ``n`` it may come from about ``n`` segments ago (Dai et al. 2019). A stream that starts again (a new
-        document) starts from ``[c.reset() for c in mem]``; padding (``mask``) is never attended to, as without
-        memory.
-
-        Positions grow without bound along the stream, so the model must see distances, not positions: rotary,
-        ALiBi, the relative bias, or none. Learned and sinusoidal positions are refused: a learned table has
-        ``seq_length`` rows, and a position embedding added to the tokens would tell the memory's keys and the
-        segment's apart only by where the stream happens to be (the reason Transformer-XL made positions
-        relative).
+        gradients) as well as over the segment's own, so at layer ``n`` information may come from about ``n``
+        segments ago (Dai et al. 2019). A new stream starts from ``[c.reset() for c in mem]``. Positions grow
+        without bound along a stream, so the model must see distances (rotary, ALiBi, the relative bias, or none);
+        ``docs/long-context.md`` says why at length, and what the memory computes exactly.
 
         Args:
             memory: the positions kept before each segment, ``>= 1``.
