@@ -71,11 +71,9 @@ def part_file(dest: Path) -> tuple[int, Path]:
 def remove_stale_part_files(dest: Path) -> list[Path]:
     """Remove leftover temporary files of earlier downloads of ``dest``; return the removed paths.
 
-    A temporary file is stale when it was written on this host by a process that no longer exists, or when it
-    has not been modified for 24 hours (the only rule for other hosts sharing the folder, whose process ids mean
-    nothing here, and for the unnamed temporaries of older versions). Temporaries of other files and files that
-    do not follow the naming scheme are never touched. Removal is best effort: a file that cannot be removed is
-    left alone, it never makes a download fail.
+    Only the stale ones (:func:`is_stale`). Temporaries of other files and files that do not follow the naming
+    scheme are never touched. Removal is best effort: a file that cannot be removed is left alone, it never makes a
+    download fail.
     """
     prefix, suffix = f".{dest.name}.", ".part"
     removed = []
