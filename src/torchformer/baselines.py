@@ -171,18 +171,8 @@ class LSTMClassifier(nn.Module):
         ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
     """
 
-    def __init__(
-        self,
-        num_tokens: int,
-        num_classes: int,
-        *,
-        emb: int = 128,
-        hidden: int = 128,
-        layers: int = 1,
-        bidirectional: bool = True,
-        dropout: float = 0.0,
-        pool: str = "max",
-    ) -> None:
+    def __init__(self, num_tokens: int, num_classes: int, *, emb: int = 128, hidden: int = 128, layers: int = 1,
+                 bidirectional: bool = True, dropout: float = 0.0, pool: str = "max") -> None:
         super().__init__()
         self.config = config = LSTMConfig(
             num_tokens, num_classes, emb=emb, hidden=hidden, layers=layers, bidirectional=bidirectional,

@@ -302,18 +302,9 @@ class CTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        num_classes: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, num_classes: Optional[int] = None,
+                 *, config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens,
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
@@ -485,17 +476,9 @@ class MLMTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, *,
+                 config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
         config = build_config("MLMTransformer", config, given, options)
         config.require("MLMTransformer", "seq_length", "num_tokens")
@@ -509,14 +492,8 @@ class MLMTransformer(TransformerModel):
         self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
                                  eps=config.norm_eps, scale=config.mlm_scale)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        select: Optional[Tensor] = None,
-        token_types: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, select: Optional[Tensor] = None,
+                token_types: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``; with ``select`` (bool ``(b, t)``, e.g. :attr:`MaskedTokens.chosen
         <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
         row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
@@ -566,17 +543,9 @@ class GTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, *,
+                 config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
         config = build_config("GTransformer", config, given, options)
         config.require("GTransformer", "seq_length", "num_tokens")
@@ -590,15 +559,8 @@ class GTransformer(TransformerModel):
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
                                   bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        caches: Optional[list[BlockCache]] = None,
-        positions: Optional[Tensor] = None,
-        shift: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, caches: Optional[list[BlockCache]] = None,
+                positions: Optional[Tensor] = None, shift: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
@@ -716,18 +678,9 @@ class Seq2SeqTransformer(TransformerModel):
     encoder_block_class: type[TransformerBlock] = TransformerBlock
     decoder_block_class: type[DecoderBlock] = DecoderBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        src_tokens: Optional[int] = None,
-        tgt_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, src_tokens: Optional[int] = None, tgt_tokens: Optional[int] = None,
+                 *, config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=src_tokens,
                      tgt_tokens=tgt_tokens)
         config = build_config("Seq2SeqTransformer", config, given, options)
@@ -765,15 +718,8 @@ class Seq2SeqTransformer(TransformerModel):
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Optional[Tensor] = None,
-        src_mask: Optional[Tensor] = None,
-        *,
-        caches: Optional[list[BlockCache]] = None,
-        positions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def decode(self, tgt: Tensor, memory: Optional[Tensor] = None, src_mask: Optional[Tensor] = None, *,
+               caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
         ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:

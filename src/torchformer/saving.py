@@ -183,9 +183,8 @@ def is_or_extends(cls: type, name: str) -> bool:
     return any(base.__name__ == name for base in cls.__mro__)
 
 
-def check_architecture(
-    saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module, where: object
-) -> None:
+def check_architecture(saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module,
+                       where: object) -> None:
     """Refuse saved weights of another model class or another architecture than ``target``'s.
 
     A variant's weights can fit a plain model exactly, so the class must match (or ``target`` be a subclass of it);
@@ -225,13 +224,9 @@ def check_architecture(
 # Finding the class again
 
 
-def resolve_model_class(
-    saved: Optional[str],
-    model_class: Optional[type[TransformerModel]],
-    classes: Optional[Mapping[str, type[TransformerModel]]],
-    where: object,
-    saved_path: Optional[str] = None,
-) -> type[TransformerModel]:
+def resolve_model_class(saved: Optional[str], model_class: Optional[type[TransformerModel]],
+                        classes: Optional[Mapping[str, type[TransformerModel]]], where: object,
+                        saved_path: Optional[str] = None) -> type[TransformerModel]:
     """The class to rebuild a saved model as.
 
     ``model_class`` when given (it must be the saved class or a subclass), else the class named ``saved``: found in
@@ -314,9 +309,8 @@ def _check_model_class(cls: Any, name: str) -> None:
         raise TypeError(f"{name} must be a TransformerModel subclass (e.g. GTransformer), got {got}")
 
 
-def rebuild_model(
-    cls: type[TransformerModel], config: TransformerConfig, dtypes: Mapping[str, torch.dtype]
-) -> TransformerModel:
+def rebuild_model(cls: type[TransformerModel], config: TransformerConfig,
+                  dtypes: Mapping[str, torch.dtype]) -> TransformerModel:
     """A fresh model to load saved weights into: ``cls`` built from ``config``, in the saved dtypes.
 
     The global random generators are left as they were: the random initial weights are overwritten anyway, and
@@ -400,13 +394,9 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     return directory
 
 
-def load_exported(
-    directory: PathLike,
-    *,
-    model_class: Optional[type[TransformerModel]] = None,
-    classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-    map_location: Union[str, torch.device] = "cpu",
-) -> TransformerModel:
+def load_exported(directory: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
+                  classes: Optional[Mapping[str, type[TransformerModel]]] = None,
+                  map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
     """The model exported to ``directory`` by :func:`export_model`, weights checked and loaded.
 
     The model is rebuilt from ``config.json``, in the dtype it was saved in, and returned in ``eval()`` mode. Needs

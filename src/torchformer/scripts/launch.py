@@ -43,9 +43,7 @@ from torchformer.train.training import set_seed
 IGNORE = -100  # the target of a row that counts for nothing: F.nll_loss's default ignore_index
 
 
-def start_run(
-    device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None
-) -> DistributedRun:
+def start_run(device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None) -> DistributedRun:
     """Join the processes ``torchrun`` started (or set up a single process), seed them all, quiet all but rank 0.
 
     The standard output of the other processes goes to ``os.devnull``; their standard error stays, so a failing
