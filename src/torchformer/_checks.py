@@ -232,21 +232,17 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
     ``x`` has the parameters' dtype, unless autocast is on (as :func:`check_embeddings` does).
     """
     if not isinstance(x, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of feature vectors, shape (b, t, {dim}), got {type(x).__name__}"
-        )
+        raise TypeError(f"{name} must be a torch.Tensor of feature vectors, shape (b, t, {dim}), got "
+                        f"{type(x).__name__}")
     if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating point tensor of feature vectors, shape (b, t, {dim}), got dtype {x.dtype} "
-            f"(the model was built with input_dim={dim}: it takes vectors, not token ids)"
-        )
+        raise TypeError(f"{name} must be a floating point tensor of feature vectors, shape (b, t, {dim}), got dtype "
+                        f"{x.dtype} (the model was built with input_dim={dim}: it takes vectors, not token ids)")
     if x.dim() != 3 or x.size(-1) != dim:
         raise ValueError(f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
                          f"{tuple(x.shape)}")
     if x.size(0) == 0 or x.size(1) == 0:
-        raise ValueError(
-            f"{name} must contain at least one sequence of at least one vector, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must contain at least one sequence of at least one vector, got shape "
+                         f"{tuple(x.shape)}")
     if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
         raise TypeError(f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
                         f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast")
@@ -267,10 +263,8 @@ def check_positions(
     """
     if positions is None:
         if capacity is not None or cached:
-            raise ValueError(
-                "positions must be given with caches: the absolute positions of the new tokens, shape (t,), "
-                "e.g. torch.arange(cached, cached + t)"
-            )
+            raise ValueError("positions must be given with caches: the absolute positions of the new tokens, shape "
+                             "(t,), e.g. torch.arange(cached, cached + t)")
         _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
         return torch.arange(t, device=device)
     positions = check_position_shape(positions, t, device)
@@ -279,10 +273,8 @@ def check_positions(
         lo, hi, gaps = torch.stack([positions.min(), positions.max(), gaps]).tolist()  # one read of the device
         _check_bounds(lo, hi, limit, capacity)
         if gaps:
-            raise ValueError(
-                f"positions must be consecutive, each one more than the one before (the tokens of x follow each "
-                f"other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}"
-            )
+            raise ValueError(f"positions must be consecutive, each one more than the one before (the tokens of x "
+                             f"follow each other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}")
     return positions
 
 
@@ -346,13 +338,9 @@ def _check_bounds(lo: int, hi: int, limit: int | None, capacity: int | None) -> 
     if lo < 0:
         raise ValueError(f"positions must be >= 0, got values in [{lo}, {hi}]")
     if limit is not None and hi >= limit:
-        raise ValueError(
-            f"the input reaches position {hi}, but the model has learned positions for seq_length={limit} only "
-            f"(0 .. {limit - 1}); crop the input to its last {limit} tokens or build the model with a larger "
-            f"seq_length"
-        )
+        raise ValueError(f"the input reaches position {hi}, but the model has learned positions for seq_length={limit} "
+                         f"only (0 .. {limit - 1}); crop the input to its last {limit} tokens or build the model with "
+                         f"a larger seq_length")
     if capacity is not None and hi >= capacity:
-        raise ValueError(
-            f"the input reaches position {hi}, but the caches hold {capacity} positions (0 .. {capacity - 1}); "
-            f"decode within seq_length, or start again with fresh caches"
-        )
+        raise ValueError(f"the input reaches position {hi}, but the caches hold {capacity} positions (0 .. "
+                         f"{capacity - 1}); decode within seq_length, or start again with fresh caches")

@@ -57,9 +57,8 @@ def check_device_available(device: torch.device, name: str = "device") -> None:
             raise ValueError(f"{name} {str(device)!r} was requested but CUDA is not available "
                              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use 'cpu' or 'auto'")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise ValueError(f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA "
+                             f"device(s) exist")
         return
     backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
     is_available = getattr(backend, "is_available", None)

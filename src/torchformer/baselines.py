@@ -132,16 +132,13 @@ def _lengths_from_mask(mask: Tensor) -> Tensor:
     lengths, right_padded = torch.stack([lengths, right_padded.long()]).cpu()  # one transfer for both
     if not bool(right_padded.all()):
         rows = (right_padded == 0).nonzero().flatten().tolist()
-        raise ValueError(
-            f"mask must mark the real tokens first and the padding after them (right padding, as pad_batch makes "
-            f"it), but rows {rows[:10]}{' ...' if len(rows) > 10 else ''} have padding before a real token"
-        )
+        raise ValueError(f"mask must mark the real tokens first and the padding after them (right padding, as "
+                         f"pad_batch makes it), but rows {rows[:10]}{' ...' if len(rows) > 10 else ''} have padding "
+                         f"before a real token")
     if not bool((lengths > 0).all()):
         rows = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(
-            f"mask marks every position of rows {rows[:10]}{' ...' if len(rows) > 10 else ''} as padding: each "
-            f"sequence needs at least one real token (encode an empty text as one token, e.g. <unk>)"
-        )
+        raise ValueError(f"mask marks every position of rows {rows[:10]}{' ...' if len(rows) > 10 else ''} as padding: "
+                         f"each sequence needs at least one real token (encode an empty text as one token, e.g. <unk>)")
     return lengths
 
 

@@ -72,10 +72,9 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
     if config is None:
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TransformerConfig)})
         if unknown:
-            raise TypeError(
-                f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; its options are the fields of "
-                f"TransformerConfig: {', '.join(f.name for f in dataclasses.fields(TransformerConfig))}"
-            )
+            raise TypeError(f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; its options are the "
+                            f"fields of TransformerConfig: "
+                            f"{', '.join(f.name for f in dataclasses.fields(TransformerConfig))}")
         return TransformerConfig(**named, **options)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
@@ -619,12 +618,11 @@ class GTransformer(TransformerModel):
         """
         check_positive_int(memory, "memory")
         if self.config.positions in ("learned", "sinusoidal"):
-            raise ValueError(
-                f"segment memory needs positions that attention sees as distances (positions='rotary', 'alibi', "
-                f"'relative' or 'none'), but this model has positions={self.config.positions!r}: along a stream "
-                f"positions grow without bound, past a learned table's seq_length rows, and absolute embeddings "
-                f"would tell memory and segment apart only by where the stream happens to be"
-            )
+            raise ValueError(f"segment memory needs positions that attention sees as distances (positions='rotary', "
+                             f"'alibi', 'relative' or 'none'), but this model has positions={self.config.positions!r}: "
+                             f"along a stream positions grow without bound, past a learned table's seq_length rows, "
+                             f"and absolute embeddings would tell memory and segment apart only by where the stream "
+                             f"happens to be")
         return [BlockCache(memory + self.config.seq_length, ring=True) for _ in self.blocks.blocks]
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:

@@ -204,20 +204,17 @@ def check_architecture(saved: Optional[TransformerConfig], saved_class: Optional
     if saved is None or not isinstance(target, TransformerModel):
         return  # nothing to compare: the state_dict's keys and shapes are checked instead
     if saved_class is not None and not is_or_extends(type(target), saved_class):
-        raise ValueError(
-            f"{where} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
-            f"that class nor a subclass of it; build a {saved_class} (load_model(path, model_class={saved_class}))"
-        )
+        raise ValueError(f"{where} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
+                         f"that class nor a subclass of it; build a {saved_class} (load_model(path, "
+                         f"model_class={saved_class}))")
     differing = [
         f"{field.name}: {getattr(saved, field.name)!r} (checkpoint) vs {getattr(target.config, field.name)!r} (model)"
         for field in dataclasses.fields(saved)
         if field.name not in TRAINING_ONLY_FIELDS and getattr(saved, field.name) != getattr(target.config, field.name)
     ]
     if differing:
-        raise ValueError(
-            f"{where} was saved from a model with another architecture: {'; '.join(differing)}; "
-            f"build the model with load_model(path) (it reads the checkpoint's config), or change these fields"
-        )
+        raise ValueError(f"{where} was saved from a model with another architecture: {'; '.join(differing)}; build the "
+                         f"model with load_model(path) (it reads the checkpoint's config), or change these fields")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -270,10 +267,9 @@ def resolve_model_class(saved: Optional[str], model_class: Optional[type[Transfo
         return _find_model_class(saved, saved_path, where)
     if saved in MODEL_CLASSES:
         return MODEL_CLASSES[saved]
-    raise ValueError(
-        f"{where} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
-        f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
-    )
+    raise ValueError(f"{where} holds a {saved}, which is not one of torchformer's model classes "
+                     f"({', '.join(MODEL_CLASSES)}); pass the class: load_model(path, classes={{{saved!r}: {saved}}}) "
+                     f"or model_class={saved}")
 
 
 def _find_model_class(saved: str, saved_path: object, where: object) -> type[TransformerModel]:
@@ -496,10 +492,9 @@ def _verify_weights(file: Path, expected: str) -> None:
     """Raise :class:`CheckpointError` naming ``file`` unless its SHA-256 is ``expected``."""
     received = file_sha256(file)
     if received != expected:
-        raise CheckpointError(
-            f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., {CONFIG_FILE} "
-            f"records {expected[:16]}...); export the model again or restore the folder from a copy"
-        )
+        raise CheckpointError(f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., "
+                              f"{CONFIG_FILE} records {expected[:16]}...); export the model again or restore the "
+                              f"folder from a copy")
 
 
 # safetensors' names of the floating point dtypes (the header of a .safetensors file names each tensor's dtype).
