@@ -171,16 +171,12 @@ class LSTMClassifier(nn.Module):
     def __init__(self, num_tokens: int, num_classes: int, *, emb: int = 128, hidden: int = 128, layers: int = 1,
                  bidirectional: bool = True, dropout: float = 0.0, pool: str = "max") -> None:
         super().__init__()
-        self.config = config = LSTMConfig(
-            num_tokens, num_classes, emb=emb, hidden=hidden, layers=layers, bidirectional=bidirectional,
-            dropout=dropout, pool=pool,
-        )
+        self.config = config = LSTMConfig(num_tokens, num_classes, emb=emb, hidden=hidden, layers=layers,
+                                          bidirectional=bidirectional, dropout=dropout, pool=pool)
         self.embedding = nn.Embedding(config.num_tokens, config.emb, padding_idx=0)
         # nn.LSTM's own dropout acts between layers only (it warns when there is just one).
-        self.lstm = nn.LSTM(
-            config.emb, config.hidden, num_layers=config.layers, bidirectional=config.bidirectional,
-            batch_first=True, dropout=config.dropout if config.layers > 1 else 0.0,
-        )
+        self.lstm = nn.LSTM(config.emb, config.hidden, num_layers=config.layers, bidirectional=config.bidirectional,
+                            batch_first=True, dropout=config.dropout if config.layers > 1 else 0.0)
         self.dropout = nn.Dropout(config.dropout)
         self.toprobs = nn.Linear(config.features, config.num_classes)
 
