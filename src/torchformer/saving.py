@@ -423,8 +423,10 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
     if not weights.is_file():
         raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
                                 f"export_model)")
-    if digest is not None:
-        _verify_weights(weights, digest)
+    if digest is not None and (received := file_sha256(weights)) != digest:
+        raise CheckpointError(f"{weights} is damaged: it is not the file export_model wrote (SHA-256 "
+                              f"{received[:16]}..., {CONFIG_FILE} records {digest[:16]}...); export the model again or "
+                              f"restore the folder from a copy")
     cls = resolve_model_class(record.get("model_class"), model_class, classes, directory,
                               record.get("model_class_path"))
     model = rebuild_model(cls, config, _safetensors_dtypes(weights))
@@ -486,15 +488,6 @@ def _architecture_digest(model_class: object, config: object, model_class_path: 
         described["config_version"] = config_version
     text = json.dumps(described, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _verify_weights(file: Path, expected: str) -> None:
-    """Raise :class:`CheckpointError` naming ``file`` unless its SHA-256 is ``expected``."""
-    received = file_sha256(file)
-    if received != expected:
-        raise CheckpointError(f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., "
-                              f"{CONFIG_FILE} records {expected[:16]}...); export the model again or restore the "
-                              f"folder from a copy")
 
 
 # safetensors' names of the floating point dtypes (the header of a .safetensors file names each tensor's dtype).
