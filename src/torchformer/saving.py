@@ -110,7 +110,9 @@ def model_class(model: nn.Module) -> type:
         ``type(model)``, or for a sharded model the first class of its MRO that is not an FSDP class.
     """
     try:
-        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6, and only where torch.distributed is built
+        from torch.distributed.fsdp import (
+            FSDPModule,  # torch >= 2.6, and only where torch.distributed is built
+        )
     except ImportError:
         return type(model)
     return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
