@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import numbers
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -95,6 +96,20 @@ def check_positive_float(value: object, name: str) -> float:
     return float(value)
 
 
+def fields_from_dict(cls: Any, data: object) -> Any:
+    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: what a config's ``from_dict`` does.
+
+    A ``TypeError`` unless ``data`` is a mapping, a ``ValueError`` naming unknown fields; ``cls`` checks the values.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}")
+    return cls(**data)
+
+
 def check_choice(value: object, name: str, choices: tuple) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
@@ -136,10 +151,8 @@ def check_embeddings(
         raise TypeError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
     # Only against a floating point parameter: a quantised (int8) weight says nothing about the inputs' dtype.
     if like is not None and x.dtype != like.dtype and like.is_floating_point() and not autocast_enabled(x.device.type):
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
-            f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast"
-        )
+        raise TypeError(f"{name} has dtype {x.dtype} but the module's parameters are {like.dtype}; convert one of them "
+                        f"(e.g. {name}.to({like.dtype}) or module.to({x.dtype})), or run under torch.autocast")
     return size[0], size[1], size[2]
 
 
@@ -157,9 +170,7 @@ def check_mask(
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name} must have dtype torch.bool (True = {true_means}), got {mask.dtype}; use {name}.bool()"
-        )
+        raise TypeError(f"{name} must have dtype torch.bool (True = {true_means}), got {mask.dtype}; use {name}.bool()")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {dims} = {tuple(shape)}, got {tuple(mask.shape)}")
     if device is not None and mask.device != device:
@@ -221,28 +232,20 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
     ``x`` has the parameters' dtype, unless autocast is on (as :func:`check_embeddings` does).
     """
     if not isinstance(x, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of feature vectors, shape (b, t, {dim}), got {type(x).__name__}"
-        )
+        raise TypeError(f"{name} must be a torch.Tensor of feature vectors, shape (b, t, {dim}), got "
+                        f"{type(x).__name__}")
     if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating point tensor of feature vectors, shape (b, t, {dim}), got dtype {x.dtype} "
-            f"(the model was built with input_dim={dim}: it takes vectors, not token ids)"
-        )
+        raise TypeError(f"{name} must be a floating point tensor of feature vectors, shape (b, t, {dim}), got dtype "
+                        f"{x.dtype} (the model was built with input_dim={dim}: it takes vectors, not token ids)")
     if x.dim() != 3 or x.size(-1) != dim:
-        raise ValueError(
-            f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
-            f"{tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must have shape (b, t, {dim}): {dim} features (input_dim) per position, got shape "
+                         f"{tuple(x.shape)}")
     if x.size(0) == 0 or x.size(1) == 0:
-        raise ValueError(
-            f"{name} must contain at least one sequence of at least one vector, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must contain at least one sequence of at least one vector, got shape "
+                         f"{tuple(x.shape)}")
     if like is not None and x.dtype != like.dtype and not autocast_enabled(x.device.type):
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
-            f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast"
-        )
+        raise TypeError(f"{name} has dtype {x.dtype} but the model's parameters are {like.dtype}; convert one of them "
+                        f"(e.g. {name}.to({like.dtype}) or model.to({x.dtype})), or run under torch.autocast")
     return x
 
 
@@ -260,10 +263,8 @@ def check_positions(
     """
     if positions is None:
         if capacity is not None or cached:
-            raise ValueError(
-                "positions must be given with caches: the absolute positions of the new tokens, shape (t,), "
-                "e.g. torch.arange(cached, cached + t)"
-            )
+            raise ValueError("positions must be given with caches: the absolute positions of the new tokens, shape "
+                             "(t,), e.g. torch.arange(cached, cached + t)")
         _check_bounds(0, t - 1, limit, capacity)  # known on the host: checked on every device
         return torch.arange(t, device=device)
     positions = check_position_shape(positions, t, device)
@@ -272,10 +273,8 @@ def check_positions(
         lo, hi, gaps = torch.stack([positions.min(), positions.max(), gaps]).tolist()  # one read of the device
         _check_bounds(lo, hi, limit, capacity)
         if gaps:
-            raise ValueError(
-                f"positions must be consecutive, each one more than the one before (the tokens of x follow each "
-                f"other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}"
-            )
+            raise ValueError(f"positions must be consecutive, each one more than the one before (the tokens of x "
+                             f"follow each other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}")
     return positions
 
 
@@ -339,13 +338,9 @@ def _check_bounds(lo: int, hi: int, limit: int | None, capacity: int | None) -> 
     if lo < 0:
         raise ValueError(f"positions must be >= 0, got values in [{lo}, {hi}]")
     if limit is not None and hi >= limit:
-        raise ValueError(
-            f"the input reaches position {hi}, but the model has learned positions for seq_length={limit} only "
-            f"(0 .. {limit - 1}); crop the input to its last {limit} tokens or build the model with a larger "
-            f"seq_length"
-        )
+        raise ValueError(f"the input reaches position {hi}, but the model has learned positions for seq_length={limit} "
+                         f"only (0 .. {limit - 1}); crop the input to its last {limit} tokens or build the model with "
+                         f"a larger seq_length")
     if capacity is not None and hi >= capacity:
-        raise ValueError(
-            f"the input reaches position {hi}, but the caches hold {capacity} positions (0 .. {capacity - 1}); "
-            f"decode within seq_length, or start again with fresh caches"
-        )
+        raise ValueError(f"the input reaches position {hi}, but the caches hold {capacity} positions (0 .. "
+                         f"{capacity - 1}); decode within seq_length, or start again with fresh caches")

@@ -54,14 +54,11 @@ def check_device_available(device: torch.device, name: str = "device") -> None:
         return
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
-                f"{name} {str(device)!r} was requested but CUDA is not available "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use 'cpu' or 'auto'"
-            )
+            raise ValueError(f"{name} {str(device)!r} was requested but CUDA is not available "
+                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use 'cpu' or 'auto'")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise ValueError(f"{name} {str(device)!r} was requested but only {torch.cuda.device_count()} CUDA "
+                             f"device(s) exist")
         return
     backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
     is_available = getattr(backend, "is_available", None)

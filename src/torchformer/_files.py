@@ -71,11 +71,9 @@ def part_file(dest: Path) -> tuple[int, Path]:
 def remove_stale_part_files(dest: Path) -> list[Path]:
     """Remove leftover temporary files of earlier downloads of ``dest``; return the removed paths.
 
-    A temporary file is stale when it was written on this host by a process that no longer exists, or when it
-    has not been modified for 24 hours (the only rule for other hosts sharing the folder, whose process ids mean
-    nothing here, and for the unnamed temporaries of older versions). Temporaries of other files and files that
-    do not follow the naming scheme are never touched. Removal is best effort: a file that cannot be removed is
-    left alone, it never makes a download fail.
+    Only the stale ones (:func:`is_stale`). Temporaries of other files and files that do not follow the naming
+    scheme are never touched. Removal is best effort: a file that cannot be removed is left alone, it never makes a
+    download fail.
     """
     prefix, suffix = f".{dest.name}.", ".part"
     removed = []
@@ -135,7 +133,9 @@ def check_file_path(path: object, name: str = "path", *, example: str = "") -> P
     ``example`` shows how to name a file in a folder, ``{folder}`` standing for it (e.g.
     ``"checkpoint_path({folder}, step)"``); the messages about folders end with it.
     """
-    text = _path_text(path, name)
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):  # bytes: Path refuses them
+        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {path!r}")
+    text = os.fspath(path)
     if text.endswith(("/", os.sep)):
         raise ValueError(f"{name} must name a file, got the folder {text!r}; pass a file in it{_hint(example, text)}")
     if text == "":
@@ -148,13 +148,6 @@ def check_file_path(path: object, name: str = "path", *, example: str = "") -> P
                              f"{_hint(example, str(file))}")
     check_parents(file, name)
     return file
-
-
-def _path_text(path: object, name: str) -> str:
-    """``path`` as a str; a ``TypeError`` for anything else (``bytes`` too: ``Path`` refuses them)."""
-    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
-        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {path!r}")
-    return os.fspath(path)
 
 
 def _hint(example: str, folder: Optional[str]) -> str:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from torchformer._checks import (
-    check_bool, check_choice, check_mask, check_positive_int, check_probability, check_tokens,
+    check_bool, check_choice, check_mask, check_positive_int, check_probability, check_tokens, fields_from_dict,
 )
 
 __all__ = ["LSTMConfig", "LSTMClassifier"]
@@ -106,15 +106,7 @@ class LSTMConfig:
                 ``bidirectional`` is not a bool.
             ValueError: ``data`` names an unknown field, or another value is not valid; the message names the field.
         """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return fields_from_dict(cls, data)
 
 
 def _lengths_from_mask(mask: Tensor) -> Tensor:
@@ -140,16 +132,13 @@ def _lengths_from_mask(mask: Tensor) -> Tensor:
     lengths, right_padded = torch.stack([lengths, right_padded.long()]).cpu()  # one transfer for both
     if not bool(right_padded.all()):
         rows = (right_padded == 0).nonzero().flatten().tolist()
-        raise ValueError(
-            f"mask must mark the real tokens first and the padding after them (right padding, as pad_batch makes "
-            f"it), but rows {rows[:10]}{' ...' if len(rows) > 10 else ''} have padding before a real token"
-        )
+        raise ValueError(f"mask must mark the real tokens first and the padding after them (right padding, as "
+                         f"pad_batch makes it), but rows {rows[:10]}{' ...' if len(rows) > 10 else ''} have padding "
+                         f"before a real token")
     if not bool((lengths > 0).all()):
         rows = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(
-            f"mask marks every position of rows {rows[:10]}{' ...' if len(rows) > 10 else ''} as padding: each "
-            f"sequence needs at least one real token (encode an empty text as one token, e.g. <unk>)"
-        )
+        raise ValueError(f"mask marks every position of rows {rows[:10]}{' ...' if len(rows) > 10 else ''} as padding: "
+                         f"each sequence needs at least one real token (encode an empty text as one token, e.g. <unk>)")
     return lengths
 
 
@@ -179,29 +168,15 @@ class LSTMClassifier(nn.Module):
         ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
     """
 
-    def __init__(
-        self,
-        num_tokens: int,
-        num_classes: int,
-        *,
-        emb: int = 128,
-        hidden: int = 128,
-        layers: int = 1,
-        bidirectional: bool = True,
-        dropout: float = 0.0,
-        pool: str = "max",
-    ) -> None:
+    def __init__(self, num_tokens: int, num_classes: int, *, emb: int = 128, hidden: int = 128, layers: int = 1,
+                 bidirectional: bool = True, dropout: float = 0.0, pool: str = "max") -> None:
         super().__init__()
-        self.config = config = LSTMConfig(
-            num_tokens, num_classes, emb=emb, hidden=hidden, layers=layers, bidirectional=bidirectional,
-            dropout=dropout, pool=pool,
-        )
+        self.config = config = LSTMConfig(num_tokens, num_classes, emb=emb, hidden=hidden, layers=layers,
+                                          bidirectional=bidirectional, dropout=dropout, pool=pool)
         self.embedding = nn.Embedding(config.num_tokens, config.emb, padding_idx=0)
         # nn.LSTM's own dropout acts between layers only (it warns when there is just one).
-        self.lstm = nn.LSTM(
-            config.emb, config.hidden, num_layers=config.layers, bidirectional=config.bidirectional,
-            batch_first=True, dropout=config.dropout if config.layers > 1 else 0.0,
-        )
+        self.lstm = nn.LSTM(config.emb, config.hidden, num_layers=config.layers, bidirectional=config.bidirectional,
+                            batch_first=True, dropout=config.dropout if config.layers > 1 else 0.0)
         self.dropout = nn.Dropout(config.dropout)
         self.toprobs = nn.Linear(config.features, config.num_classes)
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 from torchformer._checks import (
     check_bool, check_choice, check_heads, check_int_at_least, check_positive_float, check_positive_int,
-    check_probability,
+    check_probability, fields_from_dict,
 )
 
 # Absolute schemes add a vector to each token's embedding; the others act inside attention, on every layer.
@@ -30,7 +30,10 @@ RELATIVE_POSITIONS = ("rotary", "rotary_interleaved", "alibi", "relative")
 ROTARY = ("rotary", "rotary_interleaved")  # the schemes that read rotary_base and rotary_scaling
 POSITIONS = ABSOLUTE_POSITIONS + RELATIVE_POSITIONS
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu", "geglu_tanh")
-
+NORMS = ("layer", "rms")
+POOLING = ("max", "mean", "first")
+IMPLEMENTATIONS = ("sdpa", "reference", "flex")
+SPARSE_PATTERNS = ("strided", "fixed")  # the sparse transformer's (torchformer.nn.masks)
 
 # The keys of Llama-3.1's rotary frequency scaling (rotary_scaling), each a positive number.
 ROTARY_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -94,15 +97,13 @@ def check_extra(extra: object) -> dict:
     # What JSON read back: plain types (a NumPy float becomes a float, which a checkpoint can store), and nothing
     # shared with the caller's dicts and lists.
     return plain
-NORMS = ("layer", "rms")
-POOLING = ("max", "mean", "first")
-IMPLEMENTATIONS = ("sdpa", "reference", "flex")
-SPARSE_PATTERNS = ("strided", "fixed")  # the sparse transformer's (torchformer.nn.masks)
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
     """The architecture of a transformer (frozen: change a copy with :meth:`replace`).
+
+    Every field from ``qkv_bias`` on was added later, and its default is what the models did before it existed.
 
     Args:
         emb: embedding size ``e``.
@@ -150,73 +151,66 @@ class TransformerConfig:
         extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
             ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
             ``from_config``, and it is saved with the rest of the config, so the variant comes back with it.
-        qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). ``False``
-            (the default): no bias there, as before this field existed. The output projection (``unifyheads``) has a
-            bias either way.
+        qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). The
+            output projection (``unifyheads``) has a bias either way.
         head_bias: a bias in the output layer of a generator (:class:`~torchformer.models.GTransformer`,
-            :class:`~torchformer.models.Seq2SeqTransformer`): ``True`` (the default), as before this field existed;
-            ``False`` as GPT-2 (whose output layer is the tied embedding alone). The other heads do not read it.
+            :class:`~torchformer.models.Seq2SeqTransformer`); ``False`` as GPT-2 (whose output layer is the tied
+            embedding alone). The other heads do not read it.
         norm_eps: the ``eps`` of the blocks' norms and of a pre-norm stack's final norm (``norm``), added to the
             variance (LayerNorm) or the mean square (RMSNorm) before the square root: ``1e-5`` (the default,
             PyTorch's and Llama-3's), ``1e-6`` (Llama-2, T5), ``1e-12`` (BERT). The embedding's norm
             (``embedding_norm``) and the masked-LM head's LayerNorm use it too.
         ff_hidden: the hidden size of every feed-forward network, when it is not what ``ff_mult`` gives (Llama-2
-            7B's 11008 at ``emb`` 4096); ``None`` (the default): ``ff_mult * emb``, for a gated unit 2/3 of it
-            to the nearest multiple of 16 (``nn.feedforward.gated_hidden_size``).
-        out_bias: a bias in the output projection of every attention layer (``unifyheads``): ``True`` (the default),
-            as before this field existed; ``False`` as Llama, Mistral and Qwen2.
+            7B's 11008 at ``emb`` 4096); ``None``: ``ff_mult * emb``, for a gated unit 2/3 of it to the nearest
+            multiple of 16 (``nn.feedforward.gated_hidden_size``).
+        out_bias: a bias in the output projection of every attention layer (``unifyheads``); ``False`` as Llama,
+            Mistral and Qwen2.
         rotary_base: the base of rotary positions' frequencies, ``theta_m = base^(-2m/s)``: 10000 (the default, the
             paper's); Llama-3 uses 500000. Only with ``positions="rotary"`` or ``"rotary_interleaved"``.
         rotary_scaling: Llama-3.1's rescaling of the rotary frequencies for long contexts, ``{"factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``
-            (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None`` (the default): none.
+            (:class:`~torchformer.nn.relative.Rotary` says what it does); ``None``: none.
         num_token_types: token-type (segment) embeddings: a learned vector for each of this many types, added to
             each token's embedding, the type given per position as the models' ``token_types`` input (BERT's
-            sentence A and B: 2). ``None`` (the default): no such vectors and no such input, as before this field
-            existed.
+            sentence A and B: 2). ``None``: no such vectors and no such input.
         embedding_norm: normalise the embedding (token + position + token-type vectors) with ``norm`` and
-            ``norm_eps`` before its dropout, as BERT does; ``False`` (the default): no norm there, as before.
+            ``norm_eps`` before its dropout, as BERT does.
         mlm_scale: the masked-LM head (:class:`~torchformer.models.MLMTransformer`) multiplies its logits by
-            ``e ** -0.5`` (``True``, the default, as before this field existed; the reason is in
-            :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot products with the output matrix, as
-            BERT. The other heads do not read it.
+            ``e ** -0.5`` (the reason is in :class:`~torchformer.nn.heads.MaskedLMHead`); ``False``: plain dot
+            products with the output matrix, as BERT. The other heads do not read it.
         pooler: a classifier (:class:`~torchformer.models.CTransformer` only) passes its pooled vector through a
             dense layer and a tanh, then dropout (``dropout``), before the linear layer that gives the class scores:
             BERT's pooler, with ``pool="first"`` on the ``[CLS]`` token (``BertForSequenceClassification``).
-            ``False`` (the default): the linear layer reads the pooled vector itself, as before this field existed.
-        attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None``
-            (the default) is ``1 / sqrt(s)``, as before this field existed; T5 uses ``1.0`` (its weights were
-            trained with the factor folded into the query projection).
+            ``False``: the linear layer reads the pooled vector itself.
+        attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None`` is
+            ``1 / sqrt(s)``; T5 uses ``1.0`` (its weights were trained with the factor folded into the query
+            projection).
         head_dim: the size ``s`` of every attention head, when it is not ``emb / heads`` (t5-3b: 128 with
             ``emb`` 1024 and 32 heads): the queries, keys and values then have ``heads * head_dim`` dimensions,
-            and ``emb`` need not be divisible by ``heads``. ``None`` (the default): ``emb // heads`` (``emb`` with
-            ``wide``, which refuses a ``head_dim``).
+            and ``emb`` need not be divisible by ``heads``. ``None``: ``emb // heads`` (``emb`` with ``wide``,
+            which refuses a ``head_dim``).
         ff_bias: biases in the two linear layers of the plain feed-forward network (``activation`` ``"relu"``,
-            ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``): ``True`` (the default), as before this field existed;
-            ``False`` as T5. The gated networks have none either way.
+            ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``); ``False`` as T5. The gated networks have none either way.
         head_scale: a generator's output layer multiplies its input by ``e ** -0.5`` before the dot products with
-            the output matrix, as T5 does with its tied output layer (``tie_weights``); ``False`` (the default):
-            no factor, as before this field existed. A tied output matrix then keeps the embedding's
-            initialisation (the factor brings the first logits to unit scale instead). The other heads do not
-            read it.
+            the output matrix, as T5 does with its tied output layer (``tie_weights``). ``False``: no factor, and a
+            tied output matrix keeps the embedding's initialisation (the factor brings the first logits to unit
+            scale instead). The other heads do not read it.
         share_embeddings: an encoder-decoder (:class:`~torchformer.models.Seq2SeqTransformer`) reads its source
             and its target through one token embedding (T5's ``shared``; Vaswani et al. with a joint
             vocabulary): ``num_tokens`` must equal ``tgt_tokens``. Learned position tables stay separate.
-            ``False`` (the default): two embeddings, as before this field existed. The other models do not use
-            it.
+            ``False``: two embeddings. The other models do not use it.
         relative_buckets: the number of distance buckets of ``positions="relative"``, both directions together
             in an encoder: 32 (the default, T5's ``relative_attention_num_buckets``). At least 4.
         relative_max_distance: the distance from which on every distance shares the last bucket of
             ``positions="relative"``: 128 (the default, T5's ``relative_attention_max_distance``). Above half of
             ``relative_buckets``, where the logarithmic buckets start.
         relative_shared: one relative-position table per stack, built by the stack and shared by all of its
-            self-attention layers (T5's, stored in its first block), instead of one per layer (``False``, the
-            default). Only with ``positions="relative"``.
+            self-attention layers (T5's, stored in its first block), instead of one per layer (``False``). Only
+            with ``positions="relative"``.
         zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
             (weight and bias), so that each pre-norm block starts as the identity and the residual stream is the
             embedding alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag; a post-norm
-            block still applies its norms). Only the
-            initialisation changes; ``False`` (the default): PyTorch's initialisation, as before this field existed.
+            block still applies its norms). Only the initialisation changes; ``False``: PyTorch's initialisation.
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
             growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.
@@ -290,21 +284,21 @@ class TransformerConfig:
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
         for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
-                     "input_dim", "num_token_types", "head_dim"):
+                     "input_dim", "num_token_types", "head_dim", "ff_hidden"):
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
         for name in ("wide", "prenorm", "kqnorm", "tie_weights", "qkv_bias", "head_bias", "checkpoint_blocks",
                      "embedding_norm", "mlm_scale", "pooler", "ff_bias", "head_scale", "share_embeddings",
-                     "relative_shared", "zero_init_residual"):
+                     "relative_shared", "zero_init_residual", "out_bias"):
             check_bool(getattr(self, name), name)
         object.__setattr__(self, "extra", check_extra(self.extra))
-        # A plain float: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
+        # Plain floats: a NumPy float (a float subclass) would pass, and then no checkpoint could store the config.
         object.__setattr__(self, "dropout", check_probability(self.dropout, "dropout"))
-        object.__setattr__(self, "norm_eps", check_positive_float(self.norm_eps, "norm_eps"))
-        if self.ff_hidden is not None:
-            check_positive_int(self.ff_hidden, "ff_hidden")
-        check_bool(self.out_bias, "out_bias")
-        object.__setattr__(self, "rotary_base", check_positive_float(self.rotary_base, "rotary_base"))
+        for name in ("norm_eps", "rotary_base"):
+            object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
+        for name in ("logit_cap", "attention_scale"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
         object.__setattr__(self, "rotary_scaling", check_rotary_scaling(self.rotary_scaling))
         check_choice(self.positions, "positions", POSITIONS)
         check_choice(self.activation, "activation", ACTIVATIONS)
@@ -336,10 +330,6 @@ class TransformerConfig:
         if self.impl == "flex" and self.dropout > 0:  # flex_attention has no dropout on the weights
             raise ValueError(f"impl='flex' has no dropout on the attention weights, but dropout={self.dropout}: use "
                              f"impl='sdpa' (or 'reference') for dropout")
-        if self.logit_cap is not None:
-            object.__setattr__(self, "logit_cap", check_positive_float(self.logit_cap, "logit_cap"))
-        if self.attention_scale is not None:
-            object.__setattr__(self, "attention_scale", check_positive_float(self.attention_scale, "attention_scale"))
         check_int_at_least(self.relative_buckets, "relative_buckets", 4)
         # The logarithmic buckets run from half the buckets of a side (a causal layer's side is all of them) up to
         # max_distance: it must lie beyond them, or the logarithm's range is empty.
@@ -438,13 +428,7 @@ class TransformerConfig:
                 not a bool.
             ValueError: ``data`` names an unknown field, or another value is not valid (as for :meth:`replace`).
         """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}")
-        return cls(**data)
+        return fields_from_dict(cls, data)
 
     def differences(self, other: TransformerConfig) -> list[str]:
         """``["heads: 2 vs 4", ...]``: the fields where ``self`` and ``other`` differ.

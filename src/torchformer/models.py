@@ -72,10 +72,9 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
     if config is None:
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TransformerConfig)})
         if unknown:
-            raise TypeError(
-                f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; its options are the fields of "
-                f"TransformerConfig: {', '.join(f.name for f in dataclasses.fields(TransformerConfig))}"
-            )
+            raise TypeError(f"{model} got unexpected keyword argument(s) {', '.join(unknown)}; its options are the "
+                            f"fields of TransformerConfig: "
+                            f"{', '.join(f.name for f in dataclasses.fields(TransformerConfig))}")
         return TransformerConfig(**named, **options)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
@@ -105,9 +104,8 @@ def check_input(x: object, name: str, config: TransformerConfig, mask: Optional[
                 like: Tensor, values: bool) -> Tensor:
     """Check a model's input and its optional padding mask ``(b, t)``; return the input for the embedding.
 
-    The input is token ids ``(b, t)``, or with ``config.input_dim`` feature vectors ``(b, t, input_dim)`` of
-    ``like``'s dtype. Padding vectors are zeroed: they may hold anything, NaN included, and although attention never
-    reads them, ``0 * NaN`` in the gradient of the input projection would still poison its weights.
+    Padding vectors are zeroed: they may hold anything, NaN included, and although attention never reads them,
+    ``0 * NaN`` in the gradient of the input projection would still poison its weights.
 
     Args:
         x: the input: token ids ``(b, t)``, or feature vectors ``(b, t, d)`` with ``config.input_dim = d``.
@@ -200,11 +198,10 @@ class TransformerModel(nn.Module):
     another architecture is an error naming the differing fields.
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
-    them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. It does so
-    on every device alike; on a GPU each check makes the host wait for the device once, so a training loop that
-    makes its own batches may set ``model.check_values = False`` (on the model itself, not on a DDP or compile
-    wrapper), after which a bad id fails in the device's own assertion. Shapes and dtypes are always checked (they
-    cost no wait); ``torch.compile``'d code reads no values.
+    them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. On a GPU
+    each check makes the host wait once, so a training loop that makes its own batches may set it ``False`` (on the
+    model itself, not on a DDP or compile wrapper); shapes and dtypes are always checked (docs/models.md, "Error
+    messages").
 
     Args:
         config: the architecture; kept as ``model.config``.
@@ -286,9 +283,6 @@ class CTransformer(TransformerModel):
     ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler (dense, tanh, dropout) before
     the classes' linear layer. :meth:`from_encoder` starts one from a pretrained encoder (a loaded BERT).
 
-    Give either the six numbers (former's positional arguments) and any other config field as a keyword, or a
-    whole ``config``.
-
     Args:
         emb: embedding size ``e``.
         heads: number of attention heads ``h``.
@@ -307,18 +301,9 @@ class CTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        num_classes: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, num_classes: Optional[int] = None,
+                 *, config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens,
                      num_classes=num_classes)
         config = build_config("CTransformer", config, given, options)
@@ -409,8 +394,8 @@ class CTransformer(TransformerModel):
         usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
         every field that shapes the encoder or changes what it computes, and its blocks must be of the same classes;
         the fields of the head and of training (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``,
-        ...) may differ, and ``seq_length`` too unless the positions are learned. A classifier for an MLM:
-        ``CTransformer(config=mlm.config.replace(tie_weights=False, num_classes=2))``.
+        ...) may differ, and ``seq_length`` too unless the positions are learned (:meth:`from_encoder` builds such
+        a classifier and calls this).
 
         Args:
             pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
@@ -490,17 +475,9 @@ class MLMTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, *,
+                 config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
         config = build_config("MLMTransformer", config, given, options)
         config.require("MLMTransformer", "seq_length", "num_tokens")
@@ -514,14 +491,8 @@ class MLMTransformer(TransformerModel):
         self.head = MaskedLMHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
                                  eps=config.norm_eps, scale=config.mlm_scale)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        select: Optional[Tensor] = None,
-        token_types: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, select: Optional[Tensor] = None,
+                token_types: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``; with ``select`` (bool ``(b, t)``, e.g. :attr:`MaskedTokens.chosen
         <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
         row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
@@ -537,21 +508,9 @@ class MLMTransformer(TransformerModel):
         h = self.encoder(h, mask, positions=positions)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
-    def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
-
-        Returns:
-            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
-        """
-        return [block.attention for block in self.encoder.blocks]
-
-    def transformer_blocks(self) -> list[nn.Module]:
-        """The encoder's blocks, in the order they run.
-
-        Returns:
-            The blocks, as a new list.
-        """
-        return list(self.encoder.blocks)
+    # The encoder is a classifier's, under the same name: its layers are listed the same way.
+    self_attention_layers = CTransformer.self_attention_layers
+    transformer_blocks = CTransformer.transformer_blocks
 
 
 class GTransformer(TransformerModel):
@@ -583,17 +542,9 @@ class GTransformer(TransformerModel):
 
     block_class: type[TransformerBlock] = TransformerBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        num_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, num_tokens: Optional[int] = None, *,
+                 config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=num_tokens)
         config = build_config("GTransformer", config, given, options)
         config.require("GTransformer", "seq_length", "num_tokens")
@@ -607,15 +558,8 @@ class GTransformer(TransformerModel):
         self.head = GeneratorHead(config.emb, config.num_tokens, tie_to=tie,  # type: ignore[arg-type]
                                   bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        caches: Optional[list[BlockCache]] = None,
-        positions: Optional[Tensor] = None,
-        shift: Optional[Tensor] = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, caches: Optional[list[BlockCache]] = None,
+                positions: Optional[Tensor] = None, shift: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
@@ -657,17 +601,10 @@ class GTransformer(TransformerModel):
         Feed a stream one segment at a time, ``model(x, caches=mem, positions=torch.arange(start, start + t))``
         with ``t <= seq_length`` and ``start`` the segment's place in the stream: every layer attends over the
         ``memory`` positions before the segment (their keys and values kept from the earlier calls, without
-        gradients) as well as over the segment's own (a shorter segment sees more of the past: the caches keep
-        the last ``memory + seq_length`` positions). Information then travels further back at each layer: at
-        layer ``n`` it may come from about ``n`` segments ago (Dai et al. 2019). A stream that starts again (a new
-        document) starts from ``[c.reset() for c in mem]``; padding (``mask``) is never attended to, as without
-        memory.
-
-        Positions grow without bound along the stream, so the model must see distances, not positions: rotary,
-        ALiBi, the relative bias, or none. Learned and sinusoidal positions are refused: a learned table has
-        ``seq_length`` rows, and a position embedding added to the tokens would tell the memory's keys and the
-        segment's apart only by where the stream happens to be (the reason Transformer-XL made positions
-        relative).
+        gradients) as well as over the segment's own, so at layer ``n`` information may come from about ``n``
+        segments ago (Dai et al. 2019). A new stream starts from ``[c.reset() for c in mem]``. Positions grow
+        without bound along a stream, so the model must see distances (rotary, ALiBi, the relative bias, or none);
+        ``docs/long-context.md`` says why at length, and what the memory computes exactly.
 
         Args:
             memory: the positions kept before each segment, ``>= 1``.
@@ -681,12 +618,11 @@ class GTransformer(TransformerModel):
         """
         check_positive_int(memory, "memory")
         if self.config.positions in ("learned", "sinusoidal"):
-            raise ValueError(
-                f"segment memory needs positions that attention sees as distances (positions='rotary', 'alibi', "
-                f"'relative' or 'none'), but this model has positions={self.config.positions!r}: along a stream "
-                f"positions grow without bound, past a learned table's seq_length rows, and absolute embeddings "
-                f"would tell memory and segment apart only by where the stream happens to be"
-            )
+            raise ValueError(f"segment memory needs positions that attention sees as distances (positions='rotary', "
+                             f"'alibi', 'relative' or 'none'), but this model has positions={self.config.positions!r}: "
+                             f"along a stream positions grow without bound, past a learned table's seq_length rows, "
+                             f"and absolute embeddings would tell memory and segment apart only by where the stream "
+                             f"happens to be")
         return [BlockCache(memory + self.config.seq_length, ring=True) for _ in self.blocks.blocks]
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
@@ -740,18 +676,9 @@ class Seq2SeqTransformer(TransformerModel):
     encoder_block_class: type[TransformerBlock] = TransformerBlock
     decoder_block_class: type[DecoderBlock] = DecoderBlock
 
-    def __init__(
-        self,
-        emb: Optional[int] = None,
-        heads: Optional[int] = None,
-        depth: Optional[int] = None,
-        seq_length: Optional[int] = None,
-        src_tokens: Optional[int] = None,
-        tgt_tokens: Optional[int] = None,
-        *,
-        config: Optional[TransformerConfig] = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, emb: Optional[int] = None, heads: Optional[int] = None, depth: Optional[int] = None,
+                 seq_length: Optional[int] = None, src_tokens: Optional[int] = None, tgt_tokens: Optional[int] = None,
+                 *, config: Optional[TransformerConfig] = None, **options: Any) -> None:
         given = dict(emb=emb, heads=heads, depth=depth, seq_length=seq_length, num_tokens=src_tokens,
                      tgt_tokens=tgt_tokens)
         config = build_config("Seq2SeqTransformer", config, given, options)
@@ -777,10 +704,8 @@ class Seq2SeqTransformer(TransformerModel):
     def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.
 
-        The source is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` with ``input_dim=d``.
-
         Args:
-            src: the source, ids ``(b, u)`` or vectors ``(b, u, d)``.
+            src: the source, ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``.
             src_mask: ``(b, u)``, True for real source positions, False for padding; ``None``: all are real.
 
         Returns:
@@ -791,15 +716,8 @@ class Seq2SeqTransformer(TransformerModel):
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Optional[Tensor] = None,
-        src_mask: Optional[Tensor] = None,
-        *,
-        caches: Optional[list[BlockCache]] = None,
-        positions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def decode(self, tgt: Tensor, memory: Optional[Tensor] = None, src_mask: Optional[Tensor] = None, *,
+               caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
         ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:

@@ -185,9 +185,8 @@ def is_or_extends(cls: type, name: str) -> bool:
     return any(base.__name__ == name for base in cls.__mro__)
 
 
-def check_architecture(
-    saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module, where: object
-) -> None:
+def check_architecture(saved: Optional[TransformerConfig], saved_class: Optional[str], target: nn.Module,
+                       where: object) -> None:
     """Refuse saved weights of another model class or another architecture than ``target``'s.
 
     A variant's weights can fit a plain model exactly, so the class must match (or ``target`` be a subclass of it);
@@ -207,33 +206,26 @@ def check_architecture(
     if saved is None or not isinstance(target, TransformerModel):
         return  # nothing to compare: the state_dict's keys and shapes are checked instead
     if saved_class is not None and not is_or_extends(type(target), saved_class):
-        raise ValueError(
-            f"{where} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
-            f"that class nor a subclass of it; build a {saved_class} (load_model(path, model_class={saved_class}))"
-        )
+        raise ValueError(f"{where} holds a {saved_class}, but the model is a {type(target).__name__}, which is neither "
+                         f"that class nor a subclass of it; build a {saved_class} (load_model(path, "
+                         f"model_class={saved_class}))")
     differing = [
         f"{field.name}: {getattr(saved, field.name)!r} (checkpoint) vs {getattr(target.config, field.name)!r} (model)"
         for field in dataclasses.fields(saved)
         if field.name not in TRAINING_ONLY_FIELDS and getattr(saved, field.name) != getattr(target.config, field.name)
     ]
     if differing:
-        raise ValueError(
-            f"{where} was saved from a model with another architecture: {'; '.join(differing)}; "
-            f"build the model with load_model(path) (it reads the checkpoint's config), or change these fields"
-        )
+        raise ValueError(f"{where} was saved from a model with another architecture: {'; '.join(differing)}; build the "
+                         f"model with load_model(path) (it reads the checkpoint's config), or change these fields")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Finding the class again
 
 
-def resolve_model_class(
-    saved: Optional[str],
-    model_class: Optional[type[TransformerModel]],
-    classes: Optional[Mapping[str, type[TransformerModel]]],
-    where: object,
-    saved_path: Optional[str] = None,
-) -> type[TransformerModel]:
+def resolve_model_class(saved: Optional[str], model_class: Optional[type[TransformerModel]],
+                        classes: Optional[Mapping[str, type[TransformerModel]]], where: object,
+                        saved_path: Optional[str] = None) -> type[TransformerModel]:
     """The class to rebuild a saved model as.
 
     ``model_class`` when given (it must be the saved class or a subclass), else the class named ``saved``: found in
@@ -277,10 +269,9 @@ def resolve_model_class(
         return _find_model_class(saved, saved_path, where)
     if saved in MODEL_CLASSES:
         return MODEL_CLASSES[saved]
-    raise ValueError(
-        f"{where} holds a {saved}, which is not one of torchformer's model classes ({', '.join(MODEL_CLASSES)}); "
-        f"pass the class: load_model(path, classes={{{saved!r}: {saved}}}) or model_class={saved}"
-    )
+    raise ValueError(f"{where} holds a {saved}, which is not one of torchformer's model classes "
+                     f"({', '.join(MODEL_CLASSES)}); pass the class: load_model(path, classes={{{saved!r}: {saved}}}) "
+                     f"or model_class={saved}")
 
 
 def _find_model_class(saved: str, saved_path: object, where: object) -> type[TransformerModel]:
@@ -316,9 +307,8 @@ def _check_model_class(cls: Any, name: str) -> None:
         raise TypeError(f"{name} must be a TransformerModel subclass (e.g. GTransformer), got {got}")
 
 
-def rebuild_model(
-    cls: type[TransformerModel], config: TransformerConfig, dtypes: Mapping[str, torch.dtype]
-) -> TransformerModel:
+def rebuild_model(cls: type[TransformerModel], config: TransformerConfig,
+                  dtypes: Mapping[str, torch.dtype]) -> TransformerModel:
     """A fresh model to load saved weights into: ``cls`` built from ``config``, in the saved dtypes.
 
     The global random generators are left as they were: the random initial weights are overwritten anyway, and
@@ -360,11 +350,10 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
     wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds the record
     ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 3}`` and
-    ``"format_version": 2``,
-    ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read the weights into another
-    architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both checked by
-    :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically (temporary file,
-    then rename). The weights keep their dtype (float16, bfloat16, ...).
+    ``"format_version": 2``, ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read
+    the weights into another architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both
+    checked by :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically
+    (temporary file, then rename). The weights keep their dtype (float16, bfloat16, ...).
 
     Args:
         model: a trained :class:`~torchformer.models.TransformerModel` (or a compiled or wrapped one).
@@ -381,10 +370,8 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     """
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
-        raise TypeError(
-            f"model must be a torchformer TransformerModel (a model with a config to export), got "
-            f"{type(target).__name__}; for other modules save the state_dict with save_checkpoint"
-        )
+        raise TypeError(f"model must be a torchformer TransformerModel (a model with a config to export), got "
+                        f"{type(target).__name__}; for other modules save the state_dict with save_checkpoint")
     directory = check_path(directory, "directory")
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"directory must be a folder to export the model to, got the file {directory}")
@@ -405,13 +392,9 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     return directory
 
 
-def load_exported(
-    directory: PathLike,
-    *,
-    model_class: Optional[type[TransformerModel]] = None,
-    classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-    map_location: Union[str, torch.device] = "cpu",
-) -> TransformerModel:
+def load_exported(directory: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
+                  classes: Optional[Mapping[str, type[TransformerModel]]] = None,
+                  map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
     """The model exported to ``directory`` by :func:`export_model`, weights checked and loaded.
 
     The model is rebuilt from ``config.json``, in the dtype it was saved in, and returned in ``eval()`` mode. Needs
@@ -442,8 +425,10 @@ def load_exported(
     if not weights.is_file():
         raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
                                 f"export_model)")
-    if digest is not None:
-        _verify_weights(weights, digest)
+    if digest is not None and (received := file_sha256(weights)) != digest:
+        raise CheckpointError(f"{weights} is damaged: it is not the file export_model wrote (SHA-256 "
+                              f"{received[:16]}..., {CONFIG_FILE} records {digest[:16]}...); export the model again or "
+                              f"restore the folder from a copy")
     cls = resolve_model_class(record.get("model_class"), model_class, classes, directory,
                               record.get("model_class_path"))
     model = rebuild_model(cls, config, _safetensors_dtypes(weights))
@@ -507,16 +492,6 @@ def _architecture_digest(model_class: object, config: object, model_class_path: 
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _verify_weights(file: Path, expected: str) -> None:
-    """Raise :class:`CheckpointError` naming ``file`` unless its SHA-256 is ``expected``."""
-    received = file_sha256(file)
-    if received != expected:
-        raise CheckpointError(
-            f"{file} is damaged: it is not the file export_model wrote (SHA-256 {received[:16]}..., {CONFIG_FILE} "
-            f"records {expected[:16]}...); export the model again or restore the folder from a copy"
-        )
-
-
 # safetensors' names of the floating point dtypes (the header of a .safetensors file names each tensor's dtype).
 _SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -532,12 +507,9 @@ def _safetensors_dtypes(file: Path) -> dict[str, torch.dtype]:
         header = None
     if not isinstance(header, dict):
         return {}  # not a safetensors file: loading it says so
-    dtypes = {}
-    for name, info in header.items():
-        dtype = getattr(torch, _SAFETENSORS_FLOATS.get(info.get("dtype"), ""), None) if isinstance(info, dict) else None
-        if isinstance(dtype, torch.dtype):
-            dtypes[name] = dtype
-    return dtypes
+    dtypes = {name: getattr(torch, _SAFETENSORS_FLOATS.get(info.get("dtype"), ""), None)
+              for name, info in header.items() if isinstance(info, dict)}
+    return {name: dtype for name, dtype in dtypes.items() if isinstance(dtype, torch.dtype)}
 
 
 def _load_safetensors(safetensors_torch: Any, model: TransformerModel, file: Path) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchformer._checks import is_int
+from torchformer._checks import check_positive_int
 from torchformer.train.distributed import (
     STRATEGIES, DistributedRun, all_reduce_sum, rank_and_world_size, setup_distributed,
 )
@@ -43,9 +43,7 @@ from torchformer.train.training import set_seed
 IGNORE = -100  # the target of a row that counts for nothing: F.nll_loss's default ignore_index
 
 
-def start_run(
-    device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None
-) -> DistributedRun:
+def start_run(device: torch.device, *, strategy: str, seed: int, timeout: Optional[timedelta] = None) -> DistributedRun:
     """Join the processes ``torchrun`` started (or set up a single process), seed them all, quiet all but rank 0.
 
     The standard output of the other processes goes to ``os.devnull``; their standard error stays, so a failing
@@ -108,7 +106,7 @@ class BatchShare:
     rows: Tensor
     real: Tensor
     divisor: float
-    whole: bool = False  # the whole batch, in order (one process): nothing to gather or copy
+    whole: bool = False
 
     def take(self, batch: Tensor) -> Tensor:
         """This process's rows of ``batch``: ``(batch_size, ...) -> (k, ...)``.
@@ -120,9 +118,7 @@ class BatchShare:
             The rows ``(k, ...)``; ``batch`` itself for one process (no gather, and no index copied to the device
             on every step).
         """
-        if self.whole:
-            return batch
-        return batch[self.rows.to(batch.device)]
+        return batch if self.whole else batch[self.rows.to(batch.device)]
 
     def targets(self, targets: Tensor) -> Tensor:
         """This process's rows of ``targets`` ``(batch_size, ...)``, those of repeated rows set to :data:`IGNORE`.
@@ -156,8 +152,7 @@ def share_batch(batch_size: int) -> BatchShare:
     Raises:
         ValueError: ``batch_size`` is not a positive int.
     """
-    if not is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_positive_int(batch_size, "batch_size")
     rank, world_size = rank_and_world_size()
     index = torch.arange(rank, world_size * math.ceil(batch_size / world_size), world_size)
     return BatchShare(rows=index % batch_size, real=index < batch_size, divisor=batch_size / world_size,
