@@ -80,11 +80,6 @@ def _check_length_penalty(value: object) -> float:
     return float(value)
 
 
-def _check_prompt(prompt: object, name: str, num_tokens: int) -> Tensor:
-    """The boundary check of a prompt, its values included (once per call, whatever the model's check_values)."""
-    return check_tokens(prompt, name, num_tokens, values=True)
-
-
 # ----------------------------------------------------------------------------------------------- the step
 
 
@@ -475,7 +470,8 @@ def generate(
         log-probabilities ``(b, max_new_tokens, v)``.
     """
     config = decoder_config(model, "generate")
-    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    # The prompt's values too, once per call (whatever the model's check_values): the loop reads none.
+    prompt = check_tokens(prompt, "prompt", config.num_tokens, values=True)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_sampling(temperature, top_k, top_p)
     if eos is not None:
@@ -531,7 +527,7 @@ def beam_search(
         scores ``(b,)``.
     """
     config = decoder_config(model, "beam_search")
-    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    prompt = check_tokens(prompt, "prompt", config.num_tokens, values=True)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_positive_int(beam_size, "beam_size")
     _check_length_penalty(length_penalty)
@@ -592,7 +588,7 @@ def seq2seq_generate(
     """
     config = decoder_config(model, "seq2seq_generate", encoder_decoder=True)
     if config.input_dim is None:
-        src = _check_prompt(src, "src", config.num_tokens)
+        src = check_tokens(src, "src", config.num_tokens, values=True)
     else:  # feature vectors: shape and dtype only, there are no ids to range-check
         src = check_features(src, "src", config.input_dim)
     check_positive_int(max_len, "max_len")
