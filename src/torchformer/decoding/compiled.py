@@ -85,18 +85,14 @@ class StaticCacheGenerator(generation.EagerStep):
         if mode is not None and not compile:
             raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
         super().__init__(model)
-        self.run = self._run
+        self.run = super().__call__  # the eager step, which this class only compiles and feeds kept buffers
         if compile:
             # fullgraph: a graph break would silently fall back to Python launches. The shapes are those of the
             # buffers; only the batch size varies between calls, and compile makes it symbolic when it does.
-            self.run = torch.compile(self._run, fullgraph=True, mode=mode, backend=backend)
+            self.run = torch.compile(self.run, fullgraph=True, mode=mode, backend=backend)
         # Tells CUDA graphs that a new step begins, so the previous step's outputs may be overwritten.
         self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
         self._kept: dict[tuple, tuple[list[BlockCache], Tensor, Tensor]] = {}
-
-    def _run(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
-        """``(n, 1)`` token at ``position`` ``(1,)`` -> ``(n, v)`` log-probabilities of the next one."""
-        return self.model(token, caches=caches, positions=position)[:, -1]
 
     def _layout(self, prompt: Tensor) -> tuple:
         """What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
