@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import autocast_enabled
+from torchformer._checks import autocast_enabled, check_bool
 from torchformer.decoding import generation
 from torchformer.nn.cache import BlockCache, mark_static_address
 
@@ -80,8 +80,7 @@ class StaticCacheGenerator(generation.EagerStep):
         backend: str | Callable = "inductor",
     ) -> None:
         generation.decoder_config(model, "StaticCacheGenerator")
-        if not isinstance(compile, bool):  # compile="no" would compile
-            raise TypeError(f"compile must be a bool, got {compile!r}")
+        check_bool(compile, "compile")  # compile="no" would compile
         if mode is not None and not compile:
             raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
         super().__init__(model)
