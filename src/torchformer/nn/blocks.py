@@ -47,9 +47,8 @@ from torchformer.nn.relative import AttentionPositions
 class TransformerBlock(nn.Module):
     """Self-attention and feed-forward.
 
-    ``forward(x, mask=None, *, positions=None, cache=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
-    real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
-    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
+    ``forward(x, mask=None, *, positions=None, cache=None)``: ``mask`` marks real tokens, ``positions`` their absolute
+    positions, ``cache`` a :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (:class:`SelfAttention`).
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
