@@ -715,8 +715,7 @@ class CrossAttention(MultiHeadAttention):
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
                 ``kv_heads``, ``qkv_bias``, ``out_bias``, ``head_dim`` and ``attention_scale`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
-            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
-                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            layer: the block's index, from 0 at the input: unused here, as in :meth:`MultiHeadAttention.from_config`.
             positions: accepted for the same signature, and refused unless ``None``: the context's keys have no
                 positions in the queries' sequence.
 
