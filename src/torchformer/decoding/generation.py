@@ -21,11 +21,9 @@ Any attention variant gets all of this without code of its own: the cache lives 
 ``mask.key_positions``), which mean the same with and without a cache.
 
 **The context window.** A model built with ``seq_length = L`` only ever sees the last ``L`` tokens (prompts are
-cropped the same way, as ``former`` does). While the sequence fits, the cache fills. Once it would exceed ``L`` the
-window *slides*: the oldest token drops out, every remaining position shifts, and with it every cached key and
-value (their positions change, and deeper layers' keys depend on the dropped token). So from then on each step is
-a full forward pass over the last ``L`` tokens, as without a cache: generation past the context keeps working, at
-the uncached cost of one ``L``-token forward pass per token, and cached and uncached runs stay identical.
+cropped the same way, as ``former`` does). Once the sequence outgrows ``L`` the window *slides*: every position
+shifts, and every cached key and value with it, so from then on each step is a full forward pass over the last
+``L`` tokens, as without a cache, and cached and uncached runs stay identical (``docs/generation.md``).
 
 **Beam search** (:func:`beam_search`) keeps the ``beam_size`` best partial sequences instead of one, which can find
 a sequence whose *total* probability is higher although its first token was not the most likely one.
