@@ -172,12 +172,10 @@ class StaticCacheGenerator(generation.EagerStep):
             max_new_tokens: how many tokens to add.
             temperature: divides the log-probabilities before sampling; ``0`` is greedy.
             top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus
-                sampling); ``None``: all.
+            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p``; ``None``: all.
             eos: the end-of-sequence id, after which a row holds only ``eos``; ``None``: none.
             generator: a :class:`torch.Generator` that makes sampling reproducible; ``None``: torch's global one.
-            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
-                which each new token was chosen.
+            return_logprobs: also return the log-probabilities each new token was chosen from, as ``generate``.
 
         Returns:
             The token ids ``(b, t + max_new_tokens)``; with ``return_logprobs``, also the log-probabilities
