@@ -20,9 +20,7 @@ decoder generates, so its keys and values are computed once per sequence, before
 :class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
 
 A :class:`RingKVCache` is Transformer-XL's segment memory (Dai et al. 2019) on the same buffers: slot ``p mod c``
-holds position ``p``, so it keeps the last ``c`` positions of an endless stream, and what earlier calls wrote is
-kept without gradients. A model trained on consecutive segments then attends over the previous segment's keys
-and values as well as its own (``GTransformer.new_memory``).
+holds position ``p``, so it keeps the last ``c`` positions of an endless stream (``GTransformer.new_memory``).
 
 The caches are part of attention's contract, so they live beside it in :mod:`torchformer.nn`; decoding
 (:mod:`torchformer.decoding`) only drives them.
