@@ -199,9 +199,7 @@ class TransformerBlock(nn.Module):
     ) -> Tensor:
         """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
-        The pieces of :meth:`forward` are methods (this, :meth:`sublayer`, :meth:`zero_padding`, ``self.ff``), so a
-        block that wires them another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) writes only
-        the wiring.
+        A block wired another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) reuses it.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
