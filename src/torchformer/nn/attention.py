@@ -747,8 +747,7 @@ class CrossAttention(MultiHeadAttention):
     def fill_cache(self, cache: ContextCache, context: Tensor, context_mask: Tensor | None = None) -> None:
         """Compute the keys and values of ``context`` once, into ``cache``, for every later decoding step.
 
-        Call it once per context, before the first step; the steps then read the keys, values and padding from
-        the cache (``forward(x, cache=cache, positions=...)``) and take no context.
+        Call it once per context, before the first step; the steps then take no context (see the class docstring).
 
         Args:
             cache: an empty :class:`~torchformer.nn.cache.ContextCache` (a block's ``cache.cross_attention``).
