@@ -59,12 +59,11 @@ from torchformer.nn.cache import BlockCache
 __all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
 
-def _check_token(value: object, name: str, num_tokens: int) -> int:
+def _check_token(value: object, name: str, num_tokens: int) -> None:
     if not is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}")
     if value >= num_tokens:
         raise ValueError(f"{name} must be a token id in [0, {num_tokens}), got {value}")
-    return value
 
 
 def _check_generator(generator: object) -> None:
@@ -72,10 +71,9 @@ def _check_generator(generator: object) -> None:
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
 
 
-def _check_length_penalty(value: object) -> float:
+def _check_length_penalty(value: object) -> None:
     if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"length_penalty must be a finite float, got {value!r}")
-    return float(value)
 
 
 # ----------------------------------------------------------------------------------------------- the step
