@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import autocast_enabled
+from torchformer._checks import autocast_enabled, check_bool
 from torchformer.decoding import generation
 from torchformer.nn.cache import BlockCache, mark_static_address
 
@@ -80,23 +80,18 @@ class StaticCacheGenerator(generation.EagerStep):
         backend: str | Callable = "inductor",
     ) -> None:
         generation.decoder_config(model, "StaticCacheGenerator")
-        if not isinstance(compile, bool):  # compile="no" would compile
-            raise TypeError(f"compile must be a bool, got {compile!r}")
+        check_bool(compile, "compile")  # compile="no" would compile
         if mode is not None and not compile:
             raise ValueError(f"mode ({mode!r}) is a torch.compile mode; pass compile=True with it")
         super().__init__(model)
-        self.run = self._run
+        self.run = super().__call__  # the eager step, which this class only compiles and feeds kept buffers
         if compile:
             # fullgraph: a graph break would silently fall back to Python launches. The shapes are those of the
             # buffers; only the batch size varies between calls, and compile makes it symbolic when it does.
-            self.run = torch.compile(self._run, fullgraph=True, mode=mode, backend=backend)
+            self.run = torch.compile(self.run, fullgraph=True, mode=mode, backend=backend)
         # Tells CUDA graphs that a new step begins, so the previous step's outputs may be overwritten.
         self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
         self._kept: dict[tuple, tuple[list[BlockCache], Tensor, Tensor]] = {}
-
-    def _run(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
-        """``(n, 1)`` token at ``position`` ``(1,)`` -> ``(n, v)`` log-probabilities of the next one."""
-        return self.model(token, caches=caches, positions=position)[:, -1]
 
     def _layout(self, prompt: Tensor) -> tuple:
         """What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
@@ -177,12 +172,10 @@ class StaticCacheGenerator(generation.EagerStep):
             max_new_tokens: how many tokens to add.
             temperature: divides the log-probabilities before sampling; ``0`` is greedy.
             top_k: sample only among the ``top_k`` most likely tokens; ``None``: all.
-            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p`` (nucleus
-                sampling); ``None``: all.
+            top_p: sample only among the most likely tokens whose probabilities sum to ``top_p``; ``None``: all.
             eos: the end-of-sequence id, after which a row holds only ``eos``; ``None``: none.
             generator: a :class:`torch.Generator` that makes sampling reproducible; ``None``: torch's global one.
-            return_logprobs: also return the model's log-probabilities (before temperature, top-k and top-p) from
-                which each new token was chosen.
+            return_logprobs: also return the log-probabilities each new token was chosen from, as ``generate``.
 
         Returns:
             The token ids ``(b, t + max_new_tokens)``; with ``return_logprobs``, also the log-probabilities

@@ -21,11 +21,9 @@ Any attention variant gets all of this without code of its own: the cache lives 
 ``mask.key_positions``), which mean the same with and without a cache.
 
 **The context window.** A model built with ``seq_length = L`` only ever sees the last ``L`` tokens (prompts are
-cropped the same way, as ``former`` does). While the sequence fits, the cache fills. Once it would exceed ``L`` the
-window *slides*: the oldest token drops out, every remaining position shifts, and with it every cached key and
-value (their positions change, and deeper layers' keys depend on the dropped token). So from then on each step is
-a full forward pass over the last ``L`` tokens, as without a cache: generation past the context keeps working, at
-the uncached cost of one ``L``-token forward pass per token, and cached and uncached runs stay identical.
+cropped the same way, as ``former`` does). Once the sequence outgrows ``L`` the window *slides*: every position
+shifts, and every cached key and value with it, so from then on each step is a full forward pass over the last
+``L`` tokens, as without a cache, and cached and uncached runs stay identical (``docs/generation.md``).
 
 **Beam search** (:func:`beam_search`) keeps the ``beam_size`` best partial sequences instead of one, which can find
 a sequence whose *total* probability is higher although its first token was not the most likely one.
@@ -61,12 +59,11 @@ from torchformer.nn.cache import BlockCache
 __all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
 
 
-def _check_token(value: object, name: str, num_tokens: int) -> int:
+def _check_token(value: object, name: str, num_tokens: int) -> None:
     if not is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative int token id, got {value!r}")
     if value >= num_tokens:
         raise ValueError(f"{name} must be a token id in [0, {num_tokens}), got {value}")
-    return value
 
 
 def _check_generator(generator: object) -> None:
@@ -74,15 +71,9 @@ def _check_generator(generator: object) -> None:
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
 
 
-def _check_length_penalty(value: object) -> float:
+def _check_length_penalty(value: object) -> None:
     if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"length_penalty must be a finite float, got {value!r}")
-    return float(value)
-
-
-def _check_prompt(prompt: object, name: str, num_tokens: int) -> Tensor:
-    """The boundary check of a prompt, its values included (once per call, whatever the model's check_values)."""
-    return check_tokens(prompt, name, num_tokens, values=True)
 
 
 # ----------------------------------------------------------------------------------------------- the step
@@ -475,7 +466,8 @@ def generate(
         log-probabilities ``(b, max_new_tokens, v)``.
     """
     config = decoder_config(model, "generate")
-    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    # The prompt's values too, once per call (whatever the model's check_values): the loop reads none.
+    prompt = check_tokens(prompt, "prompt", config.num_tokens, values=True)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_sampling(temperature, top_k, top_p)
     if eos is not None:
@@ -531,7 +523,7 @@ def beam_search(
         scores ``(b,)``.
     """
     config = decoder_config(model, "beam_search")
-    prompt = _check_prompt(prompt, "prompt", config.num_tokens)
+    prompt = check_tokens(prompt, "prompt", config.num_tokens, values=True)
     check_positive_int(max_new_tokens, "max_new_tokens")
     check_positive_int(beam_size, "beam_size")
     _check_length_penalty(length_penalty)
@@ -592,7 +584,7 @@ def seq2seq_generate(
     """
     config = decoder_config(model, "seq2seq_generate", encoder_decoder=True)
     if config.input_dim is None:
-        src = _check_prompt(src, "src", config.num_tokens)
+        src = check_tokens(src, "src", config.num_tokens, values=True)
     else:  # feature vectors: shape and dtype only, there are no ids to range-check
         src = check_features(src, "src", config.input_dim)
     check_positive_int(max_len, "max_len")

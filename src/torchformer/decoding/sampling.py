@@ -33,14 +33,11 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
     Raises:
         ValueError: an option is out of its range or of the wrong type (a bool included).
     """
-    if (not is_number(temperature) or not temperature >= 0
-            or not math.isfinite(temperature)):
+    if not is_number(temperature) or not temperature >= 0 or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None:
         check_positive_int(top_k, "top_k")
-    if top_p is not None and (
-        not is_number(top_p) or not 0.0 < top_p <= 1.0
-    ):
+    if top_p is not None and (not is_number(top_p) or not 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
 
 

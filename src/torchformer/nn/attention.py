@@ -118,11 +118,9 @@ def attention_fast(
 ) -> Tensor:
     """The same function as :func:`attention_reference`, computed by ``scaled_dot_product_attention``.
 
-    ``allowed=None`` means every key (or, with ``causal``, plain causal attention with as many queries as keys):
-    then no mask tensor is passed and PyTorch may pick the flash-attention kernel. Pass ``every_row_has_key=True``
-    when no query can be left without an allowed key (no padding), to skip the guard below. A ``bias`` goes to SDPA
-    as a float mask: the bias where allowed, ``-inf`` elsewhere. The weights are not returned (SDPA does not
-    compute them where others can read them): use :func:`attention_reference` for those.
+    With neither ``allowed`` nor ``bias`` no mask tensor is passed, so PyTorch may pick the flash-attention kernel.
+    A ``bias`` goes to SDPA as a float mask: the bias where allowed, ``-inf`` elsewhere. The weights are not returned
+    (SDPA does not compute them where others can read them): use :func:`attention_reference` for those.
 
     Args:
         q: queries ``(b, h, t, s)``.
@@ -133,8 +131,8 @@ def attention_fast(
         causal: apply the causal rule (query ``i`` sees keys ``<= i``) through SDPA's ``is_causal``; only used when
             ``allowed`` and ``bias`` are both ``None`` and ``t == u``, so otherwise ``allowed`` must hold the rule.
         dropout: probability of zeroing each weight; applied whenever it is above 0, so pass 0 when not training.
-        every_row_has_key: promise that every query has at least one allowed key, which skips the guard against
-            the NaN that SDPA returns for a query that may see nothing.
+        every_row_has_key: promise that every query has at least one allowed key (no padding), which skips the
+            guard against the NaN that SDPA returns for a query that may see nothing.
         bias: floats added to the scores before the softmax, broadcastable to ``(b, h, t, u)``; ``None``: no bias.
         scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)`` (SDPA's own default).
 
@@ -228,11 +226,10 @@ class MultiHeadAttention(nn.Module):
             that the positions of query and key must satisfy, besides ``causal`` and ``window``; ``None``: none.
 
     ``positions`` may also be a built :class:`~torchformer.nn.relative.AttentionPositions` (``Rotary(s,
-    base=500000.0)``, say): it is used as it is. :meth:`from_config` builds one that way, with the scheme's
-    ``from_config``, so that the scheme reads its own fields of the config (``rotary_base``, ``rotary_scaling``).
-
-    :meth:`from_config` builds one from a :class:`~torchformer.config.TransformerConfig`; that is how blocks
-    build theirs, so a subclass with the same keyword arguments plugs into every model.
+    base=500000.0)``, say), used as it is. :meth:`from_config` builds a layer from a
+    :class:`~torchformer.config.TransformerConfig`, and its scheme with the scheme's own ``from_config`` (which reads
+    ``rotary_base``, ``rotary_scaling``); that is how blocks build theirs, so a subclass with the same keyword
+    arguments plugs into every model.
 
     Shapes:
         Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)`` (``g = kv_heads``), outputs ``(b, t, e)``;
@@ -343,10 +340,13 @@ class MultiHeadAttention(nn.Module):
                     kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
                     window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
                     head_size=config.head_dim, scale=config.attention_scale, pattern=cls.pattern_from_config(config))
+        return built._zero_init_output(config)
+
+    def _zero_init_output(self, config: TransformerConfig) -> MultiHeadAttention:
         if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
-            for parameter in built.unifyheads.parameters():
+            for parameter in self.unifyheads.parameters():
                 nn.init.zeros_(parameter)
-        return built
+        return self
 
     @classmethod
     def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
@@ -571,10 +571,8 @@ class SelfAttention(MultiHeadAttention):
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
         out_bias: a bias in the output projection (``True``; ``False`` as Llama).
         head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
-        scale: the factor the scores are multiplied by instead of $1/\sqrt{s}$; ``None``: $1/\sqrt{s}$. T5's is
-            ``1.0``.
-        pattern: a sparse pattern (:class:`~torchformer.nn.masks.StridedPattern`,
-            :class:`~torchformer.nn.masks.FixedPattern`) the positions must satisfy too; ``None``: dense.
+        scale: the factor the scores are multiplied by; ``None``: $1/\sqrt{s}$. T5's is ``1.0``.
+        pattern: a sparse :class:`~torchformer.nn.masks.AttentionPattern` the positions must satisfy; ``None``: dense.
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -623,18 +621,17 @@ def check_cross_inputs(
 ) -> None:
     """The door check of what a cross-attention reads: a ``context`` or a filled cache, never both.
 
-    Without a cache, ``context`` ``(b, u, emb)`` must be given, with the queries' batch ``b`` (and, with ``like``,
-    the parameters' dtype), and ``context_mask`` ``(b, u)`` if any. With a cache, the context's keys, values and
-    padding are in it (filled once by :meth:`CrossAttention.fill_cache`), so neither may be given: a second source
-    of the same facts could only disagree with the first. Shapes only, as Python ints: no device sync. A block and a
-    stack call it at their doors too, before their self-attention writes into its cache.
+    With a cache, the context's keys, values and padding are in it (filled once by :meth:`CrossAttention.fill_cache`),
+    so neither ``context`` nor ``context_mask`` may be given: a second source of the same facts could only disagree
+    with the first. Shapes only, as Python ints: no device sync. A block and a stack call it at their doors too,
+    before their self-attention writes into its cache.
 
     Args:
-        context: the sequence the queries look at, ``(b, u, emb)``, or ``None`` with a cache.
+        context: the sequence the queries look at, ``(b, u, emb)``: required without a cache, ``None`` with one.
         context_mask: ``(b, u)``, True at real context tokens; ``None``: all real (and always with a cache).
         cache: the cross-attention's :class:`~torchformer.nn.cache.ContextCache`, or ``None``.
         emb: the embedding size ``e``.
-        batch: the batch size ``b`` of the queries.
+        batch: the batch size ``b`` of the queries, which the context (or the cache) must have.
         like: a parameter of the layer, whose dtype the context must have (unless autocast is on).
 
     Raises:
@@ -674,14 +671,13 @@ class CrossAttention(MultiHeadAttention):
     $K_n$, $V_n$ ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and
     $-\infty$ where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
 
-    This is how a decoder reads the encoder's output. ``forward(x, context, context_mask=None, *, positions=None,
-    cache=None, return_weights=False)``: ``context_mask`` marks real context tokens. Cross-attention is never
-    causal: every query may see the whole context (``causal`` is not an argument).
+    This is how a decoder reads the encoder's output: ``forward(x, context, context_mask=None, *, positions=None,
+    cache=None, return_weights=False)``, never causal (``causal`` is not an argument).
 
     The context does not change while a decoder generates, so incremental decoding computes its keys and values
-    once: :meth:`fill_cache` stores them, with the context's padding, in a
-    :class:`~torchformer.nn.cache.ContextCache`, and each step is then ``forward(x, cache=cache, positions=...)``,
-    with no context (giving one as well is an error, as is a cache that was never filled).
+    once: :meth:`fill_cache` stores them, with the context's padding, in a :class:`~torchformer.nn.cache.ContextCache`,
+    and each step is then ``forward(x, cache=cache, positions=...)``, with no context (giving one as well is an
+    error, as is a cache that was never filled).
 
     Args:
         emb: embedding size ``e`` of the inputs, the context and the outputs.
@@ -719,8 +715,7 @@ class CrossAttention(MultiHeadAttention):
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
                 ``kv_heads``, ``qkv_bias``, ``out_bias``, ``head_dim`` and ``attention_scale`` are used.
             causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
-            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
-                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            layer: the block's index, from 0 at the input: unused here, as in :meth:`MultiHeadAttention.from_config`.
             positions: accepted for the same signature, and refused unless ``None``: the context's keys have no
                 positions in the queries' sequence.
 
@@ -733,10 +728,7 @@ class CrossAttention(MultiHeadAttention):
         built = cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
                     impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
                     head_size=config.head_dim, scale=config.attention_scale)
-        if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
-            for parameter in built.unifyheads.parameters():
-                nn.init.zeros_(parameter)
-        return built
+        return built._zero_init_output(config)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.
@@ -755,8 +747,7 @@ class CrossAttention(MultiHeadAttention):
     def fill_cache(self, cache: ContextCache, context: Tensor, context_mask: Tensor | None = None) -> None:
         """Compute the keys and values of ``context`` once, into ``cache``, for every later decoding step.
 
-        Call it once per context, before the first step; the steps then read the keys, values and padding from
-        the cache (``forward(x, cache=cache, positions=...)``) and take no context.
+        Call it once per context, before the first step; the steps then take no context (see the class docstring).
 
         Args:
             cache: an empty :class:`~torchformer.nn.cache.ContextCache` (a block's ``cache.cross_attention``).

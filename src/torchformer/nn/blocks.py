@@ -47,9 +47,8 @@ from torchformer.nn.relative import AttentionPositions
 class TransformerBlock(nn.Module):
     """Self-attention and feed-forward.
 
-    ``forward(x, mask=None, *, positions=None, cache=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
-    real tokens, ``positions`` ``(t,)`` their absolute positions, ``cache`` a
-    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (see :class:`SelfAttention`).
+    ``forward(x, mask=None, *, positions=None, cache=None)``: ``mask`` marks real tokens, ``positions`` their absolute
+    positions, ``cache`` a :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (:class:`SelfAttention`).
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
@@ -200,9 +199,7 @@ class TransformerBlock(nn.Module):
     ) -> Tensor:
         """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
-        The pieces of :meth:`forward` are methods (this, :meth:`sublayer`, :meth:`zero_padding`, ``self.ff``), so a
-        block that wires them another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) writes only
-        the wiring.
+        A block wired another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) reuses it.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.

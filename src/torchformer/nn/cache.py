@@ -20,9 +20,7 @@ decoder generates, so its keys and values are computed once per sequence, before
 :class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
 
 A :class:`RingKVCache` is Transformer-XL's segment memory (Dai et al. 2019) on the same buffers: slot ``p mod c``
-holds position ``p``, so it keeps the last ``c`` positions of an endless stream, and what earlier calls wrote is
-kept without gradients. A model trained on consecutive segments then attends over the previous segment's keys
-and values as well as its own (``GTransformer.new_memory``).
+holds position ``p``, so it keeps the last ``c`` positions of an endless stream (``GTransformer.new_memory``).
 
 The caches are part of attention's contract, so they live beside it in :mod:`torchformer.nn`; decoding
 (:mod:`torchformer.decoding`) only drives them.
@@ -37,7 +35,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from torchformer._checks import is_int
+from torchformer._checks import check_positive_int, is_int
 
 
 def mark_static_address(*tensors: Tensor) -> None:
@@ -70,9 +68,7 @@ class KVCache:
     """
 
     def __init__(self, capacity: int) -> None:
-        if not is_int(capacity) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = check_positive_int(capacity, "capacity")
         self.keys: Optional[Tensor] = None  # (b, h, c, s)
         self.values: Optional[Tensor] = None  # (b, h, c, s_v)
         self.real: Optional[Tensor] = None  # (b, c) bool: False at padding; None while no mask was ever given
@@ -172,10 +168,8 @@ class KVCache:
         keys = state["keys"]
         if keys is not None and keys.size(2) != self.capacity:
             raise ValueError(f"the saved cache has {keys.size(2)} slots, this one {self.capacity} (capacity)")
-        moved = {name: state[name] if state[name] is None or device is None else state[name].to(device)
-                 for name in ("keys", "values", "real", "slots", "written")}
-        self.keys, self.values, self.real = moved["keys"], moved["values"], moved["real"]
-        self.slots, self.written = moved["slots"], moved["written"]
+        for name in ("keys", "values", "real", "slots", "written"):
+            setattr(self, name, state[name] if state[name] is None or device is None else state[name].to(device))
         self._any_written = bool(state["any_written"])
 
     def _allocate(self, keys: Tensor, values: Tensor) -> None:

@@ -555,9 +555,7 @@ class RelativeBias(AttentionPositions):
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> RelativeBias:
-        """A learned bias table for ``heads`` heads, one-sided in a causal layer.
-
-        See :meth:`AttentionPositions.from_sizes`.
+        """A learned bias table for ``heads`` heads, one-sided if causal (see :meth:`AttentionPositions.from_sizes`).
 
         Args:
             heads: the number of heads ``h``: one scalar per bucket each.

@@ -88,8 +88,8 @@ def shared_positions(block_class: type[TransformerBlock], config: TransformerCon
 class Encoder(nn.Module):
     """``depth`` transformer blocks, then a final norm with pre-norm blocks.
 
-    ``forward(x, mask=None, *, positions=None, caches=None)``: ``(b, t, e) -> (b, t, e)``. ``mask`` ``(b, t)`` marks
-    real tokens, ``positions`` ``(t,)`` their absolute positions.
+    ``forward(x, mask=None, *, positions=None, caches=None)``: ``mask`` marks real tokens, ``positions`` their
+    absolute positions.
 
     Args:
         config: the architecture; ``config.depth`` blocks.
@@ -133,11 +133,10 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``depth`` decoder blocks (causal self-attention and cross-attention).
 
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None)``: ``x`` ``(b, t, e)``,
-    ``context`` ``(b, u, e)`` -> ``(b, t, e)``. ``mask`` ``(b, t)`` marks real target tokens, ``context_mask``
-    ``(b, u)`` real context tokens. With ``caches`` (one :class:`~torchformer.nn.cache.BlockCache` per block),
-    :meth:`fill_caches` computes every block's cross-attention keys and values of the context once, and the cached
-    steps then take no ``context`` (``None``).
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None)``: ``mask`` marks real
+    target tokens, ``context_mask`` real context tokens. With ``caches`` (one
+    :class:`~torchformer.nn.cache.BlockCache` per block), :meth:`fill_caches` computes every block's cross-attention
+    keys and values of the context once, and the cached steps then take no ``context`` (``None``).
 
     Args:
         config: the architecture; ``config.decoder_depth`` blocks (``config.depth`` if that is None).
