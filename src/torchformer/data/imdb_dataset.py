@@ -47,7 +47,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence, TypeVar
@@ -55,16 +54,10 @@ from typing import Sequence, TypeVar
 from torchformer._checks import check_bool, is_int
 from torchformer._files import check_path, remove_stale_part_files
 from torchformer.data._imdb_files import (
-    check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
+    check_ids_everywhere_or_nowhere, is_tar, json_object, line_error, read_folder, read_jsonl, read_tar, review_id,
+    review_text,
 )
-from torchformer.data.download import (
-    DAMAGED_DATA_ERRORS,
-    DataFileError,
-    DataNotFoundError,
-    default_root,
-    is_damaged_data,
-    verify,
-)
+from torchformer.data.download import DataFileError, DataNotFoundError, default_root, verify
 from torchformer.data.download import download as download_file
 
 __all__ = ["IMDB_URL", "IMDB_MD5", "imdb", "train_val_split"]
@@ -266,28 +259,18 @@ def _what_is_missing(path: Path) -> str:
 
 def _read_tar(path: Path) -> dict[str, list]:
     splits: dict[str, list] = {"train": [], "test": []}
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                split, sentiment, filename = (["", "", ""] + member.name.split("/"))[-3:]
-                match = _REVIEW_NAME.fullmatch(filename)
-                if split not in splits or sentiment not in _LABELS or match is None:
-                    continue
-                handle = tar.extractfile(member)
-                assert handle is not None  # a regular file always has contents
-                text = decode(handle.read(), path, where=f"member {member.name} ")
-                splits[split].append((text, _LABELS[sentiment], int(match[1])))
-            # tarfile stops at the archive's end marker and never reads the last bytes of the compressed
-            # stream, where gzip keeps its CRC: read them, so that a changed byte is an error, not a review.
-            while tar.fileobj.read(1 << 20):
-                pass
-    except DAMAGED_DATA_ERRORS as err:
-        if not is_damaged_data(err):
-            raise  # the system's error (permissions, disk), not damage
-        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
+    for (split, label, review), text in read_tar(path, _tar_key):
+        splits[split].append((text, label, review))
     return splits
+
+
+def _tar_key(name: str) -> tuple[str, int, int] | None:
+    """``(split, label, id)`` of a review's member name, ``None`` for any other member."""
+    split, sentiment, filename = (["", "", ""] + name.split("/"))[-3:]
+    match = _REVIEW_NAME.fullmatch(filename)
+    if split not in ("train", "test") or sentiment not in _LABELS or match is None:
+        return None
+    return split, _LABELS[sentiment], int(match[1])
 
 
 def _read_folder(folder: Path) -> list:
@@ -296,12 +279,7 @@ def _read_folder(folder: Path) -> list:
         directory = folder / sentiment
         if not directory.is_dir():
             raise FileNotFoundError(f"IMDb folder '{folder}' has no '{sentiment}/' subfolder")
-        with os.scandir(directory) as entries:  # closed also when a file fails to decode
-            for entry in entries:
-                match = _REVIEW_NAME.fullmatch(entry.name)
-                if match is not None and entry.is_file():
-                    path = Path(entry.path)
-                    rows.append((decode(path.read_bytes(), path), label, int(match[1])))
+        rows += [(text, label, review) for review, text in read_folder(directory, _REVIEW_NAME)]
     return rows
 
 
