@@ -11,7 +11,7 @@ import operator
 import re
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from torchformer._checks import is_int
 
@@ -31,6 +31,19 @@ def check_text(text: object) -> str:
             hint = " (encode one text at a time)"
         raise TypeError(f"text must be a str, got {type(text).__name__}{hint}")
     return text
+
+
+def check_texts(texts: object) -> Iterator[tuple[int, str]]:
+    """``enumerate(texts)`` for an iterable of ``str`` (read once, as it goes); else a TypeError naming the culprit."""
+    if isinstance(texts, (str, bytes)):
+        # A lone string would be iterated character by character: surely a mistake.
+        raise TypeError("texts must be an iterable of strings, got a single string")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        yield i, text
 
 
 def check_ids(ids: object) -> list[int]:

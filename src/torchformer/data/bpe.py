@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from torchformer._checks import check_bool, is_int
-from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text, check_texts
 
 if TYPE_CHECKING:  # only for the annotations: the package is imported when it is needed, not before
     import tokenizers
@@ -159,16 +159,7 @@ class BPETokenizer:
                 f"{MAX_VOCAB_SIZE:,} (2**20), got {vocab_size!r}"
             )
         check_bool(lowercase, "lowercase")
-        if isinstance(texts, (str, bytes)):
-            # A lone string would be iterated character by character: surely a mistake.
-            raise TypeError("texts must be an iterable of strings, got a single string")
-        if not isinstance(texts, Iterable):
-            raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
-        normalized = []
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
-            normalized.append(_normalize(_check_unicode(text, f"texts[{i}]"), lowercase))
+        normalized = [_normalize(_check_unicode(text, f"texts[{i}]"), lowercase) for i, text in check_texts(texts)]
 
         tokenizer = tk.Tokenizer(tk.models.BPE())
         # ByteLevel: a text becomes bytes, each shown as a printable character, after a GPT-2 style split into words

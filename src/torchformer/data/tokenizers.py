@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Iterable, Sequence, Union
 
 from torchformer._checks import is_int
-from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text, check_texts
 # No cycle: bpe.py imports the shared checks from _tokenizing, not this module, and it imports the optional
 # tokenizers package only when a BPETokenizer is built or loaded.
 from torchformer.data.bpe import BPETokenizer
@@ -108,15 +108,8 @@ class WordTokenizer:
             raise ValueError(
                 f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}"
             )
-        if isinstance(texts, (str, bytes)):
-            # A lone string would be iterated character by character: surely a mistake.
-            raise TypeError("texts must be an iterable of strings, got a single string")
-        if not isinstance(texts, Iterable):
-            raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
         counts: Counter[str] = Counter()
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        for _, text in check_texts(texts):
             counts.update(_words(text))
         # Specials are never counted as words (a review could literally say "<unk>",
         # but the tokenizer splits that into "<", "unk", ">").
