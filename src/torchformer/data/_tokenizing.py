@@ -46,8 +46,9 @@ def check_texts(texts: object) -> Iterator[tuple[int, str]]:
         yield i, text
 
 
-def check_ids(ids: object) -> list[int]:
-    """``ids`` as a list of Python ints: a sequence of ints, or a 1-D integer tensor or numpy array."""
+def check_ids(ids: object, vocab_size: int) -> list[int]:
+    """``ids`` as a list of Python ints in ``[0, vocab_size)``: a sequence of ints, or a 1-D integer tensor or numpy
+    array. Every id's type is checked before any id's range."""
     kind = type(ids).__name__
     if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes, bytearray)):
         ids = ids.tolist()  # tensors and arrays: one C-level conversion instead of a Python loop over 0-d tensors
@@ -66,6 +67,9 @@ def check_ids(ids: object) -> list[int]:
         if value is None:
             raise TypeError(f"ids[{k}] must be an int, got {type(i).__name__} {i!r}")
         checked.append(value)
+    for i in checked:
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"ids must be in [0, {vocab_size}), got {i}")
     return checked
 
 
