@@ -1,18 +1,16 @@
 """Batching variable-length sequences: padding, masks and length bucketing.
 
-A batch of token sequences must become one rectangular ``(b, t)`` tensor, so the
-shorter sequences are padded up to the longest. The padding is not data: a
-boolean mask (``True`` = real token) travels with the ids so attention and
+A batch of token sequences must become one rectangular ``(b, t)`` tensor, so the shorter sequences are padded up to
+the longest. The padding is not data: a boolean mask (``True`` = real token) travels with the ids so attention and
 pooling can ignore it.
 
-Padding costs compute. IMDb reviews range from about 10 to 2,500 tokens, so a
-random batch is mostly padding. *Bucketing* fixes that while keeping the epoch
-random: shuffle, cut the indices into large chunks, sort each chunk by length,
-cut it into batches of similar lengths, then shuffle the order of the batches.
+Padding costs compute. IMDb reviews range from about 10 to 2,500 tokens, so a random batch is mostly padding.
+*Bucketing* fixes that while keeping the epoch random: shuffle, cut the indices into large chunks, sort each chunk
+by length, cut it into batches of similar lengths, then shuffle the order of the batches.
 
-Empty sequences are refused (``ValueError``) rather than padded: a row that is
-all padding has nothing to attend to, and its softmax silently turns into NaN.
-Map empty texts to something (e.g. ``[WordTokenizer.UNK]``) before batching.
+Empty sequences are refused (``ValueError``) rather than padded: a row that is all padding has nothing to attend to,
+and its softmax silently turns into NaN. Map empty texts to something (e.g. ``[WordTokenizer.UNK]``) before
+batching.
 """
 
 from __future__ import annotations
