@@ -1,45 +1,33 @@
 """The IMDb movie-review sentiment dataset (Maas et al., ACL 2011).
 
-50,000 reviews from IMDb, each labelled negative (0, rated 1-4 stars) or positive
-(1, rated 7-10 stars), split 25,000 / 25,000 into an official train and test set.
-It is the classic "does the model read a whole paragraph?" benchmark: reviews
-average about 230 words, and the sentiment is often carried by a few words far apart.
-(Measured on the 25,000 training reviews: 231.5 words separated by white space once
-the ``<br />`` line breaks are removed, median 173; in tokens of the library's
-:class:`~torchformer.data.tokenizers.WordTokenizer`, which also counts punctuation
-marks, 269.9, median 201.)
+50,000 reviews from IMDb, each labelled negative (0, rated 1-4 stars) or positive (1, rated 7-10 stars), split
+25,000 / 25,000 into an official train and test set. It is the classic "does the model read a whole paragraph?"
+benchmark: reviews average about 230 words, and the sentiment is often carried by a few words far apart.
+(Measured on the 25,000 training reviews: 231.5 words separated by white space once the ``<br />`` line breaks are
+removed, median 173; in tokens of the library's :class:`~torchformer.data.tokenizers.WordTokenizer`, which also
+counts punctuation marks, 269.9, median 201.)
 
-:func:`imdb` reads any of three on-disk forms and returns exactly the same
-``(text, label)`` pairs, in the same order, from each:
+:func:`imdb` reads any of three on-disk forms and returns exactly the same ``(text, label)`` pairs, in the same
+order, from each:
 
 1. the official archive ``aclImdb_v1.tar.gz``, read straight from the tar
    (members ``aclImdb/{train,test}/{pos,neg}/[id]_[rating].txt``);
 2. that archive extracted, i.e. an ``aclImdb/`` folder (or the folder holding it);
-3. a folder with ``imdb_train.jsonl.gz`` and ``imdb_test.jsonl.gz``, one JSON object
-   per line with at least ``"text"`` and ``"label"`` (and ideally ``"id"``).
+3. a folder with ``imdb_train.jsonl.gz`` and ``imdb_test.jsonl.gz``, one JSON object per line with at least
+   ``"text"`` and ``"label"`` (and ideally ``"id"``).
 
-The order is sorted by ``(label, id)``: all negative reviews by id, then all
-positive ones. That order is *not* random, so always shuffle before training
-(the batching helpers do). Texts are returned raw, ``<br />`` tags included:
-cleaning is the tokenizer's job.
+The order is sorted by ``(label, id)``: all negative reviews by id, then all positive ones. That order is *not*
+random, so always shuffle before training (the batching helpers do). Texts are returned raw, ``<br />`` tags
+included: cleaning is the tokenizer's job. The test split should be looked at once, at the very end;
+:func:`train_val_split` carves a validation set out of the training reviews for everything before that.
 
-The test split should be looked at once, at the very end. :func:`train_val_split`
-carves a validation set out of the training reviews for everything before that.
-
-Files are checked, not trusted:
-
-* The archive found in ``root`` (``path=None``) is the cache's copy of the official
-  one, so its md5 is checked before every use (a hash pass over 84 MB, small next to
-  reading the reviews); a wrong copy is an error that says how to repair it, or, with
-  ``download=True``, is downloaded again. A ``path=`` you pass is used as it is: it
-  may be a repacked or partial copy on purpose. The folder and jsonl forms have no
-  official checksum and are checked for their format only.
-* A damaged, truncated or wrongly formatted file raises
-  :class:`~torchformer.data.download.DataFileError` naming the file (the tar member,
-  the jsonl line).
-* Text must be valid UTF-8, in every form. The official files are, so an invalid byte
-  means a damaged or re-encoded copy: it is an error naming the file, never silently
-  replaced by U+FFFD (which would train on altered text).
+Files are checked, not trusted (``docs/data.md`` has the details). The archive found in ``root`` (``path=None``) is
+the cache's copy of the official one, so its md5 is checked before every use (a hash pass over 84 MB, small next to
+reading the reviews); a ``path=`` you pass is used as it is (it may be a repacked or partial copy on purpose), and
+the folder and jsonl forms, which have no official checksum, are checked for their format only. A damaged,
+truncated or malformed file raises :class:`~torchformer.data.download.DataFileError` naming the file (the tar
+member, the jsonl line), and so does text that is not valid UTF-8: the official files are, so an invalid byte means
+a damaged or re-encoded copy, never silently replaced by U+FFFD (which would train on altered text).
 """
 
 from __future__ import annotations
@@ -171,14 +159,10 @@ def _cached_archive(archive: Path, download: bool) -> Path:
     if download:
         # download() checks a file already there like a fresh one, and downloads it again if it fails.
         return download_file(IMDB_URL, archive, md5=IMDB_MD5, progress=True)
-    verify(
-        archive,
-        md5=IMDB_MD5,
-        advice=(
-            f"It is damaged or not the official archive. Call imdb(download=True, root={str(archive.parent)!r}) "
-            f"to replace it with the official one, or pass path={str(archive)!r} to use this copy as it is."
-        ),
-    )
+    verify(archive, md5=IMDB_MD5, advice=(
+        f"It is damaged or not the official archive. Call imdb(download=True, root={str(archive.parent)!r}) "
+        f"to replace it with the official one, or pass path={str(archive)!r} to use this copy as it is."
+    ))
     return archive
 
 
@@ -187,9 +171,8 @@ def train_val_split(
 ) -> tuple[list[T], list[T]]:
     """Split ``examples`` into ``(train, val)`` with ``len(val) == val_size``.
 
-    The choice of validation examples depends only on ``len(examples)`` and ``seed``,
-    so a run can be reproduced exactly. Both parts keep the input's relative order
-    (for IMDb: sorted by label), so shuffle when batching.
+    The choice of validation examples depends only on ``len(examples)`` and ``seed``, so a run can be reproduced
+    exactly. Both parts keep the input's relative order (for IMDb: sorted by label), so shuffle when batching.
 
     Args:
         examples: the examples to split.
@@ -209,9 +192,7 @@ def train_val_split(
         raise TypeError(f"examples must be a sequence (e.g. a list), got {type(examples).__name__}")
     n = len(examples)
     if not is_int(val_size) or not 0 < val_size < n:
-        raise ValueError(
-            f"val_size must be an int with 0 < val_size < len(examples) = {n}, got {val_size!r}"
-        )
+        raise ValueError(f"val_size must be an int with 0 < val_size < len(examples) = {n}, got {val_size!r}")
     # A private Random instance: no global RNG state is read or changed.
     val_idx = set(random.Random(seed).sample(range(n), val_size))
     train = [examples[i] for i in range(n) if i not in val_idx]
