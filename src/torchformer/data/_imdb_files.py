@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -46,6 +47,41 @@ def decode(data: bytes, path: Path, *, where: str = "", line: int | None = None)
             path, f"{where}is not valid UTF-8 (byte {err.start}{' of the line' if line else ''} is {bad!r})",
             _UTF8_ADVICE, line=line,
         ) from err
+
+
+def read_tar(path: Path, key: Callable[[str], T | None]) -> list[tuple[T, str]]:
+    """``(key(name), text)`` for each file of the tar archive whose member name ``key`` accepts (returns not None);
+    a damaged archive or a text that is not UTF-8 is a DataFileError naming the file (and the member)."""
+    rows = []
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if not member.isfile() or (found := key(member.name)) is None:
+                    continue
+                handle = tar.extractfile(member)
+                assert handle is not None  # a regular file always has contents
+                rows.append((found, decode(handle.read(), path, where=f"member {member.name} ")))
+            # tarfile stops at the archive's end marker and never reads the last bytes of the compressed
+            # stream, where gzip keeps its CRC: read them, so that a changed byte is an error, not a review.
+            while tar.fileobj.read(1 << 20):
+                pass
+    except DAMAGED_DATA_ERRORS as err:
+        if not is_damaged_data(err):
+            raise  # the system's error (permissions, disk), not damage
+        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
+    return rows
+
+
+def read_folder(folder: Path, name: re.Pattern) -> list[tuple[int, str]]:
+    """``(id, text)`` for each file of ``folder`` whose name ``name`` matches in full, the id its first group."""
+    rows = []
+    with os.scandir(folder) as entries:  # closed also when a file fails to decode
+        for entry in entries:
+            match = name.fullmatch(entry.name)
+            if match is not None and entry.is_file():
+                path = Path(entry.path)
+                rows.append((int(match[1]), decode(path.read_bytes(), path)))
+    return rows
 
 
 def read_jsonl(path: Path, parse: Callable[[str, Path, int], T]) -> list[T]:

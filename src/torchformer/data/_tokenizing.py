@@ -11,7 +11,7 @@ import operator
 import re
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from torchformer._checks import is_int
 
@@ -33,8 +33,22 @@ def check_text(text: object) -> str:
     return text
 
 
-def check_ids(ids: object) -> list[int]:
-    """``ids`` as a list of Python ints: a sequence of ints, or a 1-D integer tensor or numpy array."""
+def check_texts(texts: object) -> Iterator[tuple[int, str]]:
+    """``enumerate(texts)`` for an iterable of ``str`` (read once, as it goes); else a TypeError naming the culprit."""
+    if isinstance(texts, (str, bytes)):
+        # A lone string would be iterated character by character: surely a mistake.
+        raise TypeError("texts must be an iterable of strings, got a single string")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        yield i, text
+
+
+def check_ids(ids: object, vocab_size: int) -> list[int]:
+    """``ids`` as a list of Python ints in ``[0, vocab_size)``: a sequence of ints, or a 1-D integer tensor or numpy
+    array. Every id's type is checked before any id's range."""
     kind = type(ids).__name__
     if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes, bytearray)):
         ids = ids.tolist()  # tensors and arrays: one C-level conversion instead of a Python loop over 0-d tensors
@@ -53,6 +67,9 @@ def check_ids(ids: object) -> list[int]:
         if value is None:
             raise TypeError(f"ids[{k}] must be an int, got {type(i).__name__} {i!r}")
         checked.append(value)
+    for i in checked:
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"ids must be in [0, {vocab_size}), got {i}")
     return checked
 
 

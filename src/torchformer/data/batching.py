@@ -1,18 +1,16 @@
 """Batching variable-length sequences: padding, masks and length bucketing.
 
-A batch of token sequences must become one rectangular ``(b, t)`` tensor, so the
-shorter sequences are padded up to the longest. The padding is not data: a
-boolean mask (``True`` = real token) travels with the ids so attention and
+A batch of token sequences must become one rectangular ``(b, t)`` tensor, so the shorter sequences are padded up to
+the longest. The padding is not data: a boolean mask (``True`` = real token) travels with the ids so attention and
 pooling can ignore it.
 
-Padding costs compute. IMDb reviews range from about 10 to 2,500 tokens, so a
-random batch is mostly padding. *Bucketing* fixes that while keeping the epoch
-random: shuffle, cut the indices into large chunks, sort each chunk by length,
-cut it into batches of similar lengths, then shuffle the order of the batches.
+Padding costs compute. IMDb reviews range from about 10 to 2,500 tokens, so a random batch is mostly padding.
+*Bucketing* fixes that while keeping the epoch random: shuffle, cut the indices into large chunks, sort each chunk
+by length, cut it into batches of similar lengths, then shuffle the order of the batches.
 
-Empty sequences are refused (``ValueError``) rather than padded: a row that is
-all padding has nothing to attend to, and its softmax silently turns into NaN.
-Map empty texts to something (e.g. ``[WordTokenizer.UNK]``) before batching.
+Empty sequences are refused (``ValueError``) rather than padded: a row that is all padding has nothing to attend to,
+and its softmax silently turns into NaN. Map empty texts to something (e.g. ``[WordTokenizer.UNK]``) before
+batching.
 """
 
 from __future__ import annotations
@@ -29,14 +27,15 @@ from torchformer._checks import check_bool, is_int
 __all__ = ["pad_batch", "bucket_batches", "ClassificationBatches"]
 
 
-def _check_positive_int(name: str, value: object) -> int:
+def _check_int(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an int of at least ``minimum`` (1: "positive", 0: "non-negative"), or a ValueError naming it."""
     # operator.index: Python, NumPy and 0-d tensor integers count as ints; floats and bools do not.
     try:
         n = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        n = 0
-    if isinstance(value, bool) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        n = minimum - 1
+    if isinstance(value, bool) or n < minimum:
+        raise ValueError(f"{name} must be a {'positive' if minimum == 1 else 'non-negative'} int, got {value!r}")
     return n
 
 
@@ -55,17 +54,6 @@ def _as_ids(i: int, sequence: object) -> list:
             raise TypeError(f"sequences[{i}] must be 1-D, got shape {tuple(sequence.shape)}")
         return sequence.tolist()
     return sequence
-
-
-def _as_length(i: int, n: object) -> int:
-    # operator.index accepts Python, numpy and 0-d tensor integers, but not floats.
-    try:
-        value = operator.index(n)  # type: ignore[arg-type]
-    except TypeError:
-        value = -1
-    if isinstance(n, bool) or value < 0:
-        raise ValueError(f"lengths[{i}] must be a non-negative int, got {n!r}")
-    return value
 
 
 def pad_batch(
@@ -88,19 +76,18 @@ def pad_batch(
         ``True`` at real tokens; ``t`` is the longest sequence after truncation.
     """
     if max_length is not None:
-        max_length = _check_positive_int("max_length", max_length)
+        max_length = _check_int("max_length", max_length)
     if not is_int(pad):
         raise TypeError(f"pad must be an int token id, got {pad!r}")
     if len(sequences) == 0:
         raise ValueError("sequences must contain at least one sequence, got an empty batch")
     rows = [_as_ids(i, s) for i, s in enumerate(sequences)]
     lengths = [len(row) if max_length is None else min(len(row), max_length) for row in rows]
-    for i, n in enumerate(lengths):
-        if n == 0:
-            raise ValueError(
-                f"sequences[{i}] is empty; an all-padding row has nothing to attend to "
-                "(encode empty texts as e.g. [UNK] instead)"
-            )
+    if 0 in lengths:
+        raise ValueError(
+            f"sequences[{lengths.index(0)}] is empty; an all-padding row has nothing to attend to "
+            "(encode empty texts as e.g. [UNK] instead)"
+        )
     # One tensor for all real tokens, scattered into place through the mask: far
     # faster than b small tensor copies.
     try:
@@ -148,24 +135,20 @@ def bucket_batches(
     batch order. Each index appears exactly once; only the very last batch may be
     smaller than ``batch_size``; there are ``ceil(len(lengths) / batch_size)`` batches.
 
-    A larger multiplier gives more uniform batches but less randomness in which
-    examples meet in a batch. ``shuffle=False`` skips both shuffles (deterministic,
-    for evaluation). ``generator`` makes the shuffles reproducible; without one,
-    torch's global RNG is used, like ``DataLoader`` does.
-
     Args:
         lengths: the length of each example.
         batch_size: indices per batch.
-        shuffle: shuffle the indices and the batches; ``False`` for a fixed order.
-        generator: makes the shuffles reproducible.
-        bucket_size_multiplier: how many batches' worth of indices are sorted by length together.
+        shuffle: shuffle the indices and the batches; ``False`` skips both (deterministic, for evaluation).
+        generator: makes the shuffles reproducible; without one, torch's global RNG is used, like ``DataLoader`` does.
+        bucket_size_multiplier: how many batches' worth of indices are sorted by length together: more gives more
+            uniform batches, but less randomness in which examples meet in a batch.
 
     Returns:
         The batches, each a list of indices.
     """
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("bucket_size_multiplier", bucket_size_multiplier)
-    lengths = [_as_length(i, n) for i, n in enumerate(lengths)]
+    _check_int("batch_size", batch_size)
+    _check_int("bucket_size_multiplier", bucket_size_multiplier)
+    lengths = [_check_int(f"lengths[{i}]", n, 0) for i, n in enumerate(lengths)]
 
     count = len(lengths)
     order = torch.randperm(count, generator=generator).tolist() if shuffle else list(range(count))
@@ -182,9 +165,8 @@ def bucket_batches(
 class ClassificationBatches:
     """One epoch of ``(ids, mask, labels)`` batches for sequence classification.
 
-    ``ids`` and ``mask`` are ``(b, t)`` as from :func:`pad_batch`, ``labels`` is ``(b,)``
-    int64. Batches are length-bucketed by :func:`bucket_batches`; each ``iter()``
-    is a new epoch with a fresh shuffle drawn from ``generator``.
+    Batches are length-bucketed by :func:`bucket_batches` and padded by :func:`pad_batch`; each ``iter()`` is a new
+    epoch with a fresh shuffle drawn from ``generator``.
 
     Args:
         encoded: the token ids of each example.
@@ -218,9 +200,9 @@ class ClassificationBatches:
         device: torch.device | str | None = None,
         pad: int = 0,
     ):
-        batch_size = _check_positive_int("batch_size", batch_size)
+        batch_size = _check_int("batch_size", batch_size)
         if max_length is not None:
-            max_length = _check_positive_int("max_length", max_length)
+            max_length = _check_int("max_length", max_length)
         check_bool(shuffle, "shuffle")
         if not is_int(pad):
             raise TypeError(f"pad must be an int token id, got {pad!r}")
@@ -231,9 +213,7 @@ class ClassificationBatches:
                 raise ValueError(f"device must be a torch.device or a name such as 'cpu', got {device!r} "
                                  f"({e})") from None
         if len(encoded) != len(labels):
-            raise ValueError(
-                f"encoded and labels must have the same length, got {len(encoded)} and {len(labels)}"
-            )
+            raise ValueError(f"encoded and labels must have the same length, got {len(encoded)} and {len(labels)}")
         if len(encoded) == 0:
             raise ValueError("encoded must contain at least one sequence, got none")
         try:
@@ -243,10 +223,8 @@ class ClassificationBatches:
             raise TypeError(f"labels must be a 1-D sequence of ints (class numbers), got {type(odd).__name__} "
                             f"{odd!r:.60} among them") from None
         if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:
-            raise TypeError(
-                f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
-                f"shape {tuple(labels_t.shape)}"
-            )
+            raise TypeError(f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
+                            f"shape {tuple(labels_t.shape)}")
         if int(labels_t.min()) < 0:
             raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
         # Checked here rather than mid-epoch, so a bad example fails before training starts.
@@ -270,16 +248,9 @@ class ClassificationBatches:
         self.pad = pad
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        batches = bucket_batches(
-            self.lengths, self.batch_size, shuffle=self.shuffle, generator=self.generator
-        )
-        for indices in batches:
-            ids, mask = pad_batch(
-                [self.encoded[i] for i in indices],
-                max_length=self.max_length,
-                pad=self.pad,
-                device=self.device,
-            )
+        for indices in bucket_batches(self.lengths, self.batch_size, shuffle=self.shuffle, generator=self.generator):
+            ids, mask = pad_batch([self.encoded[i] for i in indices], max_length=self.max_length, pad=self.pad,
+                                  device=self.device)
             yield ids, mask, _to_device(self.labels[indices], self.device)
 
     def __len__(self) -> int:

@@ -4,17 +4,11 @@
 frequent pair of neighbouring tokens of the training texts into a new token, until the vocabulary is full. Frequent
 words end up as one token (``" great"``), rarer ones as a few pieces (``" un" "believ" "able"``). *Byte-level* BPE
 (GPT-2, Radford et al. 2019) starts from the 256 byte values of UTF-8 instead of characters, so every text can be
-encoded, nothing is ever unknown, and decoding gives the text back exactly.
-
-It sits between the two tokenizers of :mod:`torchformer.data.tokenizers`:
-
-* against :class:`~torchformer.data.tokenizers.ByteTokenizer`: sequences several times shorter for the same text
-  (attention costs grow with the square of the length), at the price of a vocabulary to learn and store;
-* against :class:`~torchformer.data.tokenizers.WordTokenizer`: no ``<unk>``: a word never seen in training (a name,
-  a typo) is spelled out in pieces instead of being lost.
-
-Like the word vocabulary, the merges are learned from the texts given to :meth:`BPETokenizer.build`: give it the
-training split only, or the tokenizer encodes which words the held-out texts use.
+encoded, nothing is ever unknown, and decoding gives the text back exactly. Against
+:class:`~torchformer.data.tokenizers.ByteTokenizer` that means sequences several times shorter (attention costs
+grow with the square of the length); against :class:`~torchformer.data.tokenizers.WordTokenizer`, no ``<unk>``.
+Like the word vocabulary, the merges are learned from the texts given to :meth:`BPETokenizer.build`: the training
+split only (``docs/data.md`` compares the three tokenizers).
 
 Text is normalised the way :class:`~torchformer.data.tokenizers.WordTokenizer` does it: IMDb's ``<br />`` line
 breaks become a space (they would otherwise be learned as frequent tokens), and the text is lower-cased. Lower-casing
@@ -22,11 +16,11 @@ is the default because it spends the vocabulary on more words rather than on ``"
 ``"GREAT"``, and keeps the comparison with the word tokenizer fair; ``build(..., lowercase=False)`` keeps case. So
 ``decode(encode(text)) == normalize(text)``, exactly, for any text.
 
-The training itself runs in the ``tokenizers`` package (Rust): an optional dependency (``pip install
-"torchformer[bpe]"``), imported only when a :class:`BPETokenizer` is built or loaded. It is deterministic: the same
-texts give the same vocabulary and merges, in this process or another, with one thread (``RAYON_NUM_THREADS=1``) or
-many (``tests/test_bpe.py``). With tokenizers 0.23.3 the order of the texts made no difference either (measured on
-3,000 random texts with many equally frequent pairs; not a documented promise of the package, so not relied on).
+The training runs in the optional ``tokenizers`` package (Rust; ``pip install "torchformer[bpe]"``), imported only
+when a :class:`BPETokenizer` is built or loaded. It is deterministic: the same texts give the same vocabulary and
+merges, in this process or another, with one thread (``RAYON_NUM_THREADS=1``) or many (``tests/test_bpe.py``). With
+tokenizers 0.23.3 the order of the texts made no difference either (measured on 3,000 random texts with many equally
+frequent pairs; not a documented promise of the package, so not relied on).
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from torchformer._checks import check_bool, is_int
-from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text, check_texts
 
 if TYPE_CHECKING:  # only for the annotations: the package is imported when it is needed, not before
     import tokenizers
@@ -152,23 +146,13 @@ class BPETokenizer:
             The trained tokenizer.
         """
         tk = _tokenizers()
-        if (not is_int(vocab_size)
-                or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE):
+        if not is_int(vocab_size) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size must be an int from {MIN_VOCAB_SIZE} (it counts <pad> and the 256 bytes) to "
                 f"{MAX_VOCAB_SIZE:,} (2**20), got {vocab_size!r}"
             )
         check_bool(lowercase, "lowercase")
-        if isinstance(texts, (str, bytes)):
-            # A lone string would be iterated character by character: surely a mistake.
-            raise TypeError("texts must be an iterable of strings, got a single string")
-        if not isinstance(texts, Iterable):
-            raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
-        normalized = []
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
-            normalized.append(_normalize(_check_unicode(text, f"texts[{i}]"), lowercase))
+        normalized = [_normalize(_check_unicode(text, f"texts[{i}]"), lowercase) for i, text in check_texts(texts)]
 
         tokenizer = tk.Tokenizer(tk.models.BPE())
         # ByteLevel: a text becomes bytes, each shown as a printable character, after a GPT-2 style split into words
@@ -215,8 +199,7 @@ class BPETokenizer:
         """
         normalized = _normalize(_check_unicode(check_text(text), "text"), self.lowercase)
         check_max_length(max_length)
-        ids = self._tokenizer.encode(normalized).ids
-        return ids if max_length is None else ids[:max_length]
+        return self._tokenizer.encode(normalized).ids[:max_length]  # [:None] keeps them all
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids back to text; ``<pad>`` ids are dropped.
@@ -227,11 +210,7 @@ class BPETokenizer:
         Returns:
             The text, ``normalize(text)`` for the ids of ``encode(text)``.
         """
-        checked, n = check_ids(ids), len(self)
-        for i in checked:
-            if not 0 <= i < n:
-                raise ValueError(f"ids must be in [0, {n}), got {i}")
-        return self._tokenizer.decode(checked, skip_special_tokens=True)
+        return self._tokenizer.decode(check_ids(ids, len(self)), skip_special_tokens=True)
 
     def tokenize(self, text: str) -> list[str]:
         """The pieces ``text`` is cut into, each decoded on its own: see what the merges learned.
@@ -274,16 +253,12 @@ class BPETokenizer:
             The tokenizer, encoding exactly as the one that wrote ``state``.
         """
         check_state(state, "bpe")
-        missing = sorted({"lowercase", "tokenizer"} - set(state))
-        if missing:
-            raise ValueError(
-                f"state has no {', '.join(map(repr, missing))} (keys: {sorted(state)}); pass what state_dict() "
-                f"returned"
-            )
+        if missing := sorted({"lowercase", "tokenizer"} - set(state)):
+            raise ValueError(f"state has no {', '.join(map(repr, missing))} (keys: {sorted(state)}); pass what "
+                             f"state_dict() returned")
         if not isinstance(state["tokenizer"], str):
-            raise TypeError(
-                f"state['tokenizer'] must be a str (the tokenizer's JSON), got {type(state['tokenizer']).__name__}"
-            )
+            raise TypeError(f"state['tokenizer'] must be a str (the tokenizer's JSON), got "
+                            f"{type(state['tokenizer']).__name__}")
         tk = _tokenizers()
         try:
             tokenizer = tk.Tokenizer.from_str(state["tokenizer"])

@@ -1,25 +1,17 @@
 """Download a file safely: stream it, check its checksum, and only then put it in place.
 
-A dataset cache must never hold a half-written or corrupt file: the next run would load it
-without complaint and train on garbage. So :func:`download` writes to a temporary file in the
-destination's folder, checks the byte count and the checksum while the bytes stream past, and
-only then renames the temporary file to its final name with :func:`os.replace`, which is atomic
-on the same file system. If anything goes wrong, the temporary file is deleted and nothing is
-left at the destination.
-
-A killed process (``kill -9``, a power cut) cannot clean up, so the temporary file's name records who writes it:
-``.{name}.{host}-{pid}-{random}.part``. The next download of the same file removes the leftovers that are surely
-dead (see ``torchformer._files.remove_stale_part_files``) and never touches a live download's.
-
-A file that is already at the destination is checked like a fresh download (size and digests, when given) before
-it is trusted; if it fails, it is downloaded again.
+A dataset cache must never hold a half-written or corrupt file: the next run would load it without complaint and
+train on garbage. So :func:`download` streams into a temporary file in the destination's folder, checks the byte
+count and the checksum(s) while the bytes pass, and only then renames it into place with :func:`os.replace`, atomic
+on one file system; if anything goes wrong, the temporary file is deleted and nothing is left at the destination.
+The temporary's name, ``.{name}.{host}-{pid}-{random}.part``, records who writes it, so that the next download
+removes what a killed process (``kill -9``, a power cut) left behind and never a live download's
+(``torchformer._files.remove_stale_part_files``). A file already at the destination is checked like a fresh
+download before it is trusted. ``docs/data.md`` tells the whole story.
 
 :class:`DataFileError` is the data package's one error for a file that is there but unusable (truncated, damaged,
-not in the expected format); the loaders raise it with the file's name, the line where that makes sense, and
-what to do.
-
-The cache lives in ``~/.cache/torchformer`` unless the ``TORCHFORMER_HOME`` environment variable
-names another folder (see :func:`default_root`).
+not in the expected format). The cache lives in ``~/.cache/torchformer`` unless ``$TORCHFORMER_HOME`` names another
+folder (:func:`default_root`).
 """
 
 from __future__ import annotations
@@ -49,8 +41,7 @@ _CHUNK = 1 << 20  # 1 MiB: large enough to be fast, small enough to keep memory 
 class ChecksumError(ValueError):
     """A file's digest (or its size) is not the expected one.
 
-    Attributes ``path``, ``algorithm`` (``"sha256"``, ``"md5"`` or ``"size"``), ``expected``, ``received`` and
-    ``advice`` hold the details.
+    Each argument is kept as the attribute of the same name.
 
     Args:
         path: the file.
@@ -158,15 +149,6 @@ def default_root() -> pathlib.Path:
     return pathlib.Path.home() / ".cache" / "torchformer"
 
 
-def _new_hash(algorithm: str):
-    try:
-        return hashlib.new(algorithm)
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"algorithm must be a hashlib algorithm name such as 'sha256' or 'md5', got {algorithm!r}"
-        ) from None
-
-
 def file_digest(path: PathLike, algorithm: str = "sha256") -> str:
     """Hex digest of the file at ``path``, read in chunks so that large files need little memory.
 
@@ -177,13 +159,18 @@ def file_digest(path: PathLike, algorithm: str = "sha256") -> str:
     Returns:
         The hex digest, a ``str``.
     """
-    return hash_file(path, _new_hash(algorithm))
+    try:
+        h = hashlib.new(algorithm)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"algorithm must be a hashlib algorithm name such as 'sha256' or 'md5', got {algorithm!r}"
+        ) from None
+    return hash_file(path, h)
 
 
-def _check_size(size: Optional[int]) -> Optional[int]:
+def _check_size(size: Optional[int]) -> None:
     if size is not None and (not is_int(size) or size < 0):
         raise ValueError(f"size must be a byte count (an int >= 0) or None, got {size!r}")
-    return size
 
 
 def verify(
@@ -210,13 +197,10 @@ def verify(
     expected = expected_digests(sha256, md5)
     _check_size(size)
     advice = advice or "The file is corrupt or not the expected one; delete it and download it again."
-    if size is not None:
-        received_size = os.path.getsize(path)
-        if received_size != size:
-            raise ChecksumError(path, "size", f"{size:,} bytes", f"{received_size:,} bytes", advice)
+    if size is not None and (received_size := os.path.getsize(path)) != size:  # first: it costs nothing
+        raise ChecksumError(path, "size", f"{size:,} bytes", f"{received_size:,} bytes", advice)
     for algorithm, value in expected.items():
-        received = file_digest(path, algorithm)
-        if received != value:
+        if (received := file_digest(path, algorithm)) != value:
             raise ChecksumError(path, algorithm, value, received, advice)
 
 
@@ -227,15 +211,12 @@ def _default_opener(url: str) -> BinaryIO:
 def _declared_size(response: object) -> Optional[int]:
     """The Content-Length the server announced, if any (HTTP responses and file:// URLs have one)."""
     headers = getattr(response, "headers", None)
-    if headers is None:
+    items = headers.items() if headers is not None else ()
+    length = next((value for key, value in items if key.lower() == "content-length"), None)
+    try:
+        return int(length)  # None (no Content-Length) is a TypeError too
+    except (TypeError, ValueError):
         return None
-    for key, value in headers.items():
-        if key.lower() == "content-length":
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None
 
 
 def download(
@@ -357,8 +338,7 @@ def download(
         if size is not None and received != size:
             raise ChecksumError(problem, "size", f"{size:,} bytes", f"{received:,} bytes", advice)
         for algorithm, value in expected.items():
-            digest = hashes[algorithm].hexdigest()
-            if digest != value:
+            if (digest := hashes[algorithm].hexdigest()) != value:
                 raise ChecksumError(problem, algorithm, value, digest, advice)
         os.replace(tmp, dest)
     except BaseException:

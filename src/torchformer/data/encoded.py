@@ -79,8 +79,7 @@ def cached_encoding(
         raise ValueError(f"key must be a SHA-256 hex digest (64 hex digits, encoding_key), got {key!r}")
     folder = Path(folder)
     path = folder / f"{name}-{key[:16]}.npz"
-    ids = _read(path, key)
-    if ids is not None:
+    if (ids := _read(path, key)) is not None:
         return ids, True
     ids = encode()
     lengths = np.array([len(row) for row in ids], dtype=np.int64)
@@ -88,11 +87,10 @@ def cached_encoding(
     if flat.size == 0 or (flat.min() >= -(2**31) and flat.max() < 2**31):
         flat = flat.astype(np.int32)  # half the file; token ids rarely need more
     folder.mkdir(parents=True, exist_ok=True)
-    with_key = np.array(key)
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name without it
-            np.savez(f, ids=flat, lengths=lengths, key=with_key)
+            np.savez(f, ids=flat, lengths=lengths, key=np.array(key))
 
     write_atomically(path, write)
     for other in folder.glob(f"{name}-*.npz"):  # the files of other keys are stale now ('-' is in no name)

@@ -138,10 +138,9 @@ def load_text_bytes(path: PathLike) -> Tensor:
 
 def _check_splits(splits: object) -> tuple:
     """Validate ``splits`` before any file is read: three finite, non-negative numbers with a positive sum."""
-    if isinstance(splits, (str, bytes)) or not isinstance(splits, (Sequence, np.ndarray)):
-        raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
     # numbers.Real also admits numpy's numbers; bool is a number to Python but surely a mistake here.
-    if len(splits) != 3 or any(not is_real(s) for s in splits):
+    if (isinstance(splits, (str, bytes)) or not isinstance(splits, (Sequence, np.ndarray)) or len(splits) != 3
+            or any(not is_real(s) for s in splits)):
         raise ValueError(f"splits must be three numbers (train, val, test), got {splits!r}")
     if not all(math.isfinite(s) for s in splits):
         raise ValueError(f"splits must be finite numbers, got {tuple(splits)!r}")
@@ -172,8 +171,7 @@ def _split(data: Tensor, splits: Sequence[float], source: object) -> tuple[Tenso
             raise ValueError(
                 f"{source} holds {n:,} bytes: too few for splits={splits}, the {name} split would be empty"
             )
-    train, val, test = torch.split(data, sizes)
-    return train, val, test
+    return torch.split(data, sizes)
 
 
 def _md5(data: Tensor) -> str:
@@ -338,20 +336,17 @@ def enwik8(
         raise ValueError("download=True only applies with path=None (it downloads into root)")
     path = check_path(path, "path")
     data = load_text_bytes(path)
-    if len(data) == expected_size:
-        if md5 is not None:
-            received = _md5(data)
-            if received != md5:
-                raise ChecksumError(
-                    path, "md5", md5, received,
-                    f"A file of exactly {expected_size:,} bytes should be the official enwik8, but it is "
-                    f"corrupt or a different file; download it again from {url}.",
-                )
-    else:
+    if len(data) != expected_size:
         warnings.warn(
             f"{path} holds {len(data):,} bytes, not the {expected_size:,} of the official enwik8; "
             f"splitting it {_describe(splits)}. Results on it are not comparable to enwik8 results.",
             stacklevel=2,
+        )
+    elif md5 is not None and (received := _md5(data)) != md5:
+        raise ChecksumError(
+            path, "md5", md5, received,
+            f"A file of exactly {expected_size:,} bytes should be the official enwik8, but it is "
+            f"corrupt or a different file; download it again from {url}.",
         )
     return _split(data, splits, path)
 
@@ -385,9 +380,8 @@ def random_batches(
 ) -> tuple[Tensor, Tensor]:
     """Sample ``batch_size`` random windows of ``data`` for next-byte prediction.
 
-    Returns ``(inputs, targets)``, both ``(batch_size, context)`` int64 on ``device`` (default:
-    ``data``'s device), with ``targets[i, j] = data[start_i + j + 1]``: each target is the byte
-    that follows the corresponding input. Start positions are uniform over every window that fits.
+    ``targets[i, j] = data[start_i + j + 1]``: each target is the byte that follows the corresponding input. Start
+    positions are uniform over every window that fits.
 
     Args:
         data: a 1-D tensor of bytes (or token ids).

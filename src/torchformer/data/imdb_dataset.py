@@ -1,45 +1,33 @@
 """The IMDb movie-review sentiment dataset (Maas et al., ACL 2011).
 
-50,000 reviews from IMDb, each labelled negative (0, rated 1-4 stars) or positive
-(1, rated 7-10 stars), split 25,000 / 25,000 into an official train and test set.
-It is the classic "does the model read a whole paragraph?" benchmark: reviews
-average about 230 words, and the sentiment is often carried by a few words far apart.
-(Measured on the 25,000 training reviews: 231.5 words separated by white space once
-the ``<br />`` line breaks are removed, median 173; in tokens of the library's
-:class:`~torchformer.data.tokenizers.WordTokenizer`, which also counts punctuation
-marks, 269.9, median 201.)
+50,000 reviews from IMDb, each labelled negative (0, rated 1-4 stars) or positive (1, rated 7-10 stars), split
+25,000 / 25,000 into an official train and test set. It is the classic "does the model read a whole paragraph?"
+benchmark: reviews average about 230 words, and the sentiment is often carried by a few words far apart.
+(Measured on the 25,000 training reviews: 231.5 words separated by white space once the ``<br />`` line breaks are
+removed, median 173; in tokens of the library's :class:`~torchformer.data.tokenizers.WordTokenizer`, which also
+counts punctuation marks, 269.9, median 201.)
 
-:func:`imdb` reads any of three on-disk forms and returns exactly the same
-``(text, label)`` pairs, in the same order, from each:
+:func:`imdb` reads any of three on-disk forms and returns exactly the same ``(text, label)`` pairs, in the same
+order, from each:
 
 1. the official archive ``aclImdb_v1.tar.gz``, read straight from the tar
    (members ``aclImdb/{train,test}/{pos,neg}/[id]_[rating].txt``);
 2. that archive extracted, i.e. an ``aclImdb/`` folder (or the folder holding it);
-3. a folder with ``imdb_train.jsonl.gz`` and ``imdb_test.jsonl.gz``, one JSON object
-   per line with at least ``"text"`` and ``"label"`` (and ideally ``"id"``).
+3. a folder with ``imdb_train.jsonl.gz`` and ``imdb_test.jsonl.gz``, one JSON object per line with at least
+   ``"text"`` and ``"label"`` (and ideally ``"id"``).
 
-The order is sorted by ``(label, id)``: all negative reviews by id, then all
-positive ones. That order is *not* random, so always shuffle before training
-(the batching helpers do). Texts are returned raw, ``<br />`` tags included:
-cleaning is the tokenizer's job.
+The order is sorted by ``(label, id)``: all negative reviews by id, then all positive ones. That order is *not*
+random, so always shuffle before training (the batching helpers do). Texts are returned raw, ``<br />`` tags
+included: cleaning is the tokenizer's job. The test split should be looked at once, at the very end;
+:func:`train_val_split` carves a validation set out of the training reviews for everything before that.
 
-The test split should be looked at once, at the very end. :func:`train_val_split`
-carves a validation set out of the training reviews for everything before that.
-
-Files are checked, not trusted:
-
-* The archive found in ``root`` (``path=None``) is the cache's copy of the official
-  one, so its md5 is checked before every use (a hash pass over 84 MB, small next to
-  reading the reviews); a wrong copy is an error that says how to repair it, or, with
-  ``download=True``, is downloaded again. A ``path=`` you pass is used as it is: it
-  may be a repacked or partial copy on purpose. The folder and jsonl forms have no
-  official checksum and are checked for their format only.
-* A damaged, truncated or wrongly formatted file raises
-  :class:`~torchformer.data.download.DataFileError` naming the file (the tar member,
-  the jsonl line).
-* Text must be valid UTF-8, in every form. The official files are, so an invalid byte
-  means a damaged or re-encoded copy: it is an error naming the file, never silently
-  replaced by U+FFFD (which would train on altered text).
+Files are checked, not trusted (``docs/data.md`` has the details). The archive found in ``root`` (``path=None``) is
+the cache's copy of the official one, so its md5 is checked before every use (a hash pass over 84 MB, small next to
+reading the reviews); a ``path=`` you pass is used as it is (it may be a repacked or partial copy on purpose), and
+the folder and jsonl forms, which have no official checksum, are checked for their format only. A damaged,
+truncated or malformed file raises :class:`~torchformer.data.download.DataFileError` naming the file (the tar
+member, the jsonl line), and so does text that is not valid UTF-8: the official files are, so an invalid byte means
+a damaged or re-encoded copy, never silently replaced by U+FFFD (which would train on altered text).
 """
 
 from __future__ import annotations
@@ -47,7 +35,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence, TypeVar
@@ -55,16 +42,10 @@ from typing import Sequence, TypeVar
 from torchformer._checks import check_bool, is_int
 from torchformer._files import check_path, remove_stale_part_files
 from torchformer.data._imdb_files import (
-    check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
+    check_ids_everywhere_or_nowhere, is_tar, json_object, line_error, read_folder, read_jsonl, read_tar, review_id,
+    review_text,
 )
-from torchformer.data.download import (
-    DAMAGED_DATA_ERRORS,
-    DataFileError,
-    DataNotFoundError,
-    default_root,
-    is_damaged_data,
-    verify,
-)
+from torchformer.data.download import DataFileError, DataNotFoundError, default_root, verify
 from torchformer.data.download import download as download_file
 
 __all__ = ["IMDB_URL", "IMDB_MD5", "imdb", "train_val_split"]
@@ -178,14 +159,10 @@ def _cached_archive(archive: Path, download: bool) -> Path:
     if download:
         # download() checks a file already there like a fresh one, and downloads it again if it fails.
         return download_file(IMDB_URL, archive, md5=IMDB_MD5, progress=True)
-    verify(
-        archive,
-        md5=IMDB_MD5,
-        advice=(
-            f"It is damaged or not the official archive. Call imdb(download=True, root={str(archive.parent)!r}) "
-            f"to replace it with the official one, or pass path={str(archive)!r} to use this copy as it is."
-        ),
-    )
+    verify(archive, md5=IMDB_MD5, advice=(
+        f"It is damaged or not the official archive. Call imdb(download=True, root={str(archive.parent)!r}) "
+        f"to replace it with the official one, or pass path={str(archive)!r} to use this copy as it is."
+    ))
     return archive
 
 
@@ -194,9 +171,8 @@ def train_val_split(
 ) -> tuple[list[T], list[T]]:
     """Split ``examples`` into ``(train, val)`` with ``len(val) == val_size``.
 
-    The choice of validation examples depends only on ``len(examples)`` and ``seed``,
-    so a run can be reproduced exactly. Both parts keep the input's relative order
-    (for IMDb: sorted by label), so shuffle when batching.
+    The choice of validation examples depends only on ``len(examples)`` and ``seed``, so a run can be reproduced
+    exactly. Both parts keep the input's relative order (for IMDb: sorted by label), so shuffle when batching.
 
     Args:
         examples: the examples to split.
@@ -216,9 +192,7 @@ def train_val_split(
         raise TypeError(f"examples must be a sequence (e.g. a list), got {type(examples).__name__}")
     n = len(examples)
     if not is_int(val_size) or not 0 < val_size < n:
-        raise ValueError(
-            f"val_size must be an int with 0 < val_size < len(examples) = {n}, got {val_size!r}"
-        )
+        raise ValueError(f"val_size must be an int with 0 < val_size < len(examples) = {n}, got {val_size!r}")
     # A private Random instance: no global RNG state is read or changed.
     val_idx = set(random.Random(seed).sample(range(n), val_size))
     train = [examples[i] for i in range(n) if i not in val_idx]
@@ -266,28 +240,18 @@ def _what_is_missing(path: Path) -> str:
 
 def _read_tar(path: Path) -> dict[str, list]:
     splits: dict[str, list] = {"train": [], "test": []}
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                split, sentiment, filename = (["", "", ""] + member.name.split("/"))[-3:]
-                match = _REVIEW_NAME.fullmatch(filename)
-                if split not in splits or sentiment not in _LABELS or match is None:
-                    continue
-                handle = tar.extractfile(member)
-                assert handle is not None  # a regular file always has contents
-                text = decode(handle.read(), path, where=f"member {member.name} ")
-                splits[split].append((text, _LABELS[sentiment], int(match[1])))
-            # tarfile stops at the archive's end marker and never reads the last bytes of the compressed
-            # stream, where gzip keeps its CRC: read them, so that a changed byte is an error, not a review.
-            while tar.fileobj.read(1 << 20):
-                pass
-    except DAMAGED_DATA_ERRORS as err:
-        if not is_damaged_data(err):
-            raise  # the system's error (permissions, disk), not damage
-        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
+    for (split, label, review), text in read_tar(path, _tar_key):
+        splits[split].append((text, label, review))
     return splits
+
+
+def _tar_key(name: str) -> tuple[str, int, int] | None:
+    """``(split, label, id)`` of a review's member name, ``None`` for any other member."""
+    split, sentiment, filename = (["", "", ""] + name.split("/"))[-3:]
+    match = _REVIEW_NAME.fullmatch(filename)
+    if split not in ("train", "test") or sentiment not in _LABELS or match is None:
+        return None
+    return split, _LABELS[sentiment], int(match[1])
 
 
 def _read_folder(folder: Path) -> list:
@@ -296,12 +260,7 @@ def _read_folder(folder: Path) -> list:
         directory = folder / sentiment
         if not directory.is_dir():
             raise FileNotFoundError(f"IMDb folder '{folder}' has no '{sentiment}/' subfolder")
-        with os.scandir(directory) as entries:  # closed also when a file fails to decode
-            for entry in entries:
-                match = _REVIEW_NAME.fullmatch(entry.name)
-                if match is not None and entry.is_file():
-                    path = Path(entry.path)
-                    rows.append((decode(path.read_bytes(), path), label, int(match[1])))
+        rows += [(text, label, review) for review, text in read_folder(directory, _REVIEW_NAME)]
     return rows
 
 

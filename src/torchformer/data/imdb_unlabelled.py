@@ -22,23 +22,24 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from torchformer._files import check_path
 from torchformer.data._imdb_files import (
-    check_ids_everywhere_or_nowhere, decode, is_tar, json_object, line_error, read_jsonl, review_id, review_text,
+    check_ids_everywhere_or_nowhere, is_tar, json_object, line_error, read_folder, read_jsonl, read_tar, review_id,
+    review_text,
 )
-from torchformer.data.download import DAMAGED_DATA_ERRORS, DataFileError, is_damaged_data
+from torchformer.data.download import DataFileError
 from torchformer.data.imdb_dataset import ARCHIVE_NAME
 
 __all__ = ["UNLABELLED_JSONL", "Deduplicated", "deduplicate", "imdb_unlabelled", "texts_digest"]
 
 UNLABELLED_JSONL = "imdb_unsup.jsonl.gz"
 # ".../train/unsup/[id]_0.txt": an unlabelled review carries no rating, hence the 0.
-_UNSUP_MEMBER = re.compile(r"(?:.*/)?train/unsup/(\d+)_0\.txt")
+_UNSUP_FILE = re.compile(r"(\d+)_0\.txt")
+_UNSUP_MEMBER = re.compile(r"(?:.*/)?train/unsup/" + _UNSUP_FILE.pattern)
 
 
 def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
@@ -64,14 +65,9 @@ def imdb_unlabelled(path: str | os.PathLike) -> list[str]:
         rows = read_jsonl(source, _parse_unlabelled)
         check_ids_everywhere_or_nowhere([i for i, _ in rows], source)
     elif source.is_file():
-        rows = _read_tar(source)
+        rows = read_tar(source, _member_id)
     else:
-        rows = []
-        with os.scandir(source) as entries:  # closed also when a file fails to decode
-            for entry in entries:
-                match = _UNSUP_MEMBER.fullmatch(f"train/unsup/{entry.name}")
-                if match is not None and entry.is_file():
-                    rows.append((int(match[1]), decode(Path(entry.path).read_bytes(), Path(entry.path))))
+        rows = read_folder(source, _UNSUP_FILE)
     if not rows:
         raise DataFileError(source, "holds no unlabelled review", "Copy it again from the official archive.")
     rows.sort(key=lambda row: row[0])
@@ -98,31 +94,17 @@ def _find(path: Path) -> Path | None:
     return None
 
 
+def _member_id(name: str) -> int | None:
+    """The id of an unlabelled review's tar member, ``None`` for any other member."""
+    match = _UNSUP_MEMBER.fullmatch(name)
+    return None if match is None else int(match[1])
+
+
 def _parse_unlabelled(line: str, path: Path, line_number: int) -> tuple[int, str]:
     """One jsonl line as (id, text): the labelled reader's checks, without a label."""
     bad = line_error(path, line_number)
     record = json_object(line, bad, ("text",))
     return review_id(record, line_number, bad), review_text(record, bad)
-
-
-def _read_tar(path: Path) -> list[tuple[int, str]]:
-    rows = []
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                match = _UNSUP_MEMBER.fullmatch(member.name)
-                if match is None or not member.isfile():
-                    continue
-                handle = tar.extractfile(member)
-                assert handle is not None  # a regular file has contents
-                rows.append((int(match[1]), decode(handle.read(), path, where=f"member {member.name} ")))
-            while tar.fileobj.read(1 << 20):  # read to the end, where gzip keeps its CRC (see imdb_dataset)
-                pass
-    except DAMAGED_DATA_ERRORS as err:
-        if not is_damaged_data(err):
-            raise
-        raise DataFileError(path, f"is a damaged or truncated archive ({type(err).__name__}: {err})") from err
-    return rows
 
 
 @dataclass(frozen=True)

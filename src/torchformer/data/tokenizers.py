@@ -2,24 +2,21 @@
 
 Two deliberately simple schemes, both with id 0 reserved for padding:
 
-* :class:`WordTokenizer` - lower-cased words and punctuation marks. The vocabulary
-  is the ``vocab_size - 2`` most frequent tokens of the *training* texts; anything
-  else becomes ``<unk>``. Building it on training texts only matters: a vocabulary
-  that has seen the test set leaks information about it.
-* :class:`ByteTokenizer` - the UTF-8 bytes of the text, shifted by one so that
-  byte ``b`` gets id ``b + 1``. No vocabulary to build and nothing is ever
-  unknown, at the price of sequences several times longer.
+* :class:`WordTokenizer` - lower-cased words and punctuation marks. The vocabulary is the ``vocab_size - 2`` most
+  frequent tokens of the *training* texts; anything else becomes ``<unk>``. Building it on training texts only
+  matters: a vocabulary that has seen the test set leaks information about it.
+* :class:`ByteTokenizer` - the UTF-8 bytes of the text, shifted by one so that byte ``b`` gets id ``b + 1``. No
+  vocabulary to build and nothing is ever unknown, at the price of sequences several times longer.
 
-A third, :class:`~torchformer.data.bpe.BPETokenizer` (byte-level BPE, subwords learned from the
-training texts), lives in :mod:`torchformer.data.bpe`: it needs the optional ``tokenizers`` package.
+A third, :class:`~torchformer.data.bpe.BPETokenizer` (byte-level BPE, subwords learned from the training texts),
+lives in :mod:`torchformer.data.bpe`: it needs the optional ``tokenizers`` package.
 
-All three save to a ``state_dict()`` of plain lists, strings and ints, which survives
-``json.dump`` and ``torch.save``/``torch.load(weights_only=True)``; use
-:func:`tokenizer_from_state_dict` to get the right class back.
+All three save to a ``state_dict()`` of plain lists, strings and ints, which survives ``json.dump`` and
+``torch.save``/``torch.load(weights_only=True)``; use :func:`tokenizer_from_state_dict` to get the right class back.
 
-Wrong types fail at the door with a TypeError that names the argument: ``encode``
-takes one text (a ``str``; the byte tokenizer also takes ``bytes``, which already are
-its tokens), ``decode`` takes a sequence of ints (a list, a 1-D integer tensor or array).
+Wrong types fail at the door with a TypeError that names the argument: ``encode`` takes one text (a ``str``; the
+byte tokenizer also takes ``bytes``, which already are its tokens), ``decode`` takes a sequence of ints (a list, a
+1-D integer tensor or array).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from collections import Counter
 from typing import Iterable, Sequence, Union
 
 from torchformer._checks import is_int
-from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text
+from torchformer.data._tokenizing import BREAK, check_ids, check_max_length, check_state, check_text, check_texts
 # No cycle: bpe.py imports the shared checks from _tokenizing, not this module, and it imports the optional
 # tokenizers package only when a BPETokenizer is built or loaded.
 from torchformer.data.bpe import BPETokenizer
@@ -66,7 +63,6 @@ class WordTokenizer:
     PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
 
     def __init__(self, vocab: Sequence[str]):
-        """Use :meth:`build` or :meth:`from_state_dict`; ``vocab`` lists every token by id."""
         if isinstance(vocab, str):
             raise TypeError("vocab must be a sequence of str, got a single str")
         # A sequence: its order gives the ids. A dict or a set has an order too, but not the ids (a {token: id}
@@ -75,9 +71,7 @@ class WordTokenizer:
             raise TypeError(f"vocab must be a sequence of str in id order (a list), got {type(vocab).__name__}")
         vocab = list(vocab)
         if vocab[:2] != [self.PAD_TOKEN, self.UNK_TOKEN]:
-            raise ValueError(
-                f"vocab must start with {[self.PAD_TOKEN, self.UNK_TOKEN]}, got {vocab[:2]}"
-            )
+            raise ValueError(f"vocab must start with {[self.PAD_TOKEN, self.UNK_TOKEN]}, got {vocab[:2]}")
         if not all(isinstance(token, str) for token in vocab):
             raise TypeError("vocab must contain only strings")
         if len(set(vocab)) != len(vocab):
@@ -89,9 +83,8 @@ class WordTokenizer:
     def build(cls, texts: Iterable[str], vocab_size: int) -> WordTokenizer:
         """Build the vocabulary from ``texts`` (give it the training texts only).
 
-        ``vocab_size`` is the *total* size, ``<pad>`` and ``<unk>`` included, so
-        at most ``vocab_size - 2`` words are kept. Fewer distinct words than that
-        give a smaller vocabulary; ``len(tokenizer)`` is the real size.
+        ``vocab_size`` is the *total* size, ``<pad>`` and ``<unk>`` included, so at most ``vocab_size - 2`` words
+        are kept. Fewer distinct words than that give a smaller vocabulary; ``len(tokenizer)`` is the real size.
 
         Args:
             texts: the training texts (an iterable of ``str``, read once).
@@ -105,18 +98,9 @@ class WordTokenizer:
             ValueError: ``vocab_size`` is not an int of at least 2.
         """
         if not is_int(vocab_size) or vocab_size < 2:
-            raise ValueError(
-                f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}"
-            )
-        if isinstance(texts, (str, bytes)):
-            # A lone string would be iterated character by character: surely a mistake.
-            raise TypeError("texts must be an iterable of strings, got a single string")
-        if not isinstance(texts, Iterable):
-            raise TypeError(f"texts must be an iterable of strings, got {type(texts).__name__}")
+            raise ValueError(f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}")
         counts: Counter[str] = Counter()
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        for _, text in check_texts(texts):
             counts.update(_words(text))
         # Specials are never counted as words (a review could literally say "<unk>",
         # but the tokenizer splits that into "<", "unk", ">").
@@ -159,8 +143,7 @@ class WordTokenizer:
         check_text(text)
         check_max_length(max_length)
         lookup, unk = self._token_to_id.get, self.UNK
-        ids = [lookup(token, unk) for token in _words(text)]
-        return ids if max_length is None else ids[:max_length]
+        return [lookup(token, unk) for token in _words(text)[:max_length]]  # [:None] keeps them all
 
     def decode(self, ids: Iterable[int]) -> str:
         """Tokens joined by single spaces; ``<pad>`` ids are dropped, unknowns read ``<unk>``.
@@ -177,14 +160,7 @@ class WordTokenizer:
             TypeError: ``ids`` is not a sequence of ints.
             ValueError: an id is outside ``[0, len(self))``.
         """
-        vocab, n = self._id_to_token, len(self._id_to_token)
-        tokens = []
-        for i in check_ids(ids):
-            if not 0 <= i < n:
-                raise ValueError(f"ids must be in [0, {n}), got {i}")
-            if i != self.PAD:
-                tokens.append(vocab[i])
-        return " ".join(tokens)
+        return " ".join(self._id_to_token[i] for i in check_ids(ids, len(self)) if i != self.PAD)
 
     def __len__(self) -> int:
         return len(self._id_to_token)
@@ -235,9 +211,9 @@ class ByteTokenizer:
     def encode(self, text: Union[str, bytes], *, max_length: int | None = None) -> list[int]:
         """Ids of the UTF-8 bytes of ``text``, cut to ``max_length``.
 
-        ``text`` may also be ``bytes`` (or ``bytearray``, ``memoryview``): they are already
-        bytes, so they are encoded as they are, whatever their encoding. :meth:`decode`
-        always returns a ``str`` (invalid UTF-8 decodes as U+FFFD).
+        ``text`` may also be ``bytes`` (or ``bytearray``, ``memoryview``): they are already bytes, so they are
+        encoded as they are, whatever their encoding. :meth:`decode` always returns a ``str`` (invalid UTF-8 decodes
+        as U+FFFD).
 
         Args:
             text: one text, or its bytes.
@@ -264,9 +240,7 @@ class ByteTokenizer:
         else:
             raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
         check_max_length(max_length)
-        if max_length is not None:
-            data = data[:max_length]
-        return [b + 1 for b in data]
+        return [b + 1 for b in data[:max_length]]  # [:None] keeps them all
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids back to text: id ``b + 1`` is byte ``b``, ``<pad>`` (id 0) is dropped, invalid UTF-8 reads U+FFFD.
@@ -281,13 +255,7 @@ class ByteTokenizer:
             TypeError: ``ids`` is not a sequence of ints.
             ValueError: an id is outside ``[0, 257)``.
         """
-        data = bytearray()
-        for i in check_ids(ids):
-            if not 0 <= i <= 256:
-                raise ValueError(f"ids must be in [0, 257), got {i}")
-            if i != self.PAD:
-                data.append(i - 1)
-        return data.decode("utf-8", errors="replace")
+        return bytes(i - 1 for i in check_ids(ids, 257) if i != self.PAD).decode("utf-8", errors="replace")
 
     def __len__(self) -> int:
         return 257
