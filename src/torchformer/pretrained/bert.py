@@ -69,7 +69,7 @@ from torchformer._checks import is_int
 from torchformer.config import TransformerConfig
 from torchformer.models import CTransformer, MLMTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 # The torchformer models this family writes (to_huggingface picks the family by the model's class): the masked-LM
 # as BertForMaskedLM, the classifier as BertForSequenceClassification.
@@ -480,6 +480,8 @@ def stored_name(reader: WeightReader, name: str) -> str:
 def load_weights(model: Model, reader: WeightReader) -> None:
     """Copy BERT's tensors into ``model``'s parameters, one tensor at a time, every name and shape checked.
 
+    A CTransformer reads ``BertForSequenceClassification``'s tensors: the encoder, the pooler and the linear layer.
+
     Args:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
             values unset).
@@ -489,23 +491,27 @@ def load_weights(model: Model, reader: WeightReader) -> None:
         ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
             tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
-    if isinstance(model, CTransformer):
-        return load_classifier_weights(model, reader)
-    prefix = stored_prefix(reader)
+    classifier = isinstance(model, CTransformer)
+    prefix = PREFIX if classifier else stored_prefix(reader)
+    depth, tied = model.config.depth, model.config.tie_weights
     params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
-    left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
-    tied = model.config.tie_weights
-    for name, ours in names(model.config.depth, tied, prefix):
+    if classifier:  # only the position ids, a constant buffer, are skipped
+        left = set(reader.names()) - {PREFIX + UNUSED[0]}
+        pairs, what = classifier_names(depth), "BERT's classifier (BertForSequenceClassification)"
+    else:
+        left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
+        pairs, what = names(depth, tied, prefix), "BERT's masked-LM"
+    for name, ours in pairs:
         stored = stored_name(reader, name)
         if stored not in left:
             untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
             no_head = (" (a BertModel file has no masked-LM head; a BertForSequenceClassification file loads as a "
                        "CTransformer when its config.json's architectures say so)") if name.startswith("cls.") else ""
-            raise ValueError(f"{reader.where} holds no {name}, which BERT's masked-LM with num_hidden_layers="
-                             f"{model.config.depth}{untied} has{no_head}")
+            raise ValueError(f"{reader.where} holds no {name}, which {what} with num_hidden_layers={depth}{untied} "
+                             f"has{no_head}")
         copy_tensor(reader, stored, params[ours])
         left.discard(stored)
-    if tied:  # second copies of tied tensors, which some files store: each must be the tensor it is tied to
+    if tied and not classifier:  # second copies of tied tensors, which some files store: each must be its original
         for (copy, ours), original in zip(OUTPUT, (prefix + EMBEDDINGS[0][0], BIAS[0])):
             if copy in left:
                 tied_to = model.get_parameter(ours)  # head.weight is embedding.tokens.weight
@@ -513,53 +519,12 @@ def load_weights(model: Model, reader: WeightReader) -> None:
                     raise ValueError(f"{reader.where}: {copy} differs from {original}, but config.json ties them "
                                      f"(tie_word_embeddings=true)")
                 left.discard(copy)
-    else:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias is unused then
-        left.discard(BIAS[0])
+    elif not classifier:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias
+        left.discard(BIAS[0])  # is unused then
     if left:
-        raise ValueError(f"{reader.where} holds tensors BERT's masked-LM does not have (another architecture?): "
-                         f"{', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
-
-
-def copy_tensor(reader: WeightReader, stored: str, target: Tensor) -> None:
-    """Copy the stored tensor ``stored`` into the parameter ``target``, after checking its shape.
-
-    Args:
-        reader: the folder's tensors.
-        stored: the tensor's name in the files.
-        target: the parameter it fills.
-
-    Raises:
-        ValueError: the stored shape is not the parameter's (the config's); the message names the tensor.
-    """
-    if reader.shape(stored) != tuple(target.shape):
-        raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                         f"{tuple(target.shape)}")
-    with torch.no_grad():
-        reader.copy_into(stored, target)  # straight into the parameter where dtype and layout agree
-
-
-def load_classifier_weights(model: CTransformer, reader: WeightReader) -> None:
-    """:func:`load_weights` for ``BertForSequenceClassification``: the encoder, the pooler and the linear layer.
-
-    Args:
-        model: the CTransformer (``pool="first"``, ``pooler=True``) to fill.
-        reader: the folder's tensors.
-
-    Raises:
-        ValueError: a tensor is missing, left over, or of another shape than the config says.
-    """
-    params = dict(model.named_parameters())
-    left = set(reader.names()) - {PREFIX + UNUSED[0]}  # the position ids, a constant buffer
-    for name, ours in classifier_names(model.config.depth):
-        stored = stored_name(reader, name)
-        if stored not in left:
-            raise ValueError(f"{reader.where} holds no {name}, which BERT's classifier (BertForSequenceClassification) "
-                             f"with num_hidden_layers={model.config.depth} has")
-        copy_tensor(reader, stored, params[ours])
-        left.discard(stored)
-    if left:
-        raise ValueError(f"{reader.where} holds tensors BertForSequenceClassification does not have (another "
-                         f"architecture?): {', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
+        raise ValueError(f"{reader.where} holds tensors {'BertForSequenceClassification' if classifier else what} "
+                         f"does not have (another architecture?): {', '.join(sorted(left)[:8])}"
+                         f"{' ...' if len(left) > 8 else ''}")
 
 
 def export_weights(model: Model) -> dict[str, Tensor]:

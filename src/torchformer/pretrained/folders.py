@@ -353,6 +353,24 @@ def load_bin(file: Path) -> dict[str, Tensor]:
     return state
 
 
+def copy_tensor(reader: WeightReader, stored: str, target: Tensor) -> None:
+    """Copy the stored tensor ``stored`` into the parameter ``target``, after checking its shape.
+
+    Args:
+        reader: the folder's tensors.
+        stored: the tensor's name in the files.
+        target: the parameter it fills.
+
+    Raises:
+        ValueError: the stored shape is not the parameter's (the config's); the message names the tensor.
+    """
+    if reader.shape(stored) != tuple(target.shape):
+        raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
+                         f"{tuple(target.shape)}")
+    with torch.no_grad():
+        reader.copy_into(stored, target)  # straight into the parameter where dtype and layout agree
+
+
 def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Tensor]) -> Path:
     """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed), each atomically.
 

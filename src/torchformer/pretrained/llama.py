@@ -33,7 +33,7 @@ from torchformer._checks import is_int, is_number
 from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 MODELS = (GTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
 
@@ -281,11 +281,7 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     for stored, name in rules(model.config):
         if stored not in names:
             raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has")
-        if reader.shape(stored) != tuple(params[name].shape):
-            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                             f"{tuple(params[name].shape)}")
-        with torch.no_grad():
-            reader.copy_into(stored, params[name])
+        copy_tensor(reader, stored, params[name])
         left.discard(stored)
     if model.config.tie_weights and OUTPUT[0] in left:  # a file may store the tied weight twice: the same
         embedding = params["embedding.tokens.weight"].detach()

@@ -48,7 +48,7 @@ from torch import Tensor
 from torchformer.config import TransformerConfig
 from torchformer.models import Seq2SeqTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 MODELS = (Seq2SeqTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
 
@@ -340,11 +340,7 @@ def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
         if stored not in left:
             untied = " (tie_word_embeddings is false)" if (stored, ours) == OUTPUT else ""
             raise ValueError(f"{reader.where} holds no {stored}, which this config.json's T5 has{untied}")
-        if reader.shape(stored) != tuple(params[ours].shape):
-            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                             f"{tuple(params[ours].shape)}")
-        with torch.no_grad():
-            reader.copy_into(stored, params[ours])
+        copy_tensor(reader, stored, params[ours])
         left.discard(stored)
     shared = params[TOP[0][1]].detach()
     copies = COPIES + ((OUTPUT[0],) if model.config.tie_weights else ())  # a tied one equals it (empty_model)
