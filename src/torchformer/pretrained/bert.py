@@ -435,17 +435,14 @@ def stored_prefix(reader: WeightReader) -> str:
 def empty_model(
     config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
 ) -> Model:
-    """The model of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+    """The model of ``config`` with memory but no values yet (:mod:`~torchformer.pretrained.building`).
 
     An MLMTransformer, or a CTransformer for a config with ``num_classes`` (BERT's classifier).
-
-    Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
-    in ``dtype`` or, by default, the dtype of the stored word embedding.
 
     Args:
         config: what :func:`config_from_huggingface` made.
         reader: the folder's tensors (for the stored dtype).
-        dtype: the parameters' floating dtype, or ``None``.
+        dtype: the parameters' floating dtype, or ``None``: the stored word embedding's.
         device: where the parameters go.
 
     Returns:
