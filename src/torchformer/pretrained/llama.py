@@ -69,7 +69,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
               "use_sliding_window": False, "hidden_act": "silu"},
 }
-MODEL_TYPES = tuple(DEFAULTS)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # Llama-3.1's rope_scaling keys, as config.json names them (torchformer's rotary_scaling uses the same names).
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
