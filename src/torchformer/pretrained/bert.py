@@ -18,16 +18,11 @@ is the same encoder with another head: the *pooler* (a dense layer and a tanh on
 dropout) and a linear layer to the ``num_labels`` classes. It loads into a :class:`~torchformer.models.CTransformer`
 with ``pool="first"`` and ``pooler=True`` (:class:`~torchformer.nn.heads.ClassifierHead`), whose
 log-probabilities are the ``log_softmax`` of BERT's logits; every other BERT folder loads into an
-``MLMTransformer``. Only single-label classification is what a ``CTransformer`` computes: a ``problem_type`` of
-``"regression"`` or ``"multi_label_classification"``, or one label (a regression to transformers, which refuses
-single-label classification with one label), is refused by name.
+``MLMTransformer``. Only single-label classification is what a ``CTransformer`` computes (:func:`classifier_fields`).
 
 **The config.** :func:`config_from_huggingface` reads ``config.json``'s fields (:data:`DEFAULTS` fills a field left
-out, as ``BertConfig`` does) and refuses, naming the field and its value, any the library cannot express: a
-``hidden_act`` other than ``"gelu"``, ``position_embedding_type`` other than ``"absolute"`` (older files have the
-field), ``is_decoder``, ``add_cross_attention``, two dropouts that differ (a classifier's ``classifier_dropout``
-too). An ``intermediate_size`` that is a multiple of ``hidden_size`` becomes ``ff_mult``, any other ``ff_hidden``.
-:func:`config_to_huggingface` is the way back, and refuses a config with a field BERT cannot express, naming each.
+out, as ``BertConfig`` does) and refuses, naming the field and its value, any the library cannot express (the list:
+``docs/pretrained.md``, "What is refused for BERT"). :func:`config_to_huggingface` is the way back.
 
 **The weights.** :data:`EMBEDDINGS`, :data:`BLOCK` and :data:`MLM_HEAD` (:data:`POOLER` and :data:`CLASSIFIER` for
 the classifier) are the name map, read in both directions.
@@ -36,22 +31,11 @@ layers), so each of its tensors is one torchformer tensor, renamed: no transpose
 :mod:`~torchformer.pretrained.gpt2` needs both). ``BertForMaskedLM`` prefixes the encoder's names with ``bert.``
 (the head's start with ``cls.``); a file that ``BertModel`` wrote has no prefix, and no head to load.
 ``BertForSequenceClassification`` prefixes the encoder and the pooler with ``bert.``; its linear layer is
-``classifier``.
-
-What a released checkpoint may hold besides (``bert-base-uncased`` holds all of it: it was saved as
-``BertForPreTraining``):
-
-* ``LayerNorm.gamma`` and ``LayerNorm.beta``, the old names of a LayerNorm's ``weight`` and ``bias`` (read as them);
-* the pooler (``bert.pooler.dense``) and the next-sentence head (``cls.seq_relationship``), which pretraining used
-  and a masked-LM does not: skipped, as ``BertForMaskedLM.from_pretrained`` skips them (:data:`UNUSED`,
-  :data:`NEXT_SENTENCE_HEAD`). A classifier started from such a masked-LM with
-  :meth:`~torchformer.models.CTransformer.from_encoder` gets a new pooler;
-* ``embeddings.position_ids``, a constant buffer ``0 .. p-1``: skipped;
-* ``cls.predictions.decoder.weight`` and ``.bias``, the output matrix and bias, which with ``tie_word_embeddings``
-  must equal the word embedding and ``cls.predictions.bias``. Untied, they are the output layer, and
-  ``cls.predictions.bias`` is unused (as in transformers 5; older versions made it the decoder's bias).
-
-Any other tensor left over, missing, or of another shape than the config gives is an error naming it.
+``classifier``. What a released checkpoint holds besides (``bert-base-uncased``, saved as ``BertForPreTraining``,
+holds all of it) is read or skipped as the constants below say: old LayerNorm names (:data:`OLD_NAMES`), the
+pretraining pooler and next-sentence head and the position ids (:data:`UNUSED`, :data:`NEXT_SENTENCE_HEAD`), the
+decoder's copies of tied tensors (:data:`OUTPUT`). Any other tensor left over, missing, or of another shape than
+the config gives is an error naming it.
 
 Shapes: e embedding size (``hidden_size``), v vocabulary size (``vocab_size``), p positions
 (``max_position_embeddings``), k token types (``type_vocab_size``), f the feed-forward hidden size

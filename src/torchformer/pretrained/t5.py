@@ -21,10 +21,9 @@ field:
   (``tie_weights=True``, ``head_scale=True``); flan-T5 has an output layer of its own, without the factor
   (``tie_word_embeddings`` false). Neither has an output bias (``head_bias=False``).
 
-transformers 5 reads the factor from ``scale_decoder_outputs`` when a config has it, else from
-``tie_word_embeddings``; and it writes ``tie_word_embeddings`` true for every T5, flan-T5's too, whose output layer
-is then told apart by the file: an ``lm_head.weight`` other than ``shared.weight``. torchformer reads both the same
-way: :func:`config_from_huggingface` the factor and ``tie_word_embeddings``, :func:`empty_model` the file.
+transformers 5 writes ``tie_word_embeddings`` true for flan-T5 too (the factor then in ``scale_decoder_outputs``),
+whose own output layer is told apart by the file: :func:`config_from_huggingface` reads the factor as transformers
+does, :func:`empty_model` the file.
 
 **The weights** need no cutting and no transposing: :data:`TOP`, :data:`RELATIVE`, :data:`ATTENTION`,
 :data:`ENCODER_BLOCK`, :data:`DECODER_BLOCK` and :data:`FEED_FORWARD` are the name map, read in both directions.
