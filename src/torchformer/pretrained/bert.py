@@ -1,7 +1,4 @@
-"""BERT in the Hugging Face layout, and torchformer's MLMTransformer and CTransformer: the two maps.
-
-:class:`~torchformer.models.MLMTransformer` is BERT's masked-LM, :class:`~torchformer.models.CTransformer` its
-classifier.
+"""BERT in the Hugging Face layout, and torchformer's MLMTransformer (masked-LM) and CTransformer (classifier).
 
 BERT (Devlin et al. 2019) is an ``MLMTransformer`` with these choices away from torchformer's defaults, each a
 config field: the embedding sums a token-type (segment) vector too (``num_token_types``, ``type_vocab_size`` in
@@ -64,15 +61,13 @@ CLASSIFIER_ARCHITECTURE = "BertForSequenceClassification"
 
 
 def describes(model: Model) -> bool:
-    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is.
-
-    BERT is the one family with these heads; :func:`config_to_huggingface` names each field that does not map.
+    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is (the one family with these heads).
 
     Args:
         model: the model to write.
 
     Returns:
-        True.
+        True; :func:`config_to_huggingface` names each field that does not map.
     """
     return True
 
@@ -195,20 +190,6 @@ def classifier_names(depth: int) -> Iterator[tuple[str, str]]:
     yield from CLASSIFIER
 
 
-def is_classifier(hf: dict[str, Any]) -> bool:
-    """Whether ``config.json`` describes ``BertForSequenceClassification`` (its ``architectures`` name it).
-
-    Args:
-        hf: the JSON object of ``config.json``.
-
-    Returns:
-        True for the classifier; False for every other BERT (a masked-LM, ``BertForPreTraining``, no
-        ``architectures`` at all).
-    """
-    architectures = hf.get("architectures")
-    return isinstance(architectures, list) and CLASSIFIER_ARCHITECTURE in architectures
-
-
 def num_labels(hf: dict[str, Any]) -> Any:
     """The classifier's number of classes, as ``PretrainedConfig`` reads it.
 
@@ -244,9 +225,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         The config of the equal :class:`~torchformer.models.MLMTransformer`: ``num_token_types``,
         ``embedding_norm``, ``qkv_bias``, ``activation="gelu"``, ``norm_eps`` and ``mlm_scale=False``. ``dropout``
         is the two dropouts' common value (they act in training only; torchformer also drops inside the
-        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (:func:`is_classifier`),
-        the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's fields, and
-        ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
+        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (``architectures``
+        names it), the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's
+        fields, and ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
 
     Raises:
         ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
@@ -273,10 +254,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     # intermediate_size as ff_mult where it is a multiple of hidden_size (BERT's own 4 e), else as the size itself
     ff = dict(ff_mult=inner // emb) if is_int(inner) and is_int(emb) and emb > 0 and inner > 0 and inner % emb == 0 \
         else dict(ff_hidden=inner)
-    if is_classifier(hf):
-        head = classifier_fields(hf, get)
-    else:
-        head = dict(tie_weights=tied, mlm_scale=False)
+    architectures = hf.get("architectures")  # a classifier's names it; a masked-LM's, BertForPreTraining's or none
+    classifier = isinstance(architectures, list) and CLASSIFIER_ARCHITECTURE in architectures
+    head = classifier_fields(hf, get) if classifier else dict(tie_weights=tied, mlm_scale=False)
     try:
         return TransformerConfig(
             emb=emb, heads=get("num_attention_heads"), depth=get("num_hidden_layers"),
