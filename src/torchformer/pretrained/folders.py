@@ -119,9 +119,8 @@ def weight_files(folder: Path) -> tuple[str, dict[str, Path]]:
 class WeightReader:
     """The tensors of a model folder by name, memory-mapped, read one at a time: use it in a ``with`` block.
 
-    ``reader.names()`` lists every tensor; ``reader.tensor(name)`` reads one (a CPU tensor of the file's dtype: for
-    safetensors a fresh tensor of that size, for ``.bin`` a view of the mapped file); ``reader.dtype(name)`` and
-    ``reader.shape(name)`` read only the header. The files are closed when the block ends.
+    The methods say what each reads (``dtype`` and ``shape`` only the header); the files are closed when the block
+    ends.
 
     Args:
         folder: the model folder (:func:`weight_files` finds the files).

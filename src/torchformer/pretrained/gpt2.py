@@ -15,10 +15,9 @@ config with a field GPT-2 cannot express (rotary positions, RMSNorm, ...), namin
 
 **The weights.** :data:`TOP` and :data:`BLOCK` are the name map, read in both directions. GPT-2's code stores its
 linear layers as ``Conv1D``, whose weight is ``(in, out)``: the transpose of ``nn.Linear``'s ``(out, in)``. And one
-``c_attn`` layer computes queries, keys and values together, ``(e, 3 e)``; torchformer has three ``(e, e)`` layers.
-So a rule says which torchformer tensors one GPT-2 tensor becomes (cut along the output dimension into as many
-pieces), and whether it is a ``Conv1D`` weight (transposed). The output layer ``lm_head.weight`` is ``wte.weight``
-itself (``tie_word_embeddings``, GPT-2's default); a checkpoint may store it anyway, which must then equal ``wte``.
+``c_attn`` layer computes queries, keys and values together, ``(e, 3 e)``; torchformer has three ``(e, e)`` layers:
+a :class:`Rule` says both. The output layer ``lm_head.weight`` is ``wte.weight`` itself (``tie_word_embeddings``,
+GPT-2's default); a checkpoint may store it anyway, which must then equal ``wte``.
 
 Shapes: e embedding size (``n_embd``), v vocabulary size (``vocab_size``), p positions (``n_positions``), f the
 feed-forward hidden size (``n_inner``, default ``4 e``).

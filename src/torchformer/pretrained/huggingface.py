@@ -41,9 +41,8 @@ def from_huggingface(
     of the weights. The global random generators are not touched.
 
     Args:
-        folder: a folder with ``config.json`` and ``model.safetensors``, a sharded
-            ``model.safetensors.index.json``, ``pytorch_model.bin`` (read with ``weights_only=True``) or a sharded
-            ``pytorch_model.bin.index.json``.
+        folder: a folder with ``config.json`` and the weights in a layout :mod:`~torchformer.pretrained.folders`
+            reads (``model.safetensors``, ``pytorch_model.bin`` with ``weights_only=True``, either sharded).
         dtype: the floating dtype of the model's parameters; ``None``: the dtype of the stored token embedding.
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
 

@@ -300,9 +300,8 @@ def empty_model(
                                                                         reader.tensor(stored_table(reader))):
         config = config.replace(tie_weights=False)
     # The shared table, the tied output layer and each stack's relative table stay one tensor each.
-    model = building.empty_model(Seq2SeqTransformer, config, dtype=dtype or reader.dtype(stored_table(reader)),
-                                 device=device)
-    return model  # type: ignore[return-value]
+    return building.empty_model(Seq2SeqTransformer, config, dtype=dtype or reader.dtype(stored_table(reader)),
+                                device=device)  # type: ignore[return-value]
 
 
 def stored_table(reader: WeightReader) -> str:
@@ -315,8 +314,7 @@ def stored_table(reader: WeightReader) -> str:
         ``shared.weight``, ``encoder.embed_tokens.weight`` or ``decoder.embed_tokens.weight``: the first stored;
         ``shared.weight`` when none is (the caller names it missing).
     """
-    stored = set(reader.names())
-    return next((name for name in (TOP[0][0], *COPIES) if name in stored), TOP[0][0])
+    return next((name for name in (TOP[0][0], *COPIES) if name in reader.names()), TOP[0][0])
 
 
 def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
