@@ -1,7 +1,4 @@
-"""BERT in the Hugging Face layout, and torchformer's MLMTransformer and CTransformer: the two maps.
-
-:class:`~torchformer.models.MLMTransformer` is BERT's masked-LM, :class:`~torchformer.models.CTransformer` its
-classifier.
+"""BERT in the Hugging Face layout, and torchformer's MLMTransformer (masked-LM) and CTransformer (classifier).
 
 BERT (Devlin et al. 2019) is an ``MLMTransformer`` with these choices away from torchformer's defaults, each a
 config field: the embedding sums a token-type (segment) vector too (``num_token_types``, ``type_vocab_size`` in
@@ -18,16 +15,11 @@ is the same encoder with another head: the *pooler* (a dense layer and a tanh on
 dropout) and a linear layer to the ``num_labels`` classes. It loads into a :class:`~torchformer.models.CTransformer`
 with ``pool="first"`` and ``pooler=True`` (:class:`~torchformer.nn.heads.ClassifierHead`), whose
 log-probabilities are the ``log_softmax`` of BERT's logits; every other BERT folder loads into an
-``MLMTransformer``. Only single-label classification is what a ``CTransformer`` computes: a ``problem_type`` of
-``"regression"`` or ``"multi_label_classification"``, or one label (a regression to transformers, which refuses
-single-label classification with one label), is refused by name.
+``MLMTransformer``. Only single-label classification is what a ``CTransformer`` computes (:func:`classifier_fields`).
 
 **The config.** :func:`config_from_huggingface` reads ``config.json``'s fields (:data:`DEFAULTS` fills a field left
-out, as ``BertConfig`` does) and refuses, naming the field and its value, any the library cannot express: a
-``hidden_act`` other than ``"gelu"``, ``position_embedding_type`` other than ``"absolute"`` (older files have the
-field), ``is_decoder``, ``add_cross_attention``, two dropouts that differ (a classifier's ``classifier_dropout``
-too). An ``intermediate_size`` that is a multiple of ``hidden_size`` becomes ``ff_mult``, any other ``ff_hidden``.
-:func:`config_to_huggingface` is the way back, and refuses a config with a field BERT cannot express, naming each.
+out, as ``BertConfig`` does) and refuses, naming the field and its value, any the library cannot express (the list:
+``docs/pretrained.md``, "What is refused for BERT"). :func:`config_to_huggingface` is the way back.
 
 **The weights.** :data:`EMBEDDINGS`, :data:`BLOCK` and :data:`MLM_HEAD` (:data:`POOLER` and :data:`CLASSIFIER` for
 the classifier) are the name map, read in both directions.
@@ -36,22 +28,11 @@ layers), so each of its tensors is one torchformer tensor, renamed: no transpose
 :mod:`~torchformer.pretrained.gpt2` needs both). ``BertForMaskedLM`` prefixes the encoder's names with ``bert.``
 (the head's start with ``cls.``); a file that ``BertModel`` wrote has no prefix, and no head to load.
 ``BertForSequenceClassification`` prefixes the encoder and the pooler with ``bert.``; its linear layer is
-``classifier``.
-
-What a released checkpoint may hold besides (``bert-base-uncased`` holds all of it: it was saved as
-``BertForPreTraining``):
-
-* ``LayerNorm.gamma`` and ``LayerNorm.beta``, the old names of a LayerNorm's ``weight`` and ``bias`` (read as them);
-* the pooler (``bert.pooler.dense``) and the next-sentence head (``cls.seq_relationship``), which pretraining used
-  and a masked-LM does not: skipped, as ``BertForMaskedLM.from_pretrained`` skips them (:data:`UNUSED`,
-  :data:`NEXT_SENTENCE_HEAD`). A classifier started from such a masked-LM with
-  :meth:`~torchformer.models.CTransformer.from_encoder` gets a new pooler;
-* ``embeddings.position_ids``, a constant buffer ``0 .. p-1``: skipped;
-* ``cls.predictions.decoder.weight`` and ``.bias``, the output matrix and bias, which with ``tie_word_embeddings``
-  must equal the word embedding and ``cls.predictions.bias``. Untied, they are the output layer, and
-  ``cls.predictions.bias`` is unused (as in transformers 5; older versions made it the decoder's bias).
-
-Any other tensor left over, missing, or of another shape than the config gives is an error naming it.
+``classifier``. What a released checkpoint holds besides (``bert-base-uncased``, saved as ``BertForPreTraining``,
+holds all of it) is read or skipped as the constants below say: old LayerNorm names (:data:`OLD_NAMES`), the
+pretraining pooler and next-sentence head and the position ids (:data:`UNUSED`, :data:`NEXT_SENTENCE_HEAD`), the
+decoder's copies of tied tensors (:data:`OUTPUT`). Any other tensor left over, missing, or of another shape than
+the config gives is an error naming it.
 
 Shapes: e embedding size (``hidden_size``), v vocabulary size (``vocab_size``), p positions
 (``max_position_embeddings``), k token types (``type_vocab_size``), f the feed-forward hidden size
@@ -69,7 +50,7 @@ from torchformer._checks import is_int
 from torchformer.config import TransformerConfig
 from torchformer.models import CTransformer, MLMTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 # The torchformer models this family writes (to_huggingface picks the family by the model's class): the masked-LM
 # as BertForMaskedLM, the classifier as BertForSequenceClassification.
@@ -80,15 +61,13 @@ CLASSIFIER_ARCHITECTURE = "BertForSequenceClassification"
 
 
 def describes(model: Model) -> bool:
-    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is.
-
-    BERT is the one family with these heads; :func:`config_to_huggingface` names each field that does not map.
+    """Whether ``model`` is written as BERT: every MLMTransformer and CTransformer is (the one family with these heads).
 
     Args:
         model: the model to write.
 
     Returns:
-        True.
+        True; :func:`config_to_huggingface` names each field that does not map.
     """
     return True
 
@@ -211,20 +190,6 @@ def classifier_names(depth: int) -> Iterator[tuple[str, str]]:
     yield from CLASSIFIER
 
 
-def is_classifier(hf: dict[str, Any]) -> bool:
-    """Whether ``config.json`` describes ``BertForSequenceClassification`` (its ``architectures`` name it).
-
-    Args:
-        hf: the JSON object of ``config.json``.
-
-    Returns:
-        True for the classifier; False for every other BERT (a masked-LM, ``BertForPreTraining``, no
-        ``architectures`` at all).
-    """
-    architectures = hf.get("architectures")
-    return isinstance(architectures, list) and CLASSIFIER_ARCHITECTURE in architectures
-
-
 def num_labels(hf: dict[str, Any]) -> Any:
     """The classifier's number of classes, as ``PretrainedConfig`` reads it.
 
@@ -260,9 +225,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         The config of the equal :class:`~torchformer.models.MLMTransformer`: ``num_token_types``,
         ``embedding_norm``, ``qkv_bias``, ``activation="gelu"``, ``norm_eps`` and ``mlm_scale=False``. ``dropout``
         is the two dropouts' common value (they act in training only; torchformer also drops inside the
-        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (:func:`is_classifier`),
-        the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's fields, and
-        ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
+        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (``architectures``
+        names it), the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's
+        fields, and ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
 
     Raises:
         ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
@@ -289,10 +254,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     # intermediate_size as ff_mult where it is a multiple of hidden_size (BERT's own 4 e), else as the size itself
     ff = dict(ff_mult=inner // emb) if is_int(inner) and is_int(emb) and emb > 0 and inner > 0 and inner % emb == 0 \
         else dict(ff_hidden=inner)
-    if is_classifier(hf):
-        head = classifier_fields(hf, get)
-    else:
-        head = dict(tie_weights=tied, mlm_scale=False)
+    architectures = hf.get("architectures")  # a classifier's names it; a masked-LM's, BertForPreTraining's or none
+    classifier = isinstance(architectures, list) and CLASSIFIER_ARCHITECTURE in architectures
+    head = classifier_fields(hf, get) if classifier else dict(tie_weights=tied, mlm_scale=False)
     try:
         return TransformerConfig(
             emb=emb, heads=get("num_attention_heads"), depth=get("num_hidden_layers"),
@@ -435,17 +399,14 @@ def stored_prefix(reader: WeightReader) -> str:
 def empty_model(
     config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
 ) -> Model:
-    """The model of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
+    """The model of ``config`` with memory but no values yet (:mod:`~torchformer.pretrained.building`).
 
     An MLMTransformer, or a CTransformer for a config with ``num_classes`` (BERT's classifier).
-
-    Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
-    in ``dtype`` or, by default, the dtype of the stored word embedding.
 
     Args:
         config: what :func:`config_from_huggingface` made.
         reader: the folder's tensors (for the stored dtype).
-        dtype: the parameters' floating dtype, or ``None``.
+        dtype: the parameters' floating dtype, or ``None``: the stored word embedding's.
         device: where the parameters go.
 
     Returns:
@@ -480,6 +441,8 @@ def stored_name(reader: WeightReader, name: str) -> str:
 def load_weights(model: Model, reader: WeightReader) -> None:
     """Copy BERT's tensors into ``model``'s parameters, one tensor at a time, every name and shape checked.
 
+    A CTransformer reads ``BertForSequenceClassification``'s tensors: the encoder, the pooler and the linear layer.
+
     Args:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
             values unset).
@@ -489,23 +452,27 @@ def load_weights(model: Model, reader: WeightReader) -> None:
         ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
             tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
-    if isinstance(model, CTransformer):
-        return load_classifier_weights(model, reader)
-    prefix = stored_prefix(reader)
+    classifier = isinstance(model, CTransformer)
+    prefix = PREFIX if classifier else stored_prefix(reader)
+    depth, tied = model.config.depth, model.config.tie_weights
     params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
-    left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
-    tied = model.config.tie_weights
-    for name, ours in names(model.config.depth, tied, prefix):
+    if classifier:  # only the position ids, a constant buffer, are skipped
+        left = set(reader.names()) - {PREFIX + UNUSED[0]}
+        pairs, what = classifier_names(depth), "BERT's classifier (BertForSequenceClassification)"
+    else:
+        left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
+        pairs, what = names(depth, tied, prefix), "BERT's masked-LM"
+    for name, ours in pairs:
         stored = stored_name(reader, name)
         if stored not in left:
             untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
             no_head = (" (a BertModel file has no masked-LM head; a BertForSequenceClassification file loads as a "
                        "CTransformer when its config.json's architectures say so)") if name.startswith("cls.") else ""
-            raise ValueError(f"{reader.where} holds no {name}, which BERT's masked-LM with num_hidden_layers="
-                             f"{model.config.depth}{untied} has{no_head}")
+            raise ValueError(f"{reader.where} holds no {name}, which {what} with num_hidden_layers={depth}{untied} "
+                             f"has{no_head}")
         copy_tensor(reader, stored, params[ours])
         left.discard(stored)
-    if tied:  # second copies of tied tensors, which some files store: each must be the tensor it is tied to
+    if tied and not classifier:  # second copies of tied tensors, which some files store: each must be its original
         for (copy, ours), original in zip(OUTPUT, (prefix + EMBEDDINGS[0][0], BIAS[0])):
             if copy in left:
                 tied_to = model.get_parameter(ours)  # head.weight is embedding.tokens.weight
@@ -513,53 +480,12 @@ def load_weights(model: Model, reader: WeightReader) -> None:
                     raise ValueError(f"{reader.where}: {copy} differs from {original}, but config.json ties them "
                                      f"(tie_word_embeddings=true)")
                 left.discard(copy)
-    else:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias is unused then
-        left.discard(BIAS[0])
+    elif not classifier:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias
+        left.discard(BIAS[0])  # is unused then
     if left:
-        raise ValueError(f"{reader.where} holds tensors BERT's masked-LM does not have (another architecture?): "
-                         f"{', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
-
-
-def copy_tensor(reader: WeightReader, stored: str, target: Tensor) -> None:
-    """Copy the stored tensor ``stored`` into the parameter ``target``, after checking its shape.
-
-    Args:
-        reader: the folder's tensors.
-        stored: the tensor's name in the files.
-        target: the parameter it fills.
-
-    Raises:
-        ValueError: the stored shape is not the parameter's (the config's); the message names the tensor.
-    """
-    if reader.shape(stored) != tuple(target.shape):
-        raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                         f"{tuple(target.shape)}")
-    with torch.no_grad():
-        reader.copy_into(stored, target)  # straight into the parameter where dtype and layout agree
-
-
-def load_classifier_weights(model: CTransformer, reader: WeightReader) -> None:
-    """:func:`load_weights` for ``BertForSequenceClassification``: the encoder, the pooler and the linear layer.
-
-    Args:
-        model: the CTransformer (``pool="first"``, ``pooler=True``) to fill.
-        reader: the folder's tensors.
-
-    Raises:
-        ValueError: a tensor is missing, left over, or of another shape than the config says.
-    """
-    params = dict(model.named_parameters())
-    left = set(reader.names()) - {PREFIX + UNUSED[0]}  # the position ids, a constant buffer
-    for name, ours in classifier_names(model.config.depth):
-        stored = stored_name(reader, name)
-        if stored not in left:
-            raise ValueError(f"{reader.where} holds no {name}, which BERT's classifier (BertForSequenceClassification) "
-                             f"with num_hidden_layers={model.config.depth} has")
-        copy_tensor(reader, stored, params[ours])
-        left.discard(stored)
-    if left:
-        raise ValueError(f"{reader.where} holds tensors BertForSequenceClassification does not have (another "
-                         f"architecture?): {', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
+        raise ValueError(f"{reader.where} holds tensors {'BertForSequenceClassification' if classifier else what} "
+                         f"does not have (another architecture?): {', '.join(sorted(left)[:8])}"
+                         f"{' ...' if len(left) > 8 else ''}")
 
 
 def export_weights(model: Model) -> dict[str, Tensor]:

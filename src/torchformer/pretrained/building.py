@@ -34,10 +34,9 @@ def empty_model(
     first: dict[int, str] = {}
     ties = []
     for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            ties.append((name, first[id(param)]))
-        else:
-            first[id(param)] = name
+        source = first.setdefault(id(param), name)
+        if source != name:
+            ties.append((name, source))
     model = model.to(dtype).to_empty(device=device)
     for name, source in ties:
         owner, _, attribute = name.rpartition(".")

@@ -49,24 +49,6 @@ WEIGHT_LAYOUTS = (SAFETENSORS_FILE, SAFETENSORS_INDEX, BIN_FILE, BIN_INDEX)
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def import_safetensors() -> Any:
-    """The ``safetensors`` package, an optional dependency, or an ImportError that says how to install it.
-
-    Returns:
-        The ``safetensors`` module (``safe_open``, ``safetensors.torch``).
-
-    Raises:
-        ImportError: ``safetensors`` is not installed.
-    """
-    try:
-        import safetensors
-        import safetensors.torch  # noqa: F401  (save_file, for writing)
-    except ImportError as e:
-        raise ImportError('writing model.safetensors needs the safetensors package: '
-                          'pip install "torchformer[safetensors]"') from e
-    return safetensors
-
-
 def read_config(folder: PathLike) -> tuple[Path, dict[str, Any]]:
     """The folder as a path, and its ``config.json`` as a dict (with a ``model_type``).
 
@@ -137,9 +119,8 @@ def weight_files(folder: Path) -> tuple[str, dict[str, Path]]:
 class WeightReader:
     """The tensors of a model folder by name, memory-mapped, read one at a time: use it in a ``with`` block.
 
-    ``reader.names()`` lists every tensor; ``reader.tensor(name)`` reads one (a CPU tensor of the file's dtype: for
-    safetensors a fresh tensor of that size, for ``.bin`` a view of the mapped file); ``reader.dtype(name)`` and
-    ``reader.shape(name)`` read only the header. The files are closed when the block ends.
+    The methods say what each reads (``dtype`` and ``shape`` only the header); the files are closed when the block
+    ends.
 
     Args:
         folder: the model folder (:func:`weight_files` finds the files).
@@ -154,11 +135,9 @@ class WeightReader:
         self.layout, self.files = weight_files(self.folder)
         self.where = self.folder / self.layout  # for the messages
         self._open: dict[Path, Any] = {}  # file -> an open _SafetensorsFile or _BinFile
-        self._file_of: dict[str, Path] = {}  # tensor name -> its file
-        if "" in self.files:  # a single file: every tensor is in it
-            self._file_of = {name: self.files[""] for name in self._handle(self.files[""]).keys()}
-        else:
-            self._file_of = dict(self.files)
+        single = self.files.get("")  # a single file holds every tensor
+        # tensor name -> its file
+        self._file_of = dict(self.files) if single is None else dict.fromkeys(self._handle(single).keys(), single)
 
     def __enter__(self) -> WeightReader:
         return self
@@ -173,10 +152,8 @@ class WeightReader:
     def _handle(self, file: Path) -> Any:
         """The open file, a :class:`_SafetensorsFile` or a :class:`_BinFile` (by its suffix): both read the same."""
         if file not in self._open:
-            if file.suffix == ".safetensors":
-                self._open[file] = _SafetensorsFile(file, self.where)
-            else:
-                self._open[file] = _BinFile(load_bin(file))
+            safetensors = file.suffix == ".safetensors"
+            self._open[file] = _SafetensorsFile(file, self.where) if safetensors else _BinFile(load_bin(file))
         return self._open[file]
 
     def names(self) -> list[str]:
@@ -285,11 +262,10 @@ class _SafetensorsFile:
         return out
 
     def copy_into(self, name: str, target: Tensor) -> None:
-        direct = target.device.type == "cpu" and target.dtype == self.dtype(name) and target.is_contiguous()
-        if not direct:
+        if target.device.type == "cpu" and target.dtype == self.dtype(name) and target.is_contiguous():
+            self._read(name, target.detach())  # straight into the parameter's memory
+        else:
             target.copy_(self.tensor(name))
-            return
-        self._read(name, target.detach())
 
     def _read(self, name: str, out: Tensor) -> None:
         """Read ``name``'s bytes into ``out``'s memory (contiguous, CPU, of the stored dtype and shape)."""
@@ -353,6 +329,24 @@ def load_bin(file: Path) -> dict[str, Tensor]:
     return state
 
 
+def copy_tensor(reader: WeightReader, stored: str, target: Tensor) -> None:
+    """Copy the stored tensor ``stored`` into the parameter ``target``, after checking its shape.
+
+    Args:
+        reader: the folder's tensors.
+        stored: the tensor's name in the files.
+        target: the parameter it fills.
+
+    Raises:
+        ValueError: the stored shape is not the parameter's (the config's); the message names the tensor.
+    """
+    if reader.shape(stored) != tuple(target.shape):
+        raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
+                         f"{tuple(target.shape)}")
+    with torch.no_grad():
+        reader.copy_into(stored, target)  # straight into the parameter where dtype and layout agree
+
+
 def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Tensor]) -> Path:
     """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed), each atomically.
 
@@ -373,7 +367,11 @@ def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Te
     folder = check_path(folder, "folder")
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"folder must be a folder to write the model to, got the file {folder}")
-    safetensors = import_safetensors()
+    try:
+        import safetensors.torch  # an optional dependency
+    except ImportError as e:
+        raise ImportError('writing model.safetensors needs the safetensors package: '
+                          'pip install "torchformer[safetensors]"') from e
     folder.mkdir(parents=True, exist_ok=True)
     # metadata format=pt: transformers reads a file without it as another framework's.
     write_atomically(folder / SAFETENSORS_FILE,

@@ -15,10 +15,9 @@ config with a field GPT-2 cannot express (rotary positions, RMSNorm, ...), namin
 
 **The weights.** :data:`TOP` and :data:`BLOCK` are the name map, read in both directions. GPT-2's code stores its
 linear layers as ``Conv1D``, whose weight is ``(in, out)``: the transpose of ``nn.Linear``'s ``(out, in)``. And one
-``c_attn`` layer computes queries, keys and values together, ``(e, 3 e)``; torchformer has three ``(e, e)`` layers.
-So a rule says which torchformer tensors one GPT-2 tensor becomes (cut along the output dimension into as many
-pieces), and whether it is a ``Conv1D`` weight (transposed). The output layer ``lm_head.weight`` is ``wte.weight``
-itself (``tie_word_embeddings``, GPT-2's default); a checkpoint may store it anyway, which must then equal ``wte``.
+``c_attn`` layer computes queries, keys and values together, ``(e, 3 e)``; torchformer has three ``(e, e)`` layers:
+a :class:`Rule` says both. The output layer ``lm_head.weight`` is ``wte.weight`` itself (``tie_word_embeddings``,
+GPT-2's default); a checkpoint may store it anyway, which must then equal ``wte``.
 
 Shapes: e embedding size (``n_embd``), v vocabulary size (``vocab_size``), p positions (``n_positions``), f the
 feed-forward hidden size (``n_inner``, default ``4 e``).
@@ -243,15 +242,12 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
 def empty_model(
     config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
 ) -> GTransformer:
-    """The GTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
-
-    Built on the meta device (shapes only: no memory, no random numbers), then given empty memory on ``device``,
-    in ``dtype`` or, by default, the dtype of the stored token embedding.
+    """The GTransformer of ``config`` with memory but no values yet (:mod:`~torchformer.pretrained.building`).
 
     Args:
         config: what :func:`config_from_huggingface` made.
         reader: the folder's tensors (for the stored dtype).
-        dtype: the parameters' floating dtype, or ``None``.
+        dtype: the parameters' floating dtype, or ``None``: the stored token embedding's.
         device: where the parameters go.
 
     Returns:
@@ -283,7 +279,9 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
             raise ValueError(f"{reader.where} holds no {stored}, which GPT-2 with n_layer={model.config.depth} "
                              f"{'and tie_word_embeddings=false ' if rule is OUTPUT else ''}has")
         targets = [params[name] for name in rule.torchformer]
-        expected = expected_shape(rule, targets)
+        # the shape GPT-2 stores: the targets side by side along the output dimension, transposed for Conv1D
+        expected = (sum(t.shape[0] for t in targets), *targets[0].shape[1:])
+        expected = tuple(reversed(expected)) if rule.conv1d else expected
         if reader.shape(stored) != expected:
             raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
                              f"{expected}")
@@ -308,20 +306,6 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
                          f"{', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
 
 
-def expected_shape(rule: Rule, targets: list[Tensor]) -> tuple[int, ...]:
-    """The shape GPT-2 stores ``rule``'s tensor in, from its torchformer ``targets``.
-
-    Args:
-        rule: the rule.
-        targets: its torchformer parameters, in the order of ``rule.torchformer``.
-
-    Returns:
-        The targets' shape with their first dimensions summed (the pieces side by side), transposed for ``Conv1D``.
-    """
-    shape = (sum(t.shape[0] for t in targets), *targets[0].shape[1:])
-    return tuple(reversed(shape)) if rule.conv1d else shape
-
-
 def export_weights(model: GTransformer) -> dict[str, Tensor]:
     """``model``'s parameters under GPT-2's names (``GPT2LMHeadModel``'s), as GPT-2 stores them.
 
@@ -336,23 +320,12 @@ def export_weights(model: GTransformer) -> dict[str, Tensor]:
     params = dict(model.named_parameters())
     tensors = {}
     for rule in rules(model.config.depth, model.config.tie_weights):
-        pieces = [params[name].detach() if name in params else zero_bias(name, params)
+        # a bias a model without qkv_bias lacks: zeros of its weight's output size, dtype and device
+        pieces = [params[name].detach() if name in params
+                  else torch.zeros_like(params[name.removesuffix(".bias") + ".weight"][:, 0])
                   for name in rule.torchformer]
         joined = torch.cat(pieces, dim=0)  # 3 x (e, e) -> (3e, e), or one tensor as it is
         name = rule.gpt2 if rule is OUTPUT else PREFIX + rule.gpt2
         tensors[name] = (joined.T if rule.conv1d else joined).contiguous().cpu()
     return tensors
 
-
-def zero_bias(name: str, params: dict[str, Tensor]) -> Tensor:
-    """Zeros for the bias ``name`` that a model without ``qkv_bias`` lacks, shaped by its weight's output size.
-
-    Args:
-        name: the bias's name (``blocks.blocks.0.attention.toqueries.bias``).
-        params: the model's parameters by name.
-
-    Returns:
-        ``(out,)`` zeros, of the weight's dtype and device.
-    """
-    weight = params[name.removesuffix(".bias") + ".weight"]
-    return torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)

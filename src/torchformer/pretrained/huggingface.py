@@ -1,18 +1,14 @@
 """The two entry points: a Hugging Face folder to a torchformer model, and back.
 
-:func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one. Each reads ``config.json``'s
-``model_type`` (or the model's class) to pick the family's module, :mod:`~torchformer.pretrained.gpt2`,
-:mod:`~torchformer.pretrained.llama`, :mod:`~torchformer.pretrained.bert` or :mod:`~torchformer.pretrained.t5`,
-which maps the config and the tensors; every family module has the same
-functions (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``,
-``export_weights``) and names the models it writes (``MODELS``), so nothing here knows a family's details; the
-files are read and written by :mod:`~torchformer.pretrained.folders`. See :mod:`torchformer.pretrained` for the
-whole picture.
+:func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one, each through the family's module that
+``config.json``'s ``model_type`` (or the model's class) picks. Every family module has the same functions
+(``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``, ``export_weights``) and
+names the models it writes (``MODELS``), so nothing here knows a family's details. See :mod:`torchformer.pretrained`
+for the whole picture.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional, Union
 
@@ -24,10 +20,8 @@ import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES n
 import torchformer.pretrained.gpt2 as gpt2
 import torchformer.pretrained.llama as llama
 import torchformer.pretrained.t5 as t5
-from torchformer.pretrained.folders import WeightReader, read_config, write_folder
+from torchformer.pretrained.folders import PathLike, WeightReader, read_config, write_folder
 from torchformer.saving import unwrap_model
-
-PathLike = Union[str, os.PathLike]
 
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
 FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "bert": bert, "t5": t5}
@@ -47,9 +41,8 @@ def from_huggingface(
     of the weights. The global random generators are not touched.
 
     Args:
-        folder: a folder with ``config.json`` and ``model.safetensors``, a sharded
-            ``model.safetensors.index.json``, ``pytorch_model.bin`` (read with ``weights_only=True``) or a sharded
-            ``pytorch_model.bin.index.json``.
+        folder: a folder with ``config.json`` and the weights in a layout :mod:`~torchformer.pretrained.folders`
+            reads (``model.safetensors``, ``pytorch_model.bin`` with ``weights_only=True``, either sharded).
         dtype: the floating dtype of the model's parameters; ``None``: the dtype of the stored token embedding.
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
 
@@ -95,16 +88,10 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     is replaced atomically.
 
     Args:
-        model: a model whose config maps onto its family. GPT-2: learned positions, pre-norm LayerNorm blocks,
-            ``head_bias=False``, an activation GPT-2 has (``"gelu_tanh"``, ``"gelu"``, ``"relu"``), no
-            grouped-query attention, window, wide heads or ``kqnorm``. BERT: learned positions, post-norm LayerNorm
-            blocks, ``activation="gelu"``, ``embedding_norm=True``, ``mlm_scale=False``, and the same exclusions;
-            BERT's classifier: the same encoder, ``pool="first"``, ``pooler=True``, 2 or more classes.
-            Without ``qkv_bias`` the query, key and value biases are written as zeros (the same function), and a
-            BERT without token types with one zero token-type vector. T5: relative positions with
-            ``relative_shared``, ``attention_scale=1.0``, pre-norm RMSNorm blocks, no biases anywhere, one shared
-            token table (``share_embeddings``), an activation T5 has (``"relu"``, ``"geglu_tanh"``, ...).
-            Compiled or wrapped models are unwrapped.
+        model: a model whose config maps onto its family: the family's ``config_to_huggingface`` names every field
+            that does not (the lists: ``docs/pretrained.md``). Without ``qkv_bias`` the query, key and value biases
+            are written as zeros (the same function), and a BERT without token types with one zero token-type
+            vector. Compiled or wrapped models are unwrapped.
         folder: the folder to write.
 
     Returns:
@@ -120,8 +107,7 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     target = unwrap_model(model)
     if not isinstance(target, TransformerModel):
         raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer, a "
-                        f"Seq2SeqTransformer), got "
-                        f"{type(target).__name__}")
+                        f"Seq2SeqTransformer), got {type(target).__name__}")
     if not any(isinstance(target, family.MODELS) for family in EXPORTS):
         writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {family.__name__.split('.')[-1]}"
                            for family in EXPORTS)

@@ -33,7 +33,7 @@ from torchformer._checks import is_int, is_number
 from torchformer.config import TransformerConfig
 from torchformer.models import GTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 MODELS = (GTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
 
@@ -69,7 +69,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
               "use_sliding_window": False, "hidden_act": "silu"},
 }
-MODEL_TYPES = tuple(DEFAULTS)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # Llama-3.1's rope_scaling keys, as config.json names them (torchformer's rotary_scaling uses the same names).
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -281,11 +280,7 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     for stored, name in rules(model.config):
         if stored not in names:
             raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has")
-        if reader.shape(stored) != tuple(params[name].shape):
-            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                             f"{tuple(params[name].shape)}")
-        with torch.no_grad():
-            reader.copy_into(stored, params[name])
+        copy_tensor(reader, stored, params[name])
         left.discard(stored)
     if model.config.tie_weights and OUTPUT[0] in left:  # a file may store the tied weight twice: the same
         embedding = params["embedding.tokens.weight"].detach()

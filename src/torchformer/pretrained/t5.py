@@ -21,10 +21,9 @@ field:
   (``tie_weights=True``, ``head_scale=True``); flan-T5 has an output layer of its own, without the factor
   (``tie_word_embeddings`` false). Neither has an output bias (``head_bias=False``).
 
-transformers 5 reads the factor from ``scale_decoder_outputs`` when a config has it, else from
-``tie_word_embeddings``; and it writes ``tie_word_embeddings`` true for every T5, flan-T5's too, whose output layer
-is then told apart by the file: an ``lm_head.weight`` other than ``shared.weight``. torchformer reads both the same
-way: :func:`config_from_huggingface` the factor and ``tie_word_embeddings``, :func:`empty_model` the file.
+transformers 5 writes ``tie_word_embeddings`` true for flan-T5 too (the factor then in ``scale_decoder_outputs``),
+whose own output layer is told apart by the file: :func:`config_from_huggingface` reads the factor as transformers
+does, :func:`empty_model` the file.
 
 **The weights** need no cutting and no transposing: :data:`TOP`, :data:`RELATIVE`, :data:`ATTENTION`,
 :data:`ENCODER_BLOCK`, :data:`DECODER_BLOCK` and :data:`FEED_FORWARD` are the name map, read in both directions.
@@ -48,7 +47,7 @@ from torch import Tensor
 from torchformer.config import TransformerConfig
 from torchformer.models import Seq2SeqTransformer
 import torchformer.pretrained.building as building
-from torchformer.pretrained.folders import WeightReader
+from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 MODELS = (Seq2SeqTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
 
@@ -301,9 +300,8 @@ def empty_model(
                                                                         reader.tensor(stored_table(reader))):
         config = config.replace(tie_weights=False)
     # The shared table, the tied output layer and each stack's relative table stay one tensor each.
-    model = building.empty_model(Seq2SeqTransformer, config, dtype=dtype or reader.dtype(stored_table(reader)),
-                                 device=device)
-    return model  # type: ignore[return-value]
+    return building.empty_model(Seq2SeqTransformer, config, dtype=dtype or reader.dtype(stored_table(reader)),
+                                device=device)  # type: ignore[return-value]
 
 
 def stored_table(reader: WeightReader) -> str:
@@ -316,8 +314,7 @@ def stored_table(reader: WeightReader) -> str:
         ``shared.weight``, ``encoder.embed_tokens.weight`` or ``decoder.embed_tokens.weight``: the first stored;
         ``shared.weight`` when none is (the caller names it missing).
     """
-    stored = set(reader.names())
-    return next((name for name in (TOP[0][0], *COPIES) if name in stored), TOP[0][0])
+    return next((name for name in (TOP[0][0], *COPIES) if name in reader.names()), TOP[0][0])
 
 
 def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
@@ -340,11 +337,7 @@ def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
         if stored not in left:
             untied = " (tie_word_embeddings is false)" if (stored, ours) == OUTPUT else ""
             raise ValueError(f"{reader.where} holds no {stored}, which this config.json's T5 has{untied}")
-        if reader.shape(stored) != tuple(params[ours].shape):
-            raise ValueError(f"{reader.where}: {stored} has shape {reader.shape(stored)}, but config.json makes it "
-                             f"{tuple(params[ours].shape)}")
-        with torch.no_grad():
-            reader.copy_into(stored, params[ours])
+        copy_tensor(reader, stored, params[ours])
         left.discard(stored)
     shared = params[TOP[0][1]].detach()
     copies = COPIES + ((OUTPUT[0],) if model.config.tie_weights else ())  # a tied one equals it (empty_model)

@@ -13,15 +13,14 @@ torch.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional
 
 from torch import Tensor
 
 from torchformer._checks import check_bool
+from torchformer.pretrained.folders import PathLike
 
-PathLike = Union[str, os.PathLike]
 TOKENIZER_FILE = "tokenizer.json"
 
 
