@@ -26,7 +26,7 @@ Three guarantees (docs/training.md, "Checkpoints", tells more):
 Typical use::
 
     start = 0
-    if (ckpt := latest_checkpoint(run_dir)) is not None:
+    if (ckpt := latest_intact_checkpoint(run_dir)) is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched, generators={"batches": g})["step"]
     for step in range(start, total_steps):
         ...
