@@ -4,12 +4,10 @@ A generator predicts one token at a time. Given tokens ``x_0 .. x_{t-1}`` the mo
 log-probabilities ``(b, v)`` for ``x_t``; we pick a token (:func:`~torchformer.decoding.sampling.sample_next`),
 append it, and ask again.
 
-**The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
-attention is causal: the keys and values of earlier positions never change when a token is appended. So the prompt
-runs once, writing every layer's keys and values into a :class:`~torchformer.nn.cache.KVCache` (buffers of
-``seq_length`` slots, slot ``p`` for position ``p``), and each later step feeds only the newest token ``(n, 1)``
-with its position ``(1,)``: its key and value go into the slot of that position, and its query attends over the
-cache. The cost per token drops from a forward pass over the whole window to a forward pass over one position.
+**The KV cache** (:mod:`torchformer.nn.cache` says why it is exact). The prompt runs once, writing every layer's
+keys and values into a :class:`~torchformer.nn.cache.KVCache` (slot ``p`` for position ``p``), and each later step
+feeds only the newest token ``(n, 1)`` with its position ``(1,)``: the cost per token drops from a forward pass over
+the whole window to a forward pass over one position.
 
 Each step is done by a *step* object (:class:`EagerStep` by default): ``step.new_caches(prompt)`` gives the caches
 and ``step(token, position, caches)`` returns the next log-probabilities ``(n, v)``. Every step has the same shapes
