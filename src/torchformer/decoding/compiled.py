@@ -51,13 +51,9 @@ class StaticCacheGenerator(generation.EagerStep):
     """``generate`` for a decoder-only model with caches kept between calls and, optionally, a compiled step.
 
     Build it once and reuse it: the caches (per batch size, dtype and device) and the compiled step are kept
-    between calls; :meth:`clear` frees the caches.
-
-    Any attention variant works unchanged: ``attend`` sees absolute positions, which the cache keeps exact.
-
-    ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
-    return_logprobs=False)`` works as :func:`torchformer.decoding.generation.generate` and returns the same tokens:
-    ``(b, t) -> (b, t + max_new_tokens)``.
+    between calls; :meth:`clear` frees the caches. Any attention variant works unchanged (see
+    :mod:`torchformer.decoding.generation`), and :meth:`generate` returns the tokens
+    :func:`torchformer.decoding.generation.generate` does: ``(b, t) -> (b, t + max_new_tokens)``.
 
     Args:
         model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
