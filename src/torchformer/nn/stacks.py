@@ -46,8 +46,7 @@ from torchformer.nn.norms import make_norm
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
     """Call ``block(*args, cache=cache, **kwargs)``, through activation checkpointing when asked and allowed.
 
-    Checkpointing needs a training step: the block in training mode, gradients on, and no KV cache (a recomputation
-    would write the cache twice). Otherwise the block is called directly.
+    Only in a training step without a KV cache, as the module docstring says; otherwise the block is called directly.
 
     Args:
         block: the transformer block to run.
@@ -185,10 +184,9 @@ class Decoder(nn.Module):
         caches: list[BlockCache] | None = None,
     ) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
-        if caches is None:
-            check_cross_inputs(context, context_mask, None, self.emb, b)
-        for cache in caches or ():  # every block's part, before the first block writes into its self-attention cache
-            check_cross_inputs(context, context_mask, cache.cross_attention, self.emb, b)
+        # Every block's part, before the first block writes into its self-attention cache.
+        for part in [None] if caches is None else [cache.cross_attention for cache in caches]:
+            check_cross_inputs(context, context_mask, part, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
                           cache=None if caches is None else caches[i])
