@@ -210,8 +210,7 @@ class TransformerBlock(nn.Module):
         Returns:
             Self-attention's output ``(b, t, e)`` (before dropout and the residual).
         """
-        kv = None if cache is None else cache.self_attention
-        return self.attention(y, mask, positions=positions, cache=kv)
+        return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention)
 
 
 class DecoderBlock(TransformerBlock):
