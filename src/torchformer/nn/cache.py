@@ -122,7 +122,7 @@ class KVCache:
         if not self._any_written:  # only the first write changes it (a compiled step then has nothing to record)
             self._any_written = True
         if mask is not None and self.real is None:  # the first padding: until now every slot was real
-            self.real = torch.ones(keys.size(0), self.keys.size(2), dtype=torch.bool, device=keys.device)  # type: ignore[union-attr]
+            self.real = torch.ones(keys.size(0), self.capacity, dtype=torch.bool, device=keys.device)  # (b, c)
         if self.real is None:
             return self.keys, self.values, self.written[None, :]  # type: ignore[return-value,index]
         new = mask if mask is not None else torch.ones_like(self.real[:, : keys.size(2)])
