@@ -707,9 +707,7 @@ class CrossAttention(MultiHeadAttention):
         cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
         positions: AttentionPositions | None = None,
     ) -> MultiHeadAttention:
-        """The cross-attention layer of a decoder block of ``config``.
-
-        Never causal, no window, no relative positions: the context is another sequence.
+        """The cross-attention layer of a decoder block of ``config``: never causal, no window, no positions.
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,

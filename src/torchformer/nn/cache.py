@@ -402,11 +402,7 @@ class BlockCache:
         self.cross_attention.reorder(index)
 
     def reset(self) -> None:
-        """Forget both caches' contents, as :meth:`KVCache.reset` and :meth:`ContextCache.reset` do.
-
-        The self-attention cache keeps its memory; the cross-attention cache is empty, to be filled with the next
-        context.
-        """
+        """Forget both caches' contents, as :meth:`KVCache.reset` (memory kept) and :meth:`ContextCache.reset` do."""
         self.self_attention.reset()
         self.cross_attention.reset()
 
