@@ -67,14 +67,8 @@ class StaticCacheGenerator(generation.EagerStep):
         backend: ``torch.compile``'s backend (default ``"inductor"``).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        compile: bool = False,
-        mode: Optional[str] = None,
-        backend: str | Callable = "inductor",
-    ) -> None:
+    def __init__(self, model: nn.Module, *, compile: bool = False, mode: Optional[str] = None,
+                 backend: str | Callable = "inductor") -> None:
         generation.decoder_config(model, "StaticCacheGenerator")
         check_bool(compile, "compile")  # compile="no" would compile
         if mode is not None and not compile:
@@ -146,18 +140,9 @@ class StaticCacheGenerator(generation.EagerStep):
         """Free the kept caches of every batch size (the compiled step is kept)."""
         self._kept.clear()
 
-    def generate(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        eos: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        return_logprobs: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, eos: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 return_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``, with this generator's step.
 
         The same as :func:`torchformer.decoding.generation.generate` (always with the cache), which checks the

@@ -414,21 +414,10 @@ def _normalise(total: Tensor, length: Tensor, length_penalty: float) -> Tensor:
 
 
 @torch.no_grad()
-def generate(
-    model: nn.Module,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    eos: Optional[int] = None,
-    use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
-    return_logprobs: bool = False,
-    step: Optional[EagerStep] = None,
-    prompt_mask: Optional[Tensor] = None,
-) -> Tensor | tuple[Tensor, Tensor]:
+def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, eos: Optional[int] = None,
+             use_cache: bool = True, generator: Optional[torch.Generator] = None, return_logprobs: bool = False,
+             step: Optional[EagerStep] = None, prompt_mask: Optional[Tensor] = None) -> Tensor | tuple[Tensor, Tensor]:
     """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
     The returned sequences start with the whole prompt, but the model only ever sees the last ``model.seq_length``
@@ -487,16 +476,8 @@ def generate(
 
 
 @torch.no_grad()
-def beam_search(
-    model: nn.Module,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    beam_size: int,
-    length_penalty: float = 1.0,
-    eos: Optional[int] = None,
-    use_cache: bool = True,
-) -> tuple[Tensor, Tensor]:
+def beam_search(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, beam_size: int, length_penalty: float = 1.0,
+                eos: Optional[int] = None, use_cache: bool = True) -> tuple[Tensor, Tensor]:
     """Beam search from ``prompt``: the best sequence of each prompt, and its score.
 
     Each of the ``b`` prompts keeps ``beam_size`` hypotheses. At every step each hypothesis is extended by every
@@ -535,22 +516,10 @@ def beam_search(
 
 
 @torch.no_grad()
-def seq2seq_generate(
-    model: nn.Module,
-    src: Tensor,
-    max_len: int,
-    *,
-    bos: int,
-    eos: int,
-    src_mask: Optional[Tensor] = None,
-    beam_size: int = 1,
-    temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    length_penalty: float = 1.0,
-    use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
-) -> Tensor:
+def seq2seq_generate(model: nn.Module, src: Tensor, max_len: int, *, bos: int, eos: int,
+                     src_mask: Optional[Tensor] = None, beam_size: int = 1, temperature: float = 0.0,
+                     top_k: Optional[int] = None, top_p: Optional[float] = None, length_penalty: float = 1.0,
+                     use_cache: bool = True, generator: Optional[torch.Generator] = None) -> Tensor:
     """Translate ``src`` with an encoder-decoder model: greedy, sampled or beam-searched target ids.
 
     The encoder runs once. The decoder starts from ``bos`` and produces up to ``max_len`` tokens (``bos`` is not
