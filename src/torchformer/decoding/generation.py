@@ -358,9 +358,8 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **samp
     return tokens, history
 
 
-def _beam_loop(
-    stepper, tokens: Tensor, steps: int, *, beam_size: int, length_penalty: float, eos: int | None
-) -> tuple[Tensor, Tensor]:
+def _beam_loop(stepper, tokens: Tensor, steps: int, *, beam_size: int, length_penalty: float,
+               eos: int | None) -> tuple[Tensor, Tensor]:
     """Beam search from ``tokens`` ``(b, t)``; returns the best ``(b, t + steps)`` and their scores ``(b,)``."""
     b, t = tokens.shape
     k, device = beam_size, tokens.device

@@ -84,9 +84,8 @@ class KVCache:
         """
         return not self._any_written
 
-    def update(
-        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def update(self, keys: Tensor, values: Tensor, positions: Tensor,
+               mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
         """Write new keys and values into the slots of their positions; return the whole buffers.
 
         A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
@@ -251,9 +250,8 @@ class RingKVCache(KVCache):
         """``None``: a ring takes any position."""
         return None
 
-    def update(
-        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def update(self, keys: Tensor, values: Tensor, positions: Tensor,
+               mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new keys and values into the slots ``positions mod c``; return the whole buffers.
 
         As :meth:`KVCache.update`, but any positions, at most ``c`` of them per call; what earlier calls wrote is

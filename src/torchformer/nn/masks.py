@@ -152,18 +152,9 @@ class AttentionMask:
             fused flash-attention kernels available.
     """
 
-    def __init__(
-        self,
-        query_positions: Tensor,
-        key_positions: Optional[Tensor],
-        key_mask: Optional[Tensor] = None,
-        *,
-        causal: bool = False,
-        window: Optional[int] = None,
-        padded: Optional[bool] = None,
-        aligned: bool = False,
-        pattern: Optional[AttentionPattern] = None,
-    ) -> None:
+    def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
+                 causal: bool = False, window: Optional[int] = None, padded: Optional[bool] = None,
+                 aligned: bool = False, pattern: Optional[AttentionPattern] = None) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
         if window is not None and (not is_int(window) or window <= 0):

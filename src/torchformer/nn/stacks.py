@@ -100,13 +100,8 @@ class Encoder(nn.Module):
         :class:`~torchformer.nn.cache.BlockCache` per block.
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig,
-        *,
-        causal: bool = False,
-        block_class: type[TransformerBlock] = TransformerBlock,
-    ) -> None:
+    def __init__(self, config: TransformerConfig, *, causal: bool = False,
+                 block_class: type[TransformerBlock] = TransformerBlock) -> None:
         super().__init__()
         self.emb = config.emb
         shared = shared_positions(block_class, config, causal=causal)
@@ -114,14 +109,8 @@ class Encoder(nn.Module):
         self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
         self.checkpoint_blocks = config.checkpoint_blocks
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        caches: list[BlockCache] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
+                caches: list[BlockCache] | None = None) -> Tensor:
         check_sequence_inputs(x, mask, positions, self.emb)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
@@ -173,16 +162,9 @@ class Decoder(nn.Module):
         for block, cache in zip(self.blocks, caches):
             block.fill_cache(cache, context, context_mask)
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        mask: Tensor | None = None,
-        context_mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        caches: list[BlockCache] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+                context_mask: Tensor | None = None, *, positions: Tensor | None = None,
+                caches: list[BlockCache] | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         # Every block's part, before the first block writes into its self-attention cache.
         for part in [None] if caches is None else [cache.cross_attention for cache in caches]:
