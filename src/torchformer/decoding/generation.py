@@ -565,10 +565,8 @@ def seq2seq_generate(model: nn.Module, src: Tensor, max_len: int, *, bos: int, e
     _check_token(bos, "bos", config.tgt_tokens)
     _check_token(eos, "eos", config.tgt_tokens)
     if config.position_limit is not None and max_len > config.position_limit:
-        raise ValueError(
-            f"max_len must be at most the model's seq_length ({config.position_limit}) with learned positions "
-            f"(the decoder has no position vectors beyond it), got {max_len}"
-        )
+        raise ValueError(f"max_len must be at most the model's seq_length ({config.position_limit}) with learned "
+                         f"positions (the decoder has no position vectors beyond it), got {max_len}")
     # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
     start = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)  # ids, whatever src holds
     with values_checked():  # src is checked; the model reads no values at each token

@@ -93,11 +93,10 @@ class TransformerBlock(nn.Module):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "feedforward_class" in vars(cls):  # the attribute of torchformer < 0.5 would now be silently ignored
-            raise TypeError(
-                f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, e.g. "
-                f"feedforward_classes = dict.fromkeys(ACTIVATIONS, {vars(cls)['feedforward_class'].__name__}) "
-                f"(ACTIVATIONS from torchformer.config), or {{**TransformerBlock.feedforward_classes, 'relu': ...}}"
-            )
+            raise TypeError(f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, "
+                            f"e.g. feedforward_classes = dict.fromkeys(ACTIVATIONS, "
+                            f"{vars(cls)['feedforward_class'].__name__}) (ACTIVATIONS from torchformer.config), or "
+                            f"{{**TransformerBlock.feedforward_classes, 'relu': ...}}")
 
     @classmethod
     def stack_positions(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions | None:
