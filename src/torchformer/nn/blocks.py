@@ -86,7 +86,8 @@ class TransformerBlock(nn.Module):
         if config.activation not in self.feedforward_classes:
             raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
                              f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
-        self.ff = self.feedforward_classes[config.activation].from_config(config, layer=layer)  # type: ignore[attr-defined]
+        feedforward = self.feedforward_classes[config.activation]
+        self.ff = feedforward.from_config(config, layer=layer)  # type: ignore[attr-defined]
         self.norm2 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
 

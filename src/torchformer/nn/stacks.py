@@ -106,7 +106,8 @@ class Encoder(nn.Module):
         self.emb = config.emb
         shared = shared_positions(block_class, config, causal=causal)
         self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i, **shared) for i in range(config.depth))
-        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
+                     else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
@@ -141,7 +142,8 @@ class Decoder(nn.Module):
         self.emb = config.emb
         shared = shared_positions(block_class, config, causal=True)  # the decoder's own table: one-sided buckets
         self.blocks = nn.ModuleList(block_class(config, layer=i, **shared) for i in range(depth))
-        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
+                     else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def fill_caches(self, caches: list[BlockCache], context: Tensor, context_mask: Tensor | None = None) -> None:
