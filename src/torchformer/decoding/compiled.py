@@ -83,15 +83,11 @@ class StaticCacheGenerator(generation.EagerStep):
         self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
         self._kept: dict[tuple, tuple[list[BlockCache], Tensor, Tensor]] = {}
 
-    def _layout(self, prompt: Tensor) -> tuple:
-        """What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
-        mode (tensors made in it cannot be written outside it)."""
-        dtype = next(self.model.parameters()).dtype
-        return (prompt.size(0), prompt.device, dtype, _autocast_dtype(prompt.device.type),
-                torch.is_inference_mode_enabled())
-
     def _state(self, prompt: Tensor) -> tuple[list[BlockCache], Tensor, Tensor]:
-        key = self._layout(prompt)
+        # What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
+        # mode (tensors made in it cannot be written outside it).
+        key = (prompt.size(0), prompt.device, next(self.model.parameters()).dtype, _autocast_dtype(prompt.device.type),
+               torch.is_inference_mode_enabled())
         if key not in self._kept:
             token, position = super().inputs(prompt)
             mark_static_address(token, position)
@@ -127,8 +123,7 @@ class StaticCacheGenerator(generation.EagerStep):
         Returns:
             ``(token, position)``: ``(n, 1)`` and ``(1,)``, long.
         """
-        _, token, position = self._state(prompt)
-        return token, position
+        return self._state(prompt)[1:]
 
     def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
         if self.mark_step is not None:
