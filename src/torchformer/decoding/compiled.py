@@ -51,13 +51,9 @@ class StaticCacheGenerator(generation.EagerStep):
     """``generate`` for a decoder-only model with caches kept between calls and, optionally, a compiled step.
 
     Build it once and reuse it: the caches (per batch size, dtype and device) and the compiled step are kept
-    between calls; :meth:`clear` frees the caches.
-
-    Any attention variant works unchanged: ``attend`` sees absolute positions, which the cache keeps exact.
-
-    ``generate(prompt, max_new_tokens, *, temperature=1.0, top_k=None, top_p=None, eos=None, generator=None,
-    return_logprobs=False)`` works as :func:`torchformer.decoding.generation.generate` and returns the same tokens:
-    ``(b, t) -> (b, t + max_new_tokens)``.
+    between calls; :meth:`clear` frees the caches. Any attention variant works unchanged (see
+    :mod:`torchformer.decoding.generation`), and :meth:`generate` returns the tokens
+    :func:`torchformer.decoding.generation.generate` does: ``(b, t) -> (b, t + max_new_tokens)``.
 
     Args:
         model: a :class:`~torchformer.models.GTransformer`, or any model with its generation protocol (see
@@ -71,14 +67,8 @@ class StaticCacheGenerator(generation.EagerStep):
         backend: ``torch.compile``'s backend (default ``"inductor"``).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        compile: bool = False,
-        mode: Optional[str] = None,
-        backend: str | Callable = "inductor",
-    ) -> None:
+    def __init__(self, model: nn.Module, *, compile: bool = False, mode: Optional[str] = None,
+                 backend: str | Callable = "inductor") -> None:
         generation.decoder_config(model, "StaticCacheGenerator")
         check_bool(compile, "compile")  # compile="no" would compile
         if mode is not None and not compile:
@@ -93,15 +83,11 @@ class StaticCacheGenerator(generation.EagerStep):
         self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
         self._kept: dict[tuple, tuple[list[BlockCache], Tensor, Tensor]] = {}
 
-    def _layout(self, prompt: Tensor) -> tuple:
-        """What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
-        mode (tensors made in it cannot be written outside it)."""
-        dtype = next(self.model.parameters()).dtype
-        return (prompt.size(0), prompt.device, dtype, _autocast_dtype(prompt.device.type),
-                torch.is_inference_mode_enabled())
-
     def _state(self, prompt: Tensor) -> tuple[list[BlockCache], Tensor, Tensor]:
-        key = self._layout(prompt)
+        # What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
+        # mode (tensors made in it cannot be written outside it).
+        key = (prompt.size(0), prompt.device, next(self.model.parameters()).dtype, _autocast_dtype(prompt.device.type),
+               torch.is_inference_mode_enabled())
         if key not in self._kept:
             token, position = super().inputs(prompt)
             mark_static_address(token, position)
@@ -137,8 +123,7 @@ class StaticCacheGenerator(generation.EagerStep):
         Returns:
             ``(token, position)``: ``(n, 1)`` and ``(1,)``, long.
         """
-        _, token, position = self._state(prompt)
-        return token, position
+        return self._state(prompt)[1:]
 
     def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
         if self.mark_step is not None:
@@ -150,18 +135,9 @@ class StaticCacheGenerator(generation.EagerStep):
         """Free the kept caches of every batch size (the compiled step is kept)."""
         self._kept.clear()
 
-    def generate(
-        self,
-        prompt: Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        eos: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        return_logprobs: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, eos: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 return_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``, with this generator's step.
 
         The same as :func:`torchformer.decoding.generation.generate` (always with the cache), which checks the

@@ -4,12 +4,10 @@ A generator predicts one token at a time. Given tokens ``x_0 .. x_{t-1}`` the mo
 log-probabilities ``(b, v)`` for ``x_t``; we pick a token (:func:`~torchformer.decoding.sampling.sample_next`),
 append it, and ask again.
 
-**The KV cache.** Recomputing the whole sequence for every new token costs a full forward pass per token. But
-attention is causal: the keys and values of earlier positions never change when a token is appended. So the prompt
-runs once, writing every layer's keys and values into a :class:`~torchformer.nn.cache.KVCache` (buffers of
-``seq_length`` slots, slot ``p`` for position ``p``), and each later step feeds only the newest token ``(n, 1)``
-with its position ``(1,)``: its key and value go into the slot of that position, and its query attends over the
-cache. The cost per token drops from a forward pass over the whole window to a forward pass over one position.
+**The KV cache** (:mod:`torchformer.nn.cache` says why it is exact). The prompt runs once, writing every layer's
+keys and values into a :class:`~torchformer.nn.cache.KVCache` (slot ``p`` for position ``p``), and each later step
+feeds only the newest token ``(n, 1)`` with its position ``(1,)``: the cost per token drops from a forward pass over
+the whole window to a forward pass over one position.
 
 Each step is done by a *step* object (:class:`EagerStep` by default): ``step.new_caches(prompt)`` gives the caches
 and ``step(token, position, caches)`` returns the next log-probabilities ``(n, v)``. Every step has the same shapes
@@ -360,9 +358,8 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **samp
     return tokens, history
 
 
-def _beam_loop(
-    stepper, tokens: Tensor, steps: int, *, beam_size: int, length_penalty: float, eos: int | None
-) -> tuple[Tensor, Tensor]:
+def _beam_loop(stepper, tokens: Tensor, steps: int, *, beam_size: int, length_penalty: float,
+               eos: int | None) -> tuple[Tensor, Tensor]:
     """Beam search from ``tokens`` ``(b, t)``; returns the best ``(b, t + steps)`` and their scores ``(b,)``."""
     b, t = tokens.shape
     k, device = beam_size, tokens.device
@@ -416,21 +413,10 @@ def _normalise(total: Tensor, length: Tensor, length_penalty: float) -> Tensor:
 
 
 @torch.no_grad()
-def generate(
-    model: nn.Module,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    eos: Optional[int] = None,
-    use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
-    return_logprobs: bool = False,
-    step: Optional[EagerStep] = None,
-    prompt_mask: Optional[Tensor] = None,
-) -> Tensor | tuple[Tensor, Tensor]:
+def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, eos: Optional[int] = None,
+             use_cache: bool = True, generator: Optional[torch.Generator] = None, return_logprobs: bool = False,
+             step: Optional[EagerStep] = None, prompt_mask: Optional[Tensor] = None) -> Tensor | tuple[Tensor, Tensor]:
     """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
     The returned sequences start with the whole prompt, but the model only ever sees the last ``model.seq_length``
@@ -489,16 +475,8 @@ def generate(
 
 
 @torch.no_grad()
-def beam_search(
-    model: nn.Module,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    beam_size: int,
-    length_penalty: float = 1.0,
-    eos: Optional[int] = None,
-    use_cache: bool = True,
-) -> tuple[Tensor, Tensor]:
+def beam_search(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, beam_size: int, length_penalty: float = 1.0,
+                eos: Optional[int] = None, use_cache: bool = True) -> tuple[Tensor, Tensor]:
     """Beam search from ``prompt``: the best sequence of each prompt, and its score.
 
     Each of the ``b`` prompts keeps ``beam_size`` hypotheses. At every step each hypothesis is extended by every
@@ -537,22 +515,10 @@ def beam_search(
 
 
 @torch.no_grad()
-def seq2seq_generate(
-    model: nn.Module,
-    src: Tensor,
-    max_len: int,
-    *,
-    bos: int,
-    eos: int,
-    src_mask: Optional[Tensor] = None,
-    beam_size: int = 1,
-    temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    length_penalty: float = 1.0,
-    use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
-) -> Tensor:
+def seq2seq_generate(model: nn.Module, src: Tensor, max_len: int, *, bos: int, eos: int,
+                     src_mask: Optional[Tensor] = None, beam_size: int = 1, temperature: float = 0.0,
+                     top_k: Optional[int] = None, top_p: Optional[float] = None, length_penalty: float = 1.0,
+                     use_cache: bool = True, generator: Optional[torch.Generator] = None) -> Tensor:
     """Translate ``src`` with an encoder-decoder model: greedy, sampled or beam-searched target ids.
 
     The encoder runs once. The decoder starts from ``bos`` and produces up to ``max_len`` tokens (``bos`` is not
@@ -599,10 +565,8 @@ def seq2seq_generate(
     _check_token(bos, "bos", config.tgt_tokens)
     _check_token(eos, "eos", config.tgt_tokens)
     if config.position_limit is not None and max_len > config.position_limit:
-        raise ValueError(
-            f"max_len must be at most the model's seq_length ({config.position_limit}) with learned positions "
-            f"(the decoder has no position vectors beyond it), got {max_len}"
-        )
+        raise ValueError(f"max_len must be at most the model's seq_length ({config.position_limit}) with learned "
+                         f"positions (the decoder has no position vectors beyond it), got {max_len}")
     # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
     start = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)  # ids, whatever src holds
     with values_checked():  # src is checked; the model reads no values at each token

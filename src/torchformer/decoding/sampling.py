@@ -61,14 +61,8 @@ def check_finite_logp(logp: Tensor) -> None:
                          f"diverge?), or its input holds NaN")
 
 
-def sample_next(
-    logp: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
+def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
     """Choose one token per row from log-probabilities (or logits) ``(n, v)``; returns token ids ``(n,)``.
 
     ``temperature=0`` (or ``top_k=1``, or a temperature below float32's smallest normal number, 1.2e-38) is greedy:

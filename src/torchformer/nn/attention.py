@@ -54,16 +54,8 @@ from torchformer.nn.masks import AttentionMask, AttentionPattern, FixedPattern, 
 from torchformer.nn.relative import ALiBi, AttentionPositions, InterleavedRotary, RelativeBias, Rotary
 
 
-def attention_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    allowed: Tensor | None = None,
-    *,
-    dropout: float = 0.0,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor]:
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, dropout: float = 0.0,
+                        bias: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
     """Plain scaled dot-product attention; returns ``(output, weights)``.
 
     The weights have rows summing to 1 over the allowed keys and exactly 0 elsewhere. A query with no allowed key
@@ -104,18 +96,9 @@ def attention_reference(
     return mixed @ v, weights  # (b, h, t, u) @ (b, h, u, s) -> (b, h, t, s)
 
 
-def attention_fast(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    allowed: Tensor | None = None,
-    *,
-    causal: bool = False,
-    dropout: float = 0.0,
-    every_row_has_key: bool = False,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
+def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, causal: bool = False,
+                   dropout: float = 0.0, every_row_has_key: bool = False, bias: Tensor | None = None,
+                   scale: float | None = None) -> Tensor:
     """The same function as :func:`attention_reference`, computed by ``scaled_dot_product_attention``.
 
     With neither ``allowed`` nor ``bias`` no mask tensor is passed, so PyTorch may pick the flash-attention kernel.
@@ -154,9 +137,8 @@ def attention_fast(
     return out if any_key is None else out.masked_fill(~any_key, 0.0)
 
 
-def attention_flex(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias: Tensor | None = None, scale: float | None = None
-) -> Tensor:
+def attention_flex(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias: Tensor | None = None,
+                   scale: float | None = None) -> Tensor:
     """The same function as :func:`attention_reference`, by ``torch.nn.attention.flex_attention`` with a block mask.
 
     The block mask records which blocks (128 x 128 by default) of the score matrix hold any allowed pair
@@ -245,25 +227,11 @@ class MultiHeadAttention(nn.Module):
     # The sparse pattern for each config.sparse, built with (stride) or (stride, summary).
     pattern_classes: dict[str, type[AttentionPattern]] = {"strided": StridedPattern, "fixed": FixedPattern}
 
-    def __init__(
-        self,
-        emb: int,
-        heads: int = 8,
-        *,
-        wide: bool = False,
-        causal: bool = False,
-        dropout: float = 0.0,
-        kqnorm: bool = False,
-        impl: str = "sdpa",
-        positions: str | AttentionPositions = "none",
-        kv_heads: int | None = None,
-        window: int | None = None,
-        qkv_bias: bool = False,
-        out_bias: bool = True,
-        head_size: int | None = None,
-        scale: float | None = None,
-        pattern: AttentionPattern | None = None,
-    ) -> None:
+    def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, causal: bool = False, dropout: float = 0.0,
+                 kqnorm: bool = False, impl: str = "sdpa", positions: str | AttentionPositions = "none",
+                 kv_heads: int | None = None, window: int | None = None, qkv_bias: bool = False, out_bias: bool = True,
+                 head_size: int | None = None, scale: float | None = None,
+                 pattern: AttentionPattern | None = None) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         self.heads = check_positive_int(heads, "heads")
@@ -314,10 +282,8 @@ class MultiHeadAttention(nn.Module):
             self.relative = scheme.from_sizes(heads=heads, head_size=self.head_size, causal=self.causal)
 
     @classmethod
-    def from_config(
-        cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
-        positions: AttentionPositions | None = None,
-    ) -> MultiHeadAttention:
+    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+                    positions: AttentionPositions | None = None) -> MultiHeadAttention:
         """The self-attention layer a block of ``config`` uses.
 
         Args:
@@ -454,9 +420,8 @@ class MultiHeadAttention(nn.Module):
         v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
         return k, v
 
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, return_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *,
+               return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attention proper: ``q`` ``(b, h, t, s)``, ``k, v`` ``(b, h, u, s)`` -> ``(b, h, t, s)``, weights or None.
 
         ``mask`` says which keys each query may see (:meth:`AttentionMask.allowed`) and where queries and keys
@@ -579,15 +544,8 @@ class SelfAttention(MultiHeadAttention):
         or the cache's ``c`` slots).
     """
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        cache: KVCache | None = None,
-        return_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
+                cache: KVCache | None = None, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         # The dtype is compared with unifyheads' (finish() uses it), not the projections': a variant may replace those.
         check_sequence_inputs(x, mask, positions, self.emb, like=self.unifyheads.weight)
         if positions is None:
@@ -615,10 +573,8 @@ class SelfAttention(MultiHeadAttention):
         return (out, weights) if return_weights else out  # type: ignore[return-value]
 
 
-def check_cross_inputs(
-    context: object, context_mask: object, cache: ContextCache | None, emb: int, batch: int, *,
-    like: Tensor | None = None,
-) -> None:
+def check_cross_inputs(context: object, context_mask: object, cache: ContextCache | None, emb: int, batch: int, *,
+                       like: Tensor | None = None) -> None:
     """The door check of what a cross-attention reads: a ``context`` or a filled cache, never both.
 
     With a cache, the context's keys, values and padding are in it (filled once by :meth:`CrossAttention.fill_cache`),
@@ -703,13 +659,9 @@ class CrossAttention(MultiHeadAttention):
                          qkv_bias=qkv_bias, out_bias=out_bias, head_size=head_size, scale=scale)
 
     @classmethod
-    def from_config(
-        cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
-        positions: AttentionPositions | None = None,
-    ) -> MultiHeadAttention:
-        """The cross-attention layer of a decoder block of ``config``.
-
-        Never causal, no window, no relative positions: the context is another sequence.
+    def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+                    positions: AttentionPositions | None = None) -> MultiHeadAttention:
+        """The cross-attention layer of a decoder block of ``config``: never causal, no window, no positions.
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
@@ -761,16 +713,9 @@ class CrossAttention(MultiHeadAttention):
         check_context(context, context_mask, self.emb, like=self.unifyheads.weight)
         cache.fill(*self.project_context(context, context_mask), context_mask)
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        context_mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        cache: ContextCache | None = None,
-        return_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, context: Tensor | None = None, context_mask: Tensor | None = None, *,
+                positions: Tensor | None = None, cache: ContextCache | None = None,
+                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.unifyheads.weight)
         check_cross_inputs(context, context_mask, cache, self.emb, b, like=self.unifyheads.weight)
         if positions is None:

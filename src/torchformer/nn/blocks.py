@@ -72,10 +72,8 @@ class TransformerBlock(nn.Module):
         "swiglu": GatedFeedForward, "geglu": GatedFeedForward, "geglu_tanh": GatedFeedForward,
     }
 
-    def __init__(
-        self, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
-        positions: AttentionPositions | None = None,
-    ) -> None:
+    def __init__(self, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
+                 positions: AttentionPositions | None = None) -> None:
         super().__init__()
         self.emb, self.prenorm = config.emb, config.prenorm
         self.layer = layer  # which block of the stack this is, from 0: a variant may depend on its depth
@@ -88,18 +86,18 @@ class TransformerBlock(nn.Module):
         if config.activation not in self.feedforward_classes:
             raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
                              f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
-        self.ff = self.feedforward_classes[config.activation].from_config(config, layer=layer)  # type: ignore[attr-defined]
+        feedforward = self.feedforward_classes[config.activation]
+        self.ff = feedforward.from_config(config, layer=layer)  # type: ignore[attr-defined]
         self.norm2 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "feedforward_class" in vars(cls):  # the attribute of torchformer < 0.5 would now be silently ignored
-            raise TypeError(
-                f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, e.g. "
-                f"feedforward_classes = dict.fromkeys(ACTIVATIONS, {vars(cls)['feedforward_class'].__name__}) "
-                f"(ACTIVATIONS from torchformer.config), or {{**TransformerBlock.feedforward_classes, 'relu': ...}}"
-            )
+            raise TypeError(f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, "
+                            f"e.g. feedforward_classes = dict.fromkeys(ACTIVATIONS, "
+                            f"{vars(cls)['feedforward_class'].__name__}) (ACTIVATIONS from torchformer.config), or "
+                            f"{{**TransformerBlock.feedforward_classes, 'relu': ...}}")
 
     @classmethod
     def stack_positions(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions | None:
@@ -181,22 +179,14 @@ class TransformerBlock(nn.Module):
             return x + self.drop(f(norm(x)))
         return norm(x + self.drop(f(x)))
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        cache: BlockCache | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
+                cache: BlockCache | None = None) -> Tensor:
         check_sequence_inputs(x, mask, positions, self.emb)
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
         return self.sublayer(x, self.norm2, self.ff)
 
-    def self_attend(
-        self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None
-    ) -> Tensor:
+    def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None) -> Tensor:
         """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
         A block wired another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) reuses it.
@@ -210,8 +200,7 @@ class TransformerBlock(nn.Module):
         Returns:
             Self-attention's output ``(b, t, e)`` (before dropout and the residual).
         """
-        kv = None if cache is None else cache.self_attention
-        return self.attention(y, mask, positions=positions, cache=kv)
+        return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention)
 
 
 class DecoderBlock(TransformerBlock):
@@ -235,9 +224,8 @@ class DecoderBlock(TransformerBlock):
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
 
-    def __init__(
-        self, config: TransformerConfig, *, layer: int = 0, positions: AttentionPositions | None = None
-    ) -> None:
+    def __init__(self, config: TransformerConfig, *, layer: int = 0,
+                 positions: AttentionPositions | None = None) -> None:
         super().__init__(config, causal=True, layer=layer, positions=positions)
 
     def build_middle(self, config: TransformerConfig) -> None:
@@ -265,16 +253,9 @@ class DecoderBlock(TransformerBlock):
         """
         self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[attr-defined]
 
-    def forward(  # type: ignore[override]
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        mask: Tensor | None = None,
-        context_mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        cache: BlockCache | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,  # type: ignore[override]
+                context_mask: Tensor | None = None, *, positions: Tensor | None = None,
+                cache: BlockCache | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         # Before the self-attention writes into its cache: a call that cannot finish must change nothing.
         check_cross_inputs(context, context_mask, None if cache is None else cache.cross_attention, self.emb, b)
@@ -283,10 +264,8 @@ class DecoderBlock(TransformerBlock):
         x = self.sublayer(x, self.norm_cross, lambda y: self.cross_attend(y, context, context_mask, positions, cache))
         return self.sublayer(x, self.norm2, self.ff)
 
-    def cross_attend(
-        self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
-        cache: BlockCache | None,
-    ) -> Tensor:
+    def cross_attend(self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
+                     cache: BlockCache | None) -> Tensor:
         """The cross-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
         Args:

@@ -84,9 +84,8 @@ class KVCache:
         """
         return not self._any_written
 
-    def update(
-        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def update(self, keys: Tensor, values: Tensor, positions: Tensor,
+               mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
         """Write new keys and values into the slots of their positions; return the whole buffers.
 
         A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
@@ -122,7 +121,7 @@ class KVCache:
         if not self._any_written:  # only the first write changes it (a compiled step then has nothing to record)
             self._any_written = True
         if mask is not None and self.real is None:  # the first padding: until now every slot was real
-            self.real = torch.ones(keys.size(0), self.keys.size(2), dtype=torch.bool, device=keys.device)  # type: ignore[union-attr]
+            self.real = torch.ones(keys.size(0), self.capacity, dtype=torch.bool, device=keys.device)  # (b, c)
         if self.real is None:
             return self.keys, self.values, self.written[None, :]  # type: ignore[return-value,index]
         new = mask if mask is not None else torch.ones_like(self.real[:, : keys.size(2)])
@@ -189,17 +188,13 @@ class KVCache:
         assert held_k is not None and held_v is not None
         for name, new, held in (("keys", keys, held_k), ("values", values, held_v)):
             if new.shape[:2] != held.shape[:2] or new.shape[3:] != held.shape[3:]:
-                raise ValueError(
-                    f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(held.shape)}, but the new {name} have "
-                    f"shape {tuple(new.shape)}: another batch size or another model. Use fresh caches "
-                    f"(model.new_caches(), or new_memory()) for each batch"
-                )
+                raise ValueError(f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(held.shape)}, but the "
+                                 f"new {name} have shape {tuple(new.shape)}: another batch size or another model. Use "
+                                 f"fresh caches (model.new_caches(), or new_memory()) for each batch")
             if new.dtype != held.dtype or new.device != held.device:
-                raise TypeError(
-                    f"this KVCache holds {name} of dtype {held.dtype} on {held.device}, but the new {name} are "
-                    f"{new.dtype} on {new.device}; run the prompt and the decoding steps under the same autocast "
-                    f"setting and device"
-                )
+                raise TypeError(f"this KVCache holds {name} of dtype {held.dtype} on {held.device}, but the new "
+                                f"{name} are {new.dtype} on {new.device}; run the prompt and the decoding steps under "
+                                f"the same autocast setting and device")
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` (in that order), e.g. the surviving hypotheses of a beam search.
@@ -251,9 +246,8 @@ class RingKVCache(KVCache):
         """``None``: a ring takes any position."""
         return None
 
-    def update(
-        self, keys: Tensor, values: Tensor, positions: Tensor, mask: Optional[Tensor] = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def update(self, keys: Tensor, values: Tensor, positions: Tensor,
+               mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new keys and values into the slots ``positions mod c``; return the whole buffers.
 
         As :meth:`KVCache.update`, but any positions, at most ``c`` of them per call; what earlier calls wrote is
@@ -316,11 +310,9 @@ class ContextCache:
                 take fresh caches, for another context).
         """
         if self.keys is not None:
-            raise ValueError(
-                f"this cross-attention cache is already filled, with a context of {self.keys.size(2)} positions: "
-                f"a context's keys and values are computed once; reset() the cache (or take fresh caches, "
-                f"model.new_caches()) for another context"
-            )
+            raise ValueError(f"this cross-attention cache is already filled, with a context of {self.keys.size(2)} "
+                             f"positions: a context's keys and values are computed once; reset() the cache (or take "
+                             f"fresh caches, model.new_caches()) for another context")
         self.keys, self.values, self.mask = keys, values, mask
 
     def check_batch(self, batch: int) -> None:
@@ -333,16 +325,14 @@ class ContextCache:
             ValueError: the cache was never filled (the message says how), or it holds another batch size.
         """
         if self.keys is None:
-            raise ValueError(
-                "this cross-attention cache was never filled: compute the context's keys and values once, before "
-                "the first decoding step, with model.fill_caches(caches, memory, src_mask) (a Seq2SeqTransformer; "
-                "Decoder.fill_caches, DecoderBlock.fill_cache and CrossAttention.fill_cache at the lower levels)"
-            )
+            raise ValueError("this cross-attention cache was never filled: compute the context's keys and values "
+                             "once, before the first decoding step, with model.fill_caches(caches, memory, src_mask) "
+                             "(a Seq2SeqTransformer; Decoder.fill_caches, DecoderBlock.fill_cache and "
+                             "CrossAttention.fill_cache at the lower levels)")
         if self.keys.size(0) != batch:
-            raise ValueError(
-                f"this cross-attention cache holds a context of batch size {self.keys.size(0)}, but the queries "
-                f"have batch size {batch}: fill caches for this batch, or reorder() these to its rows"
-            )
+            raise ValueError(f"this cross-attention cache holds a context of batch size {self.keys.size(0)}, but "
+                             f"the queries have batch size {batch}: fill caches for this batch, or reorder() these "
+                             f"to its rows")
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` (in that order), as :meth:`KVCache.reorder` does.
@@ -402,11 +392,7 @@ class BlockCache:
         self.cross_attention.reorder(index)
 
     def reset(self) -> None:
-        """Forget both caches' contents, as :meth:`KVCache.reset` and :meth:`ContextCache.reset` do.
-
-        The self-attention cache keeps its memory; the cross-attention cache is empty, to be filled with the next
-        context.
-        """
+        """Forget both caches' contents, as :meth:`KVCache.reset` (memory kept) and :meth:`ContextCache.reset` do."""
         self.self_attention.reset()
         self.cross_attention.reset()
 

@@ -107,18 +107,8 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         ``0 .. t-1``), ``token_types`` ``(b, t)`` ids in ``[0, k)`` (default: all 0) -> ``(b, t, e)``.
     """
 
-    def __init__(
-        self,
-        num_tokens: int,
-        emb: int,
-        max_len: int,
-        *,
-        positions: str = "learned",
-        dropout: float = 0.0,
-        num_token_types: Optional[int] = None,
-        norm: Optional[str] = None,
-        norm_eps: float = 1e-5,
-    ) -> None:
+    def __init__(self, num_tokens: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0,
+                 num_token_types: Optional[int] = None, norm: Optional[str] = None, norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.num_tokens = check_positive_int(num_tokens, "num_tokens")
         self.tokens = nn.Embedding(num_tokens, check_positive_int(emb, "emb"))
@@ -208,17 +198,8 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
         ``(b, t, e)``.
     """
 
-    def __init__(
-        self,
-        input_dim: int,
-        emb: int,
-        max_len: int,
-        *,
-        positions: str = "learned",
-        dropout: float = 0.0,
-        norm: Optional[str] = None,
-        norm_eps: float = 1e-5,
-    ) -> None:
+    def __init__(self, input_dim: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0,
+                 norm: Optional[str] = None, norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.input_dim = check_positive_int(input_dim, "input_dim")
         self.project = nn.Linear(input_dim, check_positive_int(emb, "emb"))

@@ -154,8 +154,7 @@ class FeedForward(nn.Module):
         Args:
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation``, ``dropout`` and
                 ``ff_bias`` are used.
-            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
-                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            layer: the block's index, from 0 at the input: unused here, as in ``MultiHeadAttention.from_config``.
 
         Returns:
             The feed-forward network of one block.
@@ -224,8 +223,7 @@ class GatedFeedForward(nn.Module):
         Args:
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are
                 used.
-            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
-                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
+            layer: the block's index, from 0 at the input: unused here, as in ``MultiHeadAttention.from_config``.
 
         Returns:
             The gated feed-forward network of one block.

@@ -151,10 +151,8 @@ class GeneratorHead(nn.Module):
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
     """
 
-    def __init__(
-        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True, scale: bool = False,
-        cap: float | None = None,
-    ) -> None:
+    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, bias: bool = True,
+                 scale: bool = False, cap: float | None = None) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")
@@ -212,9 +210,8 @@ class MaskedLMHead(nn.Module):
         leading dimensions).
     """
 
-    def __init__(
-        self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, eps: float = 1e-5, scale: bool = True
-    ) -> None:
+    def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, eps: float = 1e-5,
+                 scale: bool = True) -> None:
         super().__init__()
         self.emb = check_positive_int(emb, "emb")
         check_positive_int(num_tokens, "num_tokens")

@@ -16,8 +16,8 @@ Every attention call gets an :class:`AttentionMask`. It records
 
 Every rule is a condition that must hold, so they compose by "and": a pattern with the causal rule and padding is
 all three at once. From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs, and
-:meth:`AttentionMask.mask_mod` the same rule one pair at a time, for ``torch.nn.attention.flex_attention``. Because positions are
-absolute, the same rule is right with and without a cache. An attention variant that needs distances
+:meth:`AttentionMask.mask_mod` the same rule one pair at a time, for ``torch.nn.attention.flex_attention``. Because
+positions are absolute, the same rule is right with and without a cache. An attention variant that needs distances
 (ALiBi, relative position biases) reads them from the same positions: see ``docs/extending.md``.
 
 Shapes: b batch size, t queries, u keys.
@@ -152,18 +152,9 @@ class AttentionMask:
             fused flash-attention kernels available.
     """
 
-    def __init__(
-        self,
-        query_positions: Tensor,
-        key_positions: Optional[Tensor],
-        key_mask: Optional[Tensor] = None,
-        *,
-        causal: bool = False,
-        window: Optional[int] = None,
-        padded: Optional[bool] = None,
-        aligned: bool = False,
-        pattern: Optional[AttentionPattern] = None,
-    ) -> None:
+    def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
+                 causal: bool = False, window: Optional[int] = None, padded: Optional[bool] = None,
+                 aligned: bool = False, pattern: Optional[AttentionPattern] = None) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
         if window is not None and (not is_int(window) or window <= 0):

@@ -41,7 +41,6 @@ def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None =
         ``(t, e)``: row ``p`` holds ``sin(p / 10000^(2i/e))`` in column ``2i`` and ``cos(p / 10000^(2i/e))`` in
         column ``2i + 1``, on the device of ``positions``.
     """
-    # float64 for the angles: p * inv_freq loses digits in float32 once p is in the thousands.
     p = positions.to(torch.float64)[..., None]  # (t, 1), or (b, t, 1) for each row's own positions
     pair = torch.arange(emb, device=positions.device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
     inv_freq = torch.exp(-math.log(10000.0) * (2 * pair).to(torch.float64) / emb)  # 1 / 10000^(2i/e), (e,)

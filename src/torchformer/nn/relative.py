@@ -578,8 +578,7 @@ class RelativeBias(AttentionPositions):
         Returns:
             A module of the class this is called on.
         """
-        # Built by from_sizes, the constructor a variant overrides (as Rotary's); the config's numbers are then set
-        # on whatever it built, with a table of their size when they are not the defaults.
+        # Built by from_sizes, as Rotary's; the config's numbers are set on what it built (a new table if they differ).
         bias = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
         if (bias.num_buckets, bias.max_distance) != (config.relative_buckets, config.relative_max_distance):
             bias.num_buckets, bias.max_distance = config.relative_buckets, config.relative_max_distance

@@ -46,8 +46,7 @@ from torchformer.nn.norms import make_norm
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
     """Call ``block(*args, cache=cache, **kwargs)``, through activation checkpointing when asked and allowed.
 
-    Checkpointing needs a training step: the block in training mode, gradients on, and no KV cache (a recomputation
-    would write the cache twice). Otherwise the block is called directly.
+    Only in a training step without a KV cache, as the module docstring says; otherwise the block is called directly.
 
     Args:
         block: the transformer block to run.
@@ -101,28 +100,18 @@ class Encoder(nn.Module):
         :class:`~torchformer.nn.cache.BlockCache` per block.
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig,
-        *,
-        causal: bool = False,
-        block_class: type[TransformerBlock] = TransformerBlock,
-    ) -> None:
+    def __init__(self, config: TransformerConfig, *, causal: bool = False,
+                 block_class: type[TransformerBlock] = TransformerBlock) -> None:
         super().__init__()
         self.emb = config.emb
         shared = shared_positions(block_class, config, causal=causal)
         self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i, **shared) for i in range(config.depth))
-        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
+                     else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        caches: list[BlockCache] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
+                caches: list[BlockCache] | None = None) -> Tensor:
         check_sequence_inputs(x, mask, positions, self.emb)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
@@ -153,7 +142,8 @@ class Decoder(nn.Module):
         self.emb = config.emb
         shared = shared_positions(block_class, config, causal=True)  # the decoder's own table: one-sided buckets
         self.blocks = nn.ModuleList(block_class(config, layer=i, **shared) for i in range(depth))
-        self.norm = make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config) else nn.Identity()
+        self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
+                     else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def fill_caches(self, caches: list[BlockCache], context: Tensor, context_mask: Tensor | None = None) -> None:
@@ -174,21 +164,13 @@ class Decoder(nn.Module):
         for block, cache in zip(self.blocks, caches):
             block.fill_cache(cache, context, context_mask)
 
-    def forward(
-        self,
-        x: Tensor,
-        context: Tensor | None = None,
-        mask: Tensor | None = None,
-        context_mask: Tensor | None = None,
-        *,
-        positions: Tensor | None = None,
-        caches: list[BlockCache] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+                context_mask: Tensor | None = None, *, positions: Tensor | None = None,
+                caches: list[BlockCache] | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
-        if caches is None:
-            check_cross_inputs(context, context_mask, None, self.emb, b)
-        for cache in caches or ():  # every block's part, before the first block writes into its self-attention cache
-            check_cross_inputs(context, context_mask, cache.cross_attention, self.emb, b)
+        # Every block's part, before the first block writes into its self-attention cache.
+        for part in [None] if caches is None else [cache.cross_attention for cache in caches]:
+            check_cross_inputs(context, context_mask, part, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
                           cache=None if caches is None else caches[i])
