@@ -46,7 +46,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -56,9 +56,7 @@ from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer._devices import check_map_location
 from torchformer._files import check_file_path, is_stale, write_atomically
 from torchformer.models import TransformerModel
-from torchformer.saving import CheckpointError, check_architecture, model_record, saved_config, unwrap_model
-
-PathLike = Union[str, os.PathLike]
+from torchformer.saving import CheckpointError, PathLike, check_architecture, model_record, saved_config, unwrap_model
 
 # 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
 # 3: the model's record has a config_version (torchformer 0.5: "rotary" pairs halves; see torchformer.saving), so

@@ -38,7 +38,7 @@ from torch import nn
 from torchformer._checks import check_bool, is_int, is_number, is_real
 from torchformer._devices import parse_device, resolve_named_device
 from torchformer._files import check_file_path, check_png_path, write_atomically
-from torchformer.saving import CheckpointError, unwrap_model
+from torchformer.saving import CheckpointError, PathLike, unwrap_model
 from torchformer.train.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
@@ -70,9 +70,6 @@ __all__ = [
     "warmup_cosine",
     "warmup_stable_decay",
 ]
-
-PathLike = Union[str, os.PathLike]
-
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
     """``None`` or ``"auto"``: CUDA if available, else CPU. Otherwise the named device, checked to exist.
