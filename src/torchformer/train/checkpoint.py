@@ -233,16 +233,9 @@ def remove_stale_temporaries(directory: PathLike) -> list[Path]:
     return removed
 
 
-def save_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    step: int,
-    extra: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-) -> Path:
+def save_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    scheduler: Optional[Any] = None, step: int, extra: Optional[Mapping[str, Any]] = None,
+                    generators: Optional[Mapping[str, torch.Generator]] = None) -> Path:
     """Atomically write a checkpoint to ``path`` (parent folders are created) and return the path.
 
     ``extra`` must hold only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses
@@ -281,17 +274,10 @@ def save_checkpoint(
     return write_payload(path, payload)
 
 
-def build_payload(
-    target: nn.Module,
-    model_state: Mapping[str, torch.Tensor],
-    optimizer: Optional[torch.optim.Optimizer],
-    optimizer_state: Optional[Mapping[str, Any]],
-    scheduler: Optional[Any],
-    *,
-    step: int,
-    extra: Optional[Mapping[str, Any]],
-    generators: Optional[Mapping[str, torch.Generator]],
-) -> dict:
+def build_payload(target: nn.Module, model_state: Mapping[str, torch.Tensor],
+                  optimizer: Optional[torch.optim.Optimizer], optimizer_state: Optional[Mapping[str, Any]],
+                  scheduler: Optional[Any], *, step: int, extra: Optional[Mapping[str, Any]],
+                  generators: Optional[Mapping[str, torch.Generator]]) -> dict:
     """What a checkpoint file holds, from the states already taken.
 
     :func:`save_checkpoint` takes ``model_state`` from the unwrapped ``target`` and ``optimizer_state`` from
@@ -376,16 +362,9 @@ def write_payload(path: Path, payload: dict) -> Path:
     return write_atomically(path, write)
 
 
-def load_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    map_location: Any = "cpu",
-    restore_rng: bool = True,
-) -> dict:
+def load_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    scheduler: Optional[Any] = None, generators: Optional[Mapping[str, torch.Generator]] = None,
+                    map_location: Any = "cpu", restore_rng: bool = True) -> dict:
     """Load ``path`` into ``model`` (and the optimizer, scheduler and generators given); return step and extra.
 
     ``model`` may be wrapped (``torch.compile``, DataParallel): the weights go into the module behind the wrapper. Keys
@@ -447,15 +426,8 @@ def load_checkpoint(
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
 
 
-def check_payload(
-    ckpt: Mapping[str, Any],
-    path: Path,
-    target: nn.Module,
-    *,
-    optimizer: Optional[torch.optim.Optimizer],
-    scheduler: Optional[Any],
-    generators: Optional[Mapping[str, torch.Generator]],
-) -> dict:
+def check_payload(ckpt: Mapping[str, Any], path: Path, target: nn.Module, *, optimizer: Optional[torch.optim.Optimizer],
+                  scheduler: Optional[Any], generators: Optional[Mapping[str, torch.Generator]]) -> dict:
     """Everything :func:`load_checkpoint` checks before it changes anything.
 
     Args:

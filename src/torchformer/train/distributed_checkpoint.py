@@ -36,17 +36,10 @@ from torchformer.train.checkpoint import (
 from torchformer.train.distributed import rank_and_world_size
 
 
-def save_distributed_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    step: int,
-    extra: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    process_state: Any = None,
-) -> Path:
+def save_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                                scheduler: Optional[Any] = None, step: int, extra: Optional[Mapping[str, Any]] = None,
+                                generators: Optional[Mapping[str, torch.Generator]] = None,
+                                process_state: Any = None) -> Path:
     """Gather the full model and optimizer states onto rank 0, which writes them to ``path`` atomically.
 
     Every process must call it, with the same arguments. The arguments are those of
@@ -95,15 +88,10 @@ def save_distributed_checkpoint(
     return path
 
 
-def load_distributed_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    restore_rng: bool = True,
-) -> dict:
+def load_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                                scheduler: Optional[Any] = None,
+                                generators: Optional[Mapping[str, torch.Generator]] = None,
+                                restore_rng: bool = True) -> dict:
     """Load a checkpoint of :func:`save_distributed_checkpoint` into a model on any number of processes.
 
     Every process must call it (with the wrapped model, and the optimizer built after wrapping). Each process

@@ -62,20 +62,9 @@ def _window_plan(n: int, length: int, stride: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def bits_per_byte(
-    model: nn.Module,
-    data: Tensor,
-    *,
-    context: int,
-    batch_size: int = 32,
-    stride: Optional[int] = None,
-    windows: Optional[int] = None,
-    seed: int = 0,
-    device: Optional[Union[str, torch.device]] = None,
-    progress: Optional[str] = None,
-    distributed: bool = False,
-    memory: Optional[int] = None,
-) -> float:
+def bits_per_byte(model: nn.Module, data: Tensor, *, context: int, batch_size: int = 32, stride: Optional[int] = None,
+                  windows: Optional[int] = None, seed: int = 0, device: Optional[Union[str, torch.device]] = None,
+                  progress: Optional[str] = None, distributed: bool = False, memory: Optional[int] = None) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
 
     Args:

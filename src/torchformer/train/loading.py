@@ -24,13 +24,9 @@ from torchformer.saving import CONFIG_FILE, WEIGHTS_FILE, PathLike, load_exporte
 from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, read_payload
 
 
-def load_model(
-    path: PathLike,
-    *,
-    model_class: Optional[type[TransformerModel]] = None,
-    classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-    map_location: Union[str, torch.device] = "cpu",
-) -> TransformerModel:
+def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
+               classes: Optional[Mapping[str, type[TransformerModel]]] = None,
+               map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
     """The model saved at ``path``, rebuilt from its stored config, weights loaded, in ``eval()`` mode.
 
     Args:

@@ -118,9 +118,8 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
     return contextlib.nullcontext()
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
-) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                  min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the base learning rate, then cosine decay to ``min_lr_ratio`` times it.
 
     After ``s`` calls of ``scheduler.step()`` the learning rate is ``base * f(s)`` with
@@ -157,10 +156,8 @@ def warmup_cosine(
     return _warmup_then(optimizer, warmup_steps, total_steps, min_lr_ratio, cosine)
 
 
-def _warmup_then(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float,
-    decay: Callable[[int], float],
-) -> torch.optim.lr_scheduler.LambdaLR:
+def _warmup_then(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float,
+                 decay: Callable[[int], float]) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedules' shared frame: linear warmup, ``m + (1 - m) * decay(s)`` up to ``total_steps``, then ``m``."""
 
     def factor(step: int) -> float:
@@ -185,10 +182,8 @@ def _check_schedule(optimizer: object, warmup_steps: object, total_steps: object
         raise ValueError(f"min_lr_ratio must be a float in [0, 1], got {min_lr_ratio!r}")
 
 
-def warmup_stable_decay(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, decay_fraction: float = 0.2,
-    min_lr_ratio: float = 0.0,
-) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_stable_decay(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                        decay_fraction: float = 0.2, min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup, the base learning rate for most of the run, then a linear decay over its last part (WSD).
 
     After ``s`` calls of ``scheduler.step()`` the learning rate is ``base * f(s)``, with ``d`` the decay steps,
@@ -379,14 +374,8 @@ class CSVLogger:
             UTF-8.
     """
 
-    def __init__(
-        self,
-        path: PathLike,
-        fieldnames: Sequence[str],
-        *,
-        resume_step: Optional[int] = None,
-        step_column: str = "step",
-    ) -> None:
+    def __init__(self, path: PathLike, fieldnames: Sequence[str], *, resume_step: Optional[int] = None,
+                 step_column: str = "step") -> None:
         if isinstance(fieldnames, (str, bytes)) or not isinstance(fieldnames, Iterable):
             raise TypeError(f"fieldnames must be a sequence of non-empty str, got {type(fieldnames).__name__} "
                             f"{fieldnames!r}")
@@ -501,17 +490,9 @@ def _read_csv(path: Path) -> list[list[str]]:
         raise ValueError(f"{path} is not a readable CSV file ({e}); use a new file") from None
 
 
-def plot_curves(
-    csv_path: PathLike,
-    png_path: PathLike,
-    *,
-    x: str,
-    ys: Sequence[str],
-    title: Optional[str] = None,
-    ylabel: Optional[str] = None,
-    marks: Optional[Mapping[str, tuple[float, float]]] = None,
-    logy: bool = False,
-) -> bool:
+def plot_curves(csv_path: PathLike, png_path: PathLike, *, x: str, ys: Sequence[str], title: Optional[str] = None,
+                ylabel: Optional[str] = None, marks: Optional[Mapping[str, tuple[float, float]]] = None,
+                logy: bool = False) -> bool:
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
     Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
@@ -607,13 +588,8 @@ def plot_curves(
     return True
 
 
-def progress(
-    iterable: Optional[Iterable] = None,
-    *,
-    total: Optional[int] = None,
-    desc: Optional[str] = None,
-    disable: bool = False,
-):
+def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: Optional[str] = None,
+             disable: bool = False):
     """A tqdm progress bar if tqdm is installed, else a silent stand-in with the same basic methods.
 
     On several processes (``torch.distributed``) only the main one (rank 0) draws its bars: the others would write
