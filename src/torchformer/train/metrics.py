@@ -358,9 +358,7 @@ def _calibration_from_sums(sums: Tensor, *, classes: int, bins: int) -> Calibrat
 
 @dataclass
 class ClassifierResult:
-    """What :func:`evaluate_classifier` measured: loss, accuracy, confusion matrix and calibration.
-
-    Each argument is kept as the attribute of the same name.
+    """What :func:`evaluate_classifier` measured: loss, accuracy, confusion matrix and calibration (a dataclass).
 
     Args:
         loss: the mean negative log-likelihood per example, in nats.

@@ -349,11 +349,9 @@ def _scalar(value: Any) -> Any:
 class CSVLogger:
     """Append rows of metrics to a CSV file, one row per :meth:`log` call, flushed immediately.
 
-    The header is written when the file is new or empty. Opening an existing file appends to it (a resumed
-    run continues the same file) after checking its header matches ``fieldnames``. Columns missing from a row
-    are left empty, so metrics logged at different rates (training loss every step, validation every 1000)
-    can share a file. A cell :func:`plot_curves` could not read back (see :meth:`log`) is a ``TypeError`` naming
-    the column. The file is UTF-8.
+    The header is written when the file is new or empty; an existing file (a resumed run's) is appended to. Columns
+    missing from a row are left empty, so metrics logged at different rates (training loss every step, validation
+    every 1000) can share a file. What a cell may hold, :meth:`log` says. The file is UTF-8.
 
     A resumed run passes ``resume_step``: rows of the existing file logged *after* it are dropped first, since a
     killed run may have logged past its last checkpoint and the resumed run logs those steps again. Rows whose step
@@ -602,10 +600,10 @@ def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None
         disable: draw nothing (the items are still iterated).
 
     Returns:
-        (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``, ``update(n)``) and
-        ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as context managers. Call
-        ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm then restarts its
-        clock, so the rate, the time left and the elapsed time it shows count training steps only.
+        (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``,
+        ``update(n)``) and ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as
+        context managers. Call ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm
+        then restarts its clock, so the rate, the time left and the elapsed time it shows count training steps only.
 
     Raises:
         TypeError: ``iterable`` is not iterable, or ``desc`` is not a str.
