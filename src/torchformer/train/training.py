@@ -40,35 +40,14 @@ from torchformer._devices import parse_device, resolve_named_device
 from torchformer._files import check_file_path, check_png_path, write_atomically
 from torchformer.saving import CheckpointError, PathLike, unwrap_model
 from torchformer.train.checkpoint import (
-    checkpoint_path,
-    latest_checkpoint,
-    latest_intact_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
+    checkpoint_path, latest_checkpoint, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
 )
 
 __all__ = [
-    "CSVLogger",
-    "CheckpointClock",
-    "CheckpointError",
-    "TrainingDiverged",
-    "autocast",
-    "check_finite_losses",
-    "checkpoint_path",
-    "count_parameters",
-    "latest_checkpoint",
-    "latest_intact_checkpoint",
-    "load_checkpoint",
-    "plot_curves",
-    "progress",
-    "prune_checkpoints",
-    "resolve_device",
-    "save_checkpoint",
-    "set_seed",
-    "unwrap_model",
-    "warmup_cosine",
-    "warmup_stable_decay",
+    "CSVLogger", "CheckpointClock", "CheckpointError", "TrainingDiverged", "autocast", "check_finite_losses",
+    "checkpoint_path", "count_parameters", "latest_checkpoint", "latest_intact_checkpoint", "load_checkpoint",
+    "plot_curves", "progress", "prune_checkpoints", "resolve_device", "save_checkpoint", "set_seed", "unwrap_model",
+    "warmup_cosine", "warmup_stable_decay",
 ]
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
@@ -308,16 +287,12 @@ def check_finite_losses(losses: Iterable[float], steps: Iterable[int]) -> None:
     loss_values = _real_values(losses, "losses", integer=False)
     step_values = _real_values(steps, "steps", integer=True)
     if len(loss_values) != len(step_values):
-        raise ValueError(
-            f"losses and steps must have the same length, got {len(loss_values)} and {len(step_values)}"
-        )
+        raise ValueError(f"losses and steps must have the same length, got {len(loss_values)} and {len(step_values)}")
     for step, loss in zip(step_values, loss_values):
         if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower learning rate, "
-                f"a longer warmup, gradient clipping, normalised keys and queries (kqnorm=True), or float32 instead "
-                f"of half precision"
-            )
+            raise TrainingDiverged(f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower "
+                                   f"learning rate, a longer warmup, gradient clipping, normalised keys and queries "
+                                   f"(kqnorm=True), or float32 instead of half precision")
 
 
 def _real_values(values: object, name: str, *, integer: bool) -> list:
@@ -392,10 +367,8 @@ class CSVLogger:
         rows = _read_csv(self.path) if self.path.exists() and self.path.stat().st_size > 0 else None
         existing = rows[0] if rows else None
         if existing is not None and existing != self.fieldnames:
-            raise ValueError(
-                f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; "
-                f"use a new file or the same columns"
-            )
+            raise ValueError(f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; use a "
+                             f"new file or the same columns")
         if existing is not None and resume_step is not None:
             self._drop_rows_after(rows, resume_step, self.fieldnames.index(step_column))
         self._file = open(self.path, "a", newline="", encoding="utf-8")
