@@ -46,7 +46,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -56,9 +56,7 @@ from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer._devices import check_map_location
 from torchformer._files import check_file_path, is_stale, write_atomically
 from torchformer.models import TransformerModel
-from torchformer.saving import CheckpointError, check_architecture, model_record, saved_config, unwrap_model
-
-PathLike = Union[str, os.PathLike]
+from torchformer.saving import CheckpointError, PathLike, check_architecture, model_record, saved_config, unwrap_model
 
 # 2: the payload holds an "integrity" digest (format 1 files, written before, load without the check).
 # 3: the model's record has a config_version (torchformer 0.5: "rotary" pairs halves; see torchformer.saving), so
@@ -91,8 +89,7 @@ def checkpoint_path(directory: PathLike, step: int) -> Path:
 
     Args:
         directory: the run's checkpoint folder (it need not exist yet).
-        step: the number of optimizer steps taken, a non-negative int; zero-padded to 8 digits (more digits are
-            kept as they are, and :func:`latest_checkpoint` still compares them as numbers).
+        step: the number of optimizer steps taken, a non-negative int; zero-padded to 8 digits (more are kept).
 
     Returns:
         The path of the file (nothing is created).
@@ -143,12 +140,12 @@ def latest_intact_checkpoint(directory: PathLike, *, set_aside: bool = False) ->
 
     A run that resumes there must set the damaged files aside (``set_aside=True``): they carry higher step numbers
     than the checkpoints it will write, so :func:`prune_checkpoints`, which keeps the highest numbers, would delete
-    the new, intact checkpoints and keep the damaged ones. Each is renamed ``step_N.pt.damaged``: kept for a look,
-    no longer a checkpoint. In a run of several processes only one (the main one) should set them aside.
+    the new, intact checkpoints and keep the damaged ones. In a run of several processes only the main one should.
 
     Args:
         directory: the run's checkpoint folder.
-        set_aside: rename each damaged checkpoint newer than the one returned to ``<name>.damaged``.
+        set_aside: rename each damaged checkpoint newer than the one returned to ``<name>.damaged`` (kept for a
+            look, no longer a checkpoint).
 
     Returns:
         The path of the newest intact checkpoint; ``None`` when the folder holds no intact checkpoint (or no
@@ -208,10 +205,10 @@ def prune_checkpoints(directory: PathLike, *, keep: int = 2) -> list[Path]:
 def remove_stale_temporaries(directory: PathLike) -> list[Path]:
     """Delete the temporary files that saves interrupted by a crash or a kill left in ``directory``; return them.
 
-    :func:`~torchformer._files.write_atomically` names its temporary file ``.<name>.tmp-<host>-<pid>-<random>``. A file written on
-    this machine is stale when its process no longer runs; any file when nobody wrote to it for a day (the only
-    rule for files of another machine sharing the folder, whose processes we cannot see). The temporary file of a
-    save still in progress is never touched.
+    :func:`~torchformer._files.write_atomically` names its temporary file ``.<name>.tmp-<host>-<pid>-<random>``.
+    A file written on this machine is stale when its process no longer runs; any file when nobody wrote to it for a
+    day (the only rule for files of another machine sharing the folder, whose processes we cannot see). The
+    temporary file of a save still in progress is never touched.
 
     Args:
         directory: the folder to clean; nothing happens when it is not a folder.
@@ -236,16 +233,9 @@ def remove_stale_temporaries(directory: PathLike) -> list[Path]:
     return removed
 
 
-def save_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    step: int,
-    extra: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-) -> Path:
+def save_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    scheduler: Optional[Any] = None, step: int, extra: Optional[Mapping[str, Any]] = None,
+                    generators: Optional[Mapping[str, torch.Generator]] = None) -> Path:
     """Atomically write a checkpoint to ``path`` (parent folders are created) and return the path.
 
     ``extra`` must hold only tensors and (nested) dicts/lists/tuples of str/int/float/bool/None; convert dataclasses
@@ -255,7 +245,8 @@ def save_checkpoint(
 
     Args:
         path: the file to write (e.g. :func:`checkpoint_path`); an existing file is replaced.
-        model: the model; its weights are taken from the module behind any wrapper (:func:`~torchformer.saving.unwrap_model`).
+        model: the model, wrapped or not: the weights are those of the module behind any wrapper
+            (:func:`~torchformer.saving.unwrap_model`).
         optimizer: the optimizer whose state to save; ``None``: none.
         scheduler: the learning-rate scheduler (anything with ``state_dict()``) whose state to save; ``None``: none.
         step: the number of optimizer steps taken so far (the step to resume from), a non-negative int.
@@ -283,25 +274,18 @@ def save_checkpoint(
     return write_payload(path, payload)
 
 
-def build_payload(
-    target: nn.Module,
-    model_state: Mapping[str, torch.Tensor],
-    optimizer: Optional[torch.optim.Optimizer],
-    optimizer_state: Optional[Mapping[str, Any]],
-    scheduler: Optional[Any],
-    *,
-    step: int,
-    extra: Optional[Mapping[str, Any]],
-    generators: Optional[Mapping[str, torch.Generator]],
-) -> dict:
+def build_payload(target: nn.Module, model_state: Mapping[str, torch.Tensor],
+                  optimizer: Optional[torch.optim.Optimizer], optimizer_state: Optional[Mapping[str, Any]],
+                  scheduler: Optional[Any], *, step: int, extra: Optional[Mapping[str, Any]],
+                  generators: Optional[Mapping[str, torch.Generator]]) -> dict:
     """What a checkpoint file holds, from the states already taken.
 
     :func:`save_checkpoint` takes ``model_state`` from the unwrapped ``target`` and ``optimizer_state`` from
-    ``optimizer``; :mod:`torchformer.train.distributed_checkpoint` gathers them from all processes first.
+    ``optimizer``; :mod:`torchformer.train.distributed_checkpoint` gathers them from all processes first. A bad
+    ``extra``, ``generators`` or ``step`` raises the ``TypeError`` or ``ValueError`` that :func:`save_checkpoint` lists.
 
     Args:
-        target: the unwrapped model; for a :class:`~torchformer.models.TransformerModel` its class name and config
-            are stored too.
+        target: the unwrapped model (a :class:`~torchformer.models.TransformerModel`'s class and config are stored).
         model_state: the model's ``state_dict``.
         optimizer: the optimizer, for its class name; ``None``: no optimizer state.
         optimizer_state: the optimizer's ``state_dict``, or ``None``.
@@ -313,10 +297,6 @@ def build_payload(
     Returns:
         The payload: a dict with the format version, step, model, optimizer and scheduler states (and classes),
         extra, the global random states and the generators' states. It is not yet checked to be loadable.
-
-    Raises:
-        TypeError: ``extra`` is not a dict, or ``generators`` not a dict of ``torch.Generator``.
-        ValueError: ``step`` is not a non-negative int.
     """
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
@@ -382,16 +362,9 @@ def write_payload(path: Path, payload: dict) -> Path:
     return write_atomically(path, write)
 
 
-def load_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    map_location: Any = "cpu",
-    restore_rng: bool = True,
-) -> dict:
+def load_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    scheduler: Optional[Any] = None, generators: Optional[Mapping[str, torch.Generator]] = None,
+                    map_location: Any = "cpu", restore_rng: bool = True) -> dict:
     """Load ``path`` into ``model`` (and the optimizer, scheduler and generators given); return step and extra.
 
     ``model`` may be wrapped (``torch.compile``, DataParallel): the weights go into the module behind the wrapper. Keys
@@ -399,10 +372,10 @@ def load_checkpoint(
     ``state_dict`` file (not written by :func:`save_checkpoint`) loads as weights only, with step 0.
 
     When the checkpoint holds a config and ``model`` is a :class:`~torchformer.models.TransformerModel`, the two
-    configs must agree in every field except the training-time ones, ``dropout``, ``impl`` and
-    ``checkpoint_blocks`` (:data:`~torchformer.saving.TRAINING_ONLY_FIELDS`): they do not change what the weights mean, and a model is
-    routinely evaluated with dropout 0, on the reference attention path, or without activation checkpointing.
-    Other modules are checked by their weights' keys and shapes. Nothing is changed unless everything fits.
+    configs must agree in every field except the training-time ones (:data:`~torchformer.saving.TRAINING_ONLY_FIELDS`:
+    ``dropout``, ``impl``, ``checkpoint_blocks``): they do not change what the weights mean, and a model is routinely
+    evaluated with dropout 0, on the reference attention path, or without activation checkpointing. Other modules
+    are checked by their weights' keys and shapes. Nothing is changed unless everything fits.
 
     Args:
         path: the checkpoint file (e.g. from :func:`latest_intact_checkpoint`).
@@ -453,15 +426,8 @@ def load_checkpoint(
     return {"step": int(ckpt.get("step", 0)), "extra": ckpt.get("extra", {})}
 
 
-def check_payload(
-    ckpt: Mapping[str, Any],
-    path: Path,
-    target: nn.Module,
-    *,
-    optimizer: Optional[torch.optim.Optimizer],
-    scheduler: Optional[Any],
-    generators: Optional[Mapping[str, torch.Generator]],
-) -> dict:
+def check_payload(ckpt: Mapping[str, Any], path: Path, target: nn.Module, *, optimizer: Optional[torch.optim.Optimizer],
+                  scheduler: Optional[Any], generators: Optional[Mapping[str, torch.Generator]]) -> dict:
     """Everything :func:`load_checkpoint` checks before it changes anything.
 
     Args:
@@ -569,14 +535,13 @@ def check_optimizer_groups(saved: Mapping[str, Any], optimizer: torch.optim.Opti
     sizes = [len(g["params"]) for g in groups]
     saved_sizes = [len(g["params"]) for g in saved_groups]
     if sizes != saved_sizes:
-        raise ValueError(f"checkpoint {path} holds optimizer state for parameter groups of sizes {saved_sizes}, but the "
-                         f"optimizer has groups of sizes {sizes}: build it over the same parameters, in the same order")
-    # The state is matched to the parameters by position. An optimizer built over the same parameters in another
-    # order would get each parameter's moments swapped: refused when a state tensor does not broadcast to its
-    # parameter (Adam's moments have its shape, Adafactor's factored ones 1 in a dimension) but has the shape of
-    # another parameter of the group. (Other state, such as L-BFGS's flat vectors, has shapes of its own.)
-    # Parameters of one shape swapped among themselves cannot be told apart. (State keyed by parameter names, as
-    # save_distributed_checkpoint writes it, is matched by name when it is loaded: any order is right.)
+        raise ValueError(f"checkpoint {path} holds optimizer state for parameter groups of sizes {saved_sizes}, but "
+                         f"the optimizer has groups of sizes {sizes}: build it over the same parameters, in the same "
+                         f"order")
+    # State is matched to parameters by position. Another order is refused where a state tensor does not broadcast
+    # to its parameter (Adam's moments have its shape, Adafactor's factored ones 1 in a dimension) but has another
+    # parameter's shape. Other state (L-BFGS's flat vectors) has shapes of its own; parameters of one shape swapped
+    # among themselves cannot be told apart. State keyed by names (save_distributed_checkpoint's) is matched by name.
     state = saved.get("state", {})
     for g, (group, saved_group) in enumerate(zip(groups, saved_groups)):
         shapes = {tuple(p.shape) for p in group["params"]}

@@ -76,9 +76,8 @@ class DistributedRun:
         return self.rank == 0
 
 
-def setup_distributed(
-    *, device: Union[str, torch.device, None] = None, timeout: Optional[timedelta] = None
-) -> DistributedRun:
+def setup_distributed(*, device: Union[str, torch.device, None] = None,
+                      timeout: Optional[timedelta] = None) -> DistributedRun:
     """Join the processes ``torchrun`` started, or set up a single process when it did not start this one.
 
     Calling it again in a process that already joined returns the same answer.
@@ -154,13 +153,8 @@ def is_main_process() -> bool:
     return rank_and_world_size()[0] == 0
 
 
-def wrap_model(
-    model: nn.Module,
-    *,
-    strategy: str,
-    mixed_precision: bool = True,
-    blocks: Optional[Sequence[nn.Module]] = None,
-) -> nn.Module:
+def wrap_model(model: nn.Module, *, strategy: str, mixed_precision: bool = True,
+               blocks: Optional[Sequence[nn.Module]] = None) -> nn.Module:
     """``model`` made data-parallel over the process group: ``strategy="ddp"`` or ``"fsdp"`` (FSDP2).
 
     Move the model to ``run.device`` first, and build the optimizer after wrapping (FSDP2 replaces each

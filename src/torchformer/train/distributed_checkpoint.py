@@ -1,24 +1,17 @@
 """Checkpoints of a model trained on several processes (DDP or FSDP2), that resume on any number of processes.
 
-A checkpoint here is one ordinary torchformer checkpoint file (:mod:`torchformer.train.checkpoint`): the *full*
-model and optimizer states, gathered from the shards onto the main process, which writes the file atomically with
-its SHA-256 digest and the model's config. Because the file holds whole tensors rather than ``world_size`` shards,
-a run on 2 processes resumes on 1 or 8, and :func:`~torchformer.train.loading.load_model` or
-:func:`~torchformer.train.checkpoint.load_checkpoint` read its weights like any other checkpoint.
+A checkpoint here is one ordinary torchformer checkpoint file (:mod:`torchformer.train.checkpoint`), with every
+guarantee of that module: the *full* model and optimizer states, gathered from the shards onto the main process
+(``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``, PyTorch's own conversion), which writes
+it. Whole tensors rather than ``world_size`` shards: a run on 2 processes resumes on 1 or 8, and
+:func:`~torchformer.train.loading.load_model` reads it like any checkpoint; a model whose full state does not fit in
+one machine's CPU memory needs ``torch.distributed.checkpoint``'s sharded format instead. The optimizer state is
+keyed by parameter names, so it fits a model sharded in any way.
 
-One full file rather than ``torch.distributed.checkpoint``'s folder of shards keeps every guarantee the library
-already gives (atomic writes, integrity digest, config check, ``latest_intact_checkpoint``) while the main process
-can hold a whole copy in CPU memory, as it can for torchformer's models; a larger model needs the sharded format.
-
-Both functions are collective: every process calls them, with the same arguments. Gathering and scattering use
-``torch.distributed.checkpoint.state_dict`` (``get_state_dict``/``set_state_dict`` with ``full_state_dict=True``),
-PyTorch's own conversion between shards and full tensors. The optimizer state is stored keyed by parameter names,
-so it fits a model sharded in any way. Every process reads the file when loading: on several machines the folder
-must be shared (a network file system), as it must be for any resume.
-
-**Random number generators.** Each process has its own (the dropout masks of its share of the batch), and the file
-holds them all: resumed on the same number of processes, each gets its own back and the run continues exactly; on
-another number each gets rank 0's, and training continues correctly but not bit for bit (docs/going-big.md).
+Both functions are collective: every process calls them, with the same arguments, and reads the file (on several
+machines the folder must be shared). The file holds every process's random number generators: resumed on the same
+number of processes, each gets its own back and the run continues exactly; on another number each gets rank 0's,
+and training continues correctly but not bit for bit (docs/going-big.md, "Checkpoints across world sizes").
 """
 
 from __future__ import annotations
@@ -43,17 +36,10 @@ from torchformer.train.checkpoint import (
 from torchformer.train.distributed import rank_and_world_size
 
 
-def save_distributed_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    step: int,
-    extra: Optional[Mapping[str, Any]] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    process_state: Any = None,
-) -> Path:
+def save_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                                scheduler: Optional[Any] = None, step: int, extra: Optional[Mapping[str, Any]] = None,
+                                generators: Optional[Mapping[str, torch.Generator]] = None,
+                                process_state: Any = None) -> Path:
     """Gather the full model and optimizer states onto rank 0, which writes them to ``path`` atomically.
 
     Every process must call it, with the same arguments. The arguments are those of
@@ -102,15 +88,10 @@ def save_distributed_checkpoint(
     return path
 
 
-def load_distributed_checkpoint(
-    path: PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    scheduler: Optional[Any] = None,
-    generators: Optional[Mapping[str, torch.Generator]] = None,
-    restore_rng: bool = True,
-) -> dict:
+def load_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                                scheduler: Optional[Any] = None,
+                                generators: Optional[Mapping[str, torch.Generator]] = None,
+                                restore_rng: bool = True) -> dict:
     """Load a checkpoint of :func:`save_distributed_checkpoint` into a model on any number of processes.
 
     Every process must call it (with the wrapped model, and the optimizer built after wrapping). Each process

@@ -1,18 +1,16 @@
 """Bits per byte: how well a byte-level language model compresses held-out text.
 
-A model that assigns probability ``p`` to the byte that actually comes next could encode that
-byte in ``-log2 p`` bits (arithmetic coding gets within a few bits of this for the whole file).
-Bits per byte is the average of that cost over the evaluated bytes; lower is better, and 8.0 is
-what a model that knows nothing (uniform over 256 values) pays.
+A model that assigns probability ``p`` to the byte that actually comes next could encode that byte in ``-log2 p``
+bits (arithmetic coding gets within a few bits of this for the whole file). Bits per byte is the average of that
+cost over the evaluated bytes; lower is better, and 8.0 is what a model that knows nothing (uniform over 256 values)
+pays.
 
-Every byte of the data after the first is predicted exactly once, from the bytes before it. The
-model sees at most ``context`` bytes, so long data is cut into windows. Windows of ``context``
-inputs start every ``stride`` bytes; the first window scores all of its predictions and each later
-window scores only its last ``stride`` predictions, the ones the previous window did not reach.
-A scored byte thus sees at least ``context - stride + 1`` bytes of context (except near the very
-start of the data, where fewer exist). ``stride = context`` is cheapest but leaves some bytes
-with almost no context; the default ``stride = context // 2`` costs about twice as much and
-gives every scored byte at least half a context; ``stride = 1`` gives every byte a full context.
+Every byte of the data after the first is predicted exactly once, from the bytes before it. The model sees at most
+``context`` bytes, so long data is cut into windows of ``context`` inputs that start every ``stride`` bytes; each
+window after the first scores only its last ``stride`` predictions, the ones the previous window did not reach. A
+scored byte thus sees at least ``context - stride + 1`` bytes of context (fewer near the start of the data). The
+default ``stride = context // 2`` costs about twice as much as ``stride = context`` and gives every scored byte at
+least half a context (docs/enwik8.md draws the windows and weighs the choices).
 
 While training, scoring a whole validation split at every evaluation costs too much. ``windows=k`` scores
 ``k`` windows of that same plan, one drawn at random (seeded: the same bytes at every evaluation) from each of ``k``
@@ -62,20 +60,9 @@ def _window_plan(n: int, length: int, stride: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def bits_per_byte(
-    model: nn.Module,
-    data: Tensor,
-    *,
-    context: int,
-    batch_size: int = 32,
-    stride: Optional[int] = None,
-    windows: Optional[int] = None,
-    seed: int = 0,
-    device: Optional[Union[str, torch.device]] = None,
-    progress: Optional[str] = None,
-    distributed: bool = False,
-    memory: Optional[int] = None,
-) -> float:
+def bits_per_byte(model: nn.Module, data: Tensor, *, context: int, batch_size: int = 32, stride: Optional[int] = None,
+                  windows: Optional[int] = None, seed: int = 0, device: Optional[Union[str, torch.device]] = None,
+                  progress: Optional[str] = None, distributed: bool = False, memory: Optional[int] = None) -> float:
     """Average number of bits the model needs per byte of ``data`` (see the module docstring).
 
     Args:

@@ -125,14 +125,8 @@ def attention_weights(model: nn.Module, ids: Tensor, mask: Tensor | None = None,
     return capture_attention(inner, layers[int(layer)], *call)
 
 
-def plot_attention(
-    weights: Tensor,
-    *,
-    x_labels: Sequence[str],
-    y_labels: Sequence[str],
-    path: str | os.PathLike,
-    title: str | None = None,
-) -> bool:
+def plot_attention(weights: Tensor, *, x_labels: Sequence[str], y_labels: Sequence[str], path: str | os.PathLike,
+                   title: str | None = None) -> bool:
     """Draw a ``(t, u)`` matrix as a heat map PNG at ``path``.
 
     Pass one head (``weights[0, head]``) or the mean over heads (``weights[0].mean(0)``). Nothing is assumed about

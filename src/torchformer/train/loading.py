@@ -12,7 +12,6 @@ rebuilt from the file alone, in the dtype it was saved in (a ``model.half()`` st
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
@@ -21,19 +20,13 @@ import torch
 from torchformer._devices import map_location_device
 from torchformer._files import check_path
 from torchformer.models import TransformerModel
-from torchformer.saving import CONFIG_FILE, WEIGHTS_FILE, load_exported, rebuild_model, resolve_model_class
+from torchformer.saving import CONFIG_FILE, WEIGHTS_FILE, PathLike, load_exported, rebuild_model, resolve_model_class
 from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, read_payload
 
-PathLike = Union[str, os.PathLike]
 
-
-def load_model(
-    path: PathLike,
-    *,
-    model_class: Optional[type[TransformerModel]] = None,
-    classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-    map_location: Union[str, torch.device] = "cpu",
-) -> TransformerModel:
+def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
+               classes: Optional[Mapping[str, type[TransformerModel]]] = None,
+               map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
     """The model saved at ``path``, rebuilt from its stored config, weights loaded, in ``eval()`` mode.
 
     Args:

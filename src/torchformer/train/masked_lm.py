@@ -54,16 +54,8 @@ class MaskedTokens:
     chosen: Tensor
 
 
-def mask_tokens(
-    tokens: Tensor,
-    mask: Optional[Tensor] = None,
-    *,
-    mask_id: int,
-    num_tokens: int,
-    rate: float = 0.15,
-    special_ids: Sequence[int] = (0,),
-    generator: Optional[torch.Generator] = None,
-) -> MaskedTokens:
+def mask_tokens(tokens: Tensor, mask: Optional[Tensor] = None, *, mask_id: int, num_tokens: int, rate: float = 0.15,
+                special_ids: Sequence[int] = (0,), generator: Optional[torch.Generator] = None) -> MaskedTokens:
     """Choose ``rate`` of the real tokens to predict, and corrupt them BERT's way (80 % mask, 10 % random, 10 % kept).
 
     Each real position is chosen independently with probability ``rate``, so a sequence may have none chosen (its

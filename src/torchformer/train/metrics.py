@@ -100,9 +100,8 @@ def accuracy(predictions: Sequence[int] | Tensor, targets: Sequence[int] | Tenso
     return (p == t).double().mean().item()
 
 
-def confusion_matrix(
-    predictions: Sequence[int] | Tensor, targets: Sequence[int] | Tensor, *, num_classes: int | None = None
-) -> Tensor:
+def confusion_matrix(predictions: Sequence[int] | Tensor, targets: Sequence[int] | Tensor, *,
+                     num_classes: int | None = None) -> Tensor:
     """``(c, c)`` int64 counts: entry ``[i, j]`` is the number of examples of true class ``i`` predicted as ``j``.
 
     ``num_classes`` defaults to ``1 + the largest id seen``; give it so that a class that never occurs still gets
@@ -359,9 +358,7 @@ def _calibration_from_sums(sums: Tensor, *, classes: int, bins: int) -> Calibrat
 
 @dataclass
 class ClassifierResult:
-    """What :func:`evaluate_classifier` measured: loss, accuracy, confusion matrix and calibration.
-
-    Each argument is kept as the attribute of the same name.
+    """What :func:`evaluate_classifier` measured: loss, accuracy, confusion matrix and calibration (a dataclass).
 
     Args:
         loss: the mean negative log-likelihood per example, in nats.
@@ -381,14 +378,9 @@ class ClassifierResult:
 
 
 @torch.no_grad()
-def evaluate_classifier(
-    model: nn.Module,
-    batches: Iterable[tuple[Tensor, Tensor | None, Tensor]],
-    *,
-    num_classes: int | None = None,
-    mixed_precision: bool = True,
-    distributed: bool = False,
-) -> ClassifierResult:
+def evaluate_classifier(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor | None, Tensor]], *,
+                        num_classes: int | None = None, mixed_precision: bool = True,
+                        distributed: bool = False) -> ClassifierResult:
     """Evaluate ``model`` on every ``(ids, mask, labels)`` batch; the model is put in eval mode and restored after.
 
     The loss is the mean negative log-likelihood per example (not per batch, so a smaller last batch weighs no more

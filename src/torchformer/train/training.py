@@ -38,41 +38,17 @@ from torch import nn
 from torchformer._checks import check_bool, is_int, is_number, is_real
 from torchformer._devices import parse_device, resolve_named_device
 from torchformer._files import check_file_path, check_png_path, write_atomically
-from torchformer.saving import CheckpointError, unwrap_model
+from torchformer.saving import CheckpointError, PathLike, unwrap_model
 from torchformer.train.checkpoint import (
-    checkpoint_path,
-    latest_checkpoint,
-    latest_intact_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
+    checkpoint_path, latest_checkpoint, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
 )
 
 __all__ = [
-    "CSVLogger",
-    "CheckpointClock",
-    "CheckpointError",
-    "TrainingDiverged",
-    "autocast",
-    "check_finite_losses",
-    "checkpoint_path",
-    "count_parameters",
-    "latest_checkpoint",
-    "latest_intact_checkpoint",
-    "load_checkpoint",
-    "plot_curves",
-    "progress",
-    "prune_checkpoints",
-    "resolve_device",
-    "save_checkpoint",
-    "set_seed",
-    "unwrap_model",
-    "warmup_cosine",
-    "warmup_stable_decay",
+    "CSVLogger", "CheckpointClock", "CheckpointError", "TrainingDiverged", "autocast", "check_finite_losses",
+    "checkpoint_path", "count_parameters", "latest_checkpoint", "latest_intact_checkpoint", "load_checkpoint",
+    "plot_curves", "progress", "prune_checkpoints", "resolve_device", "save_checkpoint", "set_seed", "unwrap_model",
+    "warmup_cosine", "warmup_stable_decay",
 ]
-
-PathLike = Union[str, os.PathLike]
-
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
     """``None`` or ``"auto"``: CUDA if available, else CPU. Otherwise the named device, checked to exist.
@@ -121,9 +97,8 @@ def autocast(device: Union[torch.device, str, None], *, enabled: bool = True) ->
     return contextlib.nullcontext()
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1
-) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                  min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the base learning rate, then cosine decay to ``min_lr_ratio`` times it.
 
     After ``s`` calls of ``scheduler.step()`` the learning rate is ``base * f(s)`` with
@@ -160,10 +135,8 @@ def warmup_cosine(
     return _warmup_then(optimizer, warmup_steps, total_steps, min_lr_ratio, cosine)
 
 
-def _warmup_then(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float,
-    decay: Callable[[int], float],
-) -> torch.optim.lr_scheduler.LambdaLR:
+def _warmup_then(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float,
+                 decay: Callable[[int], float]) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedules' shared frame: linear warmup, ``m + (1 - m) * decay(s)`` up to ``total_steps``, then ``m``."""
 
     def factor(step: int) -> float:
@@ -188,10 +161,8 @@ def _check_schedule(optimizer: object, warmup_steps: object, total_steps: object
         raise ValueError(f"min_lr_ratio must be a float in [0, 1], got {min_lr_ratio!r}")
 
 
-def warmup_stable_decay(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, decay_fraction: float = 0.2,
-    min_lr_ratio: float = 0.0,
-) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_stable_decay(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                        decay_fraction: float = 0.2, min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup, the base learning rate for most of the run, then a linear decay over its last part (WSD).
 
     After ``s`` calls of ``scheduler.step()`` the learning rate is ``base * f(s)``, with ``d`` the decay steps,
@@ -316,16 +287,12 @@ def check_finite_losses(losses: Iterable[float], steps: Iterable[int]) -> None:
     loss_values = _real_values(losses, "losses", integer=False)
     step_values = _real_values(steps, "steps", integer=True)
     if len(loss_values) != len(step_values):
-        raise ValueError(
-            f"losses and steps must have the same length, got {len(loss_values)} and {len(step_values)}"
-        )
+        raise ValueError(f"losses and steps must have the same length, got {len(loss_values)} and {len(step_values)}")
     for step, loss in zip(step_values, loss_values):
         if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower learning rate, "
-                f"a longer warmup, gradient clipping, normalised keys and queries (kqnorm=True), or float32 instead "
-                f"of half precision"
-            )
+            raise TrainingDiverged(f"training diverged at step {step}: the loss is {loss}. The usual remedies: a lower "
+                                   f"learning rate, a longer warmup, gradient clipping, normalised keys and queries "
+                                   f"(kqnorm=True), or float32 instead of half precision")
 
 
 def _real_values(values: object, name: str, *, integer: bool) -> list:
@@ -357,11 +324,9 @@ def _scalar(value: Any) -> Any:
 class CSVLogger:
     """Append rows of metrics to a CSV file, one row per :meth:`log` call, flushed immediately.
 
-    The header is written when the file is new or empty. Opening an existing file appends to it (a resumed
-    run continues the same file) after checking its header matches ``fieldnames``. Columns missing from a row
-    are left empty, so metrics logged at different rates (training loss every step, validation every 1000)
-    can share a file. A cell :func:`plot_curves` could not read back (see :meth:`log`) is a ``TypeError`` naming
-    the column. The file is UTF-8.
+    The header is written when the file is new or empty; an existing file (a resumed run's) is appended to. Columns
+    missing from a row are left empty, so metrics logged at different rates (training loss every step, validation
+    every 1000) can share a file. What a cell may hold, :meth:`log` says. The file is UTF-8.
 
     A resumed run passes ``resume_step``: rows of the existing file logged *after* it are dropped first, since a
     killed run may have logged past its last checkpoint and the resumed run logs those steps again. Rows whose step
@@ -382,14 +347,8 @@ class CSVLogger:
             UTF-8.
     """
 
-    def __init__(
-        self,
-        path: PathLike,
-        fieldnames: Sequence[str],
-        *,
-        resume_step: Optional[int] = None,
-        step_column: str = "step",
-    ) -> None:
+    def __init__(self, path: PathLike, fieldnames: Sequence[str], *, resume_step: Optional[int] = None,
+                 step_column: str = "step") -> None:
         if isinstance(fieldnames, (str, bytes)) or not isinstance(fieldnames, Iterable):
             raise TypeError(f"fieldnames must be a sequence of non-empty str, got {type(fieldnames).__name__} "
                             f"{fieldnames!r}")
@@ -408,10 +367,8 @@ class CSVLogger:
         rows = _read_csv(self.path) if self.path.exists() and self.path.stat().st_size > 0 else None
         existing = rows[0] if rows else None
         if existing is not None and existing != self.fieldnames:
-            raise ValueError(
-                f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; "
-                f"use a new file or the same columns"
-            )
+            raise ValueError(f"{self.path} already has columns {existing}, but fieldnames is {self.fieldnames}; use a "
+                             f"new file or the same columns")
         if existing is not None and resume_step is not None:
             self._drop_rows_after(rows, resume_step, self.fieldnames.index(step_column))
         self._file = open(self.path, "a", newline="", encoding="utf-8")
@@ -504,17 +461,9 @@ def _read_csv(path: Path) -> list[list[str]]:
         raise ValueError(f"{path} is not a readable CSV file ({e}); use a new file") from None
 
 
-def plot_curves(
-    csv_path: PathLike,
-    png_path: PathLike,
-    *,
-    x: str,
-    ys: Sequence[str],
-    title: Optional[str] = None,
-    ylabel: Optional[str] = None,
-    marks: Optional[Mapping[str, tuple[float, float]]] = None,
-    logy: bool = False,
-) -> bool:
+def plot_curves(csv_path: PathLike, png_path: PathLike, *, x: str, ys: Sequence[str], title: Optional[str] = None,
+                ylabel: Optional[str] = None, marks: Optional[Mapping[str, tuple[float, float]]] = None,
+                logy: bool = False) -> bool:
     """Plot columns ``ys`` of a CSV (as written by :class:`CSVLogger`) against column ``x`` into a PNG.
 
     Empty cells are skipped, so sparsely logged columns plot as their own points; a cell that is not a number is a
@@ -610,13 +559,8 @@ def plot_curves(
     return True
 
 
-def progress(
-    iterable: Optional[Iterable] = None,
-    *,
-    total: Optional[int] = None,
-    desc: Optional[str] = None,
-    disable: bool = False,
-):
+def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: Optional[str] = None,
+             disable: bool = False):
     """A tqdm progress bar if tqdm is installed, else a silent stand-in with the same basic methods.
 
     On several processes (``torch.distributed``) only the main one (rank 0) draws its bars: the others would write
@@ -629,10 +573,10 @@ def progress(
         disable: draw nothing (the items are still iterated).
 
     Returns:
-        (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``, ``update(n)``) and
-        ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as context managers. Call
-        ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm then restarts its
-        clock, so the rate, the time left and the elapsed time it shows count training steps only.
+        (Iterable): A ``tqdm`` bar, or without tqdm a silent stand-in that iterates and counts (``.n``,
+        ``update(n)``) and ignores ``set_postfix``, ``set_description``, ``unpause`` and ``close``. Both work as
+        context managers. Call ``bar.unpause()`` after work that is not the bar's (an evaluation, a checkpoint): tqdm
+        then restarts its clock, so the rate, the time left and the elapsed time it shows count training steps only.
 
     Raises:
         TypeError: ``iterable`` is not iterable, or ``desc`` is not a str.
