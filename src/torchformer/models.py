@@ -18,8 +18,8 @@ With ``input_dim=d`` in the config, the classifier's input and the encoder-decod
 is always token ids.
 
 The models are the boundary: their ``forward`` checks its inputs (shapes, dtypes, and the values of ids and
-positions on every device, unless ``check_values`` is off) before the modules inside check the shapes they get. A variant of a model swaps the class of
-its blocks (``block_class``; see ``docs/extending.md``).
+positions on every device, unless ``check_values`` is off) before the modules inside check the shapes they get. A
+variant of a model swaps the class of its blocks (``block_class``; see ``docs/extending.md``).
 
 Shapes: b batch size, t (target) sequence length, u source length, d input features, e embedding size, c classes,
 v vocabulary size.
@@ -35,8 +35,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import (
     check_bool, check_embeddings, check_features, check_mask, check_positions, check_positive_int, check_shift,
-    check_tokens,
-    values_checkable,
+    check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import MultiHeadAttention
@@ -277,11 +276,10 @@ class TransformerModel(nn.Module):
 class CTransformer(TransformerModel):
     """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
 
-    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` (or, with ``input_dim=d``, feature vectors ``(b, t, d)``)
-    and an optional padding mask ``(b, t)`` (True = real token) -> ``(b, num_classes)`` log-probabilities. With a
-    mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
-    ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler (dense, tanh, dropout) before
-    the classes' linear layer. :meth:`from_encoder` starts one from a pretrained encoder (a loaded BERT).
+    With a padding ``mask`` (True = real token), padding never changes the result. ``pool`` (a config field) is
+    ``"max"`` (default, as former's ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler
+    (dense, tanh, dropout) before the classes' linear layer. :meth:`from_encoder` starts one from a pretrained
+    encoder (a loaded BERT).
 
     Args:
         emb: embedding size ``e``.
@@ -342,7 +340,7 @@ class CTransformer(TransformerModel):
         Returns:
             Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
         """
-        return [block.attention for block in self.encoder.blocks]
+        return [block.attention for block in self.transformer_blocks()]
 
     def transformer_blocks(self) -> list[nn.Module]:
         """The encoder's blocks, in the order they run.
@@ -364,8 +362,7 @@ class CTransformer(TransformerModel):
         pooler=True)`` is ``BertForSequenceClassification`` with a new pooler and classifier.
 
         Args:
-            pretrained: the model whose embedding and encoder the classifier starts from (an
-                :class:`MLMTransformer`, or another classifier).
+            pretrained: the model whose embedding and encoder it starts from (an :class:`MLMTransformer`, say).
             num_classes: the number of classes ``c``.
             **options: other config fields of the classifier (``pool="first"``, ``pooler=True``, ``dropout=0.1``).
 
@@ -449,14 +446,12 @@ FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "pooler", "tie_weights", 
 class MLMTransformer(TransformerModel):
     """Masked language model (BERT): a bidirectional encoder that predicts the hidden tokens of its input.
 
-    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)``, some of them replaced by a ``[MASK]`` id
-    (:func:`torchformer.train.masked_lm.mask_tokens`), and an optional padding mask ``(b, t)`` (True = real token)
-    -> log-probabilities ``(b, t, num_tokens)`` of the original token at every position. Unlike a
-    :class:`GTransformer`, every position sees the whole sequence (no causal mask). Train with
-    :func:`~torchformer.train.masked_lm.masked_lm_loss`, which counts the masked positions only; then start a
-    classifier of the same configuration from it with :meth:`CTransformer.load_encoder`. The embedding and the
-    encoder are named as in :class:`CTransformer`; the head is a :class:`~torchformer.nn.heads.MaskedLMHead`, tied
-    to the embedding with ``tie_weights=True`` (as BERT).
+    Some ids of ``x`` are replaced by a ``[MASK]`` id (:func:`torchformer.train.masked_lm.mask_tokens`); the output is
+    the log-probabilities of the original token at every position. Unlike a :class:`GTransformer`, every position
+    sees the whole sequence (no causal mask). Train with :func:`~torchformer.train.masked_lm.masked_lm_loss`, which
+    counts the masked positions only; then start a classifier of the same configuration from it with
+    :meth:`CTransformer.load_encoder`. The embedding and the encoder are named as in :class:`CTransformer`; the head
+    is a :class:`~torchformer.nn.heads.MaskedLMHead`, tied to the embedding with ``tie_weights=True`` (as BERT).
 
     Args:
         emb: embedding size ``e``.
@@ -516,13 +511,11 @@ class MLMTransformer(TransformerModel):
 class GTransformer(TransformerModel):
     """Autoregressive generator (a GPT-style language model): causal blocks, next-token log-probabilities.
 
-    ``forward(x, mask=None, *, caches=None, positions=None, shift=None)``: token ids ``(b, t)`` ->
-    ``(b, t, num_tokens)``; the output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``.
-    ``mask`` ``(b, t)`` marks real tokens (padding is never attended to); ``shift`` ``(b,)`` is each row's left
-    padding, so that its first real token has position 0 (a batch of prompts of different lengths, see
-    ``torchformer.generate``'s ``prompt_mask``). ``tie_weights=True`` shares the
-    embedding with the output layer. To sample or beam-search, pass the model to ``torchformer.generate(model,
-    prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
+    The output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``mask`` marks real
+    tokens (padding is never attended to); ``shift`` is each row's left padding, so that its first real token has
+    position 0 (a batch of prompts of different lengths, see ``torchformer.generate``'s ``prompt_mask``).
+    ``tie_weights=True`` shares the embedding with the output layer. To sample or beam-search, pass the model to
+    ``torchformer.generate(model, prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
     (:mod:`torchformer.decoding.generation`).
 
     Args:
@@ -565,10 +558,9 @@ class GTransformer(TransformerModel):
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
 
-        ``mask`` ``(b, t)``, True at real tokens: padding is not attended to (a cache remembers which of its slots
-        are padding). ``shift`` ``(b,)``: row ``r``'s tokens have positions ``positions - shift[r]`` in the
-        position embedding (its left padding, so that its first real token is at position 0). Attention keeps the
-        slots ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
+        A cache remembers which of its slots are padding (``mask``). With ``shift`` (see the class docstring), row
+        ``r``'s tokens have positions ``positions - shift[r]`` in the position embedding; attention keeps the slots
+        ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         if mask is not None:
@@ -625,13 +617,7 @@ class GTransformer(TransformerModel):
                              f"happens to be")
         return [BlockCache(memory + self.config.seq_length, ring=True) for _ in self.blocks.blocks]
 
-    def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
-
-        Returns:
-            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
-        """
-        return [block.attention for block in self.blocks.blocks]
+    self_attention_layers = CTransformer.self_attention_layers  # the same: each block's attention, in order
 
     def transformer_blocks(self) -> list[nn.Module]:
         """The model's blocks, in the order they run.
@@ -645,13 +631,11 @@ class GTransformer(TransformerModel):
 class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
 
-    ``forward(src, tgt, src_mask=None)``: source ids ``(b, u)``, target ids ``(b, t)`` (teacher forcing: the
-    target shifted right, starting with a BOS token) -> ``(b, t, tgt_tokens)`` log-probabilities of the next target
-    token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
-    ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
-    ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
-    left out. To translate, pass the model to ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)``
-    (:mod:`torchformer.decoding.generation`).
+    ``tgt`` is the target shifted right, starting with a BOS token (teacher forcing); ``src_mask`` marks real source
+    tokens, and the decoder's cross-attention ignores the others. ``decoder_depth`` defaults to ``depth``. The source
+    vocabulary is the config's ``num_tokens``; with ``input_dim=d`` the source is feature vectors ``(b, u, d)``
+    instead (speech to text, say) and ``num_tokens`` is left out. To translate, pass the model to
+    ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)`` (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -764,8 +748,7 @@ class Seq2SeqTransformer(TransformerModel):
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks, one per block.
 
-        Self-attention gets ``capacity`` slots (default ``seq_length``). The cross-attention parts stay empty until
-        :meth:`fill_caches` computes the keys and values of a source's memory into them, once.
+        The cross-attention parts stay empty until :meth:`fill_caches` computes a source memory's keys and values.
 
         Args:
             capacity: slots of each self-attention cache: the most target positions decoded with the caches.
@@ -816,6 +799,5 @@ class Seq2SeqTransformer(TransformerModel):
 
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
-MODEL_CLASSES: dict[str, type[TransformerModel]] = {
-    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer, MLMTransformer)
-}
+MODEL_CLASSES: dict[str, type[TransformerModel]] = {cls.__name__: cls for cls in (CTransformer, GTransformer,
+                                                                                  Seq2SeqTransformer, MLMTransformer)}
