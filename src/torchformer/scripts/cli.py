@@ -149,11 +149,10 @@ def available_memory(device: torch.device | str) -> Optional[int]:
 def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str, *, copies: float = 4) -> None:
     """Size the model on the ``meta`` device (no memory); stop if ``copies`` of its weights do not fit on ``device``.
 
-    A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of
-    GB and get the process killed by the operating system, with no message. Training holds about four copies of
-    the weights (the weights, their gradients and Adam's two moments), before any activation: a lower bound.
-    Sharded over ``n`` processes (FSDP), each holds the whole model while it is built, then a share of the rest:
-    ``copies=1 + 3 / n``.
+    A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of GB
+    and get the process killed by the operating system, with no message. Training holds about four copies of the weights
+    (the weights, their gradients and Adam's two moments), before any activation: a lower bound. Sharded over ``n``
+    processes (FSDP), each holds the whole model while it is built, then a share of the rest: ``copies=1 + 3 / n``.
 
     Args:
         build: makes the model (the same call that will build it for real), e.g. ``lambda: GTransformer(...)``.
@@ -204,8 +203,7 @@ def flags_as_saved(saved: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[s
 def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, checks: Mapping[str, Check]) -> None:
     """Stop with a usage error naming the first flag whose value fails its check.
 
-    The error is ``parser.error``'s: a usage message and exit status 2. Flags that are ``None`` (not given, and no
-    preset set them) are not checked.
+    Flags that are ``None`` (not given, and no preset set them) are not checked.
 
     Args:
         parser: the script's parser, which prints the usage message.

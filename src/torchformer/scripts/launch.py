@@ -8,12 +8,10 @@ few decisions the example scripts share, so that each script stays a thin user o
 * :func:`seed_each_process`: after the model is built, give each process its own stream of the global random
   generators (its own dropout masks). Rank 0 keeps the stream it has, so one process runs exactly as before.
 * :func:`share_batch`: **the batch size is global.** Every process draws the same global batch (from generators
-  seeded alike) and computes its share of the rows: rows ``rank, rank + world_size, ...``. The shares are disjoint,
-  together they are the batch, and they follow from the seed and the rank alone. The loss is summed over a
-  process's rows and divided by ``batch_size / world_size``; averaging the gradients over the processes (what DDP
-  and FSDP2 do) then gives the gradient of the mean loss over the whole batch, as one process computes it. So the
-  same ``-b`` and learning rate take the same steps on any number of processes (up to the rounding of sums), and
-  the learning rate is never scaled.
+  seeded alike) and computes its rows ``rank, rank + world_size, ...``; its loss, summed over them, is divided by
+  ``batch_size / world_size``, so averaging the gradients over the processes (DDP, FSDP2) gives the gradient of the
+  whole batch's mean loss: the same ``-b`` and learning rate take the same steps on any number of processes (up to
+  the rounding of sums), and the learning rate is never scaled (``docs/going-big.md``).
 * :class:`NoLog`: what a process that writes nothing uses in place of a logger.
 
 A batch that does not divide evenly (the last, smaller batch of an IMDb epoch) gives some processes a row fewer;
@@ -115,8 +113,7 @@ class BatchShare:
             batch: the global batch ``(batch_size, ...)``, the same on every process.
 
         Returns:
-            The rows ``(k, ...)``; ``batch`` itself for one process (no gather, and no index copied to the device
-            on every step).
+            The rows ``(k, ...)``; ``batch`` itself when :attr:`whole` (no index copied to the device every step).
         """
         return batch if self.whole else batch[self.rows.to(batch.device)]
 
