@@ -84,14 +84,11 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
 
 
 def require_input(model: str, config: TransformerConfig) -> None:
-    """Token ids need a vocabulary, ``num_tokens``; feature vectors (``input_dim``) have none: there it is refused.
+    """A ``ValueError`` unless token ids have a vocabulary, ``num_tokens``, and feature vectors (``input_dim``) none.
 
     Args:
         model: the model's name, for the messages.
         config: the model's configuration.
-
-    Raises:
-        ValueError: ``config.num_tokens`` is ``None`` for token ids, or set although ``config.input_dim`` is.
     """
     if config.input_dim is None:
         config.require(model, "num_tokens")
@@ -193,8 +190,7 @@ class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
     ``model.config`` is plain data; checkpoints and exported folders store it (:mod:`torchformer.saving`), so
-    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone, and loading the weights of
-    another architecture is an error naming the differing fields.
+    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone (:mod:`torchformer.config`).
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
     them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. On a GPU
@@ -246,8 +242,7 @@ class TransformerModel(nn.Module):
         """Where the class can be imported from, ``"module:qualname"`` (``"__main__:MyGPT"`` for a script's class).
 
         Checkpoints and exported folders record it next to the class name, so that a variant's model is rebuilt
-        from its file without naming its class (``load_model(path)`` finds it in the imported module). A class of a
-        module run as ``python -m pkg.mod`` is recorded under ``pkg.mod``, the name other programs import it by.
+        from its file without naming its class (``load_model(path)`` finds it in the imported module).
 
         Returns:
             ``f"{cls.__module__}:{cls.__qualname__}"``, with ``pkg.mod`` for ``__main__`` when run so.
@@ -387,16 +382,14 @@ class CTransformer(TransformerModel):
     def load_encoder(self, pretrained: TransformerModel) -> None:
         """Start from a pretrained encoder: copy the embedding and the encoder of ``pretrained`` into this model.
 
-        The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. ``pretrained`` is
-        usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
-        every field that shapes the encoder or changes what it computes, and its blocks must be of the same classes;
-        the fields of the head and of training (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``,
-        ...) may differ, and ``seq_length`` too unless the positions are learned (:meth:`from_encoder` builds such
-        a classifier and calls this).
+        The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. The configuration of
+        ``pretrained`` must equal this model's in every field that shapes the encoder or changes what it computes, and
+        its blocks must be of the same classes; the fields of the head and of training (:data:`FINE_TUNING_FIELDS`:
+        ``num_classes``, ``pool``, ``dropout``, ...) may differ, and ``seq_length`` too unless the positions are
+        learned (:meth:`from_encoder` builds such a classifier and calls this).
 
         Args:
-            pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
-                and dtype).
+            pretrained: the model whose ``embedding`` and ``encoder`` are copied (onto this model's device and dtype).
 
         Raises:
             TypeError: ``pretrained`` is not a torchformer model.
@@ -648,9 +641,8 @@ class Seq2SeqTransformer(TransformerModel):
         **options: any other field of :class:`~torchformer.config.TransformerConfig` (``decoder_depth``,
             ``input_dim``, ``share_embeddings``, ...).
 
-    With ``share_embeddings=True`` the source and the target are read through one token table
-    (``src_embedding.tokens.weight`` is ``tgt_embedding.tokens.weight``), and with ``tie_weights`` too it is also the
-    output matrix: T5's one ``shared`` matrix.
+    With ``share_embeddings=True`` one token table reads the source and the target, and with ``tie_weights`` it is
+    also the output matrix: T5's one ``shared`` matrix.
 
     Shapes:
         ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
@@ -704,8 +696,7 @@ class Seq2SeqTransformer(TransformerModel):
                caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
-        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:
-        :meth:`fill_caches` computed its keys and values once, so the steps take no ``memory`` and no ``src_mask``.
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`; with caches the memory is in them.
 
         Args:
             tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
