@@ -96,10 +96,7 @@ def check_positive_float(value: object, name: str) -> float:
 
 
 def fields_from_dict(cls: Any, data: object) -> Any:
-    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: what a config's ``from_dict`` does.
-
-    A ``TypeError`` unless ``data`` is a mapping, a ``ValueError`` naming unknown fields; ``cls`` checks the values.
-    """
+    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: a config's ``from_dict``."""
     if not isinstance(data, Mapping):
         raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}

@@ -204,9 +204,8 @@ class TransformerConfig:
             self-attention layers (T5's, stored in its first block), instead of one per layer (``False``). Only
             with ``positions="relative"``.
         zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
-            (weight and bias), so that each pre-norm block starts as the identity and the residual stream is the
-            embedding alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag; a post-norm
-            block still applies its norms). Only the initialisation changes; ``False``: PyTorch's initialisation.
+            (weight and bias), so that each pre-norm block starts as the identity (a post-norm block still applies its
+            norms; docs/training.md, "Speedrun tricks"). Only the initialisation changes; ``False``: PyTorch's.
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
             growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.

@@ -415,8 +415,7 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
     record, config, digest = _read_export_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
-                                f"export_model)")
+        raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see export_model)")
     if digest is not None and (received := file_sha256(weights)) != digest:
         raise CheckpointError(f"{weights} is damaged: it is not the file export_model wrote (SHA-256 "
                               f"{received[:16]}..., {CONFIG_FILE} records {digest[:16]}...); export the model again or "
