@@ -16,6 +16,7 @@ the source; :func:`choose_threads` picks the CPU threads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -136,13 +137,10 @@ def available_memory(device: torch.device | str) -> Optional[int]:
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the file counts kB
-    except (OSError, ValueError, IndexError):
-        return None
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
     return None
 
 
@@ -300,9 +298,8 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     """The CPU threads a script should give torch, and why: ``(threads, reason)``.
 
     ``requested`` (a ``--threads`` flag) wins. Otherwise the cores this process may run on, less the ones other
-    programs keep busy right now (measured over a quarter of a second), and at least 1. PyTorch's own default uses
-    every core, and when something else runs on one of them its threads keep waiting for each other (measured by
-    ``benchmarks/threads.py``; examples/README.md, "Threads").
+    programs keep busy right now (measured over a quarter of a second), and at least 1: PyTorch's own default, every
+    core, waits for the cores other programs hold (measured in examples/README.md, "Threads").
 
     Args:
         requested: the thread count the user asked for, or ``None`` to choose. A request above the usable cores is

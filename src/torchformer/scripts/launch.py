@@ -5,8 +5,7 @@ few decisions the example scripts share, so that each script stays a thin user o
 
 * :func:`start_run`: join the processes (or be the only one), seed every process alike (the same initial weights
   everywhere), and keep the standard output of every process but the main one quiet: only rank 0 prints.
-* :func:`seed_each_process`: after the model is built, give each process its own stream of the global random
-  generators (its own dropout masks). Rank 0 keeps the stream it has, so one process runs exactly as before.
+* :func:`seed_each_process`: after the model is built, give each process its own stream of the random generators.
 * :func:`share_batch`: **the batch size is global.** Every process draws the same global batch (from generators
   seeded alike) and computes its rows ``rank, rank + world_size, ...``; its loss, summed over them, is divided by
   ``batch_size / world_size``, so averaging the gradients over the processes (DDP, FSDP2) gives the gradient of the
@@ -50,8 +49,7 @@ def start_run(device: torch.device, *, strategy: str, seed: int, timeout: Option
     Args:
         device: the device the script resolved (``--device``). Under ``torchrun`` on CUDA each process takes
             ``cuda:LOCAL_RANK`` instead (the returned run's ``device``).
-        strategy: ``"ddp"`` or ``"fsdp"`` (checked here, before anything is loaded). On one process both are the
-            plain model.
+        strategy: ``"ddp"`` or ``"fsdp"``, checked here, before anything is loaded (one process: the plain model).
         seed: the same on every process, so that models built next get the same initial weights everywhere.
         timeout: how long a collective waits for the other processes (see :func:`setup_distributed`).
 
@@ -97,8 +95,7 @@ class BatchShare:
         rows: ``(k,)`` long, the indices of the batch rows this process computes.
         real: ``(k,)`` bool, ``False`` for a repeated row that counts for nothing.
         divisor: what the loss summed over the process's rows is divided by: ``batch_size / world_size``.
-        whole: the share is the whole batch, in order (one process): :meth:`take` and :meth:`targets` return
-            their input, with nothing to gather or copy.
+        whole: the share is the whole batch in order (one process): :meth:`take` and :meth:`targets` return their input.
     """
 
     rows: Tensor
