@@ -7,10 +7,9 @@ what was expected and what was received, instead of an opaque error deep inside 
 Shapes and dtypes are metadata, free to read: every public module checks them at its door, without waiting for an
 accelerator. *Values* (token ids in range, positions in range and consecutive) are checked the same way on every
 device: reading them makes the host wait for a GPU once per check, which a model may turn off
-(``model.check_values = False``, :class:`~torchformer.models.TransformerModel`). While ``torch.compile`` traces,
-values are not read (a compiled graph cannot raise a Python error); nor on the ``meta`` device (it holds none); nor
-inside :func:`values_checked`, where the caller has checked them (the decoding loops: the prompt once, not each
-token).
+(``model.check_values = False``, :class:`~torchformer.models.TransformerModel`). While ``torch.compile`` traces, values
+are not read (a compiled graph cannot raise a Python error); nor on the ``meta`` device (it holds none); nor inside
+:func:`values_checked`, where the caller has checked them (the decoding loops: the prompt once, not each token).
 """
 
 from __future__ import annotations
@@ -97,10 +96,7 @@ def check_positive_float(value: object, name: str) -> float:
 
 
 def fields_from_dict(cls: Any, data: object) -> Any:
-    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: what a config's ``from_dict`` does.
-
-    A ``TypeError`` unless ``data`` is a mapping, a ``ValueError`` naming unknown fields; ``cls`` checks the values.
-    """
+    """The frozen config dataclass ``cls`` built from ``data``, ``{name: value}``: a config's ``from_dict``."""
     if not isinstance(data, Mapping):
         raise TypeError(f"config must be a dict of fields, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
@@ -329,8 +325,7 @@ def check_context(
     (and, with ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
     b, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")
     if context_mask is not None:
-        device = context.device  # type: ignore[union-attr]
-        check_mask(context_mask, "context_mask", (b, u), "(b, u)", device=device)
+        check_mask(context_mask, "context_mask", (b, u), "(b, u)", device=context.device)  # type: ignore[union-attr]
     return u
 
 

@@ -75,10 +75,7 @@ def check_device_available(device: torch.device, name: str = "device") -> None:
 
 
 def check_map_location(map_location: Any) -> None:
-    """A device that does not exist here is the caller's mistake: say so, not "the file is damaged" later.
-
-    ``map_location`` as ``torch.load`` takes it: a dict or a function passes unchecked (torch checks those).
-    """
+    """A device that does not exist here is the caller's mistake: say so, not "the file is damaged" later."""
     if not isinstance(map_location, (str, torch.device)):
         return  # a dict or a function, as torch.load accepts: torch checks those
     try:

@@ -13,6 +13,7 @@ removes the leftovers that are surely dead, never a live writer's file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -75,17 +76,14 @@ def remove_stale_part_files(dest: Path) -> list[Path]:
     scheme are never touched. Removal is best effort: a file that cannot be removed is left alone, it never makes a
     download fail.
     """
-    prefix, suffix = f".{dest.name}.", ".part"
+    part = re.compile(re.escape(f".{dest.name}.") + _PART_MIDDLE.pattern + re.escape(".part"))
     removed = []
     try:
         entries = list(os.scandir(dest.parent))
     except OSError:
         return removed
     for entry in entries:
-        name = entry.name
-        if not (name.startswith(prefix) and name.endswith(suffix)):
-            continue
-        match = _PART_MIDDLE.fullmatch(name[len(prefix):-len(suffix)])
+        match = part.fullmatch(entry.name)
         if match is None:
             continue
         try:
@@ -93,11 +91,9 @@ def remove_stale_part_files(dest: Path) -> list[Path]:
         except OSError:
             continue  # its owner just renamed or removed it
         if is_stale(match["host"], match["pid"] and int(match["pid"]), mtime):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
-            except OSError:
-                pass
     return removed
 
 
@@ -188,10 +184,9 @@ def check_png_path(path: object, name: str) -> Path:
 def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
     """Create or replace ``path`` with what ``write(temporary_path)`` writes: all of it, or nothing.
 
-    The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system,
-    and therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and
-    its name holds the host and process id of the writer, so that :func:`~torchformer.train.checkpoint.remove_stale_temporaries` can tell the
-    leftovers of a killed save from a save in progress.
+    The temporary file is in the same folder as ``path``, so ``os.replace`` is a rename within one file system, and
+    therefore atomic. It is hidden (a leading dot), so checkpoint listings never see a half-written file, and its name
+    records its writer (see the module docstring; :func:`~torchformer.train.checkpoint.remove_stale_temporaries`).
 
     Args:
         path: the file to create or replace; missing parent folders are created.
@@ -231,9 +226,8 @@ def _fsync_directory(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -242,7 +236,6 @@ def _fsync_directory(directory: Path) -> None:
 # Digests
 
 _CHUNK = 1 << 20  # 1 MiB: large enough to be fast, small enough to keep memory flat
-HEX_LENGTHS = {"sha256": 64, "md5": 32}
 
 
 def hash_file(path: str | os.PathLike, h: Any) -> str:
@@ -261,13 +254,12 @@ def file_sha256(path: str | os.PathLike) -> str:
 def expected_digests(sha256: Optional[str], md5: Optional[str]) -> dict[str, str]:
     """Validate the expected digests and return them as {algorithm: lowercase hex}."""
     expected = {}
-    for algorithm, value in (("sha256", sha256), ("md5", md5)):
+    for algorithm, value, length in (("sha256", sha256, 64), ("md5", md5, 32)):
         if value is None:
             continue
         if not isinstance(value, str):
             raise TypeError(f"{algorithm} must be a hex string or None, got {type(value).__name__}")
         value = value.strip().lower()
-        length = HEX_LENGTHS[algorithm]
         if len(value) != length or any(c not in "0123456789abcdef" for c in value):
             raise ValueError(f"{algorithm} must be {length} hex digits, got {value!r}")
         expected[algorithm] = value

@@ -110,20 +110,11 @@ class LSTMConfig:
 
 
 def _lengths_from_mask(mask: Tensor) -> Tensor:
-    """The number of real tokens of each row of a right-padded mask, on the CPU, checked.
+    """The lengths ``(b,)`` of the rows of a right-padded ``mask`` ``(b, t)``: ``torch.long`` on the CPU, each >= 1.
 
+    ``mask`` is True at real tokens, then only padding (as :func:`~torchformer.data.batching.pad_batch` makes it).
     ``pack_padded_sequence`` wants the lengths on the CPU, so on a GPU they cost one wait for the device; the check
-    that every row is right-padded (real tokens first, then only padding) rides along in the same transfer, so it
-    is made on every device.
-
-    Args:
-        mask: ``True`` at real tokens, right padding (what :func:`~torchformer.data.batching.pad_batch` returns).
-
-    Returns:
-        The lengths, ``torch.long`` on the CPU, each at least 1.
-
-    Shapes:
-        ``mask`` ``(b, t)`` -> ``(b,)``.
+    that every row is right-padded rides along in the same transfer, so it is made on every device.
     """
     lengths = mask.sum(1)  # (b, t) -> (b,)
     # Right-padded: row i is True exactly at its first lengths[i] positions.
@@ -145,11 +136,10 @@ def _lengths_from_mask(mask: Tensor) -> Tensor:
 class LSTMClassifier(nn.Module):
     """Sequence classifier: embedding -> (bidirectional) LSTM over packed sequences -> pooling -> linear.
 
-    ``forward(x, mask=None)`` is :class:`~torchformer.models.CTransformer`'s: token ids ``x`` and an optional
-    right-padding mask (True = real token) -> log-probabilities of the classes. The LSTM runs on *packed*
-    sequences (``pack_padded_sequence``): each row is run for its real length only, so padding is never read, by
-    either direction, and a review gives the same output alone or padded in a batch. Without a mask every position
-    is real.
+    ``forward(x, mask=None)`` is :class:`~torchformer.models.CTransformer`'s (``mask``: True = real token, right
+    padding; none: every position is real). The LSTM runs on *packed* sequences (``pack_padded_sequence``): each row
+    for its real length only, so neither direction reads padding, and a review gives the same output alone or padded
+    in a batch.
 
     ``model.config`` (an :class:`LSTMConfig`) holds every argument; :meth:`from_config` rebuilds the model from it.
 
@@ -161,8 +151,7 @@ class LSTMClassifier(nn.Module):
         layers: stacked LSTM layers.
         bidirectional: also read each sequence right to left (``2k`` features per position).
         dropout: dropout on the embeddings, between LSTM layers and on the pooled vector.
-        pool: ``"max"`` or ``"mean"`` over the outputs at the real positions, or ``"last"``, the final hidden
-            states of both directions concatenated.
+        pool: ``"max"``, ``"mean"`` or ``"last"`` (:class:`LSTMConfig` says what each pools).
 
     Shapes:
         ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.

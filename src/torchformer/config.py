@@ -75,7 +75,8 @@ def check_extra(extra: object) -> dict:
         extra: the mapping given as ``TransformerConfig(extra=...)``.
 
     Returns:
-        A new ``dict`` with the same items.
+        What JSON read back, a new ``dict`` with the same items: plain types (a NumPy float becomes a float, which a
+        checkpoint can store), and nothing shared with the caller's dicts and lists.
 
     Raises:
         TypeError: ``extra`` is not a mapping, or a key is not a str.
@@ -94,8 +95,6 @@ def check_extra(extra: object) -> dict:
     if plain != extra:
         raise ValueError(f"extra must read back from JSON as it is (a tuple comes back as a list: use lists), got "
                          f"{extra!r}")
-    # What JSON read back: plain types (a NumPy float becomes a float, which a checkpoint can store), and nothing
-    # shared with the caller's dicts and lists.
     return plain
 
 
@@ -126,10 +125,9 @@ class TransformerConfig:
             former).
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
         activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (GELU's tanh
-            approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated
-            linear unit, ``"swiglu"``, ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as
-            T5 v1.1 and flan-T5) (hidden size 2/3 of ``ff_mult * emb``, to the nearest multiple of 16, so the
-            parameter count stays about the same).
+            approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated linear unit, ``"swiglu"``,
+            ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as T5 v1.1 and flan-T5), with 2/3
+            of the hidden size (``ff_hidden``), so that the parameter count stays about the same.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
         kv_heads: heads of keys and values (grouped-query attention): ``None`` means ``heads``; 1 is multi-query
             attention. Must divide ``heads``.
@@ -143,10 +141,9 @@ class TransformerConfig:
             compiled; no dropout).
         pool: how a classifier pools positions: ``"max"``, ``"mean"`` or ``"first"``.
         tie_weights: share the token embedding with the output layer (of a generator, or the masked-language head).
-        checkpoint_blocks: activation checkpointing: while training, keep only each block's input and recompute
-            the activations inside the block in the backward pass (``torch.utils.checkpoint``, non-reentrant). Saves
-            memory (the activations of one block instead of all of them) for about a third more compute; the
-            results and gradients are the same, dropout included. A training-time choice, not architecture: a
+        checkpoint_blocks: activation checkpointing (docs/going-big.md): while training, keep only each block's
+            input and recompute the rest in the backward pass: one block's activations instead of all, for about a
+            third more compute, with the same results and gradients, dropout included. Not architecture: a
             checkpoint saved with it loads into a model without it. Never applies while decoding with a KV cache.
         extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
             ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
@@ -185,10 +182,9 @@ class TransformerConfig:
         attention_scale: the factor each attention score ``q . k`` is multiplied by before the softmax: ``None`` is
             ``1 / sqrt(s)``; T5 uses ``1.0`` (its weights were trained with the factor folded into the query
             projection).
-        head_dim: the size ``s`` of every attention head, when it is not ``emb / heads`` (t5-3b: 128 with
-            ``emb`` 1024 and 32 heads): the queries, keys and values then have ``heads * head_dim`` dimensions,
-            and ``emb`` need not be divisible by ``heads``. ``None``: ``emb // heads`` (``emb`` with ``wide``,
-            which refuses a ``head_dim``).
+        head_dim: the size ``s`` of every attention head, when it is not ``emb / heads`` (t5-3b: 128 with ``emb`` 1024
+            and 32 heads): the queries, keys and values then have ``heads * head_dim`` dimensions, and ``emb`` need not
+            be divisible by ``heads``. ``None``: ``emb // heads`` (``emb`` with ``wide``, which refuses a ``head_dim``).
         ff_bias: biases in the two linear layers of the plain feed-forward network (``activation`` ``"relu"``,
             ``"gelu"``, ``"gelu_tanh"``, ``"relu2"``); ``False`` as T5. The gated networks have none either way.
         head_scale: a generator's output layer multiplies its input by ``e ** -0.5`` before the dot products with
@@ -208,9 +204,8 @@ class TransformerConfig:
             self-attention layers (T5's, stored in its first block), instead of one per layer (``False``). Only
             with ``positions="relative"``.
         zero_init_residual: the output projection of every attention layer and feed-forward network starts at zero
-            (weight and bias), so that each pre-norm block starts as the identity and the residual stream is the
-            embedding alone at step 0 (as modded-nanogpt, and torchvision's ResNets with the same flag; a post-norm
-            block still applies its norms). Only the initialisation changes; ``False``: PyTorch's initialisation.
+            (weight and bias), so that each pre-norm block starts as the identity (a post-norm block still applies its
+            norms; docs/training.md, "Speedrun tricks"). Only the initialisation changes; ``False``: PyTorch's.
         logit_cap: a generator's logits ``z`` become ``cap * tanh(z / cap)`` before the log-softmax (Gemma 2's
             final logit soft-capping; modded-nanogpt): no logit exceeds ``cap`` in size, which keeps a model from
             growing confident too fast. ``None`` (the default): no cap. Only the generators' heads read it.
@@ -221,8 +216,7 @@ class TransformerConfig:
             padding. ``None`` (the default): dense attention.
         sparse_stride: the pattern's stride or block length ``l`` (about ``sqrt(seq_length)``); required with
             ``sparse``.
-        sparse_summary: the fixed pattern's summary positions per block ``c``, in ``[1, sparse_stride]``
-            (default 1).
+        sparse_summary: the fixed pattern's summary positions per block ``c``, in ``[1, sparse_stride]`` (default 1).
     """
 
     emb: int
@@ -300,11 +294,9 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
         object.__setattr__(self, "rotary_scaling", check_rotary_scaling(self.rotary_scaling))
-        check_choice(self.positions, "positions", POSITIONS)
-        check_choice(self.activation, "activation", ACTIVATIONS)
-        check_choice(self.impl, "impl", IMPLEMENTATIONS)
-        check_choice(self.pool, "pool", POOLING)
-        check_choice(self.norm, "norm", NORMS)
+        for name, choices in (("positions", POSITIONS), ("activation", ACTIVATIONS), ("impl", IMPLEMENTATIONS),
+                              ("pool", POOLING), ("norm", NORMS)):
+            check_choice(getattr(self, name), name, choices)
         if self.head_dim is not None and self.wide:
             raise ValueError(f"head_dim={self.head_dim} sets the size of narrow heads, but wide=True gives every head "
                              f"all emb={self.emb} dimensions: use one or the other")
@@ -353,31 +345,24 @@ class TransformerConfig:
         return self.seq_length if self.positions == "learned" else None
 
     def require(self, model: str, *names: str) -> None:
-        """Raise a clear error if a field that ``model`` needs (e.g. ``num_classes``) was left out.
+        """Raise a ``ValueError`` naming every field that ``model`` needs (e.g. ``num_classes``) but is ``None``.
 
         Args:
             model: the name of the model, for the message (``"CTransformer"``).
-            *names: the fields ``model`` needs: each must be set (not ``None``).
-
-        Raises:
-            ValueError: a field of ``names`` is ``None``; the message names every such field.
+            *names: the fields ``model`` needs.
         """
         missing = [name for name in names if getattr(self, name) is None]
         if missing:
             raise ValueError(f"{model} needs {', '.join(missing)} in its configuration, got None")
 
     def unused(self, model: str, *names: str) -> None:
-        """Raise a clear error if a field that ``model`` does not use was set to anything but its default.
+        """Raise a ``ValueError`` naming each field ``model`` does not use that differs from its default, and its value.
 
-        A field a model does not use (``num_classes`` for a generator, say) would be silently ignored otherwise.
+        Such a field (``num_classes`` for a generator, say) would be silently ignored otherwise.
 
         Args:
             model: the name of the model, for the message (``"GTransformer"``).
-            *names: the fields ``model`` does not use: each must keep its default.
-
-        Raises:
-            ValueError: a field of ``names`` differs from its default; the message names every such field and its
-                value.
+            *names: the fields ``model`` does not use.
         """
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         changed = [f"{name}={getattr(self, name)!r}" for name in names if getattr(self, name) != defaults[name]]
@@ -440,8 +425,5 @@ class TransformerConfig:
             One string per field that differs, ``"heads: 2 vs 4"`` (the reprs of ``self``'s value, then
             ``other``'s), in the order of the fields; empty when the two are equal.
         """
-        return [
-            f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != getattr(other, f.name)
-        ]
+        return [f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}" for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)]

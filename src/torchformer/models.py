@@ -18,8 +18,8 @@ With ``input_dim=d`` in the config, the classifier's input and the encoder-decod
 is always token ids.
 
 The models are the boundary: their ``forward`` checks its inputs (shapes, dtypes, and the values of ids and
-positions on every device, unless ``check_values`` is off) before the modules inside check the shapes they get. A variant of a model swaps the class of
-its blocks (``block_class``; see ``docs/extending.md``).
+positions on every device, unless ``check_values`` is off) before the modules inside check the shapes they get. A
+variant of a model swaps the class of its blocks (``block_class``; see ``docs/extending.md``).
 
 Shapes: b batch size, t (target) sequence length, u source length, d input features, e embedding size, c classes,
 v vocabulary size.
@@ -35,8 +35,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import (
     check_bool, check_embeddings, check_features, check_mask, check_positions, check_positive_int, check_shift,
-    check_tokens,
-    values_checkable,
+    check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import MultiHeadAttention
@@ -85,14 +84,11 @@ def build_config(model: str, config: Optional[TransformerConfig], given: dict, o
 
 
 def require_input(model: str, config: TransformerConfig) -> None:
-    """Token ids need a vocabulary, ``num_tokens``; feature vectors (``input_dim``) have none: there it is refused.
+    """A ``ValueError`` unless token ids have a vocabulary, ``num_tokens``, and feature vectors (``input_dim``) none.
 
     Args:
         model: the model's name, for the messages.
         config: the model's configuration.
-
-    Raises:
-        ValueError: ``config.num_tokens`` is ``None`` for token ids, or set although ``config.input_dim`` is.
     """
     if config.input_dim is None:
         config.require(model, "num_tokens")
@@ -194,8 +190,7 @@ class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
     ``model.config`` is plain data; checkpoints and exported folders store it (:mod:`torchformer.saving`), so
-    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone, and loading the weights of
-    another architecture is an error naming the differing fields.
+    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone (:mod:`torchformer.config`).
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
     them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. On a GPU
@@ -247,8 +242,7 @@ class TransformerModel(nn.Module):
         """Where the class can be imported from, ``"module:qualname"`` (``"__main__:MyGPT"`` for a script's class).
 
         Checkpoints and exported folders record it next to the class name, so that a variant's model is rebuilt
-        from its file without naming its class (``load_model(path)`` finds it in the imported module). A class of a
-        module run as ``python -m pkg.mod`` is recorded under ``pkg.mod``, the name other programs import it by.
+        from its file without naming its class (``load_model(path)`` finds it in the imported module).
 
         Returns:
             ``f"{cls.__module__}:{cls.__qualname__}"``, with ``pkg.mod`` for ``__main__`` when run so.
@@ -277,11 +271,10 @@ class TransformerModel(nn.Module):
 class CTransformer(TransformerModel):
     """Sequence classifier: embedding -> :class:`~torchformer.nn.stacks.Encoder` -> pooled :class:`ClassifierHead`.
 
-    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)`` (or, with ``input_dim=d``, feature vectors ``(b, t, d)``)
-    and an optional padding mask ``(b, t)`` (True = real token) -> ``(b, num_classes)`` log-probabilities. With a
-    mask, padding never changes the result. ``pool`` (a config field) is ``"max"`` (default, as former's
-    ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler (dense, tanh, dropout) before
-    the classes' linear layer. :meth:`from_encoder` starts one from a pretrained encoder (a loaded BERT).
+    With a padding ``mask`` (True = real token), padding never changes the result. ``pool`` (a config field) is
+    ``"max"`` (default, as former's ``max_pool=True``), ``"mean"`` or ``"first"``; ``pooler=True`` adds BERT's pooler
+    (dense, tanh, dropout) before the classes' linear layer. :meth:`from_encoder` starts one from a pretrained
+    encoder (a loaded BERT).
 
     Args:
         emb: embedding size ``e``.
@@ -342,7 +335,7 @@ class CTransformer(TransformerModel):
         Returns:
             Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
         """
-        return [block.attention for block in self.encoder.blocks]
+        return [block.attention for block in self.transformer_blocks()]
 
     def transformer_blocks(self) -> list[nn.Module]:
         """The encoder's blocks, in the order they run.
@@ -364,8 +357,7 @@ class CTransformer(TransformerModel):
         pooler=True)`` is ``BertForSequenceClassification`` with a new pooler and classifier.
 
         Args:
-            pretrained: the model whose embedding and encoder the classifier starts from (an
-                :class:`MLMTransformer`, or another classifier).
+            pretrained: the model whose embedding and encoder it starts from (an :class:`MLMTransformer`, say).
             num_classes: the number of classes ``c``.
             **options: other config fields of the classifier (``pool="first"``, ``pooler=True``, ``dropout=0.1``).
 
@@ -390,16 +382,14 @@ class CTransformer(TransformerModel):
     def load_encoder(self, pretrained: TransformerModel) -> None:
         """Start from a pretrained encoder: copy the embedding and the encoder of ``pretrained`` into this model.
 
-        The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. ``pretrained`` is
-        usually an :class:`MLMTransformer` (or another classifier). Its configuration must equal this model's in
-        every field that shapes the encoder or changes what it computes, and its blocks must be of the same classes;
-        the fields of the head and of training (:data:`FINE_TUNING_FIELDS`: ``num_classes``, ``pool``, ``dropout``,
-        ...) may differ, and ``seq_length`` too unless the positions are learned (:meth:`from_encoder` builds such
-        a classifier and calls this).
+        The classifier head keeps its fresh initialisation: it is what fine-tuning learns first. The configuration of
+        ``pretrained`` must equal this model's in every field that shapes the encoder or changes what it computes, and
+        its blocks must be of the same classes; the fields of the head and of training (:data:`FINE_TUNING_FIELDS`:
+        ``num_classes``, ``pool``, ``dropout``, ...) may differ, and ``seq_length`` too unless the positions are
+        learned (:meth:`from_encoder` builds such a classifier and calls this).
 
         Args:
-            pretrained: the model whose ``embedding`` and ``encoder`` weights are copied (onto this model's device
-                and dtype).
+            pretrained: the model whose ``embedding`` and ``encoder`` are copied (onto this model's device and dtype).
 
         Raises:
             TypeError: ``pretrained`` is not a torchformer model.
@@ -449,14 +439,12 @@ FINE_TUNING_FIELDS = frozenset({"num_classes", "pool", "pooler", "tie_weights", 
 class MLMTransformer(TransformerModel):
     """Masked language model (BERT): a bidirectional encoder that predicts the hidden tokens of its input.
 
-    ``forward(x, mask=None)``: token ids ``x`` ``(b, t)``, some of them replaced by a ``[MASK]`` id
-    (:func:`torchformer.train.masked_lm.mask_tokens`), and an optional padding mask ``(b, t)`` (True = real token)
-    -> log-probabilities ``(b, t, num_tokens)`` of the original token at every position. Unlike a
-    :class:`GTransformer`, every position sees the whole sequence (no causal mask). Train with
-    :func:`~torchformer.train.masked_lm.masked_lm_loss`, which counts the masked positions only; then start a
-    classifier of the same configuration from it with :meth:`CTransformer.load_encoder`. The embedding and the
-    encoder are named as in :class:`CTransformer`; the head is a :class:`~torchformer.nn.heads.MaskedLMHead`, tied
-    to the embedding with ``tie_weights=True`` (as BERT).
+    Some ids of ``x`` are replaced by a ``[MASK]`` id (:func:`torchformer.train.masked_lm.mask_tokens`); the output is
+    the log-probabilities of the original token at every position. Unlike a :class:`GTransformer`, every position
+    sees the whole sequence (no causal mask). Train with :func:`~torchformer.train.masked_lm.masked_lm_loss`, which
+    counts the masked positions only; then start a classifier of the same configuration from it with
+    :meth:`CTransformer.load_encoder`. The embedding and the encoder are named as in :class:`CTransformer`; the head
+    is a :class:`~torchformer.nn.heads.MaskedLMHead`, tied to the embedding with ``tie_weights=True`` (as BERT).
 
     Args:
         emb: embedding size ``e``.
@@ -516,13 +504,11 @@ class MLMTransformer(TransformerModel):
 class GTransformer(TransformerModel):
     """Autoregressive generator (a GPT-style language model): causal blocks, next-token log-probabilities.
 
-    ``forward(x, mask=None, *, caches=None, positions=None, shift=None)``: token ids ``(b, t)`` ->
-    ``(b, t, num_tokens)``; the output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``.
-    ``mask`` ``(b, t)`` marks real tokens (padding is never attended to); ``shift`` ``(b,)`` is each row's left
-    padding, so that its first real token has position 0 (a batch of prompts of different lengths, see
-    ``torchformer.generate``'s ``prompt_mask``). ``tie_weights=True`` shares the
-    embedding with the output layer. To sample or beam-search, pass the model to ``torchformer.generate(model,
-    prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
+    The output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``mask`` marks real
+    tokens (padding is never attended to); ``shift`` is each row's left padding, so that its first real token has
+    position 0 (a batch of prompts of different lengths, see ``torchformer.generate``'s ``prompt_mask``).
+    ``tie_weights=True`` shares the embedding with the output layer. To sample or beam-search, pass the model to
+    ``torchformer.generate(model, prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
     (:mod:`torchformer.decoding.generation`).
 
     Args:
@@ -565,10 +551,9 @@ class GTransformer(TransformerModel):
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
 
-        ``mask`` ``(b, t)``, True at real tokens: padding is not attended to (a cache remembers which of its slots
-        are padding). ``shift`` ``(b,)``: row ``r``'s tokens have positions ``positions - shift[r]`` in the
-        position embedding (its left padding, so that its first real token is at position 0). Attention keeps the
-        slots ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
+        A cache remembers which of its slots are padding (``mask``). With ``shift`` (see the class docstring), row
+        ``r``'s tokens have positions ``positions - shift[r]`` in the position embedding; attention keeps the slots
+        ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         if mask is not None:
@@ -625,13 +610,7 @@ class GTransformer(TransformerModel):
                              f"happens to be")
         return [BlockCache(memory + self.config.seq_length, ring=True) for _ in self.blocks.blocks]
 
-    def self_attention_layers(self) -> list[MultiHeadAttention]:
-        """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).
-
-        Returns:
-            Each block's ``attention``, a :class:`~torchformer.nn.attention.MultiHeadAttention`, as a new list.
-        """
-        return [block.attention for block in self.blocks.blocks]
+    self_attention_layers = CTransformer.self_attention_layers  # the same: each block's attention, in order
 
     def transformer_blocks(self) -> list[nn.Module]:
         """The model's blocks, in the order they run.
@@ -645,13 +624,11 @@ class GTransformer(TransformerModel):
 class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer (Vaswani et al.), e.g. for translation or sequence transduction.
 
-    ``forward(src, tgt, src_mask=None)``: source ids ``(b, u)``, target ids ``(b, t)`` (teacher forcing: the
-    target shifted right, starting with a BOS token) -> ``(b, t, tgt_tokens)`` log-probabilities of the next target
-    token. ``src_mask`` ``(b, u)`` marks real source tokens; the decoder's cross-attention ignores the others.
-    ``decoder_depth`` defaults to ``depth``. The source vocabulary is the config's ``num_tokens``; with
-    ``input_dim=d`` the source is feature vectors ``(b, u, d)`` instead (speech to text, say) and ``num_tokens`` is
-    left out. To translate, pass the model to ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)``
-    (:mod:`torchformer.decoding.generation`).
+    ``tgt`` is the target shifted right, starting with a BOS token (teacher forcing); ``src_mask`` marks real source
+    tokens, and the decoder's cross-attention ignores the others. ``decoder_depth`` defaults to ``depth``. The source
+    vocabulary is the config's ``num_tokens``; with ``input_dim=d`` the source is feature vectors ``(b, u, d)``
+    instead (speech to text, say) and ``num_tokens`` is left out. To translate, pass the model to
+    ``torchformer.seq2seq_generate(model, src, max_len, bos=..., eos=...)`` (:mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -664,9 +641,8 @@ class Seq2SeqTransformer(TransformerModel):
         **options: any other field of :class:`~torchformer.config.TransformerConfig` (``decoder_depth``,
             ``input_dim``, ``share_embeddings``, ...).
 
-    With ``share_embeddings=True`` the source and the target are read through one token table
-    (``src_embedding.tokens.weight`` is ``tgt_embedding.tokens.weight``), and with ``tie_weights`` too it is also the
-    output matrix: T5's one ``shared`` matrix.
+    With ``share_embeddings=True`` one token table reads the source and the target, and with ``tie_weights`` it is
+    also the output matrix: T5's one ``shared`` matrix.
 
     Shapes:
         ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
@@ -720,8 +696,7 @@ class Seq2SeqTransformer(TransformerModel):
                caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
-        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`. With caches the memory is in them:
-        :meth:`fill_caches` computed its keys and values once, so the steps take no ``memory`` and no ``src_mask``.
+        ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`; with caches the memory is in them.
 
         Args:
             tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
@@ -764,8 +739,7 @@ class Seq2SeqTransformer(TransformerModel):
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks, one per block.
 
-        Self-attention gets ``capacity`` slots (default ``seq_length``). The cross-attention parts stay empty until
-        :meth:`fill_caches` computes the keys and values of a source's memory into them, once.
+        The cross-attention parts stay empty until :meth:`fill_caches` computes a source memory's keys and values.
 
         Args:
             capacity: slots of each self-attention cache: the most target positions decoded with the caches.
@@ -816,6 +790,5 @@ class Seq2SeqTransformer(TransformerModel):
 
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
-MODEL_CLASSES: dict[str, type[TransformerModel]] = {
-    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer, MLMTransformer)
-}
+MODEL_CLASSES: dict[str, type[TransformerModel]] = {cls.__name__: cls for cls in (CTransformer, GTransformer,
+                                                                                  Seq2SeqTransformer, MLMTransformer)}

@@ -1,10 +1,9 @@
 """A model's own files: what records its architecture, how its class is found again, and the exported folder.
 
-A torchformer model is rebuilt from three pieces of plain data, its **record** (:func:`model_record`): the class
-name, where the class lives (``"module:qualname"``, :meth:`~torchformer.models.TransformerModel.import_path`) and
-its :class:`~torchformer.config.TransformerConfig`. Checkpoints of a training run
-(:mod:`torchformer.train.checkpoint`) store the record next to their weights; an exported folder stores it in
-``config.json``:
+A torchformer model is rebuilt from three pieces of plain data, its **record** (:func:`model_record`): the class name,
+where the class lives (``"module:qualname"``, :meth:`~torchformer.models.TransformerModel.import_path`) and its
+:class:`~torchformer.config.TransformerConfig`. Checkpoints of a training run (:mod:`torchformer.train.checkpoint`)
+store the record next to their weights; an exported folder stores it in ``config.json``:
 
 * :func:`export_model` writes ``model.safetensors`` (the weights, in a format that cannot run code when read and
   that other tools read too) and ``config.json`` (the record, plus the SHA-256 of the record and of the weights
@@ -191,8 +190,7 @@ def check_architecture(saved: Optional[TransformerConfig], saved_class: Optional
 
     A variant's weights can fit a plain model exactly, so the class must match (or ``target`` be a subclass of it);
     config fields outside :data:`TRAINING_ONLY_FIELDS` must be equal. Nothing is compared for a ``target`` that is
-    not a :class:`~torchformer.models.TransformerModel` or a record without a config (the weights' keys and shapes
-    are checked instead).
+    not a :class:`~torchformer.models.TransformerModel` or a record without a config.
 
     Args:
         saved: the saved config, or ``None``.
@@ -229,9 +227,8 @@ def resolve_model_class(saved: Optional[str], model_class: Optional[type[Transfo
     """The class to rebuild a saved model as.
 
     ``model_class`` when given (it must be the saved class or a subclass), else the class named ``saved``: found in
-    ``classes``, else where ``saved_path`` says it lives (in a module already imported: a file is never allowed to
-    import a module, which could run code), else (files written before the path was recorded) among the built-in
-    classes by name.
+    ``classes``, else where ``saved_path`` says it lives (in a module already imported), else (files written before
+    the path was recorded) among the built-in classes by name.
 
     Args:
         saved: the class name the file recorded, or ``None``.
@@ -329,11 +326,9 @@ def rebuild_model(cls: type[TransformerModel], config: TransformerConfig,
         model = cls.from_config(config)
     kinds = set(dtypes.values())
     if len(kinds) == 1:
-        (dtype,) = kinds
-        return model.to(dtype)  # floating point tensors only: integer buffers keep their dtype
+        return model.to(kinds.pop())  # floating point tensors only: integer buffers keep their dtype
     plain = {re.sub(r"^((_orig_mod|module)\.)+", "", name): dtype for name, dtype in dtypes.items()}
-    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, tensor in tensors:
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         dtype = plain.get(name)
         if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
             tensor.data = tensor.data.to(dtype)
@@ -348,12 +343,10 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
     """Write a trained model to ``directory`` as ``model.safetensors`` + ``config.json``; return the folder.
 
     ``model.safetensors`` holds only the weights (of the module behind any ``torch.compile``/DataParallel
-    wrapper; a tied embedding is stored once and tied again on loading); ``config.json`` holds the record
-    ``{"model_class": ..., "model_class_path": "module:qualname", "config": {...}, "config_version": 3}`` and
-    ``"format_version": 2``, ``"torchformer_version"``, ``"config_sha256"`` (of the record: an edit that would read
-    the weights into another architecture is refused) and ``"weights_sha256"`` (of ``model.safetensors``), both
-    checked by :func:`load_exported`. Neither file can run code when read. Each file is replaced atomically
-    (temporary file, then rename). The weights keep their dtype (float16, bfloat16, ...).
+    wrapper; a tied embedding is stored once and tied again on loading), in their dtype; ``config.json`` holds the
+    record (:func:`model_record`), ``"format_version"``, ``"torchformer_version"``, and the SHA-256 of the record
+    (``"config_sha256"``: an edit that would read the weights into another architecture is refused) and of the
+    weights (``"weights_sha256"``), both checked by :func:`load_exported`. Each file is replaced atomically.
 
     Args:
         model: a trained :class:`~torchformer.models.TransformerModel` (or a compiled or wrapped one).
@@ -397,8 +390,7 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
                   map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
     """The model exported to ``directory`` by :func:`export_model`, weights checked and loaded.
 
-    The model is rebuilt from ``config.json``, in the dtype it was saved in, and returned in ``eval()`` mode. Needs
-    the optional ``safetensors`` package. (``torchformer.load_model`` takes a folder or a checkpoint file.)
+    The model is rebuilt from ``config.json``, in the dtype it was saved in. Needs the optional ``safetensors`` package.
 
     Args:
         directory: the folder :func:`export_model` wrote.
@@ -423,8 +415,7 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
     record, config, digest = _read_export_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see "
-                                f"export_model)")
+        raise FileNotFoundError(f"no weights file {weights}; expected one next to its {CONFIG_FILE} (see export_model)")
     if digest is not None and (received := file_sha256(weights)) != digest:
         raise CheckpointError(f"{weights} is damaged: it is not the file export_model wrote (SHA-256 "
                               f"{received[:16]}..., {CONFIG_FILE} records {digest[:16]}...); export the model again or "

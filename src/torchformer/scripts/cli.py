@@ -16,6 +16,7 @@ the source; :func:`choose_threads` picks the CPU threads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -136,24 +137,20 @@ def available_memory(device: torch.device | str) -> Optional[int]:
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the file counts kB
-    except (OSError, ValueError, IndexError):
-        return None
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
     return None
 
 
 def check_model_fits(build: Callable[[], nn.Module], device: torch.device | str, *, copies: float = 4) -> None:
     """Size the model on the ``meta`` device (no memory); stop if ``copies`` of its weights do not fit on ``device``.
 
-    A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of
-    GB and get the process killed by the operating system, with no message. Training holds about four copies of
-    the weights (the weights, their gradients and Adam's two moments), before any activation: a lower bound.
-    Sharded over ``n`` processes (FSDP), each holds the whole model while it is built, then a share of the rest:
-    ``copies=1 + 3 / n``.
+    A typo such as ``-M 100000000`` (learned positions for a hundred million tokens) would otherwise allocate tens of GB
+    and get the process killed by the operating system, with no message. Training holds about four copies of the weights
+    (the weights, their gradients and Adam's two moments), before any activation: a lower bound. Sharded over ``n``
+    processes (FSDP), each holds the whole model while it is built, then a share of the rest: ``copies=1 + 3 / n``.
 
     Args:
         build: makes the model (the same call that will build it for real), e.g. ``lambda: GTransformer(...)``.
@@ -204,8 +201,7 @@ def flags_as_saved(saved: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[s
 def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, checks: Mapping[str, Check]) -> None:
     """Stop with a usage error naming the first flag whose value fails its check.
 
-    The error is ``parser.error``'s: a usage message and exit status 2. Flags that are ``None`` (not given, and no
-    preset set them) are not checked.
+    Flags that are ``None`` (not given, and no preset set them) are not checked.
 
     Args:
         parser: the script's parser, which prints the usage message.
@@ -302,9 +298,8 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     """The CPU threads a script should give torch, and why: ``(threads, reason)``.
 
     ``requested`` (a ``--threads`` flag) wins. Otherwise the cores this process may run on, less the ones other
-    programs keep busy right now (measured over a quarter of a second), and at least 1. PyTorch's own default uses
-    every core, and when something else runs on one of them its threads keep waiting for each other (measured by
-    ``benchmarks/threads.py``; examples/README.md, "Threads").
+    programs keep busy right now (measured over a quarter of a second), and at least 1: PyTorch's own default, every
+    core, waits for the cores other programs hold (measured in examples/README.md, "Threads").
 
     Args:
         requested: the thread count the user asked for, or ``None`` to choose. A request above the usable cores is

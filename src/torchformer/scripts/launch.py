@@ -5,15 +5,12 @@ few decisions the example scripts share, so that each script stays a thin user o
 
 * :func:`start_run`: join the processes (or be the only one), seed every process alike (the same initial weights
   everywhere), and keep the standard output of every process but the main one quiet: only rank 0 prints.
-* :func:`seed_each_process`: after the model is built, give each process its own stream of the global random
-  generators (its own dropout masks). Rank 0 keeps the stream it has, so one process runs exactly as before.
+* :func:`seed_each_process`: after the model is built, give each process its own stream of the random generators.
 * :func:`share_batch`: **the batch size is global.** Every process draws the same global batch (from generators
-  seeded alike) and computes its share of the rows: rows ``rank, rank + world_size, ...``. The shares are disjoint,
-  together they are the batch, and they follow from the seed and the rank alone. The loss is summed over a
-  process's rows and divided by ``batch_size / world_size``; averaging the gradients over the processes (what DDP
-  and FSDP2 do) then gives the gradient of the mean loss over the whole batch, as one process computes it. So the
-  same ``-b`` and learning rate take the same steps on any number of processes (up to the rounding of sums), and
-  the learning rate is never scaled.
+  seeded alike) and computes its rows ``rank, rank + world_size, ...``; its loss, summed over them, is divided by
+  ``batch_size / world_size``, so averaging the gradients over the processes (DDP, FSDP2) gives the gradient of the
+  whole batch's mean loss: the same ``-b`` and learning rate take the same steps on any number of processes (up to
+  the rounding of sums), and the learning rate is never scaled (``docs/going-big.md``).
 * :class:`NoLog`: what a process that writes nothing uses in place of a logger.
 
 A batch that does not divide evenly (the last, smaller batch of an IMDb epoch) gives some processes a row fewer;
@@ -52,8 +49,7 @@ def start_run(device: torch.device, *, strategy: str, seed: int, timeout: Option
     Args:
         device: the device the script resolved (``--device``). Under ``torchrun`` on CUDA each process takes
             ``cuda:LOCAL_RANK`` instead (the returned run's ``device``).
-        strategy: ``"ddp"`` or ``"fsdp"`` (checked here, before anything is loaded). On one process both are the
-            plain model.
+        strategy: ``"ddp"`` or ``"fsdp"``, checked here, before anything is loaded (one process: the plain model).
         seed: the same on every process, so that models built next get the same initial weights everywhere.
         timeout: how long a collective waits for the other processes (see :func:`setup_distributed`).
 
@@ -99,8 +95,7 @@ class BatchShare:
         rows: ``(k,)`` long, the indices of the batch rows this process computes.
         real: ``(k,)`` bool, ``False`` for a repeated row that counts for nothing.
         divisor: what the loss summed over the process's rows is divided by: ``batch_size / world_size``.
-        whole: the share is the whole batch, in order (one process): :meth:`take` and :meth:`targets` return
-            their input, with nothing to gather or copy.
+        whole: the share is the whole batch in order (one process): :meth:`take` and :meth:`targets` return their input.
     """
 
     rows: Tensor
@@ -115,8 +110,7 @@ class BatchShare:
             batch: the global batch ``(batch_size, ...)``, the same on every process.
 
         Returns:
-            The rows ``(k, ...)``; ``batch`` itself for one process (no gather, and no index copied to the device
-            on every step).
+            The rows ``(k, ...)``; ``batch`` itself when :attr:`whole` (no index copied to the device every step).
         """
         return batch if self.whole else batch[self.rows.to(batch.device)]
 
