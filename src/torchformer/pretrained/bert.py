@@ -228,9 +228,6 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (``architectures``
         names it), the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's
         fields, and ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
-
-    Raises:
-        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -312,10 +309,6 @@ def config_to_huggingface(model: Model) -> dict[str, Any]:
         classifier: ``id2label`` names its classes ``LABEL_0``, ...; ``problem_type`` is single-label
         classification). A model without token types (``num_token_types=None``) is written with ``type_vocab_size``
         1, whose one vector is zero: the same function.
-
-    Raises:
-        ValueError: the model is a subclass, or its config has fields that do not map; the message names each, with
-            its value.
     """
     config = model.config
     classifier = isinstance(model, CTransformer)
@@ -447,10 +440,6 @@ def load_weights(model: Model, reader: WeightReader) -> None:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
             values unset).
         reader: the folder's tensors (:class:`~torchformer.pretrained.folders.WeightReader`).
-
-    Raises:
-        ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
-            tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
     classifier = isinstance(model, CTransformer)
     prefix = PREFIX if classifier else stored_prefix(reader)

@@ -124,10 +124,6 @@ class WeightReader:
 
     Args:
         folder: the model folder (:func:`weight_files` finds the files).
-
-    Raises:
-        FileNotFoundError: the folder holds no weights.
-        ValueError: an index file is malformed, or a ``.bin`` file is not a dict of tensors.
     """
 
     def __init__(self, folder: PathLike) -> None:
@@ -358,11 +354,6 @@ def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Te
 
     Returns:
         The folder, as a :class:`pathlib.Path`.
-
-    Raises:
-        TypeError: ``folder`` is not a path.
-        NotADirectoryError: ``folder`` is an existing file.
-        ImportError: the ``safetensors`` package is missing.
     """
     folder = check_path(folder, "folder")
     if folder.exists() and not folder.is_dir():
