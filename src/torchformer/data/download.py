@@ -204,10 +204,6 @@ def verify(
             raise ChecksumError(path, algorithm, value, received, advice)
 
 
-def _default_opener(url: str) -> BinaryIO:
-    return urllib.request.urlopen(url, timeout=60)
-
-
 def _declared_size(response: object) -> Optional[int]:
     """The Content-Length the server announced, if any (HTTP responses and file:// URLs have one)."""
     headers = getattr(response, "headers", None)
@@ -289,7 +285,7 @@ def download(
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                response = (opener or _default_opener)(url)
+                response = opener(url) if opener else urllib.request.urlopen(url, timeout=60)
             except Exception as err:
                 raise OSError(f"could not open {url}: {err}. {manual}") from err
             if not callable(getattr(response, "read", None)):

@@ -38,12 +38,11 @@ from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     ChecksumError,
     DataFileError,
+    PathLike,
     default_root,
     is_damaged_data,
 )
 from torchformer.data.download import download as _download
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"  # md5 of the raw 100,000,000-byte file
@@ -240,12 +239,6 @@ def _load_cached(path: pathlib.Path, *, expected_size: int, md5: Optional[str], 
     return data
 
 
-def _reason(err: Exception) -> str:
-    if isinstance(err, ChecksumError):
-        return f"{err.algorithm} mismatch: expected {err.expected}, got {err.received}"
-    return err.problem if isinstance(err, DataFileError) else str(err)
-
-
 def _from_cache(
     root: pathlib.Path, *, download: bool, expected_size: int, md5: Optional[str], url: str, opener, progress: bool
 ) -> tuple[Tensor, pathlib.Path]:
@@ -268,8 +261,9 @@ def _from_cache(
         except (DataFileError, ChecksumError) as err:
             if not download:
                 raise
-            warnings.warn(f"{candidate} is not a usable copy of enwik8 ({_reason(err)}). Downloading it again.",
-                          stacklevel=3)
+            reason = err.problem if isinstance(err, DataFileError) else (
+                f"{err.algorithm} mismatch: expected {err.expected}, got {err.received}")
+            warnings.warn(f"{candidate} is not a usable copy of enwik8 ({reason}). Downloading it again.", stacklevel=3)
             candidate.unlink()
     if not download:
         raise FileNotFoundError(
