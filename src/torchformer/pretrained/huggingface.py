@@ -107,8 +107,8 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
         raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer, a "
                         f"Seq2SeqTransformer), got {type(target).__name__}")
     if not any(isinstance(target, family.MODELS) for family in EXPORTS):
-        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {family.__name__.split('.')[-1]}"
-                           for family in EXPORTS)
+        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto "
+                           f"{family.__name__.split('.')[-1]}" for family in EXPORTS)
         raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
                          f"{writes}")
     family = next((family for family in EXPORTS if isinstance(target, family.MODELS) and family.describes(target)),

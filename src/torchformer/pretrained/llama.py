@@ -150,8 +150,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     kv_heads = get("num_key_value_heads")
     try:
         return TransformerConfig(
-            emb=emb, heads=heads, head_dim=head_dim, depth=get("num_hidden_layers"), seq_length=get("max_position_embeddings"),
-            num_tokens=get("vocab_size"), kv_heads=None if kv_heads in (None, heads) else kv_heads,
+            emb=emb, heads=heads, head_dim=head_dim, depth=get("num_hidden_layers"),
+            seq_length=get("max_position_embeddings"), num_tokens=get("vocab_size"),
+            kv_heads=None if kv_heads in (None, heads) else kv_heads,
             ff_hidden=get("intermediate_size"), prenorm=True, norm="rms", norm_eps=get("rms_norm_eps"),
             activation="swiglu", positions="rotary", rotary_base=base, rotary_scaling=scaling,
             window=get("sliding_window") if kind == "mistral" else None, dropout=get("attention_dropout") or 0.0,
