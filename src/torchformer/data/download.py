@@ -184,15 +184,14 @@ def verify(
     """Raise :class:`ChecksumError` unless the file at ``path`` has the given size and digest(s).
 
     The size is checked first: it costs nothing, while a digest reads the whole file. With no ``size``, ``sha256``
-    or ``md5`` there is nothing to check and the call does nothing. ``advice`` replaces the error's default
-    advice (say how *this* file is repaired).
+    or ``md5`` there is nothing to check and the call does nothing.
 
     Args:
         path: the file.
         sha256: the expected SHA-256 hex digest, or ``None``.
         md5: the expected MD5 hex digest, or ``None``.
         size: the expected size in bytes, or ``None``.
-        advice: replaces the error's default advice.
+        advice: replaces the error's default advice (say how *this* file is repaired).
     """
     expected = expected_digests(sha256, md5)
     _check_size(size)

@@ -1,9 +1,8 @@
 """enwik8: the first 100 million bytes of English Wikipedia, for byte-level language modelling.
 
-enwik8 (from the Hutter Prize, http://mattmahoney.net/dc/textdata.html) is raw XML with wiki
-markup, modelled one byte at a time: the vocabulary is the 256 byte values, so there is no
-tokenizer. The standard protocol splits it into the first 90M bytes for training and the next
-5M + 5M for validation and test, and reports bits per byte on the test split.
+enwik8 (from the Hutter Prize, http://mattmahoney.net/dc/textdata.html) is raw XML with wiki markup, modelled one byte
+at a time: the vocabulary is the 256 byte values, so there is no tokenizer. The standard protocol splits it into the
+first 90M bytes for training and the next 5M + 5M for validation and test, and reports bits per byte on the test split.
 
 :func:`enwik8` reads the file (raw, ``.gz``, or the official ``enwik8.zip``) into three ``uint8``
 tensors. Any other byte file works too (it is split 90/5/5 percent, with a warning that it is
@@ -83,10 +82,9 @@ def _zip_member(archive: zipfile.ZipFile, path: PathLike) -> zipfile.ZipInfo:
 def load_text_bytes(path: PathLike) -> Tensor:
     """Read every byte of a file into a 1-D ``torch.uint8`` tensor.
 
-    Gzip and zip files are recognised by their first bytes (not their names) and decompressed;
-    a zip must hold a member named ``enwik8`` or a single file. A damaged or truncated gzip or zip
-    raises :class:`~torchformer.data.download.DataFileError` naming the file, and so does a file
-    named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
+    Gzip and zip files are recognised by their first bytes (not their names) and decompressed; a zip must hold a
+    member named ``enwik8`` or a single file. A damaged or truncated one is a DataFileError (the module's docstring),
+    and so is a file named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
     otherwise be read as text).
 
     Args:
@@ -151,11 +149,7 @@ def _check_splits(splits: object) -> tuple:
 
 
 def _split(data: Tensor, splits: Sequence[float], source: object) -> tuple[Tensor, Tensor, Tensor]:
-    """Cut ``data`` (read from ``source``) into three consecutive pieces sized by ``splits``.
-
-    If ``splits`` are whole numbers that sum to ``len(data)`` they are byte counts; otherwise they are
-    relative sizes (so (90M, 5M, 5M) means 90/5/5 percent of a file of another length).
-    """
+    """Cut ``data`` (read from ``source``) into three consecutive pieces sized by ``splits`` (see :func:`enwik8`)."""
     splits = _check_splits(splits)
     n = len(data)
     total = sum(splits)

@@ -222,12 +222,10 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         hf: the JSON object of ``config.json`` (``model_type`` ``"bert"``); fields left out mean :data:`DEFAULTS`.
 
     Returns:
-        The config of the equal :class:`~torchformer.models.MLMTransformer`: ``num_token_types``,
-        ``embedding_norm``, ``qkv_bias``, ``activation="gelu"``, ``norm_eps`` and ``mlm_scale=False``. ``dropout``
-        is the two dropouts' common value (they act in training only; torchformer also drops inside the
-        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (``architectures``
-        names it), the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's
-        fields, and ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
+        The config of the equal :class:`~torchformer.models.MLMTransformer`, or for ``BertForSequenceClassification``
+        (``architectures`` names it) :class:`~torchformer.models.CTransformer` (their fields: the module's docstring).
+        ``dropout`` is the two dropouts' common value (they act in training only; torchformer also drops inside the
+        feed-forward network, where BERT does not).
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -433,8 +431,6 @@ def stored_name(reader: WeightReader, name: str) -> str:
 
 def load_weights(model: Model, reader: WeightReader) -> None:
     """Copy BERT's tensors into ``model``'s parameters, one tensor at a time, every name and shape checked.
-
-    A CTransformer reads ``BertForSequenceClassification``'s tensors: the encoder, the pooler and the linear layer.
 
     Args:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
