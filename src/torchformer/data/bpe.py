@@ -171,16 +171,13 @@ class BPETokenizer:
         return cls(tokenizer, lowercase=lowercase)
 
     def normalize(self, text: str) -> str:
-        """What the tokenizer encodes of ``text``, so that ``decode(encode(text)) == normalize(text)``.
-
-        ``<br />`` becomes a space, and the text is lower-cased (unless the tokenizer was built with
-        ``lowercase=False``).
+        """``text`` as it is encoded: ``<br />`` a space, lower-cased unless built with ``lowercase=False``.
 
         Args:
             text: one text.
 
         Returns:
-            The normalised text.
+            The normalised text: ``decode(encode(text)) == normalize(text)``.
         """
         return _normalize(check_text(text), self.lowercase)
 

@@ -184,15 +184,14 @@ def verify(
     """Raise :class:`ChecksumError` unless the file at ``path`` has the given size and digest(s).
 
     The size is checked first: it costs nothing, while a digest reads the whole file. With no ``size``, ``sha256``
-    or ``md5`` there is nothing to check and the call does nothing. ``advice`` replaces the error's default
-    advice (say how *this* file is repaired).
+    or ``md5`` there is nothing to check and the call does nothing.
 
     Args:
         path: the file.
         sha256: the expected SHA-256 hex digest, or ``None``.
         md5: the expected MD5 hex digest, or ``None``.
         size: the expected size in bytes, or ``None``.
-        advice: replaces the error's default advice.
+        advice: replaces the error's default advice (say how *this* file is repaired).
     """
     expected = expected_digests(sha256, md5)
     _check_size(size)
@@ -202,10 +201,6 @@ def verify(
     for algorithm, value in expected.items():
         if (received := file_digest(path, algorithm)) != value:
             raise ChecksumError(path, algorithm, value, received, advice)
-
-
-def _default_opener(url: str) -> BinaryIO:
-    return urllib.request.urlopen(url, timeout=60)
 
 
 def _declared_size(response: object) -> Optional[int]:
@@ -289,7 +284,7 @@ def download(
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                response = (opener or _default_opener)(url)
+                response = opener(url) if opener else urllib.request.urlopen(url, timeout=60)
             except Exception as err:
                 raise OSError(f"could not open {url}: {err}. {manual}") from err
             if not callable(getattr(response, "read", None)):

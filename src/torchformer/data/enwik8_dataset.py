@@ -1,9 +1,8 @@
 """enwik8: the first 100 million bytes of English Wikipedia, for byte-level language modelling.
 
-enwik8 (from the Hutter Prize, http://mattmahoney.net/dc/textdata.html) is raw XML with wiki
-markup, modelled one byte at a time: the vocabulary is the 256 byte values, so there is no
-tokenizer. The standard protocol splits it into the first 90M bytes for training and the next
-5M + 5M for validation and test, and reports bits per byte on the test split.
+enwik8 (from the Hutter Prize, http://mattmahoney.net/dc/textdata.html) is raw XML with wiki markup, modelled one byte
+at a time: the vocabulary is the 256 byte values, so there is no tokenizer. The standard protocol splits it into the
+first 90M bytes for training and the next 5M + 5M for validation and test, and reports bits per byte on the test split.
 
 :func:`enwik8` reads the file (raw, ``.gz``, or the official ``enwik8.zip``) into three ``uint8``
 tensors. Any other byte file works too (it is split 90/5/5 percent, with a warning that it is
@@ -38,12 +37,11 @@ from torchformer.data.download import (
     DAMAGED_DATA_ERRORS,
     ChecksumError,
     DataFileError,
+    PathLike,
     default_root,
     is_damaged_data,
 )
 from torchformer.data.download import download as _download
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"  # md5 of the raw 100,000,000-byte file
@@ -84,10 +82,9 @@ def _zip_member(archive: zipfile.ZipFile, path: PathLike) -> zipfile.ZipInfo:
 def load_text_bytes(path: PathLike) -> Tensor:
     """Read every byte of a file into a 1-D ``torch.uint8`` tensor.
 
-    Gzip and zip files are recognised by their first bytes (not their names) and decompressed;
-    a zip must hold a member named ``enwik8`` or a single file. A damaged or truncated gzip or zip
-    raises :class:`~torchformer.data.download.DataFileError` naming the file, and so does a file
-    named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
+    Gzip and zip files are recognised by their first bytes (not their names) and decompressed; a zip must hold a
+    member named ``enwik8`` or a single file. A damaged or truncated one is a DataFileError (the module's docstring),
+    and so is a file named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
     otherwise be read as text).
 
     Args:
@@ -152,11 +149,7 @@ def _check_splits(splits: object) -> tuple:
 
 
 def _split(data: Tensor, splits: Sequence[float], source: object) -> tuple[Tensor, Tensor, Tensor]:
-    """Cut ``data`` (read from ``source``) into three consecutive pieces sized by ``splits``.
-
-    If ``splits`` are whole numbers that sum to ``len(data)`` they are byte counts; otherwise they are
-    relative sizes (so (90M, 5M, 5M) means 90/5/5 percent of a file of another length).
-    """
+    """Cut ``data`` (read from ``source``) into three consecutive pieces sized by ``splits`` (see :func:`enwik8`)."""
     splits = _check_splits(splits)
     n = len(data)
     total = sum(splits)
@@ -240,12 +233,6 @@ def _load_cached(path: pathlib.Path, *, expected_size: int, md5: Optional[str], 
     return data
 
 
-def _reason(err: Exception) -> str:
-    if isinstance(err, ChecksumError):
-        return f"{err.algorithm} mismatch: expected {err.expected}, got {err.received}"
-    return err.problem if isinstance(err, DataFileError) else str(err)
-
-
 def _from_cache(
     root: pathlib.Path, *, download: bool, expected_size: int, md5: Optional[str], url: str, opener, progress: bool
 ) -> tuple[Tensor, pathlib.Path]:
@@ -268,8 +255,9 @@ def _from_cache(
         except (DataFileError, ChecksumError) as err:
             if not download:
                 raise
-            warnings.warn(f"{candidate} is not a usable copy of enwik8 ({_reason(err)}). Downloading it again.",
-                          stacklevel=3)
+            reason = err.problem if isinstance(err, DataFileError) else (
+                f"{err.algorithm} mismatch: expected {err.expected}, got {err.received}")
+            warnings.warn(f"{candidate} is not a usable copy of enwik8 ({reason}). Downloading it again.", stacklevel=3)
             candidate.unlink()
     if not download:
         raise FileNotFoundError(

@@ -16,7 +16,9 @@ All three save to a ``state_dict()`` of plain lists, strings and ints, which sur
 
 Wrong types fail at the door with a TypeError that names the argument: ``encode`` takes one text (a ``str``; the
 byte tokenizer also takes ``bytes``, which already are its tokens), ``decode`` takes a sequence of ints (a list, a
-1-D integer tensor or array).
+1-D integer tensor or array). Wrong values (an id out of range, a ``max_length`` below 1, a ``vocab_size`` too small,
+another kind's state) are a ValueError that names them; a BPE tokenizer without the ``tokenizers`` package an
+ImportError.
 """
 
 from __future__ import annotations
@@ -92,10 +94,6 @@ class WordTokenizer:
 
         Returns:
             The tokenizer, its words ranked by frequency in ``texts`` (ties alphabetically).
-
-        Raises:
-            TypeError: ``texts`` is a single string, or holds something other than strings.
-            ValueError: ``vocab_size`` is not an int of at least 2.
         """
         if not is_int(vocab_size) or vocab_size < 2:
             raise ValueError(f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}")
@@ -117,9 +115,6 @@ class WordTokenizer:
         Returns:
             The tokens in order: words (runs of letters and digits, with inner apostrophes as in ``"don't"``) and
             single punctuation marks, in the vocabulary or not (:meth:`encode` maps those it lacks to ``<unk>``).
-
-        Raises:
-            TypeError: ``text`` is not a ``str``.
         """
         return _words(check_text(text))
 
@@ -135,10 +130,6 @@ class WordTokenizer:
 
         Returns:
             The ids, one per token of :meth:`tokenize`, each in ``[1, len(self))``.
-
-        Raises:
-            TypeError: ``text`` is not a ``str``.
-            ValueError: ``max_length`` is neither a positive int nor ``None``.
         """
         check_text(text)
         check_max_length(max_length)
@@ -155,10 +146,6 @@ class WordTokenizer:
 
         Returns:
             The text.
-
-        Raises:
-            TypeError: ``ids`` is not a sequence of ints.
-            ValueError: an id is outside ``[0, len(self))``.
         """
         return " ".join(self._id_to_token[i] for i in check_ids(ids, len(self)) if i != self.PAD)
 
@@ -186,11 +173,6 @@ class WordTokenizer:
 
         Returns:
             The tokenizer, encoding exactly as the one that wrote ``state``.
-
-        Raises:
-            TypeError: ``state`` is not a dict, or its ``"vocab"`` is not a sequence of strings.
-            ValueError: ``state`` is another kind's, has no ``"vocab"``, or a vocabulary that does not start with
-                ``<pad>``, ``<unk>`` or repeats a token.
         """
         check_state(state, "word")
         if "vocab" not in state:
@@ -216,16 +198,11 @@ class ByteTokenizer:
         as U+FFFD).
 
         Args:
-            text: one text, or its bytes.
+            text: one text (a lone surrogate, which has no UTF-8 bytes, is a ValueError), or its bytes.
             max_length: keep the first ``max_length`` ids (bytes); ``None`` keeps them all.
 
         Returns:
             The ids, one per byte, each in ``[1, 257)``.
-
-        Raises:
-            TypeError: ``text`` is neither a ``str`` nor bytes.
-            ValueError: ``text`` holds a lone surrogate (no UTF-8 bytes), or ``max_length`` is neither a positive
-                int nor ``None``.
         """
         if isinstance(text, str):
             try:
@@ -250,10 +227,6 @@ class ByteTokenizer:
 
         Returns:
             The text the bytes spell in UTF-8.
-
-        Raises:
-            TypeError: ``ids`` is not a sequence of ints.
-            ValueError: an id is outside ``[0, 257)``.
         """
         return bytes(i - 1 for i in check_ids(ids, 257) if i != self.PAD).decode("utf-8", errors="replace")
 
@@ -280,10 +253,6 @@ class ByteTokenizer:
 
         Returns:
             A new :class:`ByteTokenizer` (they are all alike).
-
-        Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: ``state`` is another kind's.
         """
         check_state(state, "byte")
         return cls()
@@ -299,11 +268,6 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
         The tokenizer, of the class ``state["kind"]`` names: :class:`WordTokenizer` (``"word"``),
         :class:`ByteTokenizer` (``"byte"``) or :class:`~torchformer.data.bpe.BPETokenizer` (``"bpe"``, which needs
         the ``tokenizers`` package: ``pip install "torchformer[bpe]"``).
-
-    Raises:
-        TypeError: ``state`` is not a dict.
-        ValueError: ``state["kind"]`` is none of these, or the state is not valid for its class.
-        ImportError: ``state`` is a BPE tokenizer's and the ``tokenizers`` package is missing.
     """
     classes = {"word": WordTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
     if not isinstance(state, dict):
@@ -332,11 +296,6 @@ def build_tokenizer(
 
     Returns:
         the tokenizer.
-
-    Raises:
-        ValueError: ``kind`` is not one of the three, or ``vocab_size`` is too small for it.
-        TypeError: ``texts`` is a single string instead of a sequence of them.
-        ImportError: ``"bpe"`` without the ``tokenizers`` package (``pip install "torchformer[bpe]"``).
     """
     if kind == "word":
         return WordTokenizer.build(texts, vocab_size)

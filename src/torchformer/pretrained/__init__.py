@@ -1,11 +1,13 @@
 """Pretrained models: a folder in the Hugging Face layout in, a torchformer model out, and back.
 
-* :func:`~torchformer.pretrained.huggingface.from_huggingface` reads a folder that ``save_pretrained`` wrote (or ``huggingface-cli download gpt2
-  --local-dir gpt2`` fetched): ``config.json`` says the family (``model_type``), the family's module maps its
-  config onto a :class:`~torchformer.config.TransformerConfig` and its tensors onto the model's parameters.
-* :func:`~torchformer.pretrained.huggingface.to_huggingface` writes a torchformer model as such a folder, ``config.json`` and ``model.safetensors``,
-  which ``transformers``' matching ``Auto`` class (``AutoModelForCausalLM``, ``AutoModelForMaskedLM``,
-  ``AutoModelForSequenceClassification``, ``AutoModelForSeq2SeqLM``) loads into the equal model.
+* :func:`~torchformer.pretrained.huggingface.from_huggingface` reads a folder that ``save_pretrained`` wrote (or
+  ``huggingface-cli download gpt2 --local-dir gpt2`` fetched): ``config.json`` says the family (``model_type``), the
+  family's module maps its config onto a :class:`~torchformer.config.TransformerConfig` and its tensors onto the model's
+  parameters.
+* :func:`~torchformer.pretrained.huggingface.to_huggingface` writes a torchformer model as such a folder,
+  ``config.json`` and ``model.safetensors``, which ``transformers``' matching ``Auto`` class (``AutoModelForCausalLM``,
+  ``AutoModelForMaskedLM``, ``AutoModelForSequenceClassification``, ``AutoModelForSeq2SeqLM``) loads into the equal
+  model.
 * :class:`~torchformer.pretrained.tokenizer.HuggingFaceTokenizer` runs a folder's ``tokenizer.json``.
 
 The two functions live in :mod:`~torchformer.pretrained.huggingface`. One module per family:

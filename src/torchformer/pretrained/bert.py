@@ -222,15 +222,10 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         hf: the JSON object of ``config.json`` (``model_type`` ``"bert"``); fields left out mean :data:`DEFAULTS`.
 
     Returns:
-        The config of the equal :class:`~torchformer.models.MLMTransformer`: ``num_token_types``,
-        ``embedding_norm``, ``qkv_bias``, ``activation="gelu"``, ``norm_eps`` and ``mlm_scale=False``. ``dropout``
-        is the two dropouts' common value (they act in training only; torchformer also drops inside the
-        feed-forward network, where BERT does not). For ``BertForSequenceClassification`` (``architectures``
-        names it), the config of the equal :class:`~torchformer.models.CTransformer` instead: the same encoder's
-        fields, and ``num_classes`` (``num_labels``), ``pool="first"`` and ``pooler=True``.
-
-    Raises:
-        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
+        The config of the equal :class:`~torchformer.models.MLMTransformer`, or for ``BertForSequenceClassification``
+        (``architectures`` names it) :class:`~torchformer.models.CTransformer` (their fields: the module's docstring).
+        ``dropout`` is the two dropouts' common value (they act in training only; torchformer also drops inside the
+        feed-forward network, where BERT does not).
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -312,10 +307,6 @@ def config_to_huggingface(model: Model) -> dict[str, Any]:
         classifier: ``id2label`` names its classes ``LABEL_0``, ...; ``problem_type`` is single-label
         classification). A model without token types (``num_token_types=None``) is written with ``type_vocab_size``
         1, whose one vector is zero: the same function.
-
-    Raises:
-        ValueError: the model is a subclass, or its config has fields that do not map; the message names each, with
-            its value.
     """
     config = model.config
     classifier = isinstance(model, CTransformer)
@@ -441,16 +432,10 @@ def stored_name(reader: WeightReader, name: str) -> str:
 def load_weights(model: Model, reader: WeightReader) -> None:
     """Copy BERT's tensors into ``model``'s parameters, one tensor at a time, every name and shape checked.
 
-    A CTransformer reads ``BertForSequenceClassification``'s tensors: the encoder, the pooler and the linear layer.
-
     Args:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
             values unset).
         reader: the folder's tensors (:class:`~torchformer.pretrained.folders.WeightReader`).
-
-    Raises:
-        ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
-            tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
     classifier = isinstance(model, CTransformer)
     prefix = PREFIX if classifier else stored_prefix(reader)

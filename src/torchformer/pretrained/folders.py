@@ -13,10 +13,10 @@ layouts, looked for in this order:
 
 :class:`WeightReader` reads one tensor at a time, when it is asked for. A safetensors file is a JSON header (each
 tensor's dtype, shape and byte range) and the tensors' bytes: the header is read once, and a tensor's bytes are read
-from the file straight into the model's parameter when the two agree in dtype and layout (:meth:`WeightReader.copy_into`),
-else into a tensor of their own that the caller converts and drops before the next. A ``.bin`` file is mapped by
-``torch.load(mmap=True)``. So loading never holds two copies of the weights; from safetensors, not even the pages of a
-mapped file (``benchmarks/load_pretrained.py`` measures the peak memory).
+from the file straight into the model's parameter when the two agree in dtype and layout
+(:meth:`WeightReader.copy_into`), else into a tensor of their own that the caller converts and drops before the next. A
+``.bin`` file is mapped by ``torch.load(mmap=True)``. So loading never holds two copies of the weights; from
+safetensors, not even the pages of a mapped file (``benchmarks/load_pretrained.py`` measures the peak memory).
 
 Nothing here imports ``transformers`` or ``safetensors``: the format is plain files (writing a folder uses
 ``safetensors``, ``pip install "torchformer[safetensors]"``).
@@ -124,10 +124,6 @@ class WeightReader:
 
     Args:
         folder: the model folder (:func:`weight_files` finds the files).
-
-    Raises:
-        FileNotFoundError: the folder holds no weights.
-        ValueError: an index file is malformed, or a ``.bin`` file is not a dict of tensors.
     """
 
     def __init__(self, folder: PathLike) -> None:
@@ -358,11 +354,6 @@ def write_folder(folder: PathLike, config: dict[str, Any], tensors: dict[str, Te
 
     Returns:
         The folder, as a :class:`pathlib.Path`.
-
-    Raises:
-        TypeError: ``folder`` is not a path.
-        NotADirectoryError: ``folder`` is an existing file.
-        ImportError: the ``safetensors`` package is missing.
     """
     folder = check_path(folder, "folder")
     if folder.exists() and not folder.is_dir():

@@ -3,8 +3,12 @@
 :func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one, each through the family's module that
 ``config.json``'s ``model_type`` (or the model's class) picks. Every family module has the same functions
 (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``, ``export_weights``) and
-names the models it writes (``MODELS``), so nothing here knows a family's details. See :mod:`torchformer.pretrained`
-for the whole picture.
+names the models it writes (``MODELS``), so nothing here knows a family's details. Their errors are alike, said here
+once: the two config functions raise a ValueError naming each field that does not map, with its value (and
+``config_to_huggingface`` refuses a subclass: a variant computes something else); ``load_weights`` one naming the
+tensor that is missing, left over, of another shape than the config gives, or a stored copy of a tied tensor that
+differs from it.
+See :mod:`torchformer.pretrained` for the whole picture.
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ def from_huggingface(
 ) -> TransformerModel:
     """The torchformer model equal to the one in ``folder`` (Hugging Face layout), in ``eval()`` mode.
 
-    The model is built on the meta device (no random initialisation, no memory), then given empty memory on
-    ``device`` in ``dtype``, and the tensors are read in one at a time (from safetensors straight into the
-    parameters where dtype and layout agree; a ``.bin`` file memory-mapped): loading never holds two full copies
-    of the weights. The global random generators are not touched.
+    Loading never holds two full copies of the weights and leaves the global random generators as they were: the
+    model is built without initialising it (:mod:`~torchformer.pretrained.building`), then filled one tensor at a
+    time (:mod:`~torchformer.pretrained.folders`).
 
     Args:
         folder: a folder with ``config.json`` and the weights in a layout :mod:`~torchformer.pretrained.folders`
@@ -78,14 +81,9 @@ def from_huggingface(
 def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
     """Write ``model`` as a Hugging Face folder: ``config.json`` and ``model.safetensors``.
 
-    ``transformers`` loads the folder with the matching ``Auto`` class into the equal model: a
-    :class:`~torchformer.models.GTransformer` as GPT-2 (``AutoModelForCausalLM``, ``GPT2LMHeadModel``) or, with
-    rotary positions and RMSNorm, as Llama (``LlamaForCausalLM``; Mistral with a ``window``), an
-    :class:`~torchformer.models.MLMTransformer` as BERT (``AutoModelForMaskedLM``, ``BertForMaskedLM``), a
-    :class:`~torchformer.models.CTransformer` as BERT's classifier (``AutoModelForSequenceClassification``,
-    ``BertForSequenceClassification``), a :class:`~torchformer.models.Seq2SeqTransformer` as T5 (``AutoModelForSeq2SeqLM``,
-    ``T5ForConditionalGeneration``). The weights keep their dtype; the folder is created if needed, and each file
-    is replaced atomically.
+    ``transformers`` loads the folder with the matching ``Auto`` class into the equal model (each model's family:
+    :mod:`torchformer.pretrained`; a GTransformer with rotary positions and RMSNorm is written as Llama, Mistral with
+    a ``window``). The weights keep their dtype; the folder is created if needed, and each file is replaced atomically.
 
     Args:
         model: a model whose config maps onto its family: the family's ``config_to_huggingface`` names every field
@@ -109,8 +107,8 @@ def to_huggingface(model: torch.nn.Module, folder: PathLike) -> Path:
         raise TypeError(f"model must be a torchformer model (a GTransformer, an MLMTransformer, a "
                         f"Seq2SeqTransformer), got {type(target).__name__}")
     if not any(isinstance(target, family.MODELS) for family in EXPORTS):
-        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto {family.__name__.split('.')[-1]}"
-                           for family in EXPORTS)
+        writes = "; ".join(f"{', '.join(cls.__name__ for cls in family.MODELS)} maps onto "
+                           f"{family.__name__.split('.')[-1]}" for family in EXPORTS)
         raise ValueError(f"to_huggingface: a {type(target).__name__} does not map onto a Hugging Face family yet; "
                          f"{writes}")
     family = next((family for family in EXPORTS if isinstance(target, family.MODELS) and family.describes(target)),

@@ -120,9 +120,6 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
     Returns:
         The config of the equal :class:`~torchformer.models.GTransformer`.
-
-    Raises:
-        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     kind = hf["model_type"]
     get = {**DEFAULTS[kind], **hf}.get
@@ -153,8 +150,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
     kv_heads = get("num_key_value_heads")
     try:
         return TransformerConfig(
-            emb=emb, heads=heads, head_dim=head_dim, depth=get("num_hidden_layers"), seq_length=get("max_position_embeddings"),
-            num_tokens=get("vocab_size"), kv_heads=None if kv_heads in (None, heads) else kv_heads,
+            emb=emb, heads=heads, head_dim=head_dim, depth=get("num_hidden_layers"),
+            seq_length=get("max_position_embeddings"), num_tokens=get("vocab_size"),
+            kv_heads=None if kv_heads in (None, heads) else kv_heads,
             ff_hidden=get("intermediate_size"), prenorm=True, norm="rms", norm_eps=get("rms_norm_eps"),
             activation="swiglu", positions="rotary", rotary_base=base, rotary_scaling=scaling,
             window=get("sliding_window") if kind == "mistral" else None, dropout=get("attention_dropout") or 0.0,
@@ -184,9 +182,6 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
 
     Returns:
         The JSON object of ``config.json``, for ``LlamaForCausalLM`` or ``MistralForCausalLM``.
-
-    Raises:
-        ValueError: the model is a subclass, or config fields do not map; the message names each, with its value.
     """
     config = model.config
     if type(model) is not GTransformer:
@@ -269,10 +264,6 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     Args:
         model: the GTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
         reader: the folder's tensors.
-
-    Raises:
-        ValueError: a tensor is missing, left over, or of another shape than the config says; ``lm_head.weight``
-            is stored although tied and differs from the token embedding.
     """
     names = set(reader.names())
     params = dict(model.named_parameters())  # a tied weight once, under the embedding's name

@@ -80,9 +80,6 @@ class HuggingFaceTokenizer:
 
         Returns:
             The ids, a list of ints.
-
-        Raises:
-            TypeError: ``text`` is not a str.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
