@@ -126,8 +126,9 @@ class TransformerConfig:
         ff_mult: hidden size of the feed-forward network, as a multiple of ``emb``.
         activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (GELU's tanh
             approximation, GPT-2's ``gelu_new``), ``"relu2"`` (ReLU squared), or a gated linear unit, ``"swiglu"``,
-            ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as T5 v1.1 and flan-T5), with 2/3
-            of the hidden size (``ff_hidden``), so that the parameter count stays about the same.
+            ``"geglu"`` or ``"geglu_tanh"`` (its gate GELU's tanh approximation, as T5 v1.1 and flan-T5), whose
+            hidden size is 2/3 of ``ff_mult * emb`` unless ``ff_hidden`` is set, so the parameter count stays about
+            the same.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) in the blocks and at the end of a pre-norm stack.
         kv_heads: heads of keys and values (grouped-query attention): ``None`` means ``heads``; 1 is multi-query
             attention. Must divide ``heads``.

@@ -190,7 +190,8 @@ class TransformerModel(nn.Module):
     """What every torchformer model shares: it is built from, and keeps, a :class:`TransformerConfig`.
 
     ``model.config`` is plain data; checkpoints and exported folders store it (:mod:`torchformer.saving`), so
-    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone (:mod:`torchformer.config`).
+    :func:`~torchformer.train.loading.load_model` rebuilds the model from its file alone, and loading the weights of
+    another architecture is an error naming the differing fields.
 
     ``model.check_values`` (default ``True``) says whether ``forward`` also reads its inputs' *values* to check
     them: token ids in range, positions in range and consecutive, ``pool="first"``'s mask at position 0. On a GPU
@@ -245,7 +246,8 @@ class TransformerModel(nn.Module):
         from its file without naming its class (``load_model(path)`` finds it in the imported module).
 
         Returns:
-            ``f"{cls.__module__}:{cls.__qualname__}"``, with ``pkg.mod`` for ``__main__`` when run so.
+            ``f"{cls.__module__}:{cls.__qualname__}"``, with ``pkg.mod`` for ``__main__`` when run as
+            ``python -m pkg.mod`` (the name other programs import it by).
         """
         module = cls.__module__
         if module == "__main__":  # python -m pkg.mod: the script is importable as pkg.mod elsewhere
@@ -551,9 +553,10 @@ class GTransformer(TransformerModel):
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
 
-        A cache remembers which of its slots are padding (``mask``). With ``shift`` (see the class docstring), row
-        ``r``'s tokens have positions ``positions - shift[r]`` in the position embedding; attention keeps the slots
-        ``positions``: the schemes inside attention see only distances, which a shift leaves alone.
+        ``mask`` ``(b, t)``, True at real tokens: padding is not attended to (a cache remembers which of its slots
+        are padding). With ``shift`` ``(b,)`` (see the class docstring), row ``r``'s tokens have positions
+        ``positions - shift[r]`` in the position embedding; attention keeps the slots ``positions``: the schemes
+        inside attention see only distances, which a shift leaves alone.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         if mask is not None:
@@ -790,5 +793,5 @@ class Seq2SeqTransformer(TransformerModel):
 
 
 # The classes a checkpoint can name (load_model rebuilds them from their config); pass others explicitly.
-MODEL_CLASSES: dict[str, type[TransformerModel]] = {cls.__name__: cls for cls in (CTransformer, GTransformer,
-                                                                                  Seq2SeqTransformer, MLMTransformer)}
+MODEL_CLASSES: dict[str, type[TransformerModel]] = {
+    cls.__name__: cls for cls in (CTransformer, GTransformer, Seq2SeqTransformer, MLMTransformer)}

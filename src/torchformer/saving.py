@@ -279,7 +279,8 @@ def _find_model_class(saved: str, saved_path: object, where: object) -> type[Tra
     ``evil.py`` beside a downloaded folder) would run its code. Import the module that defines your variant first,
     as you import the class to train it; a script's classes are in ``__main__``, which is always imported.
     """
-    how = f"import the module that defines it first, or pass the class: load_model(path, classes={{{saved!r}: {saved}}})"
+    how = (f"import the module that defines it first, or pass the class: "
+           f"load_model(path, classes={{{saved!r}: {saved}}})")
     module_name, _, qualname = saved_path.partition(":") if isinstance(saved_path, str) else ("", "", "")
     if not module_name or not qualname:
         raise ValueError(f"{where} records its class's import path as {saved_path!r}, not 'module:qualname'; {how}")

@@ -83,9 +83,9 @@ def load_text_bytes(path: PathLike) -> Tensor:
     """Read every byte of a file into a 1-D ``torch.uint8`` tensor.
 
     Gzip and zip files are recognised by their first bytes (not their names) and decompressed; a zip must hold a
-    member named ``enwik8`` or a single file. A damaged or truncated one is a DataFileError (the module's docstring),
-    and so is a file named ``.gz`` or ``.zip`` that is not one (an error page saved under the archive's name would
-    otherwise be read as text).
+    member named ``enwik8`` or a single file. A damaged or truncated one is a
+    :class:`~torchformer.data.download.DataFileError`, and so is a file named ``.gz`` or ``.zip`` that is not one (an
+    error page saved under the archive's name would otherwise be read as text).
 
     Args:
         path: the file (plain, gzip or zip).

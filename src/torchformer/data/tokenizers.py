@@ -16,9 +16,8 @@ All three save to a ``state_dict()`` of plain lists, strings and ints, which sur
 
 Wrong types fail at the door with a TypeError that names the argument: ``encode`` takes one text (a ``str``; the
 byte tokenizer also takes ``bytes``, which already are its tokens), ``decode`` takes a sequence of ints (a list, a
-1-D integer tensor or array). Wrong values (an id out of range, a ``max_length`` below 1, a ``vocab_size`` too small,
-another kind's state) are a ValueError that names them; a BPE tokenizer without the ``tokenizers`` package an
-ImportError.
+1-D integer tensor or array). Wrong values (an id out of range, a ``max_length`` below 1) are a ValueError that
+names them; building and restoring say what they raise.
 """
 
 from __future__ import annotations
@@ -94,6 +93,10 @@ class WordTokenizer:
 
         Returns:
             The tokenizer, its words ranked by frequency in ``texts`` (ties alphabetically).
+
+        Raises:
+            TypeError: ``texts`` is a single string, or holds something other than strings.
+            ValueError: ``vocab_size`` is not an int of at least 2.
         """
         if not is_int(vocab_size) or vocab_size < 2:
             raise ValueError(f"vocab_size must be an int >= 2 (it counts <pad> and <unk>), got {vocab_size!r}")
@@ -173,6 +176,11 @@ class WordTokenizer:
 
         Returns:
             The tokenizer, encoding exactly as the one that wrote ``state``.
+
+        Raises:
+            TypeError: ``state`` is not a dict, or its ``"vocab"`` is not a sequence of strings.
+            ValueError: ``state`` is another kind's, has no ``"vocab"``, or a vocabulary that does not start with
+                ``<pad>``, ``<unk>`` or repeats a token.
         """
         check_state(state, "word")
         if "vocab" not in state:
@@ -268,6 +276,11 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
         The tokenizer, of the class ``state["kind"]`` names: :class:`WordTokenizer` (``"word"``),
         :class:`ByteTokenizer` (``"byte"``) or :class:`~torchformer.data.bpe.BPETokenizer` (``"bpe"``, which needs
         the ``tokenizers`` package: ``pip install "torchformer[bpe]"``).
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+        ValueError: ``state["kind"]`` is none of these, or the state is not valid for its class.
+        ImportError: ``state`` is a BPE tokenizer's and the ``tokenizers`` package is missing.
     """
     classes = {"word": WordTokenizer, "byte": ByteTokenizer, "bpe": BPETokenizer}
     if not isinstance(state, dict):
@@ -296,6 +309,11 @@ def build_tokenizer(
 
     Returns:
         the tokenizer.
+
+    Raises:
+        ValueError: ``kind`` is not one of the three, or ``vocab_size`` is too small for it.
+        TypeError: ``texts`` is a single string instead of a sequence of them.
+        ImportError: ``"bpe"`` without the ``tokenizers`` package (``pip install "torchformer[bpe]"``).
     """
     if kind == "word":
         return WordTokenizer.build(texts, vocab_size)

@@ -253,9 +253,10 @@ class DecoderBlock(TransformerBlock):
         """
         self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[attr-defined]
 
-    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,  # type: ignore[override]
-                context_mask: Tensor | None = None, *, positions: Tensor | None = None,
-                cache: BlockCache | None = None) -> Tensor:
+    def forward(  # type: ignore[override]
+            self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+            context_mask: Tensor | None = None, *, positions: Tensor | None = None,
+            cache: BlockCache | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         # Before the self-attention writes into its cache: a call that cannot finish must change nothing.
         check_cross_inputs(context, context_mask, None if cache is None else cache.cross_attention, self.emb, b)

@@ -154,7 +154,8 @@ class FeedForward(nn.Module):
         Args:
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation``, ``dropout`` and
                 ``ff_bias`` are used.
-            layer: the block's index, from 0 at the input: unused here, as in ``MultiHeadAttention.from_config``.
+            layer: the block's index, from 0 at the input: unused here, as in
+                :meth:`~torchformer.nn.attention.MultiHeadAttention.from_config`.
 
         Returns:
             The feed-forward network of one block.
@@ -223,7 +224,8 @@ class GatedFeedForward(nn.Module):
         Args:
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation`` and ``dropout`` are
                 used.
-            layer: the block's index, from 0 at the input: unused here, as in ``MultiHeadAttention.from_config``.
+            layer: the block's index, from 0 at the input: unused here, as in
+                :meth:`~torchformer.nn.attention.MultiHeadAttention.from_config`.
 
         Returns:
             The gated feed-forward network of one block.

@@ -169,7 +169,7 @@ class Decoder(nn.Module):
                 caches: list[BlockCache] | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         # Every block's part, before the first block writes into its self-attention cache.
-        for part in [None] if caches is None else [cache.cross_attention for cache in caches]:
+        for part in [None] if caches is None else (cache.cross_attention for cache in caches):
             check_cross_inputs(context, context_mask, part, self.emb, b)
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,

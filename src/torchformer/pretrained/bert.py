@@ -226,6 +226,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         (``architectures`` names it) :class:`~torchformer.models.CTransformer` (their fields: the module's docstring).
         ``dropout`` is the two dropouts' common value (they act in training only; torchformer also drops inside the
         feed-forward network, where BERT does not).
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -307,6 +310,10 @@ def config_to_huggingface(model: Model) -> dict[str, Any]:
         classifier: ``id2label`` names its classes ``LABEL_0``, ...; ``problem_type`` is single-label
         classification). A model without token types (``num_token_types=None``) is written with ``type_vocab_size``
         1, whose one vector is zero: the same function.
+
+    Raises:
+        ValueError: the model is a subclass, or its config has fields that do not map; the message names each, with
+            its value.
     """
     config = model.config
     classifier = isinstance(model, CTransformer)
@@ -436,6 +443,10 @@ def load_weights(model: Model, reader: WeightReader) -> None:
         model: the MLMTransformer or CTransformer :func:`config_from_huggingface`'s config built (its parameters'
             values unset).
         reader: the folder's tensors (:class:`~torchformer.pretrained.folders.WeightReader`).
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
+            tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
     classifier = isinstance(model, CTransformer)
     prefix = PREFIX if classifier else stored_prefix(reader)

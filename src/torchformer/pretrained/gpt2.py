@@ -132,6 +132,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
         The config of the equal :class:`~torchformer.models.GTransformer`: ``prenorm``, ``qkv_bias``,
         ``head_bias=False`` and ``activation="gelu_tanh"`` (for ``gelu_new``). ``dropout`` is the three dropouts'
         common value (they act in training only; torchformer also drops inside the feed-forward network).
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -187,6 +190,10 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
 
     Returns:
         The JSON object of ``config.json``, for ``GPT2LMHeadModel``.
+
+    Raises:
+        ValueError: the model is a subclass of GTransformer, or its config has fields that do not map; the message
+            names each, with its value.
     """
     config = model.config
     if type(model) is not GTransformer:
@@ -256,6 +263,10 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     Args:
         model: the GTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
         reader: the folder's tensors (:class:`~torchformer.pretrained.folders.WeightReader`).
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; ``lm_head.weight``
+            is stored although tied and differs from ``wte.weight``.
     """
     names = set(reader.names())
     prefix = PREFIX if any(name.startswith(PREFIX) for name in names) else ""

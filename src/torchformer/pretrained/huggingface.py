@@ -3,12 +3,8 @@
 :func:`from_huggingface` reads a folder, :func:`to_huggingface` writes one, each through the family's module that
 ``config.json``'s ``model_type`` (or the model's class) picks. Every family module has the same functions
 (``config_from_huggingface``, ``empty_model``, ``load_weights``, ``config_to_huggingface``, ``export_weights``) and
-names the models it writes (``MODELS``), so nothing here knows a family's details. Their errors are alike, said here
-once: the two config functions raise a ValueError naming each field that does not map, with its value (and
-``config_to_huggingface`` refuses a subclass: a variant computes something else); ``load_weights`` one naming the
-tensor that is missing, left over, of another shape than the config gives, or a stored copy of a tied tensor that
-differs from it.
-See :mod:`torchformer.pretrained` for the whole picture.
+names the models it writes (``MODELS``), so nothing here knows a family's details. See :mod:`torchformer.pretrained`
+for the whole picture.
 """
 
 from __future__ import annotations

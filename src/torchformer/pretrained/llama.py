@@ -120,6 +120,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
     Returns:
         The config of the equal :class:`~torchformer.models.GTransformer`.
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     kind = hf["model_type"]
     get = {**DEFAULTS[kind], **hf}.get
@@ -182,6 +185,9 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
 
     Returns:
         The JSON object of ``config.json``, for ``LlamaForCausalLM`` or ``MistralForCausalLM``.
+
+    Raises:
+        ValueError: the model is a subclass, or config fields do not map; the message names each, with its value.
     """
     config = model.config
     if type(model) is not GTransformer:
@@ -264,6 +270,10 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     Args:
         model: the GTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
         reader: the folder's tensors.
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; ``lm_head.weight``
+            is stored although tied and differs from the token embedding.
     """
     names = set(reader.names())
     params = dict(model.named_parameters())  # a tied weight once, under the embedding's name

@@ -166,6 +166,9 @@ def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
 
     Returns:
         The config of the equal :class:`~torchformer.models.Seq2SeqTransformer` (see the module's docstring).
+
+    Raises:
+        ValueError: a field holds a value torchformer cannot express; the message names the field and the value.
     """
     get = {**DEFAULTS, **hf}.get
 
@@ -215,6 +218,10 @@ def config_to_huggingface(model: Seq2SeqTransformer) -> dict[str, Any]:
         The JSON object of ``config.json``, for ``T5ForConditionalGeneration``. ``scale_decoder_outputs`` is written
         beside ``tie_word_embeddings``, as transformers 5 writes it; the special ids are T5's (padding and decoder
         start 0, end 1), which torchformer's model does not know.
+
+    Raises:
+        ValueError: the model is a subclass, or its config has fields that do not map; the message names each, with
+            its value.
     """
     config = model.config
     if type(model) is not Seq2SeqTransformer:
@@ -316,6 +323,11 @@ def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
     Args:
         model: the Seq2SeqTransformer :func:`config_from_huggingface`'s config built (its parameters' values unset).
         reader: the folder's tensors.
+
+    Raises:
+        ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of the
+            shared table (``encoder.embed_tokens.weight``, ``decoder.embed_tokens.weight``, a tied
+            ``lm_head.weight``) differs from it.
     """
     params = dict(model.named_parameters())  # each shared tensor once, under its first name
     left = set(reader.names()) - set(IGNORED)

@@ -218,7 +218,8 @@ def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, check
             parser.error(f"--{name.replace('_', '-')} must be {must}, got {value}")
 
 
-def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[str, Any]]) -> Callable[..., argparse.Action]:
+def preset_flags(parser: argparse.ArgumentParser,
+                 presets: Mapping[str, Mapping[str, Any]]) -> Callable[..., argparse.Action]:
     """A drop-in for ``parser.add_argument`` that appends to each flag's help what it will be when not given.
 
     A flag that a preset sets (its ``dest`` is a key of ``presets[name]``) gets ``(--preset cpu: 2000; --preset gpu:
@@ -246,7 +247,8 @@ def preset_flags(parser: argparse.ArgumentParser, presets: Mapping[str, Mapping[
             action.help += " (" + "; ".join(
                 f"--preset {name}: {shown(by_preset[name]) if name in by_preset else 'not set'}"
                 for name in presets) + ")"
-        elif not (action.default is None or action.default is False or action.default == argparse.SUPPRESS):  # 0 == False
+        elif not (action.default is None or action.default is False  # `is`: 0 == False, and a default of 0 is shown
+                  or action.default == argparse.SUPPRESS):
             action.help += f" (default: {shown(action.default)})"
         return action
 
@@ -298,8 +300,9 @@ def choose_threads(requested: Optional[int] = None) -> tuple[int, str]:
     """The CPU threads a script should give torch, and why: ``(threads, reason)``.
 
     ``requested`` (a ``--threads`` flag) wins. Otherwise the cores this process may run on, less the ones other
-    programs keep busy right now (measured over a quarter of a second), and at least 1: PyTorch's own default, every
-    core, waits for the cores other programs hold (measured in examples/README.md, "Threads").
+    programs keep busy right now (measured over a quarter of a second), and at least 1: PyTorch's own default uses
+    every core, and its threads then wait for the cores other programs hold (measured in examples/README.md,
+    "Threads").
 
     Args:
         requested: the thread count the user asked for, or ``None`` to choose. A request above the usable cores is

@@ -140,7 +140,8 @@ def latest_intact_checkpoint(directory: PathLike, *, set_aside: bool = False) ->
 
     A run that resumes there must set the damaged files aside (``set_aside=True``): they carry higher step numbers
     than the checkpoints it will write, so :func:`prune_checkpoints`, which keeps the highest numbers, would delete
-    the new, intact checkpoints and keep the damaged ones. In a run of several processes only the main one should.
+    the new, intact checkpoints and keep the damaged ones. In a run of several processes only the main one should
+    pass it.
 
     Args:
         directory: the run's checkpoint folder.

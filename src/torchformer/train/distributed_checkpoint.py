@@ -8,10 +8,11 @@ it. Whole tensors rather than ``world_size`` shards: a run on 2 processes resume
 one machine's CPU memory needs ``torch.distributed.checkpoint``'s sharded format instead. The optimizer state is
 keyed by parameter names, so it fits a model sharded in any way.
 
-Both functions are collective: every process calls them, with the same arguments, and reads the file (on several
-machines the folder must be shared). The file holds every process's random number generators: resumed on the same
-number of processes, each gets its own back and the run continues exactly; on another number each gets rank 0's,
-and training continues correctly but not bit for bit (docs/going-big.md, "Checkpoints across world sizes").
+Both functions are collective: every process calls them, with the same arguments; when loading, every process reads
+the file (on several machines the folder must be shared). The file holds every process's random number
+generators: resumed on the same number of processes, each gets its own back and the run continues exactly; on
+another number each gets rank 0's, and training continues correctly but not bit for bit (docs/going-big.md,
+"Checkpoints across world sizes").
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def save_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: 
     return path
 
 
-def load_distributed_checkpoint(path: PathLike, *, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                                scheduler: Optional[Any] = None,
+def load_distributed_checkpoint(path: PathLike, *, model: nn.Module,
+                                optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Optional[Any] = None,
                                 generators: Optional[Mapping[str, torch.Generator]] = None,
                                 restore_rng: bool = True) -> dict:
     """Load a checkpoint of :func:`save_distributed_checkpoint` into a model on any number of processes.
