@@ -120,9 +120,8 @@ def autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
-def check_embeddings(
-    x: object, name: str, emb: int, *, like: Tensor | None = None, batch: int | None = None, dims: str = "(b, t)"
-) -> tuple[int, int, int]:
+def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = None, batch: int | None = None,
+                     dims: str = "(b, t)") -> tuple[int, int, int]:
     """Check that ``x`` is a float tensor of shape ``(b, t, emb)`` and return ``(b, t, emb)``.
 
     The door check of every module that takes vectors: shapes and dtypes only, as Python integers, so it costs no
@@ -157,10 +156,8 @@ def _shape(dims: str, emb: int) -> str:
     return f"{dims[:-1]}, {emb})"
 
 
-def check_mask(
-    mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)", true_means: str = "real token",
-    *, device: torch.device | None = None,
-) -> Tensor:
+def check_mask(mask: object, name: str, shape: tuple[int, int], dims: str = "(b, t)", true_means: str = "real token", *,
+               device: torch.device | None = None) -> Tensor:
     """Check a bool mask of ``shape`` (named ``dims`` in messages) on ``device`` (the inputs', if given); ``True``
     marks ``true_means`` (a padding mask's real tokens, by default)."""
     if not isinstance(mask, Tensor):
@@ -245,10 +242,8 @@ def check_features(x: object, name: str, dim: int, *, like: Tensor | None = None
     return x
 
 
-def check_positions(
-    positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None,
-    cached: bool | None = None, values: bool = True,
-) -> Tensor:
+def check_positions(positions: object, t: int, device: torch.device, *, limit: int | None, capacity: int | None = None,
+                    cached: bool | None = None, values: bool = True) -> Tensor:
     """Check the absolute positions ``(t,)`` of ``t`` consecutive tokens and return them as ``torch.long``; ``None``
     gives ``0 .. t-1`` (not allowed with caches: there the caller must say where the new tokens go).
 
@@ -303,9 +298,8 @@ def check_position_shape(positions: object, t: int, device: torch.device) -> Ten
     return positions if positions.dtype == torch.long else positions.long()
 
 
-def check_sequence_inputs(
-    x: object, mask: object, positions: object, emb: int, *, like: Tensor | None = None
-) -> tuple[int, int]:
+def check_sequence_inputs(x: object, mask: object, positions: object, emb: int, *,
+                          like: Tensor | None = None) -> tuple[int, int]:
     """The door check of a module that takes ``x`` ``(b, t, emb)``, an optional padding ``mask`` ``(b, t)`` and
     optional ``positions`` ``(t,)`` (attention, a block, a stack); returns ``(b, t)``. Shapes and dtypes only."""
     b, t, _ = check_embeddings(x, "x", emb, like=like)
@@ -318,9 +312,8 @@ def check_sequence_inputs(
     return b, t
 
 
-def check_context(
-    context: object, context_mask: object, emb: int, batch: int | None = None, *, like: Tensor | None = None
-) -> int:
+def check_context(context: object, context_mask: object, emb: int, batch: int | None = None, *,
+                  like: Tensor | None = None) -> int:
     """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b`` if given
     (and, with ``like``, the parameters' dtype), and of its padding mask ``(b, u)``; returns ``u``."""
     b, u, _ = check_embeddings(context, "context", emb, like=like, batch=batch, dims="(b, u)")

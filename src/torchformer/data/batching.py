@@ -56,13 +56,8 @@ def _as_ids(i: int, sequence: object) -> list:
     return sequence
 
 
-def pad_batch(
-    sequences: Sequence[Sequence[int]],
-    *,
-    max_length: int | None = None,
-    pad: int = 0,
-    device: torch.device | str | None = None,
-) -> tuple[Tensor, Tensor]:
+def pad_batch(sequences: Sequence[Sequence[int]], *, max_length: int | None = None, pad: int = 0,
+              device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Truncate each sequence to ``max_length`` and right-pad them to a common length.
 
     Args:
@@ -120,14 +115,8 @@ def _to_device(x: Tensor, device: torch.device | str | None) -> Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
-def bucket_batches(
-    lengths: Sequence[int],
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    generator: torch.Generator | None = None,
-    bucket_size_multiplier: int = 50,
-) -> list[list[int]]:
+def bucket_batches(lengths: Sequence[int], batch_size: int, *, shuffle: bool = True,
+                   generator: torch.Generator | None = None, bucket_size_multiplier: int = 50) -> list[list[int]]:
     """Group indices ``0 .. len(lengths) - 1`` into batches of similar length.
 
     Shuffle the indices, cut them into chunks of ``batch_size * bucket_size_multiplier``,
@@ -188,18 +177,9 @@ class ClassificationBatches:
         (2, 3)
     """
 
-    def __init__(
-        self,
-        encoded: Sequence[Sequence[int]],
-        labels: Sequence[int],
-        *,
-        batch_size: int,
-        max_length: int | None = None,
-        shuffle: bool = True,
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-        pad: int = 0,
-    ):
+    def __init__(self, encoded: Sequence[Sequence[int]], labels: Sequence[int], *, batch_size: int,
+                 max_length: int | None = None, shuffle: bool = True, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None, pad: int = 0):
         batch_size = _check_int("batch_size", batch_size)
         if max_length is not None:
             max_length = _check_int("max_length", max_length)

@@ -173,14 +173,8 @@ def _check_size(size: Optional[int]) -> None:
         raise ValueError(f"size must be a byte count (an int >= 0) or None, got {size!r}")
 
 
-def verify(
-    path: PathLike,
-    *,
-    sha256: Optional[str] = None,
-    md5: Optional[str] = None,
-    size: Optional[int] = None,
-    advice: str = "",
-) -> None:
+def verify(path: PathLike, *, sha256: Optional[str] = None, md5: Optional[str] = None, size: Optional[int] = None,
+           advice: str = "") -> None:
     """Raise :class:`ChecksumError` unless the file at ``path`` has the given size and digest(s).
 
     The size is checked first: it costs nothing, while a digest reads the whole file. With no ``size``, ``sha256``
@@ -214,16 +208,9 @@ def _declared_size(response: object) -> Optional[int]:
         return None
 
 
-def download(
-    url: str,
-    dest: PathLike,
-    *,
-    sha256: Optional[str] = None,
-    md5: Optional[str] = None,
-    size: Optional[int] = None,
-    opener: Optional[Callable[[str], BinaryIO]] = None,
-    progress: bool = False,
-) -> pathlib.Path:
+def download(url: str, dest: PathLike, *, sha256: Optional[str] = None, md5: Optional[str] = None,
+             size: Optional[int] = None, opener: Optional[Callable[[str], BinaryIO]] = None,
+             progress: bool = False) -> pathlib.Path:
     """Download ``url`` to ``dest`` atomically and check its size and checksum(s); return ``dest`` as a Path.
 
     Args:

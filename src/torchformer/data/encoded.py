@@ -52,9 +52,8 @@ def encoding_key(texts: Sequence[str], tokenizer_state: Mapping[str, Any], max_l
     return digest.hexdigest()
 
 
-def cached_encoding(
-    folder: Path | str, name: str, key: str, encode: Callable[[], list[list[int]]]
-) -> tuple[list[list[int]], bool]:
+def cached_encoding(folder: Path | str, name: str, key: str,
+                    encode: Callable[[], list[list[int]]]) -> tuple[list[list[int]], bool]:
     """``encode()``'s token ids, read from ``folder`` when a file of the same ``name`` and ``key`` is there.
 
     The file is ``folder/{name}-{key[:16]}.npz``, holding ``ids``, ``lengths`` and the whole ``key``. Writing one

@@ -171,9 +171,8 @@ def _md5(data: Tensor) -> str:
     return hashlib.md5(data.contiguous().numpy()).hexdigest()
 
 
-def _fetch(
-    url: str, root: pathlib.Path, *, md5: Optional[str], expected_size: int, opener, progress: bool
-) -> pathlib.Path:
+def _fetch(url: str, root: pathlib.Path, *, md5: Optional[str], expected_size: int, opener,
+           progress: bool) -> pathlib.Path:
     """Download the enwik8 zip into ``root`` and extract the raw file, leaving only ``root/enwik8``."""
     archive_path = root / "enwik8.zip"
     dest = root / "enwik8"
@@ -233,9 +232,8 @@ def _load_cached(path: pathlib.Path, *, expected_size: int, md5: Optional[str], 
     return data
 
 
-def _from_cache(
-    root: pathlib.Path, *, download: bool, expected_size: int, md5: Optional[str], url: str, opener, progress: bool
-) -> tuple[Tensor, pathlib.Path]:
+def _from_cache(root: pathlib.Path, *, download: bool, expected_size: int, md5: Optional[str], url: str, opener,
+                progress: bool) -> tuple[Tensor, pathlib.Path]:
     """The verified enwik8 in ``root`` and its path; a bad copy is an error, or replaced when ``download``."""
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"root {root} is a file, not a folder; pass the folder that caches enwik8")
@@ -269,18 +267,10 @@ def _from_cache(
     return load_text_bytes(dest), dest
 
 
-def enwik8(
-    path: Optional[PathLike] = None,
-    *,
-    download: bool = False,
-    root: Optional[PathLike] = None,
-    splits: Sequence[float] = ENWIK8_SPLITS,
-    expected_size: int = ENWIK8_SIZE,
-    md5: Optional[str] = ENWIK8_MD5,
-    url: str = ENWIK8_URL,
-    opener: Optional[Callable[[str], BinaryIO]] = None,
-    progress: bool = True,
-) -> tuple[Tensor, Tensor, Tensor]:
+def enwik8(path: Optional[PathLike] = None, *, download: bool = False, root: Optional[PathLike] = None,
+           splits: Sequence[float] = ENWIK8_SPLITS, expected_size: int = ENWIK8_SIZE, md5: Optional[str] = ENWIK8_MD5,
+           url: str = ENWIK8_URL, opener: Optional[Callable[[str], BinaryIO]] = None,
+           progress: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """Load enwik8 (or any byte file) as ``(train, val, test)``, three 1-D ``torch.uint8`` tensors.
 
     Args:
@@ -358,14 +348,8 @@ def enwik8_sample(*, splits: Sequence[float] = (90, 5, 5)) -> tuple[Tensor, Tens
     return _split(load_text_bytes(sample_path()), splits, sample_path())
 
 
-def random_batches(
-    data: Tensor,
-    *,
-    context: int,
-    batch_size: int,
-    generator: Optional[torch.Generator] = None,
-    device: Optional[Union[str, torch.device]] = None,
-) -> tuple[Tensor, Tensor]:
+def random_batches(data: Tensor, *, context: int, batch_size: int, generator: Optional[torch.Generator] = None,
+                   device: Optional[Union[str, torch.device]] = None) -> tuple[Tensor, Tensor]:
     """Sample ``batch_size`` random windows of ``data`` for next-byte prediction.
 
     ``targets[i, j] = data[start_i + j + 1]``: each target is the byte that follows the corresponding input. Start

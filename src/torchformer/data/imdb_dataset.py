@@ -71,12 +71,8 @@ Example = tuple[str, int]
 T = TypeVar("T")
 
 
-def imdb(
-    path: str | os.PathLike | None = None,
-    *,
-    download: bool = False,
-    root: str | os.PathLike | None = None,
-) -> tuple[list[Example], list[Example]]:
+def imdb(path: str | os.PathLike | None = None, *, download: bool = False,
+         root: str | os.PathLike | None = None) -> tuple[list[Example], list[Example]]:
     """Load the official IMDb train and test splits.
 
     Args:
@@ -166,9 +162,7 @@ def _cached_archive(archive: Path, download: bool) -> Path:
     return archive
 
 
-def train_val_split(
-    examples: Sequence[T], *, val_size: int = 5000, seed: int = 0
-) -> tuple[list[T], list[T]]:
+def train_val_split(examples: Sequence[T], *, val_size: int = 5000, seed: int = 0) -> tuple[list[T], list[T]]:
     """Split ``examples`` into ``(train, val)`` with ``len(val) == val_size``.
 
     The choice of validation examples depends only on ``len(examples)`` and ``seed``, so a run can be reproduced

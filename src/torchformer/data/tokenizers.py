@@ -294,9 +294,8 @@ def tokenizer_from_state_dict(state: dict) -> WordTokenizer | ByteTokenizer | BP
 TOKENIZERS = ("word", "bpe", "byte")
 
 
-def build_tokenizer(
-    kind: str, texts: Sequence[str], *, vocab_size: int
-) -> WordTokenizer | ByteTokenizer | BPETokenizer:
+def build_tokenizer(kind: str, texts: Sequence[str], *,
+                    vocab_size: int) -> WordTokenizer | ByteTokenizer | BPETokenizer:
     """A tokenizer of ``kind``, its vocabulary learned from ``texts`` (for ``"word"`` and ``"bpe"``).
 
     Pass the *training* texts only: a vocabulary that has seen the validation or test texts leaks them.

@@ -394,9 +394,8 @@ def stored_prefix(reader: WeightReader) -> str:
     return PREFIX if any(name.startswith(PREFIX) for name in reader.names()) else ""
 
 
-def empty_model(
-    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
-) -> Model:
+def empty_model(config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype],
+                device: torch.device) -> Model:
     """The model of ``config`` with memory but no values yet (:mod:`~torchformer.pretrained.building`).
 
     An MLMTransformer, or a CTransformer for a config with ``num_classes`` (BERT's classifier).

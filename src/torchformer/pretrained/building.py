@@ -14,9 +14,8 @@ from torchformer.config import TransformerConfig
 from torchformer.models import TransformerModel
 
 
-def empty_model(
-    model_class: type[TransformerModel], config: TransformerConfig, *, dtype: torch.dtype, device: torch.device
-) -> TransformerModel:
+def empty_model(model_class: type[TransformerModel], config: TransformerConfig, *, dtype: torch.dtype,
+                device: torch.device) -> TransformerModel:
     """``model_class(config=config)`` with uninitialised parameters of ``dtype`` on ``device``, ties kept.
 
     Args:

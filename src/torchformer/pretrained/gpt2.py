@@ -239,9 +239,8 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
     }
 
 
-def empty_model(
-    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
-) -> GTransformer:
+def empty_model(config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype],
+                device: torch.device) -> GTransformer:
     """The GTransformer of ``config`` with memory but no values yet (:mod:`~torchformer.pretrained.building`).
 
     Args:

@@ -30,9 +30,8 @@ FAMILIES = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "ber
 EXPORTS = (gpt2, llama, bert, t5)
 
 
-def from_huggingface(
-    folder: PathLike, *, dtype: Optional[torch.dtype] = None, device: Union[str, torch.device, None] = None
-) -> TransformerModel:
+def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
+                     device: Union[str, torch.device, None] = None) -> TransformerModel:
     """The torchformer model equal to the one in ``folder`` (Hugging Face layout), in ``eval()`` mode.
 
     Loading never holds two full copies of the weights and leaves the global random generators as they were: the

@@ -247,9 +247,8 @@ def config_to_huggingface(model: GTransformer) -> dict[str, Any]:
     return hf
 
 
-def empty_model(
-    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
-) -> GTransformer:
+def empty_model(config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype],
+                device: torch.device) -> GTransformer:
     """The GTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
 
     Args:

@@ -279,9 +279,8 @@ def config_to_huggingface(model: Seq2SeqTransformer) -> dict[str, Any]:
     }
 
 
-def empty_model(
-    config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype], device: torch.device
-) -> Seq2SeqTransformer:
+def empty_model(config: TransformerConfig, reader: WeightReader, *, dtype: Optional[torch.dtype],
+                device: torch.device) -> Seq2SeqTransformer:
     """The Seq2SeqTransformer of ``config`` with memory but no values yet, for :func:`load_weights` to fill.
 
     Args:
