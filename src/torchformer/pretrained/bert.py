@@ -447,27 +447,12 @@ def load_weights(model: Model, reader: WeightReader) -> None:
         ValueError: a tensor is missing, left over, or of another shape than the config says; a stored copy of a
             tied tensor (``cls.predictions.decoder.weight`` or ``.bias``) differs from the tensor it is tied to.
     """
-    classifier = isinstance(model, CTransformer)
-    prefix = PREFIX if classifier else stored_prefix(reader)
-    depth, tied = model.config.depth, model.config.tie_weights
-    params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
-    if classifier:  # only the position ids, a constant buffer, are skipped
-        left = set(reader.names()) - {PREFIX + UNUSED[0]}
-        pairs, what = classifier_names(depth), "BERT's classifier (BertForSequenceClassification)"
-    else:
-        left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
-        pairs, what = names(depth, tied, prefix), "BERT's masked-LM"
-    for name, ours in pairs:
-        stored = stored_name(reader, name)
-        if stored not in left:
-            untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
-            no_head = (" (a BertModel file has no masked-LM head; a BertForSequenceClassification file loads as a "
-                       "CTransformer when its config.json's architectures say so)") if name.startswith("cls.") else ""
-            raise ValueError(f"{reader.where} holds no {name}, which {what} with num_hidden_layers={depth}{untied} "
-                             f"has{no_head}")
-        copy_tensor(reader, stored, params[ours])
-        left.discard(stored)
-    if tied and not classifier:  # second copies of tied tensors, which some files store: each must be its original
+    if isinstance(model, CTransformer):
+        return _load_classifier_weights(model, reader)
+    prefix, depth, tied = stored_prefix(reader), model.config.depth, model.config.tie_weights
+    left = set(reader.names()) - {prefix + name for name in UNUSED} - set(NEXT_SENTENCE_HEAD)
+    _copy_tensors(model, reader, names(depth, tied, prefix), left, f"BERT's masked-LM with num_hidden_layers={depth}")
+    if tied:  # second copies of tied tensors, which some files store: each must be the tensor it is tied to
         for (copy, ours), original in zip(OUTPUT, (prefix + EMBEDDINGS[0][0], BIAS[0])):
             if copy in left:
                 tied_to = model.get_parameter(ours)  # head.weight is embedding.tokens.weight
@@ -475,12 +460,40 @@ def load_weights(model: Model, reader: WeightReader) -> None:
                     raise ValueError(f"{reader.where}: {copy} differs from {original}, but config.json ties them "
                                      f"(tie_word_embeddings=true)")
                 left.discard(copy)
-    elif not classifier:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias
-        left.discard(BIAS[0])  # is unused then
+    else:  # transformers 5 computes an untied output with the decoder's bias; cls.predictions.bias is unused then
+        left.discard(BIAS[0])
+    _refuse_left_over(reader, left, "BERT's masked-LM")
+
+
+def _load_classifier_weights(model: CTransformer, reader: WeightReader) -> None:
+    """:func:`load_weights` for ``BertForSequenceClassification``: the encoder, the pooler and the classifier."""
+    depth = model.config.depth
+    left = set(reader.names()) - {PREFIX + UNUSED[0]}  # only the position ids, a constant buffer, are skipped
+    _copy_tensors(model, reader, classifier_names(depth), left,
+                  f"BERT's classifier (BertForSequenceClassification) with num_hidden_layers={depth}")
+    _refuse_left_over(reader, left, "BertForSequenceClassification")
+
+
+def _copy_tensors(model: Model, reader: WeightReader, pairs: Iterator[tuple[str, str]], left: set[str],
+                  model_name: str) -> None:
+    """Copy each ``(BERT name, our name)`` pair, refusing a missing tensor; removes what it copied from ``left``."""
+    params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
+    for name, ours in pairs:
+        stored = stored_name(reader, name)
+        if stored not in left:
+            untied = " and tie_word_embeddings=false" if (name, ours) in OUTPUT else ""
+            no_head = (" (a BertModel file has no masked-LM head; a BertForSequenceClassification file loads as a "
+                       "CTransformer when its config.json's architectures say so)") if name.startswith("cls.") else ""
+            raise ValueError(f"{reader.where} holds no {name}, which {model_name}{untied} has{no_head}")
+        copy_tensor(reader, stored, params[ours])
+        left.discard(stored)
+
+
+def _refuse_left_over(reader: WeightReader, left: set[str], model_name: str) -> None:
+    """Refuse the stored tensors nothing read: another architecture's."""
     if left:
-        raise ValueError(f"{reader.where} holds tensors {'BertForSequenceClassification' if classifier else what} "
-                         f"does not have (another architecture?): {', '.join(sorted(left)[:8])}"
-                         f"{' ...' if len(left) > 8 else ''}")
+        raise ValueError(f"{reader.where} holds tensors {model_name} does not have (another architecture?): "
+                         f"{', '.join(sorted(left)[:8])}{' ...' if len(left) > 8 else ''}")
 
 
 def export_weights(model: Model) -> dict[str, Tensor]:

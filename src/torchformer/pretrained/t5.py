@@ -313,7 +313,8 @@ def stored_table(reader: WeightReader) -> str:
         ``shared.weight``, ``encoder.embed_tokens.weight`` or ``decoder.embed_tokens.weight``: the first stored;
         ``shared.weight`` when none is (the caller names it missing).
     """
-    return next((name for name in (TOP[0][0], *COPIES) if name in reader.names()), TOP[0][0])
+    stored = set(reader.names())  # names() sorts every stored name: once, not once per candidate
+    return next((name for name in (TOP[0][0], *COPIES) if name in stored), TOP[0][0])
 
 
 def load_weights(model: Seq2SeqTransformer, reader: WeightReader) -> None:
