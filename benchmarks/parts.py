@@ -3,9 +3,10 @@ of the presets' CPU model (emb 256, 8 heads of 32, batch 16, context 256), in on
 
 * norms: ``torch.nn.LayerNorm`` (one fused kernel each way); RMSNorm as :func:`~torchformer.nn.norms.rms_norm` writes
   it (autograd differentiates each operation); ``torch.nn.functional.rms_norm``; :class:`~torchformer.RMSNorm` (its
-  gradient written by hand);
+  gradient by LayerNorm's fused kernel);
 * rotary: :func:`~torchformer.nn.relative.rotate_halves` under autograd; :class:`~torchformer.nn.relative.RotateHalves`
-  (the library's path), each on the queries as attention makes them (a transposed view); and the angles alone;
+  (the library's path), each on the queries as attention makes them (a transposed view, the heads side by side,
+  and so their gradient), and ``RotateHalves`` on contiguous queries (its path on halves); and the angles alone;
 * feed-forward: the plain ``W2 relu(W1 x)`` of hidden size 1024; the gated SwiGLU of the library's hidden size 688
   (2/3 of 1024 to the nearest multiple of 16), as the library computes it (two input projections), with the two
   projections concatenated into one product, and of hidden size 683 (the nearest integer, the rule of config_version 2).
@@ -62,8 +63,12 @@ def main() -> None:
     def projected(linear: nn.Linear):  # (b, t, e), and the gradient of its projection (b, t, h)
         return lambda: ((torch.randn(B, T, E, requires_grad=True),), torch.randn(B, T, linear.out_features))
 
-    def queries():  # (b, h, t, s) as a transposed view of the projection's (b, t, h, s), and the gradient
-        return (torch.randn(B, T, H, S, requires_grad=True).transpose(1, 2),), torch.randn(B, H, T, S)
+    def queries():  # (b, h, t, s) as a transposed view of the projection's (b, t, h, s), and the gradient, as
+        # scaled_dot_product_attention's backward pass returns it, in the same layout
+        return (torch.randn(B, T, H, S, requires_grad=True).transpose(1, 2),), torch.randn(B, T, H, S).transpose(1, 2)
+
+    def contiguous_queries():  # (b, h, t, s) contiguous, the gradient too
+        return (torch.randn(B, H, T, S, requires_grad=True),), torch.randn(B, H, T, S)
 
     layer_norm, rms = nn.LayerNorm(E), RMSNorm(E)
     cos, sin = Rotary(S).angles(torch.arange(T), torch.float32)
@@ -78,9 +83,11 @@ def main() -> None:
         ("norm", "RMSNorm written out (autograd)", activations, lambda x: rms_norm(x, rms.weight, rms.eps)),
         ("norm", "torch.nn.functional.rms_norm (autograd)", activations,
          lambda x: F.rms_norm(x, (E,), rms.weight, rms.eps)),
-        ("norm", "RMSNorm (hand-written gradient)", activations, rms),
+        ("norm", "RMSNorm (the library's: LayerNorm's gradient kernel)", activations, rms),
         ("rotary", "rotate_halves (autograd)", queries, lambda q: rotate_halves(q, cos, sin)),
-        ("rotary", "RotateHalves (the library's)", queries, lambda q: RotateHalves.apply(q, cos, sin)),
+        ("rotary", "RotateHalves (the library's; on whole rows)", queries, lambda q: RotateHalves.apply(q, cos, sin)),
+        ("rotary", "RotateHalves on contiguous queries (on halves)", contiguous_queries,
+         lambda q: RotateHalves.apply(q, cos, sin)),
         ("feed-forward", "ReLU, hidden 1024", activations, plain),
         ("feed-forward", f"SwiGLU, hidden {gated.w1.out_features} (the library's)", activations, gated),
         ("feed-forward", "SwiGLU, W1 and V as one product", activations, gated_one_product),

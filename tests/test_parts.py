@@ -89,6 +89,34 @@ def test_rmsnorm_hand_written_gradient_equals_autograd_on_the_formula(dtype):
         torch.testing.assert_close(fast, readable, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "float16 input, float32 gain", "no gain gradient"])
+def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain(layout):
+    # The backward pass hands x, the gradient and r to LayerNorm's kernel, which reads them row by row: inputs that
+    # are views (rows not contiguous in memory), a gain of another dtype, and a frozen gain must not change it. The
+    # reference is the formula under autograd in float64, on the same numbers.
+    torch.manual_seed(0)
+    x = 3 * torch.randn(5, 3, 16, dtype=torch.float64) + 1
+    weight, grad = torch.rand(16, dtype=torch.float64) + 0.5, torch.randn(3, 5, 16, dtype=torch.float64)
+    if layout == "sliced":
+        x = torch.cat([x, x], dim=-1)[..., 5:21]  # rows 32 numbers apart, each 16 long
+    x = x.transpose(0, 1)  # (3, 5, 16), not contiguous
+    tolerance = 1e-12
+    if layout == "float16 input, float32 gain":  # the output is float32 (promoted by the gain), as rms_norm's
+        x, weight, grad, tolerance = x.half(), weight.float(), grad.float(), 2e-3
+    xs, ws = x.detach().requires_grad_(), weight.clone().requires_grad_(layout != "no gain gradient")
+    out = RMSNormFunction.apply(xs, ws, 1e-5)[0]
+    out.backward(grad)
+    assert out.dtype == rms_norm(x, weight, 1e-5).dtype and xs.grad.dtype == x.dtype
+    assert (ws.grad is None) == (layout == "no gain gradient")
+    x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    rms_norm(x64, w64, 1e-5).backward(grad.double())
+    torch.testing.assert_close(out.double(), rms_norm(x64, w64, 1e-5).detach(), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(xs.grad.double(), x64.grad, atol=tolerance, rtol=tolerance)
+    if ws.grad is not None:
+        assert ws.grad.dtype == weight.dtype
+        torch.testing.assert_close(ws.grad.double(), w64.grad, atol=tolerance, rtol=tolerance)
+
+
 def test_rmsnorm_gradient_keeps_float32_under_autocast():
     # Its sums are matrix-vector products, which autocast would run in bf16 if backward() were called inside it.
     torch.manual_seed(0)

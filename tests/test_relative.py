@@ -67,23 +67,30 @@ def test_the_two_rotary_layouts_are_one_rotation_with_the_coordinates_permuted()
     torch.testing.assert_close(rotated, InterleavedRotary(s).rotate(x, positions), rtol=0, atol=1e-12)
 
 
-def test_fast_rotation_equals_the_formula_forward_backward_and_in_the_queries_layout():
+@pytest.mark.parametrize("layout", ["split heads", "split from a wider projection", "contiguous", "five dims"])
+def test_fast_rotation_equals_the_formula_forward_backward_and_keeps_the_layout(layout):
     # RotateHalves (written into x's layout, the gradient as the opposite rotation) against rotate_halves under
-    # autograd, on the queries as attention makes them: a transposed view of the projection (b, t, h, s).
+    # autograd. Queries as attention makes them (a transposed view of the projection (b, t, h, s), also of a wider
+    # one) take the path on whole rows of h * s numbers; any other layout the path on halves.
     torch.manual_seed(0)
     rotary, positions = Rotary(8), torch.tensor([3, 4, 5, 9, 20])
     cos, sin = rotary.angles(positions, torch.float64)
-    projected = torch.randn(2, 5, 3, 8, dtype=torch.float64)  # (b, t, h, s)
-    grad = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    b, t, h, s = 2, 5, 3, 8
+    projected = torch.randn(b, t, 2 * h * s, dtype=torch.float64)  # (b, t, 2 h s): queries, then something else
     results = []
     for rotate in (RotateHalves.apply, rotate_halves):
-        x = projected.clone().requires_grad_()
-        out = rotate(x.transpose(1, 2), cos, sin)  # (b, h, t, s)
-        out.backward(grad)
-        results.append((out, x.grad))
+        leaf = projected.clone().requires_grad_()
+        x = {"split heads": lambda p: p[..., :h * s].contiguous().view(b, t, h, s).transpose(1, 2),
+             "split from a wider projection": lambda p: p[..., :h * s].view(b, t, h, s).transpose(1, 2),
+             "contiguous": lambda p: p[..., :h * s].reshape(b, t, h, s).transpose(1, 2).contiguous(),
+             "five dims": lambda p: p.view(b, t, 2, h, s).permute(2, 0, 3, 1, 4)}[layout](leaf)  # (b, h, t, s)
+        out = rotate(x, cos, sin)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape))
+        results.append((out, leaf.grad))
     torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=1e-12)
-    assert results[0][0].transpose(1, 2).is_contiguous()  # the transposed layout kept: no copy on the way back
-    x = projected.transpose(1, 2).requires_grad_()
+    assert RotateHalves.heads_side_by_side(x) == layout.startswith("split")
+    assert results[0][0].transpose(-3, -2).is_contiguous() == layout.startswith("split")  # no copy on the way back
+    x = projected[..., :h * s].reshape(b, t, h, s).transpose(1, 2).requires_grad_()
     assert torch.autograd.gradcheck(lambda x: rotary.rotate(x, positions), (x,))
     assert torch.autograd.gradgradcheck(lambda x: rotary.rotate(x, positions), (x,))
 

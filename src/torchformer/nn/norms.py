@@ -71,9 +71,11 @@ class RMSNormFunction(torch.autograd.Function):
     $$
 
     (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). ``x``,
-    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass, which never forms $\hat{x}$: with $u = \bar{y}
-    \odot x$, one product, both sums are products with vectors, $\bar{g} = \sum_p r_p u_p$ over the positions $p$
-    and $\operatorname{mean}(\bar{y} \odot g \odot \hat{x}) = r \, (u \cdot g) / e$. ``apply(x, weight, eps)``
+    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass, which runs LayerNorm's fused gradient kernel:
+    given a mean of 0 and $r$ as its reciprocal standard deviation, LayerNorm's $\hat{x}$ is this one, its
+    $\bar{g}$ is the one above, and its $\bar{x}$ has one more term, $-r \operatorname{mean}(\bar{y} \odot g)$, from
+    the mean LayerNorm subtracts (it moves with every $x_k$ too), which is added back: three passes over
+    ``(..., e)`` tensors where the formulas take a dozen. ``apply(x, weight, eps)``
     returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``, ``torch.func.jacfwd``),
     ``torch.func.grad``, ``jacrev``, ``hessian`` and ``vmap`` work too. The tests compare both directions with
     :func:`rms_norm` under autograd, and with ``gradcheck``.
@@ -155,17 +157,18 @@ class RMSNormFunction(torch.autograd.Function):
             grad_weight = (grad * normalised.to(x.dtype)).sum_to_size(weight.shape)
             return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
                     grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None, None)
-        e, wide = x.size(-1), x.to(r.dtype)  # x itself in float32
-        # Both sums read u = grad * x once, as products with vectors (no further (..., e) tensor): since x-hat = x r,
-        # sum_p grad_p * x-hat_p = r @ u over the positions, and mean(grad * g * x-hat) = r (u @ g) / e.
-        u = grad.to(r.dtype) * wide  # (..., e)
-        grad_x = grad_weight = None
+        e, dtype = x.size(-1), r.dtype  # float32 at least, as the forward pass
+        grad_wide, x_wide, weight_wide = grad.to(dtype), x.to(dtype), weight.to(dtype)  # no copies in float32
         with _full_precision(x.device):  # a backward pass run under autocast would take the products down to bf16
-            if ctx.needs_input_grad[1]:  # (P,) @ (P, e) -> (e,), P the positions
-                grad_weight = (r.reshape(-1) @ u.reshape(-1, e)).to(weight.dtype)
-            if ctx.needs_input_grad[0]:  # r (grad g) - x-hat r mean(grad g x-hat) = r (grad g) - x r^3 (u @ g) / e
-                scale = (u @ weight.to(r.dtype)).unsqueeze(-1) * r.pow(3) / e  # (..., 1)
-                grad_x = (grad * weight).to(r.dtype).mul_(r).addcmul_(wide, scale, value=-1).to(x.dtype)
+            # LayerNorm's gradient given a mean of 0 and r as its 1/std (its grad_weight is this one's), then the
+            # term of its mean cancelled: grad_x += r mean(grad * g), (..., 1) * ((..., e) @ (e,)) / e
+            grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward(
+                grad_wide, x_wide, [e], torch.zeros_like(r), r, weight_wide, None,
+                [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
+            if grad_x is not None:
+                grad_x = grad_x.add_(r * (grad_wide @ weight_wide).unsqueeze(-1) / e).to(x.dtype)
+            if grad_weight is not None:
+                grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None
 
 

@@ -127,13 +127,15 @@ def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class RotateHalves(torch.autograd.Function):
     """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
 
-    Two things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
+    Three things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
     presets' CPU model: 35 to 45 % less time, ``python benchmarks/parts.py``; ``benchmarks/RESULTS.md`` has the figures,
-    the machine and the date). The forward pass writes each half straight into the output (``out=``), in ``x``'s
-    memory layout: no concatenation, and no copy when the queries are a transposed view. And a rotation is
-    linear and orthogonal, so the gradient with respect to its input is the output's gradient rotated back,
-    ``rotate(grad, cos, -sin)``: the same two multiplications per pair, where autograd keeps and multiplies
-    each product separately. The angles get no gradient here: :class:`Rotary` uses the formula when they need one.
+    the machine and the date). The forward pass writes straight into the output, in ``x``'s memory layout: no
+    concatenation, and no copy when the queries are a transposed view. When they are (the heads of a position side
+    by side in memory, as attention's ``split_heads`` leaves them), it works on whole rows of ``h * s`` numbers
+    rather than on halves of ``s`` (:meth:`rotate_rows`). And a rotation is linear and orthogonal, so the gradient
+    with respect to its input is the output's gradient rotated back, ``rotate(grad, cos, -sin)``: the same two
+    multiplications per pair, where autograd keeps and multiplies each product separately. The angles get no
+    gradient here: :class:`Rotary` uses the formula when they need one.
 
     Shapes:
         ``apply(x, cos, sin)``: ``x`` ``(b, h, t, s)``, ``cos`` and ``sin`` ``(t, s/2)`` -> ``(b, h, t, s)``.
@@ -151,12 +153,58 @@ class RotateHalves(torch.autograd.Function):
         Returns:
             ``(..., t, s)``, strided as ``x``.
         """
+        if RotateHalves.heads_side_by_side(x) and cos.shape == sin.shape == (x.size(-2), x.size(-1) // 2):
+            return RotateHalves.rotate_rows(x, cos, sin)
         out = torch.empty_like(x)  # x's layout: a transposed view gives a transposed output
         first, second = x.chunk(2, dim=-1)  # (..., t, s/2) each
         out_first, out_second = out.chunk(2, dim=-1)
         torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-1)  # first cos - second sin
         torch.mul(first, sin, out=out_second).addcmul_(second, cos)  # first sin + second cos
         return out
+
+    @staticmethod
+    def heads_side_by_side(x: Tensor) -> bool:
+        """Whether ``x`` ``(b, h, t, s)`` is a view of ``(b, t, h * s)`` rows: the heads of a position side by side.
+
+        Args:
+            x: queries or keys.
+
+        Returns:
+            True for the layout attention's ``split_heads`` makes (a transposed view of the projection).
+        """
+        return x.dim() == 4 and x.stride(-1) == 1 and x.stride(1) == x.size(-1)
+
+    @staticmethod
+    def rotate_rows(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """:meth:`rotate` of an ``x`` whose heads sit side by side, by operations along whole ``(b, t, h * s)`` rows.
+
+        On halves, each operation works on runs of ``s/2`` numbers (16 in the presets' heads of 32) with gaps
+        between them; along whole rows it streams through memory, which a CPU does faster. Every coordinate takes
+        ``x cos`` (``C``: each pair's cosine at both its coordinates). The cross terms pair each coordinate with the
+        one ``s/2`` further along the row, so they are two products of the row with itself shifted by ``s/2``, times
+        a row of sines ``T`` that is zero where a coordinate takes no cross term from that side. For two heads of four
+        (pairs ``(0, 2)`` and ``(1, 3)`` in each), ``T = (sin_0, sin_1, 0, 0, sin_0, sin_1)``: coordinate ``j`` gets
+        ``-x[j + 2] T[j]`` (the first halves) and coordinate ``j + 2`` gets ``+x[j] T[j]`` (the second). A zero of
+        ``T`` multiplies a coordinate of the neighbouring head, so an infinite or NaN query spoils its whole position
+        here, not just its head.
+
+        Args:
+            x: ``(b, h, t, s)``, its heads side by side (:meth:`heads_side_by_side`).
+            cos: ``(t, s/2)``.
+            sin: as ``cos``.
+
+        Returns:
+            ``(b, h, t, s)``, its heads side by side.
+        """
+        b, h, t, s = x.shape
+        half = s // 2
+        rows = x.transpose(1, 2).flatten(2)  # (b, h, t, s) -> (b, t, h * s): a view, as the heads are side by side
+        cosines = cos.repeat(1, 2 * h)  # (t, h * s): pair m's cosine at coordinates m and m + s/2 of every head
+        sines = torch.cat([sin, torch.zeros_like(sin)], dim=-1).repeat(1, h)[:, :-half]  # T: (t, h * s - s/2)
+        out = torch.mul(rows, cosines)  # (b, t, h * s): x cos for every coordinate
+        out[..., :-half].addcmul_(rows[..., half:], sines, value=-1)  # first halves: - second sin
+        out[..., half:].addcmul_(rows[..., :-half], sines)  # second halves: + first sin
+        return out.view(b, t, h, s).transpose(1, 2)  # (b, h, t, s), heads side by side as x's
 
     @staticmethod
     def forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
