@@ -92,7 +92,8 @@ def test_rmsnorm_hand_written_gradient_equals_autograd_on_the_formula(dtype):
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "float16 input, float32 gain", "no gain gradient"])
 def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain(layout):
     # The backward pass hands x, the gradient and r to LayerNorm's kernel, which reads them row by row: inputs that
-    # are views (rows not contiguous in memory), a gain of another dtype, and a frozen gain must not change it. The
+    # are views (rows not contiguous in memory; a gradient too), a gain of another dtype, and a frozen gain must not
+    # change it. The
     # reference is the formula under autograd in float64, on the same numbers.
     torch.manual_seed(0)
     x = 3 * torch.randn(5, 3, 16, dtype=torch.float64) + 1
@@ -105,6 +106,8 @@ def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain
         x, weight, grad, tolerance = x.half(), weight.float(), grad.float(), 2e-3
     xs, ws = x.detach().requires_grad_(), weight.clone().requires_grad_(layout != "no gain gradient")
     out = RMSNormFunction.apply(xs, ws, 1e-5)[0]
+    if layout == "sliced":  # and a gradient that is a view too: (5, 3, 16) transposed
+        grad = grad.transpose(0, 1).contiguous().transpose(0, 1)
     out.backward(grad)
     assert out.dtype == rms_norm(x, weight, 1e-5).dtype and xs.grad.dtype == x.dtype
     assert (ws.grad is None) == (layout == "no gain gradient")
@@ -118,7 +121,8 @@ def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain
 
 
 def test_rmsnorm_gradient_keeps_float32_under_autocast():
-    # Its sums are matrix-vector products, which autocast would run in bf16 if backward() were called inside it.
+    # Its correction term is a matrix-vector product, which autocast would run in bf16 if backward() were called
+    # inside it.
     torch.manual_seed(0)
     x, weight, grad = torch.randn(4, 9, 32), torch.rand(32) + 0.5, torch.randn(4, 9, 32)
     grads = []

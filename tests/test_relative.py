@@ -68,10 +68,11 @@ def test_the_two_rotary_layouts_are_one_rotation_with_the_coordinates_permuted()
 
 
 @pytest.mark.parametrize("layout", ["split heads", "split from a wider projection", "contiguous", "five dims"])
-def test_fast_rotation_equals_the_formula_forward_backward_and_keeps_the_layout(layout):
+def test_fast_rotation_equals_the_formula_forward_backward_and_keeps_the_layout(layout, monkeypatch):
     # RotateHalves (written into x's layout, the gradient as the opposite rotation) against rotate_halves under
     # autograd. Queries as attention makes them (a transposed view of the projection (b, t, h, s), also of a wider
     # one) take the path on whole rows of h * s numbers; any other layout the path on halves.
+    monkeypatch.setattr(RotateHalves, "rows_from", 0)  # the rows path for these few numbers too
     torch.manual_seed(0)
     rotary, positions = Rotary(8), torch.tensor([3, 4, 5, 9, 20])
     cos, sin = rotary.angles(positions, torch.float64)
@@ -85,7 +86,10 @@ def test_fast_rotation_equals_the_formula_forward_backward_and_keeps_the_layout(
              "contiguous": lambda p: p[..., :h * s].reshape(b, t, h, s).transpose(1, 2).contiguous(),
              "five dims": lambda p: p.view(b, t, 2, h, s).permute(2, 0, 3, 1, 4)}[layout](leaf)  # (b, h, t, s)
         out = rotate(x, cos, sin)
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape))
+        grad = torch.linspace(-1, 1, out.numel(), dtype=torch.float64)
+        # the gradient in the layout scaled_dot_product_attention's backward pass returns (heads side by side), so
+        # that the backward pass takes the rows path where the forward pass does
+        out.backward(grad.view(b, t, h, s).transpose(1, 2) if layout.startswith("split") else grad.view(out.shape))
         results.append((out, leaf.grad))
     torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=1e-12)
     assert RotateHalves.heads_side_by_side(x) == layout.startswith("split")
@@ -93,6 +97,20 @@ def test_fast_rotation_equals_the_formula_forward_backward_and_keeps_the_layout(
     x = projected[..., :h * s].reshape(b, t, h, s).transpose(1, 2).requires_grad_()
     assert torch.autograd.gradcheck(lambda x: rotary.rotate(x, positions), (x,))
     assert torch.autograd.gradgradcheck(lambda x: rotary.rotate(x, positions), (x,))
+
+
+def test_the_rows_path_is_taken_for_a_training_batch_not_for_a_decoding_step(monkeypatch):
+    rows = []
+    def rotate_rows(x, cos, sin):  # records the shapes that take the rows path
+        rows.append(x.shape)
+        return rotate_halves(x, cos, sin)
+
+    monkeypatch.setattr(RotateHalves, "rotate_rows", rotate_rows)
+    rotary, h, s = Rotary(32), 8, 32
+    for b, t in [(16, 256), (1, 1), (4, 1)]:  # the presets' batch, then decoding steps of one and four sequences
+        x = torch.randn(b, t, h * s).view(b, t, h, s).transpose(1, 2)  # as split_heads makes them
+        rotary.rotate(x, torch.arange(t))
+    assert rows == [(16, h, 256, s)]
 
 
 def test_a_rotary_variant_with_learned_angles_gets_their_gradient():

@@ -110,7 +110,8 @@ class AttentionPositions(nn.Module):
 def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pair ``m`` of each vector, ``(x[..., m], x[..., m + s/2])``, by the angle of ``cos[m]`` and ``sin[m]``.
 
-    The formula as it reads, for autograd to differentiate; :class:`RotateHalves` computes the same numbers faster.
+    The formula as it reads, for autograd to differentiate; :class:`RotateHalves` computes the same numbers faster
+    (for finite inputs: see :meth:`RotateHalves.rotate_rows`).
 
     Args:
         x: ``(..., t, s)``.
@@ -128,14 +129,14 @@ class RotateHalves(torch.autograd.Function):
     """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
 
     Three things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
-    presets' CPU model: 35 to 45 % less time, ``python benchmarks/parts.py``; ``benchmarks/RESULTS.md`` has the figures,
-    the machine and the date). The forward pass writes straight into the output, in ``x``'s memory layout: no
-    concatenation, and no copy when the queries are a transposed view. When they are (the heads of a position side
-    by side in memory, as attention's ``split_heads`` leaves them), it works on whole rows of ``h * s`` numbers
-    rather than on halves of ``s`` (:meth:`rotate_rows`). And a rotation is linear and orthogonal, so the gradient
-    with respect to its input is the output's gradient rotated back, ``rotate(grad, cos, -sin)``: the same two
-    multiplications per pair, where autograd keeps and multiplies each product separately. The angles get no
-    gradient here: :class:`Rotary` uses the formula when they need one.
+    presets' CPU model: about 55 % less time, ``python benchmarks/parts.py``; ``benchmarks/RESULTS.md`` has the
+    figures, the machine and the date). The forward pass writes straight into the output, in ``x``'s memory layout:
+    no concatenation, and no copy when the queries are a transposed view. When they are (the heads of a position side
+    by side in memory, as attention's ``split_heads`` leaves them) and many (a training batch), it works on whole
+    rows of ``h * s`` numbers rather than on halves of ``s`` (:meth:`rotate_rows`). And a rotation is linear and
+    orthogonal, so the gradient with respect to its input is the output's gradient rotated back, ``rotate(grad, cos,
+    -sin)``: the same two multiplications per pair, where autograd keeps and multiplies each product separately. The
+    angles get no gradient here: :class:`Rotary` uses the formula when they need one.
 
     Shapes:
         ``apply(x, cos, sin)``: ``x`` ``(b, h, t, s)``, ``cos`` and ``sin`` ``(t, s/2)`` -> ``(b, h, t, s)``.
@@ -143,7 +144,29 @@ class RotateHalves(torch.autograd.Function):
 
     @staticmethod
     def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """:func:`rotate_halves`' numbers, each half written straight into a new tensor of ``x``'s layout.
+        """:func:`rotate_halves`' numbers in a new tensor: :meth:`rotate_rows` where it pays, else :meth:`by_halves`.
+
+        Args:
+            x: ``(..., t, s)``.
+            cos: ``(t, s/2)``, or any shape that broadcasts against a half of ``x``.
+            sin: as ``cos``.
+
+        Returns:
+            ``(..., t, s)``, strided as ``x`` (on the rows path, heads side by side in a tensor of its own).
+        """
+        if (x.numel() >= RotateHalves.rows_from and RotateHalves.heads_side_by_side(x)
+                and cos.shape == sin.shape == (x.size(-2), x.size(-1) // 2)):
+            return RotateHalves.rotate_rows(x, cos, sin)
+        return RotateHalves.by_halves(x, cos, sin)
+
+    # The rows path from this many numbers on (a batch of 8 sequences of 256 positions at emb 256). Below it, in a
+    # decoding step's one position or a small batch, the queries fit in a core's cache, where the halves' gaps cost
+    # little, and building the rows of angles costs more than it saves (`python benchmarks/rotary_layouts.py`).
+    rows_from = 2**19
+
+    @staticmethod
+    def by_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """:meth:`rotate` of any ``x``: each half written straight into a new tensor of ``x``'s layout.
 
         Args:
             x: ``(..., t, s)``.
@@ -153,8 +176,6 @@ class RotateHalves(torch.autograd.Function):
         Returns:
             ``(..., t, s)``, strided as ``x``.
         """
-        if RotateHalves.heads_side_by_side(x) and cos.shape == sin.shape == (x.size(-2), x.size(-1) // 2):
-            return RotateHalves.rotate_rows(x, cos, sin)
         out = torch.empty_like(x)  # x's layout: a transposed view gives a transposed output
         first, second = x.chunk(2, dim=-1)  # (..., t, s/2) each
         out_first, out_second = out.chunk(2, dim=-1)
@@ -185,8 +206,8 @@ class RotateHalves(torch.autograd.Function):
         a row of sines ``T`` that is zero where a coordinate takes no cross term from that side. For two heads of four
         (pairs ``(0, 2)`` and ``(1, 3)`` in each), ``T = (sin_0, sin_1, 0, 0, sin_0, sin_1)``: coordinate ``j`` gets
         ``-x[j + 2] T[j]`` (the first halves) and coordinate ``j + 2`` gets ``+x[j] T[j]`` (the second). A zero of
-        ``T`` multiplies a coordinate of the neighbouring head, so an infinite or NaN query spoils its whole position
-        here, not just its head.
+        ``T`` multiplies a coordinate of the neighbouring head, and ``0 * inf`` is NaN: an infinite or NaN coordinate
+        also makes NaN of one half of a neighbouring head, which the formula leaves alone.
 
         Args:
             x: ``(b, h, t, s)``, its heads side by side (:meth:`heads_side_by_side`).
@@ -201,7 +222,7 @@ class RotateHalves(torch.autograd.Function):
         rows = x.transpose(1, 2).flatten(2)  # (b, h, t, s) -> (b, t, h * s): a view, as the heads are side by side
         cosines = cos.repeat(1, 2 * h)  # (t, h * s): pair m's cosine at coordinates m and m + s/2 of every head
         sines = torch.cat([sin, torch.zeros_like(sin)], dim=-1).repeat(1, h)[:, :-half]  # T: (t, h * s - s/2)
-        out = torch.mul(rows, cosines)  # (b, t, h * s): x cos for every coordinate
+        out = torch.mul(rows, cosines, out=rows.new_empty(b, t, h * s))  # (b, t, h * s): x cos, in x's dtype
         out[..., :-half].addcmul_(rows[..., half:], sines, value=-1)  # first halves: - second sin
         out[..., half:].addcmul_(rows[..., :-half], sines)  # second halves: + first sin
         return out.view(b, t, h, s).transpose(1, 2)  # (b, h, t, s), heads side by side as x's
