@@ -161,7 +161,7 @@ class RotateHalves(torch.autograd.Function):
 
     # The rows path from this many numbers on (a batch of 8 sequences of 256 positions at emb 256). Below it, in a
     # decoding step's one position or a small batch, the queries fit in a core's cache, where the halves' gaps cost
-    # little, and building the rows of angles costs more than it saves (`python benchmarks/rotary_layouts.py`).
+    # little, and building the rows of angles costs more than it saves (`python benchmarks/rotary_layouts.py --rows`).
     rows_from = 2**19
 
     @staticmethod
