@@ -225,9 +225,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--download fetches the archive into the cache: give it without --data")
     if args.optimizer == "muon" and args.model == "lstm":
         p.error("--optimizer muon is for a transformer's blocks: --model lstm trains with --optimizer adam")
-    if args.optimizer == "muon" and args.strategy == "fsdp":
-        p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp, or "
-                "--optimizer adam" + ("" if typed_optimizer else " (the cpu preset's optimizer is muon)"))
     check_outputs(p, args.out, OUTPUTS)
     return args
 
@@ -472,7 +469,8 @@ def train(args: argparse.Namespace) -> dict:
     def batches(examples, shuffle, generator=None):
         return ClassificationBatches(encode(tokenizer, [t for t, _ in examples], args.max_length),
                                      [y for _, y in examples], batch_size=args.batch_size if shuffle else
-                                     2 * args.batch_size, shuffle=shuffle, generator=generator, device=device)
+                                     2 * args.batch_size, shuffle=shuffle, generator=generator, device=device,
+                                     num_classes=len(CLASSES))
 
     g = torch.Generator().manual_seed(args.seed)  # batch order; saved in checkpoints
     train_batches, val_batches = batches(train_set, True, g), batches(val_set, False)

@@ -251,9 +251,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
-    if args.optimizer == "muon" and args.strategy == "fsdp":
-        p.error("--optimizer muon needs whole matrices, and --strategy fsdp shards them: use --strategy ddp, or "
-                "--optimizer adam (the cpu preset's optimizer is muon)")
     check_outputs(p, args.out, OUTPUTS)
     return args
 

@@ -50,10 +50,22 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def labels(tokenizer: Optional[HuggingFaceTokenizer], ids: list[int]) -> list[str]:
-    """One readable label per token: its text (GPT-2 marks a leading space with Ġ), or its id."""
+    """One readable label per token: its text (GPT-2 marks a leading space with Ġ), or its id; an id the tokenizer
+    does not have (a model's vocabulary is often padded beyond it) says so."""
     if tokenizer is None:
         return [str(i) for i in ids]
-    return [repr(tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+    return [repr(tokenizer.decode([i], skip_special_tokens=False)) if i < len(tokenizer) else f"<id {i}: no token>"
+            for i in ids]
+
+
+def unknown_ids(tokenizer: Optional[HuggingFaceTokenizer], ids: list[int]) -> str:
+    """A note on the ids beyond the tokenizer's vocabulary (they decode to nothing), or ``""`` if there are none."""
+    beyond = sorted({i for i in ids if tokenizer is not None and i >= len(tokenizer)})
+    if not beyond:
+        return ""
+    listed = ", ".join(map(str, beyond[:8])) + (" ..." if len(beyond) > 8 else "")
+    return (f"note: {len(beyond)} generated id(s) ({listed}) are beyond the tokenizer's {len(tokenizer)} tokens (the "
+            f"model's vocabulary is padded beyond them): they have no text and are left out of it")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -90,7 +102,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     for step, (token, label) in enumerate(zip(new, labels(tokenizer, new))):
         print(f"  {label:>16}  {new_logp[0, step, token].item():8.3f}")
     if tokenizer is not None:
-        print(f"\ntext: {tokenizer.decode(tokens[0])!r}")
+        print(f"\ntext: {tokenizer.decode([i for i in tokens[0].tolist() if i < len(tokenizer)])!r}")
+        note = unknown_ids(tokenizer, new)
+        if note:
+            print(note)
 
     # The attention of one block over the whole sequence, the mean over its heads.
     sequence = tokens[:, -model.config.seq_length:]  # the model sees at most seq_length tokens

@@ -188,3 +188,13 @@ def test_classification_batches_bad_arguments():
     with pytest.raises(TypeError, match="pad must be an int token id, got 0.5"):
         ClassificationBatches([[1], [2]], [0, 1], batch_size=2, pad=0.5)
     assert len(ClassificationBatches([[1], [2]], [0, 1], batch_size=np.int64(1))) == 2
+
+
+def test_classification_batches_check_labels_against_num_classes_before_the_first_batch():
+    data = ClassificationBatches([[1], [2], [3]], [0, 1, 1], batch_size=2, num_classes=2)
+    assert sorted(torch.cat([labels for _, _, labels in data]).tolist()) == [0, 1, 1]
+    with pytest.raises(ValueError, match=r"labels must be class numbers in \[0, 2\) \(num_classes=2\), got 5 "
+                                         r"\(1 label at or above 2, the first at index 1\)"):
+        ClassificationBatches([[1], [2], [3]], [0, 5, 1], batch_size=2, num_classes=2)
+    with pytest.raises(ValueError, match="num_classes must be a positive int, got 0"):
+        ClassificationBatches([[1]], [0], batch_size=2, num_classes=0)

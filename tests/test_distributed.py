@@ -32,6 +32,7 @@ from torchformer.train.distributed_checkpoint import (  # noqa: E402
     load_distributed_checkpoint, save_distributed_checkpoint,
 )
 from torchformer.train.evaluation import bits_per_byte  # noqa: E402
+from torchformer.train.optimizers import ShardedMuon, make_optimizer  # noqa: E402
 from torchformer.train.metrics import evaluate_classifier  # noqa: E402
 
 WORLD = 2
@@ -67,6 +68,28 @@ def full_state(net) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+MUON_LR = 0.02
+MATRIX_SHAPES = ((27, 16), (16, 27), (3, 5), (1, 4), (16, 16))
+SHARDED_MUON = dict(lr=0.05, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")  # decay on: its step is tested too
+
+
+class Matrices(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(*shape, generator=g))
+                                               for shape in MATRIX_SHAPES])
+
+
+def matrix_grads(step: int) -> list:
+    g = torch.Generator().manual_seed(20 + step)
+    return [torch.randn(*shape, generator=g) for shape in MATRIX_SHAPES]
+
+
+def muon_model() -> GTransformer:
+    return model(ff_hidden=27)
 
 
 def eval_data() -> torch.Tensor:
@@ -156,6 +179,36 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     train_step(net, opt, 1, rank, world)
     save(full_state(net), "one_then_step.pt")
 
+    # Muon under FSDP2 (ShardedMuon): 2 steps, with a checkpoint after the first; an odd feed-forward width, so
+    # that FSDP2 splits some matrices unevenly (27 rows: 14 and 13) and the owners of whole matrices alternate.
+    net = wrap_model(muon_model(), strategy="fsdp")
+    opt = make_optimizer(net, "muon", lr=MUON_LR)
+    train_step(net, opt, 0, rank, world)
+    save_distributed_checkpoint(os.path.join(folder, "muon_two.pt"), model=net, optimizer=opt, step=1)
+    train_step(net, opt, 1, rank, world)
+    save({"state": full_state(net), "muon": type(opt.muon).__name__}, "muon_fsdp.pt")
+    # ShardedMuon alone, on gradients given whole (so every process steps the numbers one process would): 2 steps
+    # of matrices split evenly, unevenly, and with fewer rows than processes (rank 1 holds none of the (1, 4)).
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+
+    matrices = fully_shard(Matrices(), mesh=init_device_mesh("cpu", (world,)))
+    opt = ShardedMuon(matrices.parameters(), **SHARDED_MUON)
+    for step in range(2):
+        for p, grad in zip(matrices.parameters(), matrix_grads(step)):
+            p.grad = distribute_tensor(grad, p.device_mesh, p.placements)
+        opt.step()
+    whole = [p.full_tensor() for p in matrices.parameters()]  # collective: every process gathers
+    save({"weights": whole, "rows": [p.to_local().size(0) for p in matrices.parameters()]}, "sharded_muon.pt")
+
+    # ... and a one-process Muon checkpoint (the test's) resumed on two.
+    net = wrap_model(muon_model(), strategy="fsdp")
+    opt = make_optimizer(net, "muon", lr=MUON_LR)
+    load_distributed_checkpoint(os.path.join(folder, "muon_one.pt"), model=net, optimizer=opt)
+    train_step(net, opt, 1, rank, world)
+    save(full_state(net), "muon_one_then_step.pt")
+
     # Exact resume on the same world size, dropout included: each rank draws its own masks (its own seed), so
     # only restoring every rank's own generator states repeats the step exactly.
     net = wrap_model(model(dropout=0.3), strategy="ddp")
@@ -183,6 +236,10 @@ def job(tmp_path_factory):
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
     train_step(net, opt, 0)
     save_distributed_checkpoint(folder / "one.pt", model=net, optimizer=opt, step=1)
+    net = muon_model()
+    opt = make_optimizer(net, "muon", lr=MUON_LR)
+    train_step(net, opt, 0)
+    save_distributed_checkpoint(folder / "muon_one.pt", model=net, optimizer=opt, step=1)
 
     with socket.socket() as s:  # a free port for this job's rendezvous
         s.bind(("127.0.0.1", 0))
@@ -271,6 +328,61 @@ def test_a_two_process_checkpoint_resumes_in_one_process(job):
 def test_a_one_process_checkpoint_resumes_on_two(job):
     expected = reference(2, lambda p: torch.optim.AdamW(p, lr=0.01))
     assert_same_weights(torch.load(job / "one_then_step.pt"), expected)
+
+
+def muon_reference(steps: int = 2) -> dict:
+    net = muon_model()
+    opt = make_optimizer(net, "muon", lr=MUON_LR)
+    for step in range(steps):
+        train_step(net, opt, step)
+    return net.state_dict()
+
+
+def assert_muon_weights(state: dict, expected: dict) -> None:
+    """Each tensor within 5 % of how far training moved it. Muon orthogonalises in bfloat16: where the summed
+    gradients of two processes differ from one process's in their last float32 digit, an entry may round the other
+    way, and the Newton-Schulz iterations amplify that along the matrix's small singular directions (seen: one matrix
+    of 12 off by 3 % of its step, the others equal). A wrong step is off by far more: Muon's rescaling from a shard's
+    shape instead of the matrix's by 30 %, orthogonalising each process's rows alone by about 100 %.
+    (Equal gradients give equal steps: test_sharded_muon_on_equal_gradients_is_torchs_muon_on_whole_matrices.)"""
+    assert state.keys() == expected.keys()
+    initial = muon_model().state_dict()
+    for key in expected:
+        moved = (expected[key] - initial[key]).norm()
+        assert (state[key] - expected[key]).norm() <= 0.05 * moved, key
+
+
+def test_sharded_muon_on_equal_gradients_is_torchs_muon_on_whole_matrices(job):
+    got = torch.load(job / "sharded_muon.pt")
+    assert got["rows"] == [14, 8, 2, 1, 8]  # rank 0's share: FSDP2 split (27, 16) 14 + 13, (1, 4) 1 + 0
+    matrices = Matrices()
+    opt = torch.optim.Muon(matrices.parameters(), **SHARDED_MUON)
+    for step in range(2):
+        for p, grad in zip(matrices.parameters(), matrix_grads(step)):
+            p.grad = grad
+        opt.step()
+    for weight, expected in zip(got["weights"], matrices.parameters()):
+        torch.testing.assert_close(weight, expected.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_muon_under_fsdp_steps_as_one_process_muon_on_whole_matrices(job):
+    got = torch.load(job / "muon_fsdp.pt")
+    assert got["muon"] == "ShardedMuon"
+    expected = muon_reference()
+    assert_muon_weights(got["state"], expected)
+    assert not torch.allclose(expected["blocks.blocks.0.ff.net.0.weight"],
+                              muon_model().state_dict()["blocks.blocks.0.ff.net.0.weight"], atol=1e-3)  # it moved
+
+
+def test_a_two_process_muon_checkpoint_resumes_in_one_process_and_back(job):
+    net = muon_model()
+    opt = make_optimizer(net, "muon", lr=MUON_LR)
+    info = load_distributed_checkpoint(job / "muon_two.pt", model=net, optimizer=opt)
+    assert (info["step"], info["world_size"], type(opt.muon)) == (1, 2, torch.optim.Muon)
+    assert all(opt.muon.state[p]["momentum_buffer"].abs().sum() > 0 for p in opt.muon.param_groups[0]["params"])
+    train_step(net, opt, 1)
+    assert_muon_weights(net.state_dict(), torch.load(job / "muon_fsdp.pt")["state"])
+    assert_muon_weights(torch.load(job / "muon_one_then_step.pt"), muon_reference())
 
 
 def test_same_world_size_resumes_exactly_with_dropout(job):

@@ -65,3 +65,27 @@ def test_ids_work_without_a_tokenizer_and_bad_input_is_named(script, folder, tmp
     with pytest.raises(SystemExit):
         script.main([str(folder), "--prompt", "x", "--temperature", "-1", "--out", str(tmp_path)])
     assert "--temperature must be 0 (greedy) or positive" in capsys.readouterr().err
+
+
+def test_generated_ids_beyond_the_tokenizers_vocabulary_are_named_not_printed_as_empty_text(script, tmp_path,
+                                                                                           capsys):
+    # A vocabulary padded past the tokenizer's (as released models pad to a multiple of 64), and an output layer
+    # that prefers two of the padding ids (its rows for real tokens zero, for those two w and -w): greedy decoding
+    # then picks one of them at every step.
+    folder = tmp_path / "padded"
+    tokenizer = byte_level_bpe(folder)
+    size = tokenizer.get_vocab_size()
+    torch.manual_seed(0)
+    model = GTransformer(32, 4, 1, 24, size + 8, prenorm=True, qkv_bias=True, activation="gelu_tanh",
+                         head_bias=False).eval()
+    with torch.no_grad():
+        w = torch.randn(32)
+        model.head.toprobs.weight.zero_()
+        model.head.toprobs.weight[size + 3], model.head.toprobs.weight[size + 5] = 10 * w, -10 * w
+    to_huggingface(model, folder)
+    script.main([str(folder), "--prompt", "the cat", "-n", "3", "--threads", "1", "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    continuation = out.split("continuation")[1].split("text:")[0]
+    assert len(re.findall(rf"<id {size + 3}: no token>|<id {size + 5}: no token>", continuation)) == 3
+    assert f"are beyond the tokenizer's {size} tokens" in out
+    assert "text: 'the cat'" in out  # the ids without text are left out of it

@@ -85,8 +85,10 @@ def training_steps(log: Path) -> list[int]:
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
 def test_enwik8_on_two_fsdp_processes_resumes_exactly_on_two_and_in_one_and_evaluates_as_one(corpus, tmp_path,
                                                                                               capsys):
+    # With the cpu preset's Muon: under FSDP2 ShardedMuon, resumed in one process by torch.optim.Muon.
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    flags = [*enwik8_flags(corpus, out, "--checkpoint", str(ckpt), "-N", "4", "--test-every", "2")]
+    flags = [*enwik8_flags(corpus, out, "--checkpoint", str(ckpt), "-N", "4", "--test-every", "2", "--optimizer",
+                           "muon")]
     printed = torchrun("generate_enwik8", [*flags, "--strategy", "fsdp", "--checkpoint-blocks"], tmp_path / "logs")
     assert "processes: 2 processes (FSDP over gloo); -b 4 sequences per step in all (2 per process)" in printed
     assert printed.count("validation bits per byte:") == 1  # only rank 0 prints
@@ -104,7 +106,8 @@ def test_enwik8_on_two_fsdp_processes_resumes_exactly_on_two_and_in_one_and_eval
     (tmp_path / "ckpt2").mkdir()
     shutil.copy(ckpt / "step_00000002.pt", tmp_path / "ckpt2")
     again = tmp_path / "again"
-    flags = enwik8_flags(corpus, again, "--checkpoint", str(tmp_path / "ckpt2"), "-N", "4", "--test-every", "2")
+    flags = enwik8_flags(corpus, again, "--checkpoint", str(tmp_path / "ckpt2"), "-N", "4", "--test-every", "2",
+                         "--optimizer", "muon")
     assert "at step 2" in torchrun("generate_enwik8", [*flags, "--strategy", "fsdp", "--checkpoint-blocks"],
                                    tmp_path / "logs2")
     assert rows(again / "log.csv") == rows(out / "log.csv")[2:]  # steps 3 and 4, to the last digit
@@ -113,7 +116,7 @@ def test_enwik8_on_two_fsdp_processes_resumes_exactly_on_two_and_in_one_and_eval
     # One process resumes the 2-process checkpoint and carries on counting.
     capsys.readouterr()
     resumed = load("generate_enwik8").main(enwik8_flags(corpus, out, "--checkpoint", str(ckpt), "-N", "6",
-                                                        "--test-every", "2"))
+                                                        "--test-every", "2", "--optimizer", "muon"))
     printed = capsys.readouterr().out
     assert "at step 4" in printed and "written by 2 process(es), resumed on 1" in printed
     assert resumed["step"] == 6 and resumed["processes"] == 1

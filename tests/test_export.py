@@ -141,3 +141,30 @@ def test_the_core_loader_and_load_model_agree(tmp_path):
     folder = export_model(source, tmp_path / "export")
     a, b = load_exported(folder), load_model(folder)
     assert type(a) is type(b) is GTransformer and same_weights(a, source) and same_weights(b, source)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("kind", ["checkpoint", "folder", "huggingface"])
+def test_weights_holding_nan_or_infinity_are_refused_by_name_unless_asked(tmp_path, kind, bad):
+    from torchformer import from_huggingface, to_huggingface
+
+    if kind != "checkpoint":
+        pytest.importorskip("safetensors")
+    broken = model(prenorm=True, qkv_bias=True, activation="gelu_tanh", tie_weights=True, head_bias=False)  # GPT-2
+    with torch.no_grad():
+        broken.blocks.blocks[1].ff.net[0].weight[3, 5] = bad
+        broken.blocks.blocks[1].ff.net[0].weight[4, 5] = bad
+    if kind == "checkpoint":
+        path, load = save_checkpoint(tmp_path / "c.pt", model=broken, step=1), load_model
+    elif kind == "folder":
+        path, load = export_model(broken, tmp_path / "e"), load_model
+    else:
+        path, load = to_huggingface(broken, tmp_path / "hf"), from_huggingface
+    with pytest.raises(ValueError, match=r"the weights hold NaN or infinite values, in 1 tensor\(s\): "
+                                         r"blocks\.blocks\.1\.ff\.net\.0\.weight \(2 of 1,024\)\..*"
+                                         r"pass check_finite=False"):
+        load(path)
+    loaded = load(path, check_finite=False)  # to inspect it, say
+    assert not torch.isfinite(loaded.blocks.blocks[1].ff.net[0].weight).all()
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        load(path, check_finite="no")

@@ -116,13 +116,56 @@ def test_llama3_scaling_slows_the_slow_pairs_keeps_the_fast_ones_and_blends_betw
 @pytest.mark.parametrize("changes, message", [
     ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
     ({"mlp_bias": True}, "mlp_bias=True is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling=.* its type is 'yarn'"),
     ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=True is not supported"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types=.* is not supported"),
 ])
 def test_a_config_value_torchformer_cannot_express_is_named(tmp_path, changes, message):
     with pytest.raises(ValueError, match=message):
         from_huggingface(write(tmp_path / "x", hand_config(**changes), hand_tensors()))
+
+
+def test_a_legacy_rope_scaling_of_an_unsupported_type_is_refused_naming_the_field_the_file_has(tmp_path):
+    # transformers before 4.45 wrote the kind as "type": read as "rope_type", refused under the file's own name.
+    for scaling in ({"type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}):
+        with pytest.raises(ValueError, match=r"config.json: rope_scaling=\{.*\} is not supported: its type is "
+                                             rf"'{scaling.get('type', scaling.get('rope_type'))}'"):
+            from_huggingface(write(tmp_path / "x", hand_config(rope_scaling=scaling), hand_tensors()))
+
+
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+
+@pytest.mark.parametrize("fields", [
+    {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3}},  # transformers 5
+    {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3}},  # transformers 4.45 ..
+    {"rope_theta": 5e5, "rope_scaling": {"type": "llama3", **LLAMA3}},  # before 4.45
+])
+def test_every_spelling_of_llama3_scaling_loads_the_same_scaled_model(tmp_path, fields):
+    config = {k: v for k, v in hand_config(**fields).items() if k != "rope_theta" or "rope_theta" in fields}
+    model = from_huggingface(write(tmp_path / "x", config, hand_tensors()))
+    assert (model.config.rotary_base, model.config.rotary_scaling) == (5e5, LLAMA3)
+
+
+def bare(tensors):
+    """The tensors as a bare LlamaModel stores them: no "model." prefix, no output layer."""
+    return {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
+
+
+def test_a_bare_llama_model_folder_loads_its_tied_model_and_an_untied_one_is_refused_by_name(tmp_path):
+    tensors = hand_tensors()
+    full = from_huggingface(write(tmp_path / "full", hand_config(tie_word_embeddings=True),
+                                  {k: v for k, v in tensors.items() if k != "lm_head.weight"}))
+    loaded = from_huggingface(write(tmp_path / "bare", hand_config(tie_word_embeddings=True), bare(tensors)))
+    x = torch.randint(0, VOCAB, (2, POSITIONS), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), full(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="holds no lm_head.weight, .*a bare LlamaModel's folder.*"
+                                         "tie_word_embeddings=false"):
+        from_huggingface(write(tmp_path / "untied", hand_config(), bare(tensors)))
+    with pytest.raises(ValueError, match="holds no layers.1.mlp.up_proj.weight"):  # named as this folder names them
+        from_huggingface(write(tmp_path / "short", hand_config(tie_word_embeddings=True),
+                               {k: v for k, v in bare(tensors).items() if k != "layers.1.mlp.up_proj.weight"}))
 
 
 def test_tensors_that_do_not_fit_the_config_are_named(tmp_path):
@@ -236,6 +279,37 @@ def test_each_llama_choice_matters(tmp_path, transformers):
         other.load_state_dict(model.state_dict())
         with torch.no_grad():
             assert (other(x) - reference).abs().max() > 5e-4, changes  # five times the tolerance
+
+
+def test_a_bare_llama_model_of_transformers_gives_its_hidden_states_through_the_tied_embedding(tmp_path,
+                                                                                                transformers):
+    hf = random_model(transformers, "qwen2")  # tied
+    bare_model = transformers.Qwen2Model(hf.config).eval()
+    bare_model.load_state_dict(hf.model.state_dict())
+    bare_model.save_pretrained(tmp_path / "bare")
+    assert not any(k.startswith("model.") for k in safetensors_torch.load_file(tmp_path / "bare" / "model.safetensors"))
+    model = from_huggingface(tmp_path / "bare")
+    x = torch.randint(0, VOCAB, (2, POSITIONS), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = bare_model(x).last_hidden_state
+        expected = torch.log_softmax(hidden @ bare_model.embed_tokens.weight.T, dim=-1)
+        assert (model(x) - expected).abs().max().item() < 1e-4
+
+
+def test_a_legacy_llama3_rope_scaling_loads_as_transformers_reads_it(tmp_path, transformers):
+    """A config.json of transformers 4.x (rope_theta, and rope_scaling with "type"): scaled, as transformers 5 reads
+    it, and not silently unscaled."""
+    hf = random_model(transformers, "llama-3.1")
+    hf.save_pretrained(tmp_path / "new")
+    config = json.loads((tmp_path / "new" / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    kind, theta = rope.pop("rope_type"), rope.pop("rope_theta")
+    config.update(rope_theta=theta, rope_scaling={**rope, "type": kind})
+    (tmp_path / "new" / "config.json").write_text(json.dumps(config))
+    model = from_huggingface(tmp_path / "new")
+    x = torch.randint(0, VOCAB, (2, POSITIONS), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (model(x) - hf_log_probs(hf, x)).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])

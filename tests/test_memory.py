@@ -186,6 +186,20 @@ def test_bits_per_byte_with_memory_scores_each_stream_as_the_segment_window_rule
         bits_per_byte(model, data, context=t, memory=m, windows=2)
 
 
+def test_a_model_without_segment_memory_is_named_by_both_doors():
+    from torchformer import CTransformer
+    from torchformer.decoding.generation import MemoryStep
+    from torchformer.train.evaluation import bits_per_byte
+
+    classifier = CTransformer(16, 2, 1, 6, 11, 2, positions="rotary")
+    with pytest.raises(TypeError, match=r"bits_per_byte\(memory=3\) .* needs a model with new_memory\(\), and a "
+                                        r"CTransformer has none"):
+        bits_per_byte(classifier, torch.arange(20) % 11, context=6, memory=3)
+    with pytest.raises(TypeError, match=r"MemoryStep .*memory=3.* needs a model with new_memory\(\), and a "
+                                        r"CTransformer has none"):
+        MemoryStep(classifier, 3)
+
+
 def test_summed_segment_losses_backpropagate_at_once_and_long_calls_are_refused():
     from torchformer import generate
     from torchformer.decoding.generation import MemoryStep

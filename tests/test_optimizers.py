@@ -114,3 +114,31 @@ def test_muon_lowers_the_loss_and_bad_arguments_are_named():
         make_optimizer(torch.nn.Linear(2, 2), "muon", lr=0.01)
     with pytest.raises(ValueError, match="matrices must hold 2-D parameters only"):
         MuonWithAdam([torch.nn.Parameter(torch.zeros(3))], [], lr=0.01)
+
+
+def test_step_with_a_closure_calls_it_once_with_gradients_on_and_steps_with_what_it_computed():
+    """The closure contract of torch.optim.Optimizer.step (torch's optimizer tests check the same): the closure
+    re-evaluates the model with autograd on, although step itself runs under no_grad; step returns its loss; and
+    the step is the one taken from the gradients the closure left, as if it had been called first."""
+    net, reference = model(), model()
+    opt, ref_opt = make_optimizer(net, "muon", lr=0.02), make_optimizer(reference, "muon", lr=0.02)
+    calls = []
+    for step in range(3):
+        x, y = batch(step)
+
+        def closure():
+            calls.append(torch.is_grad_enabled())
+            opt.zero_grad()
+            loss = F.nll_loss(net(x).transpose(1, 2), y)
+            loss.backward()
+            return loss
+
+        loss = opt.step(closure)
+        ref_opt.zero_grad()
+        ref_loss = F.nll_loss(reference(x).transpose(1, 2), y)
+        ref_loss.backward()
+        assert ref_opt.step() is None
+        assert torch.equal(loss, ref_loss)
+    assert calls == [True] * 3
+    for (name, a), b in zip(net.named_parameters(), reference.parameters()):
+        assert torch.equal(a, b), name

@@ -120,6 +120,25 @@ def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain
         torch.testing.assert_close(ws.grad.double(), w64.grad, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("create_graph", [False, True], ids=["first derivative", "differentiable"])
+def test_rmsnorm_gain_gradient_of_a_half_precision_input_has_float32_accuracy(dtype, create_graph):
+    # A float32 gain with a bf16 or float16 input (autocast's weights, or a model.half() whose norms stay float32):
+    # the gain's gradient sums over every position, and rounding x-hat to the input's dtype before that sum would
+    # cost 3 of float32's digits (bf16: 1e-3 of the largest entry; measured 3e-7 without the rounding). The
+    # reference is the formula in float64 on the same rounded inputs.
+    torch.manual_seed(0)
+    x = (3 * torch.randn(4, 64, 32, dtype=torch.float64) + 1).to(dtype)
+    weight, grad = torch.rand(32) + 0.5, torch.randn(4, 64, 32)
+    ws = weight.clone().requires_grad_()
+    out = RMSNormFunction.apply(x.clone().requires_grad_(), ws, 1e-5)[0]
+    (grad_weight,) = torch.autograd.grad(out, ws, grad, create_graph=create_graph)
+    w64 = weight.double().requires_grad_()
+    (expected,) = torch.autograd.grad(rms_norm(x.double(), w64, 1e-5), w64, grad.double())
+    assert grad_weight.dtype == torch.float32
+    torch.testing.assert_close(grad_weight.double(), expected, rtol=0, atol=2e-6 * expected.abs().max().item())
+
+
 def test_rmsnorm_gradient_keeps_float32_under_autocast():
     # Its correction term is a matrix-vector product, which autocast would run in bf16 if backward() were called
     # inside it.

@@ -53,3 +53,16 @@ def test_bad_arguments():
         LearnedPositions(8, 0)
     with pytest.raises(ValueError, match="emb must be a positive int"):
         SinusoidalPositions(0)
+
+
+def test_learned_positions_refuse_a_longer_input_naming_max_len_and_check_the_shape():
+    positions = LearnedPositions(8, 10)
+    assert positions(torch.zeros(1, 10, 8)).shape == (1, 10, 8)  # every position it has
+    with pytest.raises(ValueError, match=r"x has 11 positions, but LearnedPositions has vectors for max_len=10 "
+                                         r"positions only \(0 \.\. 9\)"):
+        positions(torch.zeros(1, 11, 8))
+    for module in (positions, SinusoidalPositions(8)):
+        with pytest.raises(ValueError, match="x must have embedding size 8"):
+            module(torch.zeros(1, 3, 7))
+        with pytest.raises(ValueError, match=r"x must have shape \(b, t, 8\)"):
+            module(torch.zeros(3, 8))

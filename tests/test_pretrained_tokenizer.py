@@ -71,6 +71,19 @@ def test_a_bert_style_post_processor_adds_cls_and_sep_and_decode_skips_them(tmp_
     assert ours.decode(ids, skip_special_tokens=False).startswith("[CLS]")
 
 
+@pytest.mark.parametrize("fixture", [byte_level_bpe, wordpiece_with_cls_sep], ids=lambda f: f.__name__)
+def test_tokenize_gives_the_tokens_of_encode_without_special_tokens(tmp_path, fixture):
+    # The BERT-style fixture is the one that tells: its post-processor adds [CLS] and [SEP], which tokenize must not.
+    fixture(tmp_path)
+    ours = HuggingFaceTokenizer.from_folder(tmp_path)
+    for text in ["the cat sat on the mat", "a dog, and héllo", ""]:
+        tokens = ours.tokenize(text)
+        assert [ours.token_id(token) for token in tokens] == ours.encode(text, special_tokens=False)
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert ours.tokenize("a dog, and héllo") == theirs.tokenize("a dog, and héllo")
+
+
 def test_transformers_reads_the_same_file_to_the_same_ids(tmp_path):
     transformers = pytest.importorskip("transformers")
     byte_level_bpe(tmp_path / "bpe")

@@ -46,12 +46,12 @@ def test_a_query_sees_about_two_sqrt_n_keys():
         assert pairs < causal.sum().item() / 10  # ... against n / 2 on average for dense causal attention
 
 
-@pytest.mark.parametrize("sparse", ["strided", "fixed"])
+@pytest.mark.parametrize("sparse, summary", [("strided", 1), ("fixed", 1), ("fixed", 3)])
 @pytest.mark.parametrize("positions", ["rotary", "alibi", "none"])
-def test_every_path_computes_attention_under_the_written_out_mask(sparse, positions):
+def test_every_path_computes_attention_under_the_written_out_mask(sparse, summary, positions):
     torch.manual_seed(0)
     b, t, e = 2, 13, 16
-    config = TransformerConfig(e, 4, positions=positions, sparse=sparse, sparse_stride=4, sparse_summary=1,
+    config = TransformerConfig(e, 4, positions=positions, sparse=sparse, sparse_stride=4, sparse_summary=summary,
                                window=9, kv_heads=2)
     x = torch.randn(b, t, e, dtype=torch.float64)
     mask = torch.ones(b, t, dtype=torch.bool)
@@ -63,7 +63,7 @@ def test_every_path_computes_attention_under_the_written_out_mask(sparse, positi
         with torch.no_grad():
             outputs[impl] = layer(x, mask)
     # The reference written out: queries, keys and values by the layer's own projections, the mask by hand.
-    hand = fixed_by_hand(t, 4, 1) if sparse == "fixed" else strided_by_hand(t, 4)
+    hand = fixed_by_hand(t, 4, summary) if sparse == "fixed" else strided_by_hand(t, 4)
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     allowed = hand & (j <= i) & ((i - j).abs() < 9) & mask[:, None, None, :]  # (b, 1, t, t)
     x = x.masked_fill(~mask[..., None], 0.0)  # the layer's first step: padded rows hold nothing

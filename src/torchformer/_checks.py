@@ -269,6 +269,50 @@ def check_positions(positions: object, t: int, device: torch.device, *, limit: i
     return positions
 
 
+def require_method(obj: object, method: str, needed_for: str) -> Any:
+    """``obj``'s method ``method``, or a ``TypeError`` saying what needs it and what ``obj`` is.
+
+    The door check of a function that takes any model but needs one ability of it (``new_memory``, say): only the
+    lookup is guarded, so an ``AttributeError`` raised inside the method still surfaces as itself.
+
+    Args:
+        obj: the object (a model).
+        method: the method's name.
+        needed_for: what needs it, for the message (``"memory=64 (Transformer-XL's segment memory)"``).
+
+    Returns:
+        The bound method.
+    """
+    try:
+        return getattr(obj, method)
+    except AttributeError:
+        raise TypeError(f"{needed_for} needs a model with {method}(), and a {type(obj).__name__} has none") from None
+
+
+def check_finite_weights(module: torch.nn.Module, where: object) -> None:
+    """Raise a ``ValueError`` naming the tensors of ``module``'s state (its weights) that hold NaN or infinity.
+
+    The check of the loaders (``check_finite=True``): a model whose training diverged, or a damaged conversion,
+    would otherwise load and then print NaN. Two reductions per tensor (its largest and smallest value: NaN and
+    infinity survive them) and one read of the device for all of them; no copy of any tensor.
+
+    Args:
+        module: the model, its weights loaded.
+        where: the file or folder they came from, for the message.
+    """
+    tensors = [(name, t) for name, t in module.state_dict().items() if t.is_floating_point() and t.numel()]
+    if not tensors:
+        return
+    extremes = torch.stack([torch.stack([t.amax(), t.amin()]).float() for _, t in tensors])  # (n, 2)
+    bad = [name for (name, _), finite in zip(tensors, torch.isfinite(extremes).all(dim=1).tolist()) if not finite]
+    if bad:
+        counts = {name: int((~torch.isfinite(t)).sum()) for name, t in tensors if name in bad}
+        listed = ", ".join(f"{name} ({counts[name]:,} of {dict(tensors)[name].numel():,})" for name in bad[:6])
+        raise ValueError(f"{where}: the weights hold NaN or infinite values, in {len(bad)} tensor(s): {listed}"
+                         f"{' ...' if len(bad) > 6 else ''}. The file is broken (did its training diverge?); pass "
+                         f"check_finite=False to load it anyway")
+
+
 def check_shift(shift: object, b: int, device: torch.device) -> Tensor:
     """Check a generator's ``shift`` ``(b,)`` (each row's left padding): integers on ``device``; as ``torch.long``."""
     if not isinstance(shift, Tensor):

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from torchformer._checks import is_int
+from torchformer._checks import check_bool, check_finite_weights, is_int
 from torchformer._devices import map_location_device
 from torchformer._files import check_parents, check_path, file_sha256, read_json, write_atomically
 from torchformer._version import __version__
@@ -388,7 +388,7 @@ def export_model(model: nn.Module, directory: PathLike) -> Path:
 
 def load_exported(directory: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
                   classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-                  map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
+                  map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> TransformerModel:
     """The model exported to ``directory`` by :func:`export_model`, weights checked and loaded.
 
     The model is rebuilt from ``config.json``, in the dtype it was saved in. Needs the optional ``safetensors`` package.
@@ -399,6 +399,7 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
             its import path says (in a module already imported), see :func:`resolve_model_class`.
         classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``.
         map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
+        check_finite: refuse weights that hold NaN or infinity; ``False``: load them as they are.
 
     Returns:
         The model (a :class:`~torchformer.models.TransformerModel`), in ``eval()`` mode.
@@ -406,11 +407,12 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
     Raises:
         FileNotFoundError: the folder holds no ``config.json`` or no ``model.safetensors``.
         ValueError: ``config.json`` is not what :func:`export_model` wrote (edited, another format version, an
-            unreadable config), or the weights do not fit the config.
+            unreadable config), the weights do not fit the config, or (``check_finite``) hold NaN or infinity.
         CheckpointError: ``model.safetensors`` is not the file :func:`export_model` wrote (its SHA-256 differs;
             folders exported before the digest was recorded load unchecked) or not a safetensors file.
     """
     directory = check_path(directory, "path")
+    check_bool(check_finite, "check_finite")
     device = map_location_device(map_location)
     safetensors_torch = _import_safetensors()  # before any work: a missing package is the first thing to fix
     record, config, digest = _read_export_config(directory)
@@ -425,6 +427,8 @@ def load_exported(directory: PathLike, *, model_class: Optional[type[Transformer
                               record.get("model_class_path"))
     model = rebuild_model(cls, config, _safetensors_dtypes(weights))
     _load_safetensors(safetensors_torch, model, weights)
+    if check_finite:
+        check_finite_weights(model, weights)
     return model.to(device).eval()
 
 

@@ -166,6 +166,8 @@ class ClassificationBatches:
         generator: makes the shuffles reproducible.
         device: where the batches go (default: the CPU).
         pad: the padding id.
+        num_classes: the classifier's classes ``c``: every label must be in ``[0, c)``, checked here rather than by
+            the loss mid-epoch; ``None``: labels are only checked to be ``>= 0``.
 
     Shapes:
         Each batch: ``ids`` ``(b, t)`` int64, ``mask`` ``(b, t)`` bool (True for real tokens), ``labels`` ``(b,)``
@@ -179,7 +181,7 @@ class ClassificationBatches:
 
     def __init__(self, encoded: Sequence[Sequence[int]], labels: Sequence[int], *, batch_size: int,
                  max_length: int | None = None, shuffle: bool = True, generator: torch.Generator | None = None,
-                 device: torch.device | str | None = None, pad: int = 0):
+                 device: torch.device | str | None = None, pad: int = 0, num_classes: int | None = None):
         batch_size = _check_int("batch_size", batch_size)
         if max_length is not None:
             max_length = _check_int("max_length", max_length)
@@ -207,6 +209,13 @@ class ClassificationBatches:
                             f"shape {tuple(labels_t.shape)}")
         if int(labels_t.min()) < 0:
             raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
+        if num_classes is not None:
+            num_classes = _check_int("num_classes", num_classes)
+            if int(labels_t.max()) >= num_classes:
+                wrong = int((labels_t >= num_classes).sum())
+                raise ValueError(f"labels must be class numbers in [0, {num_classes}) (num_classes={num_classes}), "
+                                 f"got {int(labels_t.max())} ({wrong} label{'s' if wrong > 1 else ''} at or above "
+                                 f"{num_classes}, the first at index {int((labels_t >= num_classes).nonzero()[0])})")
         # Checked here rather than mid-epoch, so a bad example fails before training starts.
         for i, sequence in enumerate(encoded):
             _check_sequence(i, sequence)

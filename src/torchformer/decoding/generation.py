@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_features, check_mask, check_positive_int, check_tokens, is_int, is_number, values_checkable,
-    values_checked,
+    check_bool, check_features, check_mask, check_positive_int, check_tokens, is_int, is_number, require_method,
+    values_checkable, values_checked,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
@@ -163,7 +163,9 @@ class MemoryStep(EagerStep):
     def __init__(self, model: nn.Module, memory: int) -> None:
         super().__init__(model)
         self.memory = check_positive_int(memory, "memory")
-        model.new_memory(self.memory)  # refuses a model with absolute positions now, not at the first token
+        new_memory = require_method(model, "new_memory", f"MemoryStep (Transformer-XL's segment memory, memory="
+                                                         f"{memory}; a GTransformer with positions inside attention)")
+        new_memory(self.memory)  # refuses a model with absolute positions now, not at the first token
 
     @property
     def limit(self) -> Optional[int]:

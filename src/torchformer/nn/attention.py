@@ -124,8 +124,10 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
     """
     t, u = q.size(-2), k.size(-2)
     if allowed is None and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and t == u and t > 1,
-                                              scale=scale)
+        # A branch, not the comparison itself: with symbolic sizes (torch.compile(dynamic=True)) the comparison is a
+        # SymBool, which SDPA refuses, while a branch is decided when the graph is traced (a guard on the sizes).
+        causal = True if causal and t == u and t > 1 else False  # noqa: SIM210
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
     # SDPA returns NaN for a query that may see no key at all. Let such rows see everything, then zero them:
     # that matches the reference path (zero weights, zero output, zero gradient).
     any_key = None if allowed is None or every_row_has_key else allowed.any(dim=-1, keepdim=True)  # (b, 1, t, 1)

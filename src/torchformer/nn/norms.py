@@ -155,7 +155,8 @@ class RMSNormFunction(torch.autograd.Function):
             normalised = wide * r  # x-hat
             grad_normalised = (grad * weight).to(r.dtype)
             grad_x = r * (grad_normalised - normalised * (grad_normalised * normalised).mean(dim=-1, keepdim=True))
-            grad_weight = (grad * normalised.to(x.dtype)).sum_to_size(weight.shape)
+            # in float32 at least, as the first derivative's: a bf16 input must not round the gain's gradient
+            grad_weight = (grad.to(r.dtype) * normalised).sum_to_size(weight.shape)
             return (grad_x.to(x.dtype) if ctx.needs_input_grad[0] else None,
                     grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None, None)
         e, dtype = x.size(-1), r.dtype  # float32 at least, as the forward pass
@@ -189,8 +190,10 @@ class RMSNorm(nn.Module):
     starts at 1, so a fresh layer returns vectors of root mean square 1. There is no bias and no centering: the
     mean of ``x`` passes through, scaled.
 
-    The forward pass is :func:`rms_norm`'s formula; the gradient is written by hand (:class:`RMSNormFunction`, which
-    runs LayerNorm's fused kernel for it), fewer passes through memory: ``python benchmarks/parts.py`` has the times
+    The forward pass is :func:`rms_norm`'s formula. In eager mode the gradient is written by hand
+    (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; under
+    ``torch.compile`` the formula itself runs, for the compiler to trace and fuse (a custom ``autograd.Function``
+    would cut the graph). ``python benchmarks/parts.py`` has the eager times
     (``benchmarks/RESULTS.md``: 1.9 to 2.7 ms forward and backward against autograd's 5.7 ms and LayerNorm's 1.2 to
     2.1 ms at ``(16, 256, 256)``, 1 thread of a 2-core AMD EPYC, torch 2.13.0+cpu, 2026-11-27).
 
@@ -211,6 +214,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(emb))
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # the formula: torch.compile traces and fuses it (not a custom Function)
+            return rms_norm(x, self.weight, self.eps)
         return RMSNormFunction.apply(x, self.weight, self.eps)[0]  # (y, r): the output
 
     def extra_repr(self) -> str:

@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_positive_int
+from torchformer._checks import check_embeddings, check_positive_int
 
 
 def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -104,6 +104,7 @@ class SinusoidalPositions(nn.Module):
         return cls(emb)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        check_embeddings(x, "x", self.emb)
         positions = default_positions(x) if positions is None else positions
         return x + sinusoidal_table(positions, self.emb, dtype=x.dtype)  # (b, t, e) + (t, e)
 
@@ -117,8 +118,9 @@ class LearnedPositions(nn.Module):
     The vector $x_p$ of position $p$ becomes $x_p + P_p$, where $P$ ``(max_len, e)`` is ``embedding.weight``, one
     learned row per position.
 
-    Positions are not checked here (on a GPU that would wait for the device): the models check them at their
-    boundary and raise a ``ValueError`` for positions at or beyond ``max_len``.
+    Given ``positions`` are not read here (on a GPU that would wait for the device): the models check them at their
+    boundary and raise a ``ValueError`` for positions at or beyond ``max_len``. Without them, ``x`` longer than
+    ``max_len`` is a ``ValueError`` here (its length is a Python int: no wait).
 
     Args:
         emb: the embedding size ``e``.
@@ -149,7 +151,13 @@ class LearnedPositions(nn.Module):
         return cls(emb, max_len)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        positions = default_positions(x) if positions is None else positions
+        _, t, _ = check_embeddings(x, "x", self.emb)
+        if positions is None:
+            if t > self.max_len:
+                raise ValueError(f"x has {t} positions, but LearnedPositions has vectors for max_len={self.max_len} "
+                                 f"positions only (0 .. {self.max_len - 1}); crop x to {self.max_len} positions, or "
+                                 f"build it with a larger max_len")
+            positions = default_positions(x)
         return x + self.embedding(positions).to(x.dtype)  # (b, t, e) + (t, e)
 
     def extra_repr(self) -> str:

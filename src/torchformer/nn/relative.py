@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_int_at_least, check_positive_float
+from torchformer._checks import check_int_at_least, check_positive_float, check_positive_int
 from torchformer.config import TransformerConfig, check_rotary_scaling
 from torchformer.nn.masks import AttentionMask
 
@@ -475,24 +475,25 @@ class InterleavedRotary(Rotary):
         return rotated.flatten(-2)  # interleave the pairs again: (b, h, t, s)
 
 
-def alibi_slopes(heads: int) -> Tensor:
+def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Tensor:
     """The paper's slopes ``(h,)``, one per head.
 
     For ``h`` a power of two, ``2^(-8/h), 2^(-16/h), ..., 2^(-8)``; otherwise those of the next lower power of two
-    ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix).
+    ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix). Computed on ``device`` by tensor
+    operations (no copy from the host, nothing for ``torch.compile`` to break on), in float64, then rounded.
 
     Args:
         heads: the number of heads ``h``.
+        device: where the result goes; ``None``: the default device.
 
     Returns:
         ``(h,)`` float32, the slopes ``m_h``, steepest first.
     """
-    def powers_of_two(n: int) -> list[float]:
-        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-
-    n = 2 ** int(math.floor(math.log2(heads)))
-    slopes = powers_of_two(n) + powers_of_two(2 * n)[0::2][: heads - n]
-    return torch.tensor(slopes)
+    n = 2 ** int(math.floor(math.log2(heads)))  # the largest power of two up to h
+    k = torch.arange(heads, device=device, dtype=torch.float64)  # head k
+    # head k < n: 2^(-8 (k + 1) / n); head n + j: slope 2j of 2n heads, 2^(-8 (2j + 1) / 2n)
+    exponent = torch.where(k < n, 8 * (k + 1) / n, 8 * (2 * (k - n) + 1) / (2 * n))
+    return torch.exp2(-exponent).float()
 
 
 class ALiBi(AttentionPositions):
@@ -504,12 +505,14 @@ class ALiBi(AttentionPositions):
     \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} - m_h \, |i - j|
     $$
 
-    The slopes are the buffer ``slopes`` ``(h,)`` (:func:`alibi_slopes`); :meth:`bias` returns $-m_h |i - j|$ for
-    every head, and attention adds it to the scaled scores, before the mask and the softmax.
+    The slopes ``(h,)`` (:func:`alibi_slopes`; ``slopes``, on the CPU) are computed from ``heads`` where they are
+    used: :meth:`bias` returns $-m_h |i - j|$ for every head, and attention adds it to the scaled scores, before the
+    mask and the softmax.
 
     Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
     causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
-    queries' sequence: no bias there. There are no parameters: the slopes are a buffer, not saved in checkpoints.
+    queries' sequence: no bias there. There are no parameters and no buffers: nothing is saved in checkpoints, and
+    a model built on the ``meta`` device (as the loaders build one) has the same slopes as any other.
 
     Args:
         heads: the number of heads ``h``; head ``k`` gets slope ``alibi_slopes(h)[k]``.
@@ -520,7 +523,12 @@ class ALiBi(AttentionPositions):
 
     def __init__(self, heads: int) -> None:
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (h,)
+        self.heads = check_positive_int(heads, "heads")
+
+    @property
+    def slopes(self) -> Tensor:
+        """The slopes ``m_h`` ``(h,)``, float32, on the CPU (:func:`alibi_slopes`)."""
+        return alibi_slopes(self.heads)
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> ALiBi:
@@ -543,13 +551,16 @@ class ALiBi(AttentionPositions):
             mask: the query positions ``i`` and key positions ``j`` of this attention call.
 
         Returns:
-            ``(h, t, u)`` float32 (the slopes' dtype), or ``None`` when the keys have no positions
-            (cross-attention).
+            ``(h, t, u)`` float32, or ``None`` when the keys have no positions (cross-attention).
         """
         if mask.key_positions is None:
             return None
-        distance = mask.distance().abs().to(self.slopes.dtype)  # (t, u)
-        return -self.slopes[:, None, None] * distance  # (h, 1, 1) * (t, u) -> (h, t, u)
+        distance = mask.distance().abs().float()  # (t, u)
+        slopes = alibi_slopes(self.heads, device=distance.device)  # (h,)
+        return -slopes[:, None, None] * distance  # (h, 1, 1) * (t, u) -> (h, t, u)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}"
 
 
 def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:

@@ -4,6 +4,10 @@ Building a model the ordinary way draws random initial weights (time, and the gl
 to overwrite them. Instead the model is built on the meta device (shapes only: no memory, no random numbers), then
 given empty memory of the right dtype on the right device. ``to_empty`` gives every parameter its own memory, so
 parameters that were one object (a tied output layer and token embedding) are made one object again.
+
+It leaves every buffer empty too, and a loader fills only what the files store: so no part of a model a loader
+builds may keep a buffer outside its ``state_dict`` (``persistent=False``). Such constants are computed where they
+are used (ALiBi's slopes, the rotary angles); :func:`empty_model` refuses a model that has one.
 """
 
 from __future__ import annotations
@@ -26,9 +30,16 @@ def empty_model(model_class: type[TransformerModel], config: TransformerConfig, 
 
     Returns:
         The model; its parameters' values are whatever the memory held, for a loader to overwrite.
+
+    Raises:
+        ValueError: the model keeps a buffer outside its ``state_dict``, which no file would fill.
     """
     with torch.device("meta"):
         model = model_class(config=config)
+    unsaved = sorted(set(dict(model.named_buffers())) - set(model.state_dict()))
+    if unsaved:
+        raise ValueError(f"{model_class.__name__} keeps buffers outside its state_dict ({', '.join(unsaved)}): built "
+                         f"empty, nothing would fill them; compute them where they are used instead")
     # Each parameter reached under a second name (remove_duplicate=False) is tied to the first name's.
     first: dict[int, str] = {}
     ties = []

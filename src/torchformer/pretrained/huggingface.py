@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 import torch
 
+from torchformer._checks import check_bool, check_finite_weights
 from torchformer._devices import resolve_named_device
 from torchformer.models import TransformerModel
 import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
@@ -31,7 +32,7 @@ EXPORTS = (gpt2, llama, bert, t5)
 
 
 def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
-                     device: Union[str, torch.device, None] = None) -> TransformerModel:
+                     device: Union[str, torch.device, None] = None, check_finite: bool = True) -> TransformerModel:
     """The torchformer model equal to the one in ``folder`` (Hugging Face layout), in ``eval()`` mode.
 
     Loading never holds two full copies of the weights and leaves the global random generators as they were: the
@@ -43,6 +44,8 @@ def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
             reads (``model.safetensors``, ``pytorch_model.bin`` with ``weights_only=True``, either sharded).
         dtype: the floating dtype of the model's parameters; ``None``: the dtype of the stored token embedding.
         device: where the model's parameters go (``"cpu"``, ``"cuda:0"``, ``"auto"``); ``None``: the CPU.
+        check_finite: refuse weights that hold NaN or infinity (one pass over them after loading); ``False``: load
+            them as they are.
 
     Returns:
         The model: a :class:`~torchformer.models.GTransformer` for ``model_type`` ``"gpt2"``, ``"llama"``,
@@ -54,11 +57,13 @@ def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
         TypeError: ``folder`` is not a path, or ``dtype`` not a floating ``torch.dtype``.
         FileNotFoundError: the folder, its ``config.json`` or its weights are missing.
         ValueError: ``model_type`` is not supported, a config field holds a value torchformer cannot express (the
-            message names the field and the value), or the tensors do not fit the config (naming the tensor).
+            message names the field and the value), the tensors do not fit the config (naming the tensor), or,
+            with ``check_finite``, a tensor holds NaN or infinity (naming it).
     """
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
                         f"{dtype!r}")
+    check_bool(check_finite, "check_finite")
     target = torch.device("cpu") if device is None else resolve_named_device(device, "device")
     folder, hf_config = read_config(folder)
     kind = hf_config["model_type"]
@@ -70,6 +75,8 @@ def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
     with WeightReader(folder) as reader:
         model = family.empty_model(config, reader, dtype=dtype, device=target)  # memory, no values, no RNG
         family.load_weights(model, reader)
+        if check_finite:
+            check_finite_weights(model, reader.where)
     return model.eval()
 
 

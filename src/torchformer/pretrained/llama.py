@@ -37,11 +37,11 @@ from torchformer.pretrained.folders import WeightReader, copy_tensor
 
 MODELS = (GTransformer,)  # the classes this family writes (to_huggingface); describes() says which of them
 
-# The name map, (Hugging Face, torchformer), read top down. Names in a block are relative to model.layers.{i}. and
-# blocks.blocks.{i}.; a bias appears only where the config has one.
+# The name map, (Hugging Face, torchformer), read top down. The stack's names follow PREFIX; names in a block are
+# relative to {PREFIX}layers.{i}. and blocks.blocks.{i}.; a bias appears only where the config has one.
 TOP = (
-    ("model.embed_tokens.weight", "embedding.tokens.weight"),  # (v, e): the token embedding
-    ("model.norm.weight", "blocks.norm.weight"),  # (e,): the final RMSNorm of the pre-norm stack
+    ("embed_tokens.weight", "embedding.tokens.weight"),  # (v, e): the token embedding
+    ("norm.weight", "blocks.norm.weight"),  # (e,): the final RMSNorm of the pre-norm stack
 )
 BLOCK = (
     ("input_layernorm.weight", "norm1.weight"),  # (e,): the RMSNorm before attention
@@ -57,6 +57,9 @@ BLOCK = (
 QKV_BIASES = tuple((hf.replace("weight", "bias"), tf.replace("weight", "bias")) for hf, tf in BLOCK[1:4])
 OUT_BIAS = ("self_attn.o_proj.bias", "attention.unifyheads.bias")
 OUTPUT = ("lm_head.weight", "head.toprobs.weight")  # (v, e): stored only when tie_word_embeddings is false
+# LlamaForCausalLM (MistralForCausalLM, ...) prefixes the stack's names with "model." (lm_head has none); a bare
+# LlamaModel stores them without, and no lm_head.
+PREFIX = "model."
 # A buffer older files store in each block (the rotary frequencies, recomputed from the config): nothing to load.
 IGNORED = ("self_attn.rotary_emb.inv_freq",)
 
@@ -74,42 +77,62 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def rules(config: TransformerConfig) -> Iterator[tuple[str, str]]:
+def rules(config: TransformerConfig, prefix: str = PREFIX) -> Iterator[tuple[str, str]]:
     """Every (Hugging Face name, torchformer name) pair of a model of ``config``, block names made absolute.
 
     Args:
         config: the model's config (its depth, biases and tying say which tensors there are).
+        prefix: what the stack's names start with: :data:`PREFIX` (``LlamaForCausalLM``), or ``""`` (a bare
+            ``LlamaModel``).
 
     Yields:
         The pairs, top-level tensors first, then each block's, then the output layer if untied.
     """
-    yield from TOP
+    for hf, tf in TOP:
+        yield prefix + hf, tf
     block = BLOCK + (QKV_BIASES if config.qkv_bias else ()) + ((OUT_BIAS,) if config.out_bias else ())
     for i in range(config.depth):
         for hf, tf in block:
-            yield f"model.layers.{i}.{hf}", f"blocks.blocks.{i}.{tf}"
+            yield f"{prefix}layers.{i}.{hf}", f"blocks.blocks.{i}.{tf}"
     if not config.tie_weights:
         yield OUTPUT
 
 
-def rope(hf: dict[str, Any], refuse: Callable[[str, str], ValueError]) -> tuple[float, Optional[dict]]:
-    """``(rotary_base, rotary_scaling)`` from the config's rope fields.
+def stored_prefix(reader: WeightReader) -> str:
+    """:data:`PREFIX` when the folder stores the token embedding under it, else ``""`` (a bare ``LlamaModel``).
 
     Args:
-        hf: ``config.json``: ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (before).
+        reader: the folder's tensors.
+
+    Returns:
+        The prefix of the stack's names in the files.
+    """
+    return "" if PREFIX + TOP[0][0] not in reader.names() and TOP[0][0] in reader.names() else PREFIX
+
+
+def rope(hf: dict[str, Any], refuse: Callable[[str, str], ValueError]) -> tuple[float, Optional[dict]]:
+    """``(rotary_base, rotary_scaling)`` from the config's rope fields, in either spelling.
+
+    Args:
+        hf: ``config.json``: ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (before),
+            whose kind is ``rope_type``, or ``type`` in files of transformers before 4.45.
         refuse: makes the error for a field and a reason.
 
     Returns:
         The base, and Llama-3.1's scaling or ``None``.
     """
-    parameters = hf.get("rope_parameters") or {**(hf.get("rope_scaling") or {}),
-                                               "rope_theta": hf.get("rope_theta", 10000.0)}
+    field = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
+    parameters = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10000.0),
+                                               **(hf.get("rope_scaling") or {})}
+    if not isinstance(parameters, dict):
+        raise refuse(field, "expected a JSON object")
     kind = parameters.get("rope_type", parameters.get("type", "default"))
+    base = parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
     if kind == "default":
-        return parameters["rope_theta"], None
+        return base, None
     if kind != "llama3":
-        raise refuse("rope_parameters", f"rope_type {kind!r}: torchformer has 'default' and 'llama3'")
-    return parameters["rope_theta"], {key: parameters.get(key) for key in LLAMA3_SCALING}
+        raise refuse(field, f"its type is {kind!r}, and torchformer's rotary positions have 'default' and 'llama3'")
+    return base, {key: parameters.get(key) for key in LLAMA3_SCALING}
 
 
 def config_from_huggingface(hf: dict[str, Any]) -> TransformerConfig:
@@ -260,7 +283,10 @@ def empty_model(config: TransformerConfig, reader: WeightReader, *, dtype: Optio
     Returns:
         The model, its parameters' values unset (the output layer tied to the embedding again, if tied).
     """
-    return building.empty_model(GTransformer, config, dtype=dtype or reader.dtype(TOP[0][0]), device=device)
+    embedding = stored_prefix(reader) + TOP[0][0]
+    if dtype is None and embedding not in reader.names():
+        raise ValueError(f"{reader.where} holds no {embedding}, which this config.json's model has")
+    return building.empty_model(GTransformer, config, dtype=dtype or reader.dtype(embedding), device=device)
 
 
 def load_weights(model: GTransformer, reader: WeightReader) -> None:
@@ -275,18 +301,22 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
             is stored although tied and differs from the token embedding.
     """
     names = set(reader.names())
+    prefix = stored_prefix(reader)
     params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
     left = {name for name in names if not name.endswith(IGNORED)}
-    for stored, name in rules(model.config):
+    for stored, name in rules(model.config, prefix):
         if stored not in names:
-            raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has")
+            bare = (" (a bare LlamaModel's folder, its names without 'model.': it stores no output layer, and "
+                    "config.json does not tie it to the embedding, tie_word_embeddings=false)"
+                    if stored == OUTPUT[0] and not prefix else "")
+            raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has{bare}")
         copy_tensor(reader, stored, params[name])
         left.discard(stored)
     if model.config.tie_weights and OUTPUT[0] in left:  # a file may store the tied weight twice: the same
         embedding = params["embedding.tokens.weight"].detach()
         if not torch.equal(reader.tensor(OUTPUT[0]).to(embedding), embedding):
-            raise ValueError(f"{reader.where}: lm_head.weight differs from {TOP[0][0]}, but config.json ties them "
-                             f"(tie_word_embeddings=true)")
+            raise ValueError(f"{reader.where}: lm_head.weight differs from {prefix}{TOP[0][0]}, but config.json ties "
+                             f"them (tie_word_embeddings=true)")
         left.discard(OUTPUT[0])
     if left:
         raise ValueError(f"{reader.where} holds tensors this config.json's model does not have (biases the config "

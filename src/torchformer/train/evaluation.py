@@ -36,7 +36,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_bool, check_positive_int, is_int
+from torchformer._checks import check_bool, check_positive_int, is_int, require_method
 from torchformer.train.distributed import all_reduce_sum, rank_and_world_size
 from torchformer.train.training import progress as progress_bar
 
@@ -112,6 +112,8 @@ def bits_per_byte(model: nn.Module, data: Tensor, *, context: int, batch_size: i
         device = param.device if param is not None else data.device
     if memory is not None:
         check_positive_int(memory, "memory")
+        require_method(model, "new_memory", f"bits_per_byte(memory={memory}) (Transformer-XL's segment memory; a "
+                                            f"GTransformer with positions inside attention)")
         if windows is not None or stride is not None:
             raise ValueError(f"memory={memory} scores every byte once as streams: leave out windows ({windows}) "
                              f"and stride ({stride})")

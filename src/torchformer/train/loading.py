@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
+from torchformer._checks import check_bool, check_finite_weights
 from torchformer._devices import map_location_device
 from torchformer._files import check_path
 from torchformer.models import TransformerModel
@@ -26,7 +27,7 @@ from torchformer.train.checkpoint import load_checkpoint, read_checkpoint, read_
 
 def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] = None,
                classes: Optional[Mapping[str, type[TransformerModel]]] = None,
-               map_location: Union[str, torch.device] = "cpu") -> TransformerModel:
+               map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> TransformerModel:
     """The model saved at ``path``, rebuilt from its stored config, weights loaded, in ``eval()`` mode.
 
     Args:
@@ -41,6 +42,8 @@ def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] 
         classes: more classes to look the saved name up in, ``{"MyGPT": MyGPT}``: a class whose recorded place is
             not imported, or that was moved or renamed since.
         map_location: the device of the returned model (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
+        check_finite: refuse weights that hold NaN or infinity (a run that diverged); ``False``: load them as they
+            are (to inspect such a model, say).
 
     Returns:
         The model (a :class:`~torchformer.models.TransformerModel`), in ``eval()`` mode.
@@ -53,14 +56,16 @@ def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] 
 
     Raises ``ValueError`` when the file holds no config (then build the model yourself and use
     :func:`~torchformer.train.checkpoint.load_checkpoint`), names a class that cannot be found, or holds weights
-    that do not fit the config; :class:`~torchformer.saving.CheckpointError` (a ``ValueError``) naming the file
-    when it is damaged (a checkpoint's digest, or an exported ``model.safetensors`` whose SHA-256 differs from the
-    one in ``config.json``); ``TypeError`` for a ``model_class`` or ``classes`` that are not torchformer model
-    classes.
+    that do not fit the config or (``check_finite``) hold NaN or infinity; :class:`~torchformer.saving.CheckpointError`
+    (a ``ValueError``) naming the file when it is damaged (a checkpoint's digest, or an exported
+    ``model.safetensors`` whose SHA-256 differs from the one in ``config.json``); ``TypeError`` for a
+    ``model_class`` or ``classes`` that are not torchformer model classes.
     """
     path = check_path(path, "path")
     if path.is_dir():
-        return load_exported(path, model_class=model_class, classes=classes, map_location=map_location)
+        return load_exported(path, model_class=model_class, classes=classes, map_location=map_location,
+                             check_finite=check_finite)
+    check_bool(check_finite, "check_finite")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint file or exported folder at {path}")
     if path.name in (WEIGHTS_FILE, CONFIG_FILE) and (path.parent / CONFIG_FILE).is_file():
@@ -77,6 +82,8 @@ def load_model(path: PathLike, *, model_class: Optional[type[TransformerModel]] 
     cls = resolve_model_class(info["model_class"], model_class, classes, path, info["model_class_path"])
     model = rebuild_model(cls, info["config"], _checkpoint_dtypes(path))
     load_checkpoint(path, model=model, restore_rng=False)  # its digest, config and weight checks apply
+    if check_finite:
+        check_finite_weights(model, path)
     return model.to(device).eval()
 
 

@@ -12,21 +12,27 @@ gains, biases). One learning rate drives both: Muon rescales its update to Adam'
 (``adjust_lr_fn="match_rms_adamw"``, 0.2 times the square root of the larger side). :class:`MuonWithAdam` is one
 ``torch.optim.Optimizer`` over the two, so schedulers, checkpoints and training loops treat it as any optimizer.
 docs/training.md ("The optimizer") tells more, with the measured gain.
+
+Under FSDP2 each process holds some rows of every matrix, and Muon needs whole ones: :class:`ShardedMuon` keeps the
+momentum of its own rows (momentum is element-wise), and hands each matrix to one process, which gathers its rows,
+orthogonalises it and sends every process its rows of the result (docs/going-big.md, "Muon on sharded matrices").
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from torchformer._checks import check_choice, is_number
 from torchformer.models import TransformerModel
 from torchformer.saving import unwrap_model
 
 try:  # torch >= 2.5, where torch.distributed is built
-    from torch.distributed.tensor import DTensor
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
 except ImportError:  # pragma: no cover - no distributed build: nothing can be sharded
     DTensor = ()
 
@@ -56,24 +62,204 @@ def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -
     return matrices, rest
 
 
+def orthogonalise(matrix: Tensor, *, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+    """Muon's approximation of ``U V^T`` for ``matrix = U S V^T``: quintic Newton–Schulz iterations in bfloat16.
+
+    The iteration ``X <- a X + (b X X^T + c (X X^T)^2) X`` pushes every singular value of ``X`` towards 1 (roughly:
+    into 0.5 .. 1.5) and keeps the singular vectors, starting from ``matrix`` divided by its Frobenius norm (so no
+    singular value is above 1). It runs on the wide side, so the Gram matrix ``X X^T`` is the smaller one.
+    ``torch.optim.Muon``'s operations, in its order: the same numbers.
+
+    Args:
+        matrix: ``(m, n)``.
+        coefficients: ``(a, b, c)``.
+        steps: the iterations.
+        eps: the smallest norm divided by (a zero matrix stays zero).
+
+    Returns:
+        ``(m, n)`` bfloat16.
+    """
+    a, b, c = coefficients
+    tall = matrix.size(0) > matrix.size(1)
+    x = matrix.bfloat16().T if tall else matrix.bfloat16()  # (m', n') with m' <= n'
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T  # (m', m')
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G G) x
+    return x.T if tall else x
+
+
+def muon_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> float:
+    """The learning rate Muon steps a matrix of ``shape`` ``(A, B)`` with (``torch.optim.Muon``'s adjustment).
+
+    Args:
+        lr: the group's learning rate.
+        adjust_lr_fn: ``"match_rms_adamw"`` (``0.2 sqrt(max(A, B))`` times ``lr``, Adam's typical update size),
+            ``"original"`` or ``None`` (``sqrt(max(1, A / B))`` times ``lr``).
+        shape: the whole matrix's shape.
+
+    Returns:
+        The rescaled learning rate.
+    """
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * math.sqrt(max(1.0, rows / cols))
+
+
+def row_shares(rows: int, world_size: int) -> list[int]:
+    """How many rows of a matrix of ``rows`` each of ``world_size`` processes holds under FSDP2.
+
+    FSDP2 splits the first dimension as ``torch.chunk`` does: ``ceil(rows / n)`` rows each, the last processes fewer
+    or none.
+
+    Args:
+        rows: the matrix's first dimension.
+        world_size: the processes it is sharded over.
+
+    Returns:
+        One count per process, summing to ``rows``.
+    """
+    share = -(-rows // world_size)  # ceil
+    return [max(0, min(share, rows - rank * share)) for rank in range(world_size)]
+
+
+def _run_closure(closure: Any) -> Any:
+    """The loss of an optimizer's ``closure``, computed with autograd on (``step`` runs under no_grad), or ``None``."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+class ShardedMuon(torch.optim.Muon):
+    """``torch.optim.Muon`` for matrices that FSDP2 shards by rows: the same step, each matrix orthogonalised whole.
+
+    Each process holds some rows of every parameter, of its gradient and (here) of its momentum, which is
+    element-wise: each process updates its own rows. The orthogonalisation is not: matrix ``i`` of a group goes to
+    process ``i mod n``, which gathers its rows from every process, orthogonalises it (:func:`orthogonalise`) and
+    sends each process its rows of the result; every process owns about ``1/n`` of the work. The rows travel in
+    bfloat16, the dtype the orthogonalisation starts with, so the step is one process's ``torch.optim.Muon`` step
+    on the whole matrices, up to the order of the additions in the gradients' reduction. The state is
+    ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter), so the distributed checkpoints gather
+    it and load it into any number of processes, also into a plain ``torch.optim.Muon``.
+
+    Args:
+        params: 2-D parameters that FSDP2 sharded (``DTensor`` with the placement ``Shard(0)`` on a 1-D mesh).
+        **options: ``torch.optim.Muon``'s (``lr``, ``momentum``, ``adjust_lr_fn``, ...).
+
+    Raises:
+        ValueError: a parameter is not a ``DTensor`` sharded by rows over a 1-D mesh.
+    """
+
+    def __init__(self, params: Any, **options: Any) -> None:
+        super().__init__(params, **options)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not isinstance(p, DTensor) or p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+                    raise ValueError(f"ShardedMuon needs matrices that FSDP2 shards by rows (a DTensor placed "
+                                     f"Shard(0) on a 1-D mesh), got a {type(p).__name__} of shape "
+                                     f"{tuple(p.shape)} placed {getattr(p, 'placements', None)}")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One Muon step of every matrix with a gradient; every process of the mesh must call it.
+
+        Args:
+            closure: re-evaluates the model and returns the loss, or ``None``.
+
+        Returns:
+            The closure's loss, or ``None``.
+        """
+        loss = _run_closure(closure)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            updates = []
+            for p in params:  # torch.optim.Muon's momentum, on this process's rows
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
+            ortho = self._orthogonalise_whole(updates, group)
+            for p, rows in zip(params, ortho):
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.to_local().add_(rows, alpha=-muon_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        return loss
+
+    def _orthogonalise_whole(self, updates: list, group: dict) -> list[Tensor]:
+        """This process's rows of each update orthogonalised whole: gathered to its owner, sent back in rows."""
+        if not updates:
+            return []
+        process_group = updates[0].device_mesh.get_group()
+        world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        owners = [dist.get_global_rank(process_group, i % world) for i in range(len(updates))]
+        shares = [row_shares(u.size(0), world) for u in updates]
+        # 1. Every process sends its rows of matrix i to matrix i's owner, padded to the largest share.
+        received, works = [], []
+        for u, share, owner in zip(updates, shares, owners):
+            local = u.to_local()
+            if local.size(0) != share[rank]:
+                raise ValueError(f"ShardedMuon: this process holds {local.size(0)} rows of a {tuple(u.shape)} "
+                                 f"matrix, where FSDP2's split gives {share[rank]}")
+            padded = local.new_zeros(max(share), u.size(1), dtype=torch.bfloat16)
+            padded[:share[rank]] = local
+            pieces = [torch.empty_like(padded) for _ in range(world)] if dist.get_rank() == owner else None
+            works.append(dist.gather(padded, pieces, dst=owner, group=process_group, async_op=True))
+            received.append(pieces)
+        for work in works:
+            work.wait()
+        # 2. Each owner orthogonalises its matrices whole, cut into every process's padded rows.
+        options = {"coefficients": group["ns_coefficients"], "steps": group["ns_steps"], "eps": group["eps"]}
+        outgoing = []
+        for pieces, share in zip(received, shares):
+            if pieces is None:
+                outgoing.append(None)
+                continue
+            whole = torch.cat([piece[:n] for piece, n in zip(pieces, share)])  # (A, B)
+            result = orthogonalise(whole, **options).split(share)
+            outgoing.append([torch.cat([r, r.new_zeros(max(share) - n, r.size(1))]) for r, n in zip(result, share)])
+        # 3. Each owner sends every process its rows of the result.
+        rows, works = [], []
+        for u, share, owner, pieces in zip(updates, shares, owners, outgoing):
+            mine = torch.empty(max(share), u.size(1), dtype=torch.bfloat16, device=u.to_local().device)
+            works.append(dist.scatter(mine, pieces, src=owner, group=process_group, async_op=True))
+            rows.append((mine, share[rank]))
+        for work in works:
+            work.wait()
+        return [mine[:n] for mine, n in rows]
+
+
 class MuonWithAdam(torch.optim.Optimizer):
     """Muon for ``matrices``, Adam for ``rest``: one optimizer with two parameter groups (0: Muon, 1: Adam).
 
     The groups are the two inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
     steps with it. ``step`` runs Muon, then Adam.
 
+    Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
+    the whole matrices; others ``torch.optim.Muon``.
+
     Args:
-        matrices: 2-D parameters (:func:`muon_split`).
+        matrices: 2-D parameters (:func:`muon_split`), all sharded or none.
         rest: every other parameter.
         lr: the learning rate of both.
         fused: the fused Adam kernel (CUDA).
+
+    Raises:
+        ValueError: a matrix is not 2-D, or some matrices are sharded and others not.
     """
 
     def __init__(self, matrices: list, rest: list, *, lr: float, fused: bool = False) -> None:
         if any(p.dim() != 2 for p in matrices):
             raise ValueError("matrices must hold 2-D parameters only: Muon orthogonalises matrices")
+        sharded = [isinstance(p, DTensor) for p in matrices]
+        if any(sharded) and not all(sharded):
+            raise ValueError(f"matrices must be all sharded (FSDP2) or none, got {sum(sharded)} sharded of "
+                             f"{len(matrices)}")
+        muon = ShardedMuon if any(sharded) else torch.optim.Muon
         # Weight decay off in both: the same update rule as the plain Adam it is compared with, but for Muon.
-        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+        self.muon = muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
         self.adam = torch.optim.Adam(rest, lr=lr, fused=fused or None)
         groups = self.muon.param_groups + self.adam.param_groups  # the same dicts: one lr for each, shared
         super().__init__(groups, defaults={})
@@ -94,10 +280,7 @@ class MuonWithAdam(torch.optim.Optimizer):
         Returns:
             The closure's loss, or ``None``.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         self.muon.step()
         self.adam.step()
         if len(self.state) < len(self.muon.state) + len(self.adam.state):  # only after a first step: new entries
@@ -122,8 +305,8 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = Fals
                    blocks: Optional[Sequence[nn.Module]] = None) -> torch.optim.Optimizer:
     """The optimizer ``name`` over ``model``'s parameters: ``"adam"``, or ``"muon"`` (:class:`MuonWithAdam`).
 
-    Build it after wrapping the model for DDP (the parameters are the same objects). FSDP2 shards each matrix over
-    the processes, and Muon needs whole matrices: ``"muon"`` with a sharded model is refused.
+    Build it after wrapping the model for DDP or FSDP2 (FSDP2 replaces the parameters with sharded ones, which
+    ``"muon"`` then steps with :class:`ShardedMuon`).
 
     Args:
         model: the model, or a wrapper (DDP, ``torch.compile``) around it.
@@ -136,16 +319,12 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = Fals
         The optimizer.
 
     Raises:
-        ValueError: ``name`` is neither, ``lr`` is negative or not a number, or ``"muon"`` for an FSDP2-sharded model.
+        ValueError: ``name`` is neither, or ``lr`` is negative or not a number.
     """
     check_choice(name, "optimizer", OPTIMIZERS)
     if not is_number(lr) or not lr >= 0:  # 0: an optimizer that does all the work of a step and changes nothing
         raise ValueError(f"lr must be a non-negative number, got {lr!r}")
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, fused=fused or None)
-    inner = unwrap_model(model)  # DDP's module, torch.compile's original
-    if any(isinstance(p, DTensor) for p in inner.parameters()):
-        raise ValueError("optimizer 'muon' needs whole matrices, but the model is sharded (FSDP2): use strategy "
-                         "'ddp', or the optimizer 'adam'")
-    matrices, rest = muon_split(inner, blocks)
+    matrices, rest = muon_split(unwrap_model(model), blocks)  # DDP's module, torch.compile's original
     return MuonWithAdam(matrices, rest, lr=lr, fused=fused)
