@@ -54,17 +54,17 @@ def labels(tokenizer: Optional[HuggingFaceTokenizer], ids: list[int]) -> list[st
     does not have (a model's vocabulary is often padded beyond it) says so."""
     if tokenizer is None:
         return [str(i) for i in ids]
-    return [repr(tokenizer.decode([i], skip_special_tokens=False)) if i < len(tokenizer) else f"<id {i}: no token>"
-            for i in ids]
+    return [repr(tokenizer.decode([i], skip_special_tokens=False)) if tokenizer.token(i) is not None
+            else f"<id {i}: no token>" for i in ids]
 
 
 def unknown_ids(tokenizer: Optional[HuggingFaceTokenizer], ids: list[int]) -> str:
     """A note on the ids beyond the tokenizer's vocabulary (they decode to nothing), or ``""`` if there are none."""
-    beyond = sorted({i for i in ids if tokenizer is not None and i >= len(tokenizer)})
+    beyond = sorted({i for i in ids if tokenizer is not None and tokenizer.token(i) is None})
     if not beyond:
         return ""
     listed = ", ".join(map(str, beyond[:8])) + (" ..." if len(beyond) > 8 else "")
-    return (f"note: {len(beyond)} generated id(s) ({listed}) are beyond the tokenizer's {len(tokenizer)} tokens (the "
+    return (f"note: {len(beyond)} generated id(s) ({listed}) are not in the tokenizer's {len(tokenizer)} tokens (the "
             f"model's vocabulary is padded beyond them): they have no text and are left out of it")
 
 
@@ -102,7 +102,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     for step, (token, label) in enumerate(zip(new, labels(tokenizer, new))):
         print(f"  {label:>16}  {new_logp[0, step, token].item():8.3f}")
     if tokenizer is not None:
-        print(f"\ntext: {tokenizer.decode([i for i in tokens[0].tolist() if i < len(tokenizer)])!r}")
+        print(f"\ntext: {tokenizer.decode([i for i in tokens[0].tolist() if tokenizer.token(i) is not None])!r}")
         note = unknown_ids(tokenizer, new)
         if note:
             print(note)

@@ -87,5 +87,5 @@ def test_generated_ids_beyond_the_tokenizers_vocabulary_are_named_not_printed_as
     out = capsys.readouterr().out
     continuation = out.split("continuation")[1].split("text:")[0]
     assert len(re.findall(rf"<id {size + 3}: no token>|<id {size + 5}: no token>", continuation)) == 3
-    assert f"are beyond the tokenizer's {size} tokens" in out
+    assert f"are not in the tokenizer's {size} tokens" in out
     assert "text: 'the cat'" in out  # the ids without text are left out of it

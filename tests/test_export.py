@@ -160,11 +160,31 @@ def test_weights_holding_nan_or_infinity_are_refused_by_name_unless_asked(tmp_pa
         path, load = export_model(broken, tmp_path / "e"), load_model
     else:
         path, load = to_huggingface(broken, tmp_path / "hf"), from_huggingface
-    with pytest.raises(ValueError, match=r"the weights hold NaN or infinite values, in 1 tensor\(s\): "
-                                         r"blocks\.blocks\.1\.ff\.net\.0\.weight \(2 of 1,024\)\..*"
-                                         r"pass check_finite=False"):
+    # Named as the file names it (GPT-2's Conv1D weight for a Hugging Face folder), and how many of its values.
+    name = r"transformer\.h\.1\.mlp\.c_fc\.weight" if kind == "huggingface" else r"blocks\.blocks\.1\.ff\.net\.0\.weight"
+    with pytest.raises(ValueError, match=rf"the weights hold NaN or infinite values, in 1 tensor\(s\): {name} "
+                                         r"\(2 of 1,024\)\. The file is broken .*pass check_finite=False"):
         load(path)
     loaded = load(path, check_finite=False)  # to inspect it, say
     assert not torch.isfinite(loaded.blocks.blocks[1].ff.net[0].weight).all()
     with pytest.raises(TypeError, match="check_finite must be a bool"):
         load(path, check_finite="no")
+
+
+def test_a_tied_weight_is_named_once_and_a_conversion_that_overflows_is_not_blamed_on_the_file(tmp_path):
+    from torchformer import from_huggingface, to_huggingface
+
+    pytest.importorskip("safetensors")
+    tied = model(prenorm=True, qkv_bias=True, activation="gelu_tanh", tie_weights=True, head_bias=False)
+    with torch.no_grad():
+        tied.embedding.tokens.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"in 1 tensor\(s\): embedding\.tokens\.weight \(1 of 320\)\."):
+        load_model(save_checkpoint(tmp_path / "c.pt", model=tied, step=1))
+    large = model(prenorm=True, qkv_bias=True, activation="gelu_tanh", tie_weights=True, head_bias=False)
+    with torch.no_grad():
+        large.blocks.blocks[0].ff.net[0].weight[0, 0] = 1e6  # finite in float32, beyond float16's 65504
+    folder = to_huggingface(large, tmp_path / "hf")
+    assert from_huggingface(folder) is not None
+    with pytest.raises(ValueError, match=r"blocks\.blocks\.0\.ff\.net\.0\.weight \(1 of 1,024\)\. The file's "
+                                         r"values are finite, but some are beyond the range of dtype=torch\.float16"):
+        from_huggingface(folder, dtype=torch.float16)

@@ -131,6 +131,13 @@ def test_a_legacy_rope_scaling_of_an_unsupported_type_is_refused_naming_the_fiel
         with pytest.raises(ValueError, match=r"config.json: rope_scaling=\{.*\} is not supported: its type is "
                                              rf"'{scaling.get('type', scaling.get('rope_type'))}'"):
             from_huggingface(write(tmp_path / "x", hand_config(rope_scaling=scaling), hand_tensors()))
+    # An empty rope_parameters beside it is not the field read; a scaling without a type, or not an object, is refused.
+    with pytest.raises(ValueError, match="rope_scaling=.* its type is 'linear'"):
+        from_huggingface(write(tmp_path / "x", hand_config(rope_parameters={}, rope_scaling={"type": "linear"}),
+                               hand_tensors()))
+    for scaling, why in (({"factor": 2.0}, "it has no type"), ("linear", "expected a JSON object")):
+        with pytest.raises(ValueError, match=f"rope_scaling={scaling!r} is not supported: {why}".replace("{", r"\{")):
+            from_huggingface(write(tmp_path / "x", hand_config(rope_scaling=scaling), hand_tensors()))
 
 
 LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8}

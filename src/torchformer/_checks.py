@@ -289,28 +289,71 @@ def require_method(obj: object, method: str, needed_for: str) -> Any:
         raise TypeError(f"{needed_for} needs a model with {method}(), and a {type(obj).__name__} has none") from None
 
 
-def check_finite_weights(module: torch.nn.Module, where: object) -> None:
-    """Raise a ``ValueError`` naming the tensors of ``module``'s state (its weights) that hold NaN or infinity.
+def non_finite(tensors: list[tuple[str, Tensor]]) -> list[str]:
+    """The names of the floating point tensors among ``tensors`` that hold NaN or infinity.
 
-    The check of the loaders (``check_finite=True``): a model whose training diverged, or a damaged conversion,
-    would otherwise load and then print NaN. Two reductions per tensor (its largest and smallest value: NaN and
-    infinity survive them) and one read of the device for all of them; no copy of any tensor.
+    Two reductions per tensor (its largest and smallest value: NaN and infinity survive them), one read of the
+    device for all of them, no copy of a tensor of two bytes or more a number (a float8 one is widened first: torch
+    has no reductions for it).
+
+    Args:
+        tensors: ``(name, tensor)`` pairs, on one device; tensors that are not floating point are skipped.
+
+    Returns:
+        The names, in the order given.
+    """
+    floating = [(name, t if t.element_size() > 1 else t.to(torch.float16)) for name, t in tensors
+                if t.is_floating_point() and t.numel()]
+    if not floating:
+        return []
+    extremes = torch.stack([torch.stack([t.amax(), t.amin()]).float() for _, t in floating])  # (n, 2)
+    finite = torch.isfinite(extremes).all(dim=1).tolist()
+    return [name for (name, _), ok in zip(floating, finite) if not ok]
+
+
+def non_finite_message(where: object, bad: list[tuple[str, Tensor]], cause: str) -> str:
+    """The loaders' message for tensors that hold NaN or infinity: each named, with how many of its values.
+
+    Args:
+        where: the file or folder, first in the message.
+        bad: ``(name, tensor)`` of each tensor :func:`non_finite` found.
+        cause: what it means and what to do, the message's end.
+
+    Returns:
+        The message.
+    """
+    listed = ", ".join(f"{name} ({int((~torch.isfinite(t.float())).sum()):,} of {t.numel():,})" for name, t in bad[:6])
+    return (f"{where}: the weights hold NaN or infinite values, in {len(bad)} tensor(s): {listed}"
+            f"{' ...' if len(bad) > 6 else ''}. {cause}")
+
+
+def check_finite_weights(module: torch.nn.Module, where: object, *, converted_to: torch.dtype | None = None) -> None:
+    """Raise a ``ValueError`` naming the weights of ``module`` that hold NaN or infinity.
+
+    Its weights are its parameters and saved buffers. The check of the loaders (``check_finite=True``): a model whose training diverged, or a damaged conversion,
+    would otherwise load and then print NaN. A weight tied to another is named once.
 
     Args:
         module: the model, its weights loaded.
         where: the file or folder they came from, for the message.
+        converted_to: the dtype the loader converted the file's finite weights to, when it did (a value beyond
+            its range became infinite there); ``None``: the weights are the file's.
     """
-    tensors = [(name, t) for name, t in module.state_dict().items() if t.is_floating_point() and t.numel()]
-    if not tensors:
+    seen: set[int] = set()
+    tensors = []
+    for name, t in module.state_dict(keep_vars=True).items():
+        if id(t) not in seen:  # a tied weight appears under each name it has
+            seen.add(id(t))
+            tensors.append((name, t.detach()))
+    bad = set(non_finite(tensors))
+    if not bad:
         return
-    extremes = torch.stack([torch.stack([t.amax(), t.amin()]).float() for _, t in tensors])  # (n, 2)
-    bad = [name for (name, _), finite in zip(tensors, torch.isfinite(extremes).all(dim=1).tolist()) if not finite]
-    if bad:
-        counts = {name: int((~torch.isfinite(t)).sum()) for name, t in tensors if name in bad}
-        listed = ", ".join(f"{name} ({counts[name]:,} of {dict(tensors)[name].numel():,})" for name in bad[:6])
-        raise ValueError(f"{where}: the weights hold NaN or infinite values, in {len(bad)} tensor(s): {listed}"
-                         f"{' ...' if len(bad) > 6 else ''}. The file is broken (did its training diverge?); pass "
-                         f"check_finite=False to load it anyway")
+    if converted_to is not None:
+        cause = (f"The file's values are finite, but some are beyond the range of dtype={converted_to} "
+                 f"({torch.finfo(converted_to).max:.6g} at most): load with the file's dtype, or torch.bfloat16")
+    else:
+        cause = "The file is broken (did its training diverge?); pass check_finite=False to load it anyway"
+    raise ValueError(non_finite_message(where, [(n, t) for n, t in tensors if n in bad], cause))
 
 
 def check_shift(shift: object, b: int, device: torch.device) -> Tensor:

@@ -25,13 +25,16 @@ from torchformer._checks import autocast_enabled, check_choice, check_positive_f
 from torchformer.config import NORMS
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact_gain_gradient: bool = False) -> Tensor:
     """RMSNorm written out, for autograd to differentiate: the readable twin of :class:`RMSNormFunction`.
 
     Args:
         x: ``(..., e)``.
         weight: the gain ``g`` ``(e,)``.
         eps: added to ``mean(x^2)`` inside the square root.
+        exact_gain_gradient: the gain's gradient from x-hat in float32 (as :class:`RMSNormFunction`'s), not from
+            x-hat rounded to a half-precision ``x``'s dtype, which costs three digits of a sum over every position;
+            the output is the same. ``RMSNorm`` uses it under ``torch.compile``.
 
     Returns:
         ``(..., e)``: ``x / sqrt(mean(x^2) + eps)`` in ``x``'s dtype, times ``weight``.
@@ -40,7 +43,12 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     # loses digits. The result returns to x's dtype before the gain, as LayerNorm's does.
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     normalised = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., e) / (..., 1)
-    return normalised.to(x.dtype) * weight  # (..., e) * (e,)
+    if not exact_gain_gradient or normalised.dtype == x.dtype:
+        return normalised.to(x.dtype) * weight  # (..., e) * (e,)
+    # The same value (the second term is an exact zero), but the gain's gradient is sum(grad * x-hat in float32).
+    frozen = weight.detach()
+    y = normalised.to(x.dtype) * frozen + normalised.detach() * (weight - frozen)
+    return y.to(torch.promote_types(x.dtype, weight.dtype))
 
 
 def _full_precision(device: torch.device) -> contextlib.AbstractContextManager:
@@ -215,7 +223,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # the formula: torch.compile traces and fuses it (not a custom Function)
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, exact_gain_gradient=True)
         return RMSNormFunction.apply(x, self.weight, self.eps)[0]  # (y, r): the output
 
     def extra_repr(self) -> str:

@@ -487,7 +487,7 @@ def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Ten
         device: where the result goes; ``None``: the default device.
 
     Returns:
-        ``(h,)`` float32, the slopes ``m_h``, steepest first.
+        ``(h,)`` float32, the slopes ``m_h`` in the paper's order (steepest first for a power of two).
     """
     n = 2 ** int(math.floor(math.log2(heads)))  # the largest power of two up to h
     k = torch.arange(heads, device=device, dtype=torch.float64)  # head k
@@ -505,9 +505,9 @@ class ALiBi(AttentionPositions):
     \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} - m_h \, |i - j|
     $$
 
-    The slopes ``(h,)`` (:func:`alibi_slopes`; ``slopes``, on the CPU) are computed from ``heads`` where they are
-    used: :meth:`bias` returns $-m_h |i - j|$ for every head, and attention adds it to the scaled scores, before the
-    mask and the softmax.
+    The slopes ``(h,)`` (:func:`alibi_slopes`; ``slopes``, on the CPU) are computed from ``heads`` at the first use
+    on a device (and kept, outside the module's buffers): :meth:`bias` returns $-m_h |i - j|$ for every head, and
+    attention adds it to the scaled scores, before the mask and the softmax.
 
     Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
     causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
@@ -524,6 +524,7 @@ class ALiBi(AttentionPositions):
     def __init__(self, heads: int) -> None:
         super().__init__()
         self.heads = check_positive_int(heads, "heads")
+        self._slopes: Optional[Tensor] = None  # computed at the first use on a device, again on another one
 
     @property
     def slopes(self) -> Tensor:
@@ -556,8 +557,9 @@ class ALiBi(AttentionPositions):
         if mask.key_positions is None:
             return None
         distance = mask.distance().abs().float()  # (t, u)
-        slopes = alibi_slopes(self.heads, device=distance.device)  # (h,)
-        return -slopes[:, None, None] * distance  # (h, 1, 1) * (t, u) -> (h, t, u)
+        if self._slopes is None or self._slopes.device != distance.device:  # not a buffer: no file fills it
+            self._slopes = alibi_slopes(self.heads, device=distance.device)  # (h,)
+        return -self._slopes[:, None, None] * distance  # (h, 1, 1) * (t, u) -> (h, t, u)
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}"

@@ -33,6 +33,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from torchformer._checks import non_finite
 from torchformer._files import check_path, read_json, write_atomically
 
 PathLike = Union[str, os.PathLike]
@@ -122,12 +123,18 @@ class WeightReader:
     The methods say what each reads (``dtype`` and ``shape`` only the header); the files are closed when the block
     ends.
 
+    With ``check_finite``, each tensor read is checked for NaN and infinity, as the file stores it (before any
+    conversion), and the names of those that hold any are kept in ``non_finite``, with their counts.
+
     Args:
         folder: the model folder (:func:`weight_files` finds the files).
+        check_finite: check every tensor read.
     """
 
-    def __init__(self, folder: PathLike) -> None:
+    def __init__(self, folder: PathLike, *, check_finite: bool = False) -> None:
         self.folder = check_path(folder, "folder")
+        self.check_finite = check_finite
+        self.non_finite: list[tuple[str, Tensor]] = []  # (name, its tensor as stored), for the message
         self.layout, self.files = weight_files(self.folder)
         self.where = self.folder / self.layout  # for the messages
         self._open: dict[Path, Any] = {}  # file -> an open _SafetensorsFile or _BinFile
@@ -177,7 +184,12 @@ class WeightReader:
         Raises:
             KeyError: no tensor has that name.
         """
-        return self._handle(self._require(name)).tensor(name)
+        return self._checked(name, self._handle(self._require(name)).tensor(name))
+
+    def _checked(self, name: str, tensor: Tensor) -> Tensor:
+        if self.check_finite and non_finite([(name, tensor)]):
+            self.non_finite.append((name, tensor))
+        return tensor
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, read from the header (the data stay on disk).
@@ -214,7 +226,7 @@ class WeightReader:
             name: its name in the files.
             target: where it goes, of the stored shape.
         """
-        self._handle(self._require(name)).copy_into(name, target)
+        self._checked(name, self._handle(self._require(name)).copy_into(name, target))
 
 
 class _SafetensorsFile:
@@ -257,11 +269,13 @@ class _SafetensorsFile:
         self._read(name, out)
         return out
 
-    def copy_into(self, name: str, target: Tensor) -> None:
+    def copy_into(self, name: str, target: Tensor) -> Tensor:
         if target.device.type == "cpu" and target.dtype == self.dtype(name) and target.is_contiguous():
             self._read(name, target.detach())  # straight into the parameter's memory
-        else:
-            target.copy_(self.tensor(name))
+            return target.detach()  # the stored values
+        stored = self.tensor(name)
+        target.copy_(stored)
+        return stored
 
     def _read(self, name: str, out: Tensor) -> None:
         """Read ``name``'s bytes into ``out``'s memory (contiguous, CPU, of the stored dtype and shape)."""
@@ -296,8 +310,9 @@ class _BinFile:
     def dtype(self, name: str) -> torch.dtype:
         return self.state[name].dtype
 
-    def copy_into(self, name: str, target: Tensor) -> None:
+    def copy_into(self, name: str, target: Tensor) -> Tensor:
         target.copy_(self.state[name])
+        return self.state[name]
 
 
 def load_bin(file: Path) -> dict[str, Tensor]:

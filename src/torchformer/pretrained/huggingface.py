@@ -14,7 +14,7 @@ from typing import Optional, Union
 
 import torch
 
-from torchformer._checks import check_bool, check_finite_weights
+from torchformer._checks import check_bool, check_finite_weights, non_finite_message
 from torchformer._devices import resolve_named_device
 from torchformer.models import TransformerModel
 import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
@@ -72,11 +72,14 @@ def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
                          f"{', '.join(map(repr, FAMILIES))}")
     family = FAMILIES[kind]
     config = family.config_from_huggingface(hf_config)
-    with WeightReader(folder) as reader:
+    with WeightReader(folder, check_finite=check_finite) as reader:
         model = family.empty_model(config, reader, dtype=dtype, device=target)  # memory, no values, no RNG
         family.load_weights(model, reader)
-        if check_finite:
-            check_finite_weights(model, reader.where)
+        if reader.non_finite:  # named as the files name them, as stored
+            raise ValueError(non_finite_message(reader.where, reader.non_finite, "The file is broken (did its "
+                                                "training diverge?); pass check_finite=False to load it anyway"))
+        if check_finite:  # finite in the files: not so after a conversion to dtype?
+            check_finite_weights(model, reader.where, converted_to=dtype)
     return model.eval()
 
 

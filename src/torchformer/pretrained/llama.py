@@ -121,11 +121,14 @@ def rope(hf: dict[str, Any], refuse: Callable[[str, str], ValueError]) -> tuple[
     Returns:
         The base, and Llama-3.1's scaling or ``None``.
     """
-    field = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
-    parameters = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10000.0),
-                                               **(hf.get("rope_scaling") or {})}
-    if not isinstance(parameters, dict):
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"  # the one read: its name in errors
+    given = hf.get(field)
+    if given is not None and not isinstance(given, dict):
         raise refuse(field, "expected a JSON object")
+    if field == "rope_scaling" and given and "rope_type" not in given and "type" not in given:
+        raise refuse(field, "it has no type (rope_type, or type before transformers 4.45)")
+    parameters = given if field == "rope_parameters" else {"rope_theta": hf.get("rope_theta", 10000.0),
+                                                           **(given or {})}
     kind = parameters.get("rope_type", parameters.get("type", "default"))
     base = parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
     if kind == "default":
@@ -307,7 +310,8 @@ def load_weights(model: GTransformer, reader: WeightReader) -> None:
     for stored, name in rules(model.config, prefix):
         if stored not in names:
             bare = (" (a bare LlamaModel's folder, its names without 'model.': it stores no output layer, and "
-                    "config.json does not tie it to the embedding, tie_word_embeddings=false)"
+                    "config.json does not tie it to the embedding, tie_word_embeddings=false; load the folder of the "
+                    "LlamaForCausalLM instead, or set tie_word_embeddings to true if the model was trained tied)"
                     if stored == OUTPUT[0] and not prefix else "")
             raise ValueError(f"{reader.where} holds no {stored}, which this config.json's model has{bare}")
         copy_tensor(reader, stored, params[name])

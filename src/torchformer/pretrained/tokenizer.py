@@ -121,6 +121,20 @@ class HuggingFaceTokenizer:
         """
         return self.tokenizer.token_to_id(token)
 
+    def token(self, id: int) -> Optional[str]:
+        """The token of ``id``, as the vocabulary writes it, or ``None`` if the vocabulary has no such id.
+
+        A model's vocabulary is often padded beyond its tokenizer's, and added tokens need not follow the others'
+        ids: this, not ``len(tokenizer)``, says whether an id has a token.
+
+        Args:
+            id: a token id.
+
+        Returns:
+            Its token, or ``None``.
+        """
+        return self.tokenizer.id_to_token(id)
+
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 

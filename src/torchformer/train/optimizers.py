@@ -142,24 +142,32 @@ class ShardedMuon(torch.optim.Muon):
     bfloat16, the dtype the orthogonalisation starts with, so the step is one process's ``torch.optim.Muon`` step
     on the whole matrices, up to the order of the additions in the gradients' reduction. The state is
     ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter), so the distributed checkpoints gather
-    it and load it into any number of processes, also into a plain ``torch.optim.Muon``.
+    it and load it into any number of processes, also into a plain ``torch.optim.Muon`` of one process, and the
+    other way (:func:`~torchformer.train.distributed_checkpoint.load_distributed_checkpoint` shards it; a plain
+    ``load_state_dict`` of a one-process state does not).
 
     Args:
         params: 2-D parameters that FSDP2 sharded (``DTensor`` with the placement ``Shard(0)`` on a 1-D mesh).
         **options: ``torch.optim.Muon``'s (``lr``, ``momentum``, ``adjust_lr_fn``, ...).
 
     Raises:
-        ValueError: a parameter is not a ``DTensor`` sharded by rows over a 1-D mesh.
+        ValueError: a parameter is not a ``DTensor`` sharded by rows over a 1-D mesh, or the parameters lie on
+            several meshes.
     """
 
     def __init__(self, params: Any, **options: Any) -> None:
         super().__init__(params, **options)
+        meshes = []
         for group in self.param_groups:
             for p in group["params"]:
                 if not isinstance(p, DTensor) or p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
                     raise ValueError(f"ShardedMuon needs matrices that FSDP2 shards by rows (a DTensor placed "
                                      f"Shard(0) on a 1-D mesh), got a {type(p).__name__} of shape "
                                      f"{tuple(p.shape)} placed {getattr(p, 'placements', None)}")
+                meshes.append(p.device_mesh)
+        if any(mesh != meshes[0] for mesh in meshes):
+            raise ValueError("ShardedMuon needs every matrix on one device mesh (the processes that gather and "
+                             "scatter them), got several")
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -196,13 +204,14 @@ class ShardedMuon(torch.optim.Muon):
         world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
         owners = [dist.get_global_rank(process_group, i % world) for i in range(len(updates))]
         shares = [row_shares(u.size(0), world) for u in updates]
+        for u, share in zip(updates, shares):  # before any collective: a process that raised would leave the others
+            if u.to_local().size(0) != share[rank]:  # waiting in one
+                raise ValueError(f"ShardedMuon: this process holds {u.to_local().size(0)} rows of a "
+                                 f"{tuple(u.shape)} matrix, where FSDP2's split gives {share[rank]}")
         # 1. Every process sends its rows of matrix i to matrix i's owner, padded to the largest share.
         received, works = [], []
         for u, share, owner in zip(updates, shares, owners):
             local = u.to_local()
-            if local.size(0) != share[rank]:
-                raise ValueError(f"ShardedMuon: this process holds {local.size(0)} rows of a {tuple(u.shape)} "
-                                 f"matrix, where FSDP2's split gives {share[rank]}")
             padded = local.new_zeros(max(share), u.size(1), dtype=torch.bfloat16)
             padded[:share[rank]] = local
             pieces = [torch.empty_like(padded) for _ in range(world)] if dist.get_rank() == owner else None
