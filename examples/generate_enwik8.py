@@ -609,8 +609,7 @@ def train(args, threads: int, why: str) -> dict:
                      "learn_rate": args.learn_rate, "run": {k: getattr(args, k) for k in RUN_KEYS}, "best": best}
             # Every process takes part (the states are gathered onto the main one, which writes the file).
             own = None if memory is None else {"memory": [  # each process's memory of its rows, on the CPU
-                {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in cache.self_attention.state_dict().items()}
-                for cache in memory]}
+                cache.self_attention.state_dict(device="cpu") for cache in memory]}
             save_distributed_checkpoint(checkpoint_path(args.checkpoint, step), model=net, optimizer=opt,
                                         scheduler=sched, step=step, extra=extra, generators=generators,
                                         process_state=own)

@@ -10,11 +10,13 @@ here, and a new field fails until it has its row.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
 
 from torchformer import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerConfig
+from torchformer.config import PartOptions
 
 E, H, T, V = 16, 4, 12, 20
 BASE = dict(emb=E, heads=H, depth=2, seq_length=T, num_tokens=V)
@@ -71,11 +73,18 @@ CHANGES = {
     "sparse_summary": (GTransformer, {"sparse": "fixed", "sparse_stride": 4}, 3),
 }
 # The fields whose contract is the same outputs: another implementation of attention (equal to 1e-10 in float64),
-# recomputation in the backward pass, and a variant's hyperparameters, which the built-in modules do not read.
+# recomputation in the backward pass, and a variant's hyperparameters and options, which the built-in modules do not
+# read (the mixture of experts' options: tests/test_moe.py).
+@dataclasses.dataclass(frozen=True)
+class VariantOptions(PartOptions):
+    gain: float = 1.0
+
+
 SAME_OUTPUTS = {
     "impl": (GTransformer, {}, "reference"),
     "checkpoint_blocks": (GTransformer, {}, True),
     "extra": (GTransformer, {}, {"lambda_init": 0.8}),
+    "options": (GTransformer, {}, (VariantOptions(gain=2.0),)),  # read by a variant's part, not by the built-ins
 }
 
 
@@ -109,16 +118,26 @@ def test_every_field_has_a_row():
     assert fields == set(CHANGES) | set(SAME_OUTPUTS), fields ^ (set(CHANGES) | set(SAME_OUTPUTS))
 
 
+# The fields whose effect is not in what a model computes from given weights: which parameters are one object
+# (fewer distinct parameters, the state dict's names the same), and the initial values alone.
+TIED = {"tie_weights", "share_embeddings", "relative_shared"}
+INITIALISATION = {"zero_init_residual"}
+
+
 @pytest.mark.parametrize("field", list(CHANGES))
 def test_a_field_at_another_value_changes_the_model(field):
     model_class, base, value = CHANGES[field]
     assert value != TransformerConfig.__dataclass_fields__[field].default or field in {**BASE, **base}
     before, after = build(model_class, base), build(model_class, {**base, field: value})
     assert getattr(after.config, field) == value
+    if field in TIED:
+        assert len(list(after.parameters())) < len(list(before.parameters())), f"{field}={value!r} tied nothing"
+        return
+    if field in INITIALISATION:
+        assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
+        return
     if shapes(before) != shapes(after):
         return  # another architecture: parameters added, removed or resized
-    if any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values())):
-        return  # another initialisation from the same seed (tied weights, zero-initialised projections)
     with torch.no_grad():  # no parameter at a value that hides a difference (a zero-initialised relative table)
         for p in before.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -129,12 +148,30 @@ def test_a_field_at_another_value_changes_the_model(field):
     assert difference > 1e-6, f"{field}={value!r} changed nothing"
 
 
+# How each of them shows that it took effect: the path it names ran (a count of calls), or it was saved.
+PROBES = {"impl": "torchformer.nn.attention.attention_reference", "checkpoint_blocks": "torchformer.nn.stacks.checkpoint"}
+
+
 @pytest.mark.parametrize("field", list(SAME_OUTPUTS))
-def test_a_field_whose_contract_is_the_same_outputs_keeps_them(field):
+def test_a_field_whose_contract_is_the_same_outputs_keeps_them_and_takes_effect(field, monkeypatch):
     model_class, base, value = SAME_OUTPUTS[field]
     before, after = build(model_class, base), build(model_class, {**base, field: value})
     assert getattr(after.config, field) == value and shapes(before) == shapes(after)
     after.load_state_dict(before.state_dict())
     for model in (before, after):
         model.train(field == "checkpoint_blocks")  # it applies while training only
-    torch.testing.assert_close(outputs(after, after.config), outputs(before, before.config), rtol=0, atol=1e-10)
+    expected = outputs(before, before.config)
+    calls = []
+    if field in PROBES:
+        module, _, name = PROBES[field].rpartition(".")
+        original = getattr(importlib.import_module(module), name)
+        monkeypatch.setattr(f"{module}.{name}", lambda *a, **k: calls.append(1) or original(*a, **k))
+    if field == "checkpoint_blocks":  # it runs only where gradients are recorded (outputs() records none)
+        got = after(torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1)))  # outputs()' ids
+    else:
+        got = outputs(after, after.config)
+    torch.testing.assert_close(got.detach(), expected, rtol=0, atol=1e-10)
+    if field in PROBES:
+        assert calls, f"{field}={value!r}: {PROBES[field]} never ran"
+    else:  # a variant's data: read by the variant only, but saved with the config
+        assert TransformerConfig.from_dict(after.config.to_dict()) == after.config

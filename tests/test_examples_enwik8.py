@@ -569,7 +569,7 @@ def test_segment_memory_trains_on_streams_resumes_exactly_and_is_kept_by_the_run
     script.main(tiny(corpus, tmp_path / "b", *memory, "--checkpoint", str(ckpt), "--stop-after", "12"))
     saved = read_payload(next(ckpt.glob("*.pt")), map_location="cpu", mmap=False, verify=True)
     kept = saved["ranks"][0]["state"]["memory"]  # the process's memory, one cache per block
-    assert len(kept) == 2 and kept[0]["keys"].shape[2] == 8 + 16 and kept[0]["written"].any()
+    assert len(kept) == 2 and kept[0]["entries"][0].shape[2] == 8 + 16 and kept[0]["written"].any()
     resumed = script.main(tiny(corpus, tmp_path / "b", *memory, "--checkpoint", str(ckpt)))
     assert resumed["bpb"] == whole["bpb"]  # the memory came back with the weights: the same steps, bit for bit
     a, b = training_rows(read_log(tmp_path / "a" / "log.csv")), training_rows(read_log(tmp_path / "b" / "log.csv"))

@@ -121,18 +121,27 @@ def test_rmsnorm_gradient_equals_the_formula_in_any_layout_and_with_a_wider_gain
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("create_graph", [False, True], ids=["first derivative", "differentiable"])
-def test_rmsnorm_gain_gradient_of_a_half_precision_input_has_float32_accuracy(dtype, create_graph):
+@pytest.mark.parametrize("path", ["first derivative", "differentiable", "compiled"])
+def test_rmsnorm_gain_gradient_of_a_half_precision_input_has_float32_accuracy(dtype, path):
     # A float32 gain with a bf16 or float16 input (autocast's weights, or a model.half() whose norms stay float32):
     # the gain's gradient sums over every position, and rounding x-hat to the input's dtype before that sum would
     # cost 3 of float32's digits (bf16: 1e-3 of the largest entry; measured 3e-7 without the rounding). The
-    # reference is the formula in float64 on the same rounded inputs.
+    # reference is the formula in float64 on the same rounded inputs. Under torch.compile RMSNorm runs its formula,
+    # whose gain gradient must keep the same accuracy.
     torch.manual_seed(0)
     x = (3 * torch.randn(4, 64, 32, dtype=torch.float64) + 1).to(dtype)
     weight, grad = torch.rand(32) + 0.5, torch.randn(4, 64, 32)
-    ws = weight.clone().requires_grad_()
-    out = RMSNormFunction.apply(x.clone().requires_grad_(), ws, 1e-5)[0]
-    (grad_weight,) = torch.autograd.grad(out, ws, grad, create_graph=create_graph)
+    norm = RMSNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    ws = norm.weight
+    if path == "compiled":
+        out = torch.compile(norm, fullgraph=True, backend="aot_eager")(x.clone().requires_grad_())
+        assert out.dtype == torch.float32  # promoted by the gain, as in eager mode
+        torch.testing.assert_close(out, norm(x), rtol=0, atol=0)  # the same value
+    else:
+        out = RMSNormFunction.apply(x.clone().requires_grad_(), ws, 1e-5)[0]
+    (grad_weight,) = torch.autograd.grad(out, ws, grad, create_graph=path == "differentiable")
     w64 = weight.double().requires_grad_()
     (expected,) = torch.autograd.grad(rms_norm(x.double(), w64, 1e-5), w64, grad.double())
     assert grad_weight.dtype == torch.float32
@@ -285,7 +294,7 @@ def test_a_block_still_takes_a_feedforward_class_of_its_own():
         def from_config(cls, config, *, layer=0):
             return cls(config.emb)
 
-        def forward(self, x):
+        def forward(self, x, mask=None):
             return self.linear(x) / 2
 
     class MyBlock(TransformerBlock):

@@ -9,10 +9,13 @@ Where each concept lives:
   :mod:`~torchformer.nn.masks` (which keys a query may see: causal rule, padding, positions),
   :mod:`~torchformer.nn.positions`, :mod:`~torchformer.nn.embedding` (token ids or feature vectors),
   :mod:`~torchformer.nn.norms` (LayerNorm, RMSNorm), :mod:`~torchformer.nn.feedforward` (plain and gated
-  feed-forward networks), :mod:`~torchformer.nn.blocks`, :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads`
-  (classifier, generator and masked-language-model output heads)
+  feed-forward networks), :mod:`~torchformer.nn.moe` (a sparse mixture of experts), :mod:`~torchformer.nn.latent`
+  (multi-head latent attention), :mod:`~torchformer.nn.qknorm` (RMSNorm on queries and keys, gated heads),
+  :mod:`~torchformer.nn.auxiliary` (what parts add to the training loss), :mod:`~torchformer.nn.blocks`,
+  :mod:`~torchformer.nn.stacks`, :mod:`~torchformer.nn.heads` (classifier, generator and masked-language-model output
+  heads)
 * :mod:`torchformer.models`: ``CTransformer``, ``GTransformer``, ``Seq2SeqTransformer``, ``MLMTransformer``, built
-  from a config
+  from a config; :mod:`torchformer.families`: the 2024–25 generators (Qwen3, Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3)
 * :mod:`torchformer.saving`: a model's own files: the record that rebuilds it, the exported folder (safetensors)
 * :mod:`torchformer.pretrained`: pretrained models in the Hugging Face layout, in and out (``from_huggingface``,
   ``to_huggingface``; GPT-2 so far)
@@ -30,9 +33,12 @@ import importlib
 from typing import Any
 
 from torchformer._version import __version__
-from torchformer.config import TransformerConfig
+from torchformer.config import PartOptions, TransformerConfig
 from torchformer.decoding.compiled import StaticCacheGenerator
 from torchformer.decoding.generation import MemoryStep, beam_search, generate, seq2seq_generate
+from torchformer.families import (
+    DeepSeekTransformer, LatentTransformer, MoETransformer, OLMoETransformer, Qwen3MoETransformer, Qwen3Transformer,
+)
 from torchformer.models import CTransformer, GTransformer, MLMTransformer, Seq2SeqTransformer, TransformerModel
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
@@ -41,6 +47,7 @@ from torchformer.nn.embedding import TokenEmbedding, VectorEmbedding
 from torchformer.nn.feedforward import FeedForward, GatedFeedForward
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.masks import AttentionMask, FixedPattern, StridedPattern
+from torchformer.nn.moe import MoEFeedForward, MoEOptions
 from torchformer.nn.norms import RMSNorm
 from torchformer.nn.positions import LearnedPositions, SinusoidalPositions
 from torchformer.nn.stacks import Decoder, Encoder
@@ -63,10 +70,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AttentionMask", "BlockCache", "ClassifierHead", "ContextCache", "CrossAttention", "CTransformer", "Decoder",
-    "DecoderBlock", "Encoder", "FeedForward", "FixedPattern", "GatedFeedForward", "GeneratorHead", "GTransformer",
-    "KVCache", "LearnedPositions", "MaskedLMHead", "MemoryStep", "MLMTransformer", "MultiHeadAttention",
-    "RingKVCache", "RMSNorm", "SelfAttention", "Seq2SeqTransformer", "SinusoidalPositions", "StaticCacheGenerator",
-    "StridedPattern", "TokenEmbedding", "TransformerBlock", "TransformerConfig", "TransformerModel",
-    "VectorEmbedding", "beam_search", "bits_per_byte", "export_model", "from_huggingface", "generate", "load_model",
-    "seq2seq_generate", "to_huggingface",
+    "DecoderBlock", "DeepSeekTransformer", "Encoder", "FeedForward", "FixedPattern", "GatedFeedForward",
+    "GeneratorHead", "GTransformer", "KVCache", "LatentTransformer", "LearnedPositions", "MaskedLMHead", "MemoryStep",
+    "MLMTransformer", "MoEFeedForward", "MoEOptions", "MoETransformer", "MultiHeadAttention", "OLMoETransformer",
+    "PartOptions", "Qwen3MoETransformer", "Qwen3Transformer", "RingKVCache", "RMSNorm", "SelfAttention",
+    "Seq2SeqTransformer", "SinusoidalPositions", "StaticCacheGenerator", "StridedPattern", "TokenEmbedding",
+    "TransformerBlock", "TransformerConfig", "TransformerModel", "VectorEmbedding", "beam_search", "bits_per_byte",
+    "export_model", "from_huggingface", "generate", "load_model", "seq2seq_generate", "to_huggingface",
 ]

@@ -330,8 +330,9 @@ def non_finite_message(where: object, bad: list[tuple[str, Tensor]], cause: str)
 def check_finite_weights(module: torch.nn.Module, where: object, *, converted_to: torch.dtype | None = None) -> None:
     """Raise a ``ValueError`` naming the weights of ``module`` that hold NaN or infinity.
 
-    Its weights are its parameters and saved buffers. The check of the loaders (``check_finite=True``): a model whose training diverged, or a damaged conversion,
-    would otherwise load and then print NaN. A weight tied to another is named once.
+    Its weights are its parameters and saved buffers. The check of the loaders (``check_finite=True``): a model
+    whose training diverged, or a damaged conversion, would otherwise load and then print NaN. A weight tied to
+    another is named once.
 
     Args:
         module: the model, its weights loaded.

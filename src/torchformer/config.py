@@ -99,6 +99,131 @@ def check_extra(extra: object) -> dict:
 
 
 @dataclass(frozen=True)
+class PartOptions:
+    """The typed options of a part (a variant's, or one of the library's): kept in ``TransformerConfig.options``.
+
+    A subclass is a frozen dataclass whose fields all have defaults and hold JSON values (``int``, ``float``,
+    ``bool``, ``str``, ``None``, and tuples of them); its ``__post_init__`` checks them (calling
+    ``super().__post_init__()`` first), so a wrong value fails when the config is made, naming the field. A part
+    reads its options with ``config.options_of(MyOptions)`` in its ``from_config``. The config saves each as its
+    class's import path and fields, and reads it back by finding the class in a module already imported (the rule
+    of :func:`~torchformer.train.loading.load_model` for model classes): ``load_model`` rebuilds the variant with
+    its options, and nothing a file names is imported.
+
+    Example::
+
+        @dataclass(frozen=True)
+        class GateOptions(PartOptions):
+            init: float = 0.0
+
+            def __post_init__(self):
+                super().__post_init__()
+                check_real(self.init, "init")  # any check of yours
+
+        config = TransformerConfig(64, 4, options=(GateOptions(init=1.0),))
+        config.options_of(GateOptions).init   # 1.0; GateOptions() for a config without them
+
+    Raises:
+        TypeError: a field holds something other than a JSON value or a tuple of them.
+    """
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, list):  # JSON's arrays: kept as tuples, so the options stay hashable
+                object.__setattr__(self, field.name, value := _as_tuples(value))
+            if not _plain(value):
+                raise TypeError(f"{type(self).__name__}.{field.name} must hold a JSON value (str, int, float, bool, "
+                                f"None, or a tuple of them), got {type(value).__name__} {value!r:.60}")
+
+    @classmethod
+    def import_path(cls) -> str:
+        """Where the class is imported from: what a saved config records.
+
+        Returns:
+            ``"module:qualname"``.
+        """
+        return f"{cls.__module__}:{cls.__qualname__}"
+
+    def to_dict(self) -> dict:
+        """The options as plain data: what :meth:`TransformerConfig.to_dict` stores.
+
+        Returns:
+            ``{"class": import path, **fields}``, tuples as lists.
+        """
+        return {"class": self.import_path(), **json.loads(json.dumps(dataclasses.asdict(self)))}
+
+
+def _as_tuples(value: Any) -> Any:
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, bool, int, float))
+
+
+def options_from_dict(data: object) -> PartOptions:
+    """The options :meth:`PartOptions.to_dict` saved, their class found in a module already imported.
+
+    Args:
+        data: ``{"class": "module:qualname", **fields}``.
+
+    Returns:
+        The options, checked as new ones are.
+
+    Raises:
+        ValueError: ``data`` is not such a dict, the class's module is not imported (the message says to import
+            it), or it names no :class:`PartOptions` subclass; a field is unknown or wrong.
+    """
+    import sys
+
+    if not isinstance(data, Mapping) or not isinstance(data.get("class"), str) or ":" not in data["class"]:
+        raise ValueError(f"a saved config's options must be {{\"class\": \"module:qualname\", ...fields}}, got "
+                         f"{data!r:.80}")
+    path = data["class"]
+    module_name, _, qualname = path.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None:
+        raise ValueError(f"the config holds options of class {path}, whose module {module_name} is not imported: "
+                         f"import it before loading (torchformer never imports a module a file names)")
+    cls: Any = module
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, PartOptions)):
+        raise ValueError(f"the config holds options of class {path}, which names no PartOptions subclass")
+    return fields_from_dict(cls, {k: v for k, v in data.items() if k != "class"})
+
+
+def check_options(options: object) -> tuple:
+    """``TransformerConfig.options`` checked: a tuple of :class:`PartOptions`, at most one of each class.
+
+    Args:
+        options: a tuple or list of options (or, read back from a file, of their dicts).
+
+    Returns:
+        The options as a tuple.
+
+    Raises:
+        TypeError: ``options`` is not a sequence of :class:`PartOptions`.
+        ValueError: two options of one class.
+    """
+    if not isinstance(options, (tuple, list)):
+        raise TypeError(f"options must be a tuple of PartOptions, got {type(options).__name__}")
+    built = tuple(options_from_dict(o) if isinstance(o, Mapping) else o for o in options)
+    for o in built:
+        if not isinstance(o, PartOptions):  # an argument's type, as for a tensor: no dispatch on it
+            raise TypeError(f"options must hold PartOptions (frozen dataclasses of a part's options), got "
+                            f"{type(o).__name__}")
+    classes = [type(o) for o in built]
+    twice = sorted({cls.__name__ for cls in classes if classes.count(cls) > 1})
+    if twice:
+        raise ValueError(f"options must hold at most one of each class, got {', '.join(twice)} more than once")
+    return built
+
+
+@dataclass(frozen=True)
 class TransformerConfig:
     """The architecture of a transformer (frozen: change a copy with :meth:`replace`).
 
@@ -146,9 +271,9 @@ class TransformerConfig:
             input and recompute the rest in the backward pass: one block's activations instead of all, for about a
             third more compute, with the same results and gradients, dropout included. Not architecture: a
             checkpoint saved with it loads into a model without it. Never applies while decoding with a KV cache.
-        extra: a variant's own hyperparameters, ``{name: value}`` with JSON values (differential attention's
-            ``{"lambda_init": 0.8}``, say). The built-in modules ignore it; a variant reads it in its
-            ``from_config``, and it is saved with the rest of the config, so the variant comes back with it.
+        extra: a variant's own hyperparameters, ``{name: value}`` with JSON values, untyped (``options`` is the
+            typed, checked way). The built-in modules ignore it; a variant reads it in its ``from_config``, and it
+            is saved with the rest of the config, so the variant comes back with it.
         qkv_bias: a bias in the query, key and value projections of every attention layer (GPT-2, BERT). The
             output projection (``unifyheads``) has a bias either way.
         head_bias: a bias in the output layer of a generator (:class:`~torchformer.models.GTransformer`,
@@ -218,6 +343,9 @@ class TransformerConfig:
         sparse_stride: the pattern's stride or block length ``l`` (about ``sqrt(seq_length)``); required with
             ``sparse``.
         sparse_summary: the fixed pattern's summary positions per block ``c``, in ``[1, sparse_stride]`` (default 1).
+        options: the typed options of the parts that have some (:class:`PartOptions`, at most one of each
+            class): a mixture of experts' ``MoEOptions``, say, or a variant's own. A part reads its own with
+            :meth:`options_of`; the built-in parts ignore the others. ``()``: none.
     """
 
     emb: int
@@ -274,8 +402,11 @@ class TransformerConfig:
     sparse: Optional[str] = None
     sparse_stride: Optional[int] = None
     sparse_summary: int = 1
+    # Typed options of the parts (issue 43).
+    options: tuple = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "options", check_options(self.options))
         for name in ("emb", "heads", "depth", "ff_mult"):
             check_positive_int(getattr(self, name), name)
         for name in ("seq_length", "num_tokens", "num_classes", "tgt_tokens", "decoder_depth", "kv_heads", "window",
@@ -370,6 +501,29 @@ class TransformerConfig:
         if changed:
             raise ValueError(f"{model} does not use {', '.join(changed)}; leave it out (it would have no effect)")
 
+    def options_of(self, cls: type) -> Any:
+        """The options of class ``cls`` in :attr:`options`, or ``cls()`` (its defaults) when there are none.
+
+        Args:
+            cls: a :class:`PartOptions` subclass.
+
+        Returns:
+            An instance of ``cls``.
+        """
+        return next((o for o in self.options if type(o) is cls), None) or cls()
+
+    def with_options(self, *options: PartOptions) -> TransformerConfig:
+        """A copy whose :attr:`options` hold ``options``, in place of any of the same classes.
+
+        Args:
+            *options: the new options.
+
+        Returns:
+            The new config.
+        """
+        kept = tuple(o for o in self.options if type(o) not in {type(n) for n in options})
+        return self.replace(options=kept + tuple(options))
+
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some fields changed (and checked again).
 
@@ -390,13 +544,16 @@ class TransformerConfig:
         """Plain data (str, int, float, bool, None): what checkpoints and ``config.json`` store.
 
         Returns:
-            The fields as a new dict, ``{name: value}``, every field included but an empty ``extra`` (so that an
-            older torchformer, which has no such field, still reads the config of a model without one);
-            :meth:`from_dict` reads it back.
+            The fields as a new dict, ``{name: value}``, every field included but an empty ``extra`` or
+            ``options`` (so that an older torchformer, which has no such field, still reads the config of a model
+            without one); each of ``options`` as :meth:`PartOptions.to_dict`. :meth:`from_dict` reads it back.
         """
         data = dataclasses.asdict(self)
         if not data["extra"]:
             del data["extra"]
+        data["options"] = [o.to_dict() for o in self.options]
+        if not data["options"]:  # as extra: an older torchformer reads a config without them
+            del data["options"]
         return data
 
     @classmethod

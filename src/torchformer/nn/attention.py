@@ -39,6 +39,7 @@ Shapes used in this module:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -303,12 +304,48 @@ class MultiHeadAttention(nn.Module):
             A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
             :class:`SelfAttention`).
         """
+        arguments = cls.arguments_from_config(config, causal=causal, layer=layer, positions=positions)
+        return cls(config.emb, config.heads, **arguments)._zero_init_output(config)
+
+    @classmethod
+    def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
+                              positions: AttentionPositions | None) -> dict[str, Any]:
+        """The keyword arguments :meth:`from_config` builds ``cls(config.emb, config.heads, **arguments)`` with.
+
+        A subclass with an argument of its own adds it, reading it from the config (a typed option, say)::
+
+            @classmethod
+            def arguments_from_config(cls, config, **where):
+                return {**super().arguments_from_config(config, **where),
+                        "gate_init": config.options_of(GateOptions).init}
+
+        Args:
+            config: the model's architecture (the fields :meth:`from_config` lists).
+            causal: whether the layer is causal.
+            layer: the block's index, from 0 at the input.
+            positions: a shared position scheme, or ``None`` (:meth:`positions_from_config` builds one).
+
+        Returns:
+            ``{name: value}`` for every keyword argument of :class:`MultiHeadAttention`'s constructor.
+        """
         scheme = cls.positions_from_config(config, causal=causal) if positions is None else positions
-        built = cls(config.emb, config.heads, wide=config.wide, causal=causal, dropout=config.dropout,
-                    kqnorm=config.kqnorm, impl=config.impl, positions=scheme, kv_heads=config.kv_heads,
-                    window=config.window, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                    head_size=config.head_dim, scale=config.attention_scale, pattern=cls.pattern_from_config(config))
-        return built._zero_init_output(config)
+        return {**cls.projection_arguments(config), "causal": causal, "positions": scheme, "window": config.window,
+                "pattern": cls.pattern_from_config(config)}
+
+    @classmethod
+    def projection_arguments(cls, config: TransformerConfig) -> dict[str, Any]:
+        """The keyword arguments self- and cross-attention share: the heads, projections, norms and dropout.
+
+        Args:
+            config: the model's architecture.
+
+        Returns:
+            ``{name: value}`` for ``wide``, ``dropout``, ``kqnorm``, ``impl``, ``kv_heads``, ``qkv_bias``,
+            ``out_bias``, ``head_size`` (``config.head_dim``) and ``scale`` (``config.attention_scale``).
+        """
+        return {"wide": config.wide, "dropout": config.dropout, "kqnorm": config.kqnorm, "impl": config.impl,
+                "kv_heads": config.kv_heads, "qkv_bias": config.qkv_bias, "out_bias": config.out_bias,
+                "head_size": config.head_dim, "scale": config.attention_scale}
 
     def _zero_init_output(self, config: TransformerConfig) -> MultiHeadAttention:
         if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
@@ -454,13 +491,17 @@ class MultiHeadAttention(nn.Module):
         return attention_fast(q, k, v, allowed, dropout=p, every_row_has_key=not mask.padded, bias=bias,
                               scale=self.scale), None
 
-    def finish(self, out: Tensor, mask: AttentionMask) -> Tensor:
+    def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
         """Merge the heads, mix them, and zero the queries that saw no real key: ``(b, h, t, s) -> (b, t, e)``.
+
+        The output step: a variant that gates the heads' outputs by the layer's input (a sigmoid gate per head)
+        overrides it, and reads ``x``.
 
         Args:
             out: the output of :meth:`attend`, ``(b, h, t, s)``.
             mask: the mask :meth:`attend` used; its :meth:`~torchformer.nn.masks.AttentionMask.query_has_key`
                 says which queries to zero.
+            x: the layer's input ``(b, t, e)`` (padding zeroed), unused here.
 
         Returns:
             The layer's output ``(b, t, e)``.
@@ -556,23 +597,71 @@ class SelfAttention(MultiHeadAttention):
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         if mask is not None:  # padding never reaches real positions, even when it holds NaN or inf (0 * NaN = NaN)
             x = x.masked_fill(~mask[:, :, None], 0.0)
-        q = self.relative.rotate(self.project_queries(x), positions)  # (b, h, t, s); rotary rotates, others pass
-        k, v = self.project_keys_values(x)  # (b, g, t, s) each
-        k = self.relative.rotate(k, positions)  # rotated before caching: a cached key keeps its position's angle
+        q = self.queries(x, positions)  # (b, h, t, s), rotated
+        entries = self.entries(x, positions)  # what the layer keeps of each position: (b, g, t, s) keys, values
         if cache is None or cache.empty:
-            if cache is not None:  # the first call (the prompt): store, then attend to these keys alone, since
-                cache.update(k, v, positions, mask)  # nothing else is cached (and plain causal stays fused)
+            if cache is not None:  # the first call (the prompt): store, then attend to these entries alone, since
+                cache.write(entries, positions, mask)  # nothing else is cached (and plain causal stays fused)
             attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, window=self.window,
                                            aligned=True, pattern=self.pattern)
         else:
-            k, v, usable = cache.update(k, v, positions, mask)  # (b, g, c, s) each; usable: (b or 1, c)
+            entries, usable = cache.write(entries, positions, mask)  # every slot's: (b, g, c, s); (b or 1, c)
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
             attention_mask = AttentionMask(positions, cache.slots, usable, causal=self.causal, window=self.window,
                                            padded=cache.padded, pattern=self.pattern)
+        k, v = self.keys_values(entries)  # (b, g, u, s) each
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
-        out = self.finish(out, attention_mask)
+        out = self.finish(out, attention_mask, x)
         return (out, weights) if return_weights else out  # type: ignore[return-value]
+
+    def queries(self, x: Tensor, positions: Tensor) -> Tensor:
+        """The queries of ``x``, projected and rotated by their positions: ``(b, t, e) -> (b, h, t, s)``.
+
+        The position scheme acts here (``self.relative.rotate``: rotary positions rotate, the others pass the
+        queries on), between the projection and attention.
+
+        Args:
+            x: the layer's input ``(b, t, e)``.
+            positions: ``(t,)``, the absolute positions of ``x``'s tokens.
+
+        Returns:
+            The queries ``(b, h, t, s)``.
+        """
+        return self.relative.rotate(self.project_queries(x), positions)
+
+    def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        """What the layer keeps of each position of ``x``: what a KV cache stores, and :meth:`keys_values` reads.
+
+        Here the keys, rotated by their positions (a cached key keeps its position's angle), and the values, each
+        ``(b, g, t, s)``. A variant keeps something else (latent attention: a compressed latent and a rotary key),
+        any tensors ``(b, n, t, d)`` (the cache's slots run along the third dimension), and overrides
+        :meth:`keys_values` to read them back.
+
+        Args:
+            x: the layer's input ``(b, t, e)``, padding zeroed.
+            positions: ``(t,)``, the absolute positions of ``x``'s tokens.
+
+        Returns:
+            ``(keys, values)``, each ``(b, g, t, s)``.
+        """
+        k, v = self.project_keys_values(x)  # (b, g, t, s) each
+        return self.relative.rotate(k, positions), v
+
+    def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """The keys and values attention reads, from the entries of every position it sees.
+
+        Those of this call (without a cache, or for the prompt) or every slot of the cache; here the entries are the
+        keys and values themselves.
+
+        Args:
+            entries: what :meth:`entries` made, each ``(b, n, u, d)`` (``u``: the positions, or the cache's slots).
+
+        Returns:
+            ``(keys, values)``, each ``(b, g, u, s)``.
+        """
+        k, v = entries
+        return k, v
 
 
 def check_cross_inputs(context: object, context_mask: object, cache: ContextCache | None, emb: int, batch: int, *,
@@ -679,10 +768,23 @@ class CrossAttention(MultiHeadAttention):
         if positions is not None:
             raise ValueError("cross-attention takes no position scheme: the context's keys have no positions in the "
                              "queries' sequence")
-        built = cls(config.emb, config.heads, wide=config.wide, dropout=config.dropout, kqnorm=config.kqnorm,
-                    impl=config.impl, kv_heads=config.kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                    head_size=config.head_dim, scale=config.attention_scale)
-        return built._zero_init_output(config)
+        return super().from_config(config, causal=False, layer=layer)
+
+    @classmethod
+    def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
+                              positions: AttentionPositions | None) -> dict[str, Any]:
+        """The keyword arguments of a cross-attention: :meth:`MultiHeadAttention.projection_arguments` alone.
+
+        Args:
+            config: the model's architecture.
+            causal: unused (never causal).
+            layer: the block's index, from 0 at the input.
+            positions: unused (no position scheme).
+
+        Returns:
+            ``{name: value}`` for every keyword argument of :class:`CrossAttention`'s constructor.
+        """
+        return cls.projection_arguments(config)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.
@@ -730,5 +832,5 @@ class CrossAttention(MultiHeadAttention):
         attention_mask = AttentionMask(positions, None, context_mask)
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
-        out = self.finish(out, attention_mask)
+        out = self.finish(out, attention_mask, x)
         return (out, weights) if return_weights else out  # type: ignore[return-value]

@@ -21,10 +21,11 @@ Two kinds of block:
 
 Both are built from a :class:`~torchformer.config.TransformerConfig` and their index in the stack (``layer``, from 0),
 which reaches every part's ``from_config``. The classes of their parts are class attributes (``attention_class``,
-``cross_attention_class``, and ``feedforward_classes`` by ``activation``), so a variant is a subclass that names
-another class; the sublayers are methods (``self_attend``, ``cross_attend``, ``sublayer``), so a block wired another
-way overrides only ``forward``, and ``needs_final_norm`` tells the stack whether to end with a norm. See
-``docs/extending.md``.
+``cross_attention_class``, and ``feedforward_classes`` by ``activation``, per block through ``feedforward_for``), so a
+variant is a subclass that names another class; the sublayers are methods (``self_attend``, ``cross_attend``,
+``feed_forward``, ``sublayer``), so a block wired another way overrides only ``forward``, and ``needs_final_norm``
+tells the stack whether to end with a norm. The feed-forward network gets the padding mask (a mixture of experts
+routes only real tokens). See ``docs/extending.md``.
 
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
@@ -83,11 +84,7 @@ class TransformerBlock(nn.Module):
         self.attention = self.attention_class.from_config(config, causal=causal, layer=layer, **shared)
         self.norm1 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.build_middle(config)
-        if config.activation not in self.feedforward_classes:
-            raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
-                             f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
-        feedforward = self.feedforward_classes[config.activation]
-        self.ff = feedforward.from_config(config, layer=layer)  # type: ignore[attr-defined]
+        self.ff = self.feedforward_for(config).from_config(config, layer=layer)  # type: ignore[attr-defined]
         self.norm2 = make_norm(config.norm, config.emb, eps=config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
@@ -133,6 +130,26 @@ class TransformerBlock(nn.Module):
             says so by overriding this.
         """
         return config.prenorm
+
+    def feedforward_for(self, config: TransformerConfig) -> type[nn.Module]:
+        """The class of this block's feed-forward network: the one :attr:`feedforward_classes` names.
+
+        ``self.layer`` is set, so a variant whose networks differ with depth (a mixture of experts after some
+        dense blocks) overrides this.
+
+        Args:
+            config: the architecture; ``config.activation`` picks the class.
+
+        Returns:
+            A class with ``from_config(config, layer=...)``.
+
+        Raises:
+            ValueError: :attr:`feedforward_classes` has no class for ``config.activation``.
+        """
+        if config.activation not in self.feedforward_classes:
+            raise ValueError(f"{type(self).__name__}.feedforward_classes has no network for activation "
+                             f"{config.activation!r} (it has {', '.join(self.feedforward_classes)})")
+        return self.feedforward_classes[config.activation]
 
     def build_middle(self, config: TransformerConfig) -> None:
         """Build the sublayers between self-attention and feed-forward: none here.
@@ -184,7 +201,21 @@ class TransformerBlock(nn.Module):
         check_sequence_inputs(x, mask, positions, self.emb)
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
-        return self.sublayer(x, self.norm2, self.ff)
+        return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
+
+    def feed_forward(self, y: Tensor, mask: Tensor | None) -> Tensor:
+        """The feed-forward sublayer alone, ``(b, t, e) -> (b, t, e)``: ``self.ff(y, mask)``.
+
+        The network sees the padding mask, so that a mixture of experts routes, and counts, only real tokens.
+
+        Args:
+            y: the (normalised) activations ``(b, t, e)``.
+            mask: ``(b, t)``, True for real tokens; ``None``: all real.
+
+        Returns:
+            The network's output ``(b, t, e)`` (before dropout and the residual).
+        """
+        return self.ff(y, mask)
 
     def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None) -> Tensor:
         """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
@@ -263,7 +294,7 @@ class DecoderBlock(TransformerBlock):
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
         x = self.sublayer(x, self.norm_cross, lambda y: self.cross_attend(y, context, context_mask, positions, cache))
-        return self.sublayer(x, self.norm2, self.ff)
+        return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
 
     def cross_attend(self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
                      cache: BlockCache | None) -> Tensor:

@@ -54,13 +54,16 @@ def mark_static_address(*tensors: Tensor) -> None:
 
 
 class KVCache:
-    """Keys and values of one attention layer in preallocated buffers, slot ``p`` for position ``p``.
+    """What one attention layer keeps of each position, in preallocated buffers, slot ``p`` for position ``p``.
 
-    The buffers are allocated by the first :meth:`update`, with its batch size, head layout, dtypes and device.
-    Later updates must match them (another batch size or model is a clear error); :meth:`reorder` selects or
-    repeats batch rows (beam search); :meth:`reset` forgets the contents but keeps the memory. A cache with
-    nothing written is *empty* (:attr:`empty`). This is a self-attention's cache; a cross-attention's is a
-    :class:`ContextCache`.
+    A layer keeps *entries* per position, tensors ``(b, n, t, d)`` (``n`` heads, or 1, of ``d`` numbers): a plain
+    attention layer its rotated keys and its values (``keys`` and ``values`` name them), a variant what it
+    chooses (latent attention its compressed latent and its rotary key;
+    :meth:`~torchformer.nn.attention.SelfAttention.entries`). The buffers, one per entry, ``(b, n, c, d)``, are
+    allocated by the first :meth:`write`, with its batch size, layout, dtypes and device. Later writes must match
+    them (another batch size or model is a clear error); :meth:`reorder` selects or repeats batch rows (beam
+    search); :meth:`reset` forgets the contents but keeps the memory. A cache with nothing written is *empty*
+    (:attr:`empty`). This is a self-attention's cache; a cross-attention's is a :class:`ContextCache`.
 
     Args:
         capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
@@ -69,12 +72,21 @@ class KVCache:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = check_positive_int(capacity, "capacity")
-        self.keys: Optional[Tensor] = None  # (b, h, c, s)
-        self.values: Optional[Tensor] = None  # (b, h, c, s_v)
+        self.entries: Optional[tuple[Tensor, ...]] = None  # each (b, n, c, d): keys (b, g, c, s), values, ...
         self.real: Optional[Tensor] = None  # (b, c) bool: False at padding; None while no mask was ever given
         self.slots: Optional[Tensor] = None  # (c,): 0 .. c-1, the position each slot holds
         self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
         self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
+
+    @property
+    def keys(self) -> Optional[Tensor]:
+        """The first entry's buffer, a plain layer's keys ``(b, g, c, s)``; ``None`` before the first write."""
+        return None if self.entries is None else self.entries[0]
+
+    @property
+    def values(self) -> Optional[Tensor]:
+        """The second entry's buffer, a plain layer's values ``(b, g, c, s)``; ``None`` before the first write."""
+        return None if self.entries is None or len(self.entries) < 2 else self.entries[1]
 
     @property
     def empty(self) -> bool:
@@ -88,45 +100,62 @@ class KVCache:
                mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
         """Write new keys and values into the slots of their positions; return the whole buffers.
 
+        :meth:`write` with the two entries of a plain attention layer.
+
+        Args:
+            keys: the new keys ``(b, g, t, s)`` (``g``: the key/value heads the layer stores).
+            values: the new values ``(b, g, t, s)``.
+            positions: ``(t,)`` long, the absolute positions of the new keys, hence their slots.
+            mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding; ``None``: all real.
+
+        Returns:
+            ``(keys, values, usable)``: the buffers ``(b, g, c, s)`` and the usable slots, as :meth:`write`.
+        """
+        (keys, values), usable = self.write((keys, values), positions, mask)
+        return keys, values, usable
+
+    def write(self, entries: tuple[Tensor, ...], positions: Tensor,
+              mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
+        """Write new entries into the slots of their positions; return the whole buffers.
+
         A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
         ``(b, t)`` marks the new positions' real tokens (False = padding), and the cache remembers it for later
         steps. Positions are not checked against the capacity here (reading them would wait for the device):
-        the model checks them at its boundary. ``h`` here is the number of heads the layer stores: its key/value
-        heads (``g`` with grouped-query attention).
+        the model checks them at its boundary.
 
         Args:
-            keys: the new keys ``(b, h, t, s)``.
-            values: the new values ``(b, h, t, s)``.
-            positions: ``(t,)`` long, the absolute positions of the new keys, hence the slots they go to; each
+            entries: the new positions' entries, each ``(b, n, t, d)`` (a plain layer's keys and values).
+            positions: ``(t,)`` long, the absolute positions of the new entries, hence the slots they go to; each
                 below the capacity.
             mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding; ``None``: all real.
 
         Returns:
-            ``(keys, values, usable)``: the buffers ``(b, h, c, s)`` themselves (not copies), and which slots
-            attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
+            ``(buffers, usable)``: the buffers ``(b, n, c, d)`` themselves (not copies), one per entry, and which
+            slots attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
 
         Raises:
-            ValueError: the new keys or values have another batch size or head layout than the buffers, or the
-                first write holds more positions than the capacity.
+            ValueError: the new entries have another number, batch size or layout than the buffers, or the first
+                write holds more positions than the capacity.
             TypeError: they have another dtype or device than the buffers.
         """
-        if self.keys is None:
-            self._allocate(keys, values)
-        self._check_fits(keys, values)
+        if self.entries is None:
+            self._allocate(entries)
+        self._check_fits(entries)
         # The slot of a position is its index: index_copy_ writes in place, so the buffers keep their memory and
         # one compiled step (or CUDA graph) serves every position.
-        self.keys.index_copy_(2, positions, keys)  # type: ignore[union-attr]
-        self.values.index_copy_(2, positions, values)  # type: ignore[union-attr]
+        for buffer, new in zip(self.entries, entries):  # type: ignore[arg-type]
+            buffer.index_copy_(2, positions, new)
         self.written.index_fill_(0, positions, True)  # type: ignore[union-attr]
         if not self._any_written:  # only the first write changes it (a compiled step then has nothing to record)
             self._any_written = True
+        b, t = entries[0].size(0), entries[0].size(2)
         if mask is not None and self.real is None:  # the first padding: until now every slot was real
-            self.real = torch.ones(keys.size(0), self.capacity, dtype=torch.bool, device=keys.device)  # (b, c)
+            self.real = torch.ones(b, self.capacity, dtype=torch.bool, device=entries[0].device)  # (b, c)
         if self.real is None:
-            return self.keys, self.values, self.written[None, :]  # type: ignore[return-value,index]
-        new = mask if mask is not None else torch.ones_like(self.real[:, : keys.size(2)])
-        self.real.index_copy_(1, positions, new)
-        return self.keys, self.values, self.real & self.written  # type: ignore[return-value,operator]
+            return self.entries, self.written[None, :]  # type: ignore[return-value,index]
+        new_real = mask if mask is not None else torch.ones_like(self.real[:, :t])
+        self.real.index_copy_(1, positions, new_real)
+        return self.entries, self.real & self.written  # type: ignore[return-value,operator]
 
     @property
     def position_limit(self) -> Optional[int]:
@@ -144,55 +173,64 @@ class KVCache:
             self.written.fill_(False)
         self.real, self._any_written = None, False
 
-    def state_dict(self) -> dict:
+    def state_dict(self, *, device: Optional[torch.device | str] = None) -> dict:
         """What the cache holds, as plain data and tensors: to save a training run's segment memory with it.
 
+        Args:
+            device: where the tensors go (``"cpu"`` to save them); ``None``: the buffers themselves, not copies.
+
         Returns:
-            ``{"keys", "values", "real", "slots", "written", "any_written"}``: the buffers themselves (not copies;
-            ``None`` before the first write) and the host-side flag.
+            ``{"entries", "real", "slots", "written", "any_written"}``: the buffers (a list, ``None`` before the
+            first write) and the host-side flag.
         """
-        return {"keys": self.keys, "values": self.values, "real": self.real, "slots": self.slots,
-                "written": self.written, "any_written": self._any_written}
+        move = (lambda t: t) if device is None else (lambda t: None if t is None else t.to(device))  # noqa: E731
+        return {"entries": None if self.entries is None else [move(t) for t in self.entries], "real": move(self.real),
+                "slots": move(self.slots), "written": move(self.written), "any_written": self._any_written}
 
     def load_state_dict(self, state: dict, *, device: Optional[torch.device] = None) -> None:
         """Hold what :meth:`state_dict` returned (of a cache of the same capacity), on ``device``.
 
         Args:
-            state: a :meth:`state_dict`.
+            state: a :meth:`state_dict` (or one of torchformer before 0.6, with ``"keys"`` and ``"values"``).
             device: where the buffers go; ``None``: where they are.
 
         Raises:
             ValueError: the saved buffers have another number of slots than this cache's capacity.
         """
-        keys = state["keys"]
-        if keys is not None and keys.size(2) != self.capacity:
-            raise ValueError(f"the saved cache has {keys.size(2)} slots, this one {self.capacity} (capacity)")
-        for name in ("keys", "values", "real", "slots", "written"):
-            setattr(self, name, state[name] if state[name] is None or device is None else state[name].to(device))
+        entries = state["entries"] if "entries" in state else (
+            None if state["keys"] is None else [state["keys"], state["values"]])
+        if entries is not None and entries[0].size(2) != self.capacity:
+            raise ValueError(f"the saved cache has {entries[0].size(2)} slots, this one {self.capacity} (capacity)")
+        move = (lambda t: t) if device is None else (lambda t: None if t is None else t.to(device))  # noqa: E731
+        self.entries = None if entries is None else tuple(move(t) for t in entries)
+        self.real, self.slots, self.written = move(state["real"]), move(state["slots"]), move(state["written"])
         self._any_written = bool(state["any_written"])
 
-    def _allocate(self, keys: Tensor, values: Tensor) -> None:
-        b, h, t, s = keys.shape
-        c = self.capacity
+    def _allocate(self, entries: tuple[Tensor, ...]) -> None:
+        first = entries[0]
+        c, t = self.capacity, first.size(2)
         if t > c:
             raise ValueError(f"the cache has {c} slots (capacity), but {t} positions were written at once")
-        # Keys and values may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
-        self.keys = keys.new_zeros(b, h, c, s)
-        self.values = values.new_zeros(b, values.size(1), c, values.size(3))
-        self.slots = torch.arange(c, device=keys.device)
-        self.written = torch.zeros(c, dtype=torch.bool, device=keys.device)
-        mark_static_address(self.keys, self.values, self.slots, self.written)
+        # Entries may differ in dtype (with kqnorm under autocast, layer norm gives float32 keys).
+        self.entries = tuple(e.new_zeros(e.size(0), e.size(1), c, *e.shape[3:]) for e in entries)
+        self.slots = torch.arange(c, device=first.device)
+        self.written = torch.zeros(c, dtype=torch.bool, device=first.device)
+        mark_static_address(*self.entries, self.slots, self.written)
 
-    def _check_fits(self, keys: Tensor, values: Tensor) -> None:
-        held_k, held_v = self.keys, self.values
-        assert held_k is not None and held_v is not None
-        for name, new, held in (("keys", keys, held_k), ("values", values, held_v)):
-            if new.shape[:2] != held.shape[:2] or new.shape[3:] != held.shape[3:]:
-                raise ValueError(f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(held.shape)}, but the "
+    def _check_fits(self, entries: tuple[Tensor, ...]) -> None:
+        held = self.entries
+        assert held is not None
+        if len(entries) != len(held):
+            raise ValueError(f"this KVCache holds {len(held)} entries per position, but {len(entries)} were written: "
+                             f"another model. Use fresh caches (model.new_caches(), or new_memory()) for each model")
+        names = ("keys", "values") if len(held) == 2 else tuple(f"entries[{i}]" for i in range(len(held)))
+        for name, new, buffer in zip(names, entries, held):
+            if new.shape[:2] != buffer.shape[:2] or new.shape[3:] != buffer.shape[3:]:
+                raise ValueError(f"this KVCache holds {name} of shape (b, h, c, s) = {tuple(buffer.shape)}, but the "
                                  f"new {name} have shape {tuple(new.shape)}: another batch size or another model. Use "
                                  f"fresh caches (model.new_caches(), or new_memory()) for each batch")
-            if new.dtype != held.dtype or new.device != held.device:
-                raise TypeError(f"this KVCache holds {name} of dtype {held.dtype} on {held.device}, but the new "
+            if new.dtype != buffer.dtype or new.device != buffer.device:
+                raise TypeError(f"this KVCache holds {name} of dtype {buffer.dtype} on {buffer.device}, but the new "
                                 f"{name} are {new.dtype} on {new.device}; run the prompt and the decoding steps under "
                                 f"the same autocast setting and device")
 
@@ -206,16 +244,16 @@ class KVCache:
         Args:
             index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
         """
-        if self.keys is None or self.values is None:
+        if self.entries is None:
             return
-        if index.numel() == self.keys.size(0):
-            self.keys.copy_(self.keys.index_select(0, index))
-            self.values.copy_(self.values.index_select(0, index))
+        if index.numel() == self.entries[0].size(0):
+            for buffer in self.entries:
+                buffer.copy_(buffer.index_select(0, index))
             if self.real is not None:
                 self.real.copy_(self.real.index_select(0, index))
             return
-        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
-        mark_static_address(self.keys, self.values)
+        self.entries = tuple(buffer.index_select(0, index) for buffer in self.entries)
+        mark_static_address(*self.entries)
         if self.real is not None:
             self.real = self.real.index_select(0, index)
 
@@ -246,34 +284,33 @@ class RingKVCache(KVCache):
         """``None``: a ring takes any position."""
         return None
 
-    def update(self, keys: Tensor, values: Tensor, positions: Tensor,
-               mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Write the new keys and values into the slots ``positions mod c``; return the whole buffers.
+    def write(self, entries: tuple[Tensor, ...], positions: Tensor,
+              mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
+        """Write the new entries into the slots ``positions mod c``; return the whole buffers.
 
-        As :meth:`KVCache.update`, but any positions, at most ``c`` of them per call; what earlier calls wrote is
+        As :meth:`KVCache.write`, but any positions, at most ``c`` of them per call; what earlier calls wrote is
         detached first.
 
         Args:
-            keys: the new keys ``(b, h, t, s)``, ``t <= c``.
-            values: the new values ``(b, h, t, s)``.
-            positions: ``(t,)`` long, the absolute positions of the new keys (any size).
+            entries: the new positions' entries, each ``(b, n, t, d)``, ``t <= c``.
+            positions: ``(t,)`` long, the absolute positions of the new entries (any size).
             mask: ``(b, t)`` bool, ``True`` at real tokens; ``None``: all real.
 
         Returns:
-            ``(keys, values, usable)`` as :meth:`KVCache.update`; ``slots`` then holds each slot's position.
+            ``(buffers, usable)`` as :meth:`KVCache.write`; ``slots`` then holds each slot's position.
 
         Raises:
-            ValueError: more than ``c`` positions at once, or keys of another shape than the buffers'.
+            ValueError: more than ``c`` positions at once, or entries of another shape than the buffers'.
         """
-        if keys.size(2) > self.capacity:  # more would overwrite their own keys
-            raise ValueError(f"the ring cache has {self.capacity} slots (capacity), but {keys.size(2)} positions "
-                             f"were written at once")
-        if self.keys is not None and self.values is not None and (self.keys.requires_grad or self.values.requires_grad):
+        if entries[0].size(2) > self.capacity:  # more would overwrite their own entries
+            raise ValueError(f"the ring cache has {self.capacity} slots (capacity), but {entries[0].size(2)} "
+                             f"positions were written at once")
+        if self.entries is not None and any(buffer.requires_grad for buffer in self.entries):
             # Memory carries no gradient: cut it from the graph of the step that wrote it, and write into a copy,
             # so that graph keeps the buffers it read (an in-place write would invalidate its backward pass).
-            self.keys, self.values = self.keys.detach().clone(), self.values.detach().clone()
+            self.entries = tuple(buffer.detach().clone() for buffer in self.entries)
         index = positions.remainder(self.capacity)  # (t,) the slots
-        result = super().update(keys, values, index, mask)
+        result = super().write(entries, index, mask)
         self.slots.index_copy_(0, index, positions)  # type: ignore[union-attr]  # the position each slot holds
         return result
 

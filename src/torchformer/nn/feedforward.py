@@ -23,7 +23,7 @@ Shapes: b batch size, t sequence length, e embedding size, h hidden size.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -120,7 +120,8 @@ class FeedForward(nn.Module):
     checkpoints name the weights that way.
 
     Shapes:
-        ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
+        ``forward(x, mask=None)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own;
+        ``mask`` ``(b, t)`` (True at real tokens), which a block passes every feed-forward network, is not needed.
     """
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "relu", dropout: float = 0.0,
@@ -163,15 +164,32 @@ class FeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``, ``"geglu_tanh"``).
         """
-        network = cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
-                      hidden=config.ff_hidden, bias=config.ff_bias)
+        network = cls(config.emb, **cls.arguments_from_config(config, layer=layer))
         if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
             for parameter in network.net[-1].parameters():
                 nn.init.zeros_(parameter)
         return network
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+    @classmethod
+    def arguments_from_config(cls, config: TransformerConfig, *, layer: int) -> dict[str, Any]:
+        """The keyword arguments :meth:`from_config` builds ``cls(config.emb, **arguments)`` with.
+
+        A subclass with an argument of its own adds it (see
+        :meth:`~torchformer.nn.attention.MultiHeadAttention.arguments_from_config`).
+
+        Args:
+            config: the architecture.
+            layer: the block's index, from 0 at the input.
+
+        Returns:
+            ``{name: value}``: ``ff_mult``, ``activation``, ``dropout``, ``hidden`` (``ff_hidden``), ``bias``
+            (``ff_bias``).
+        """
+        return {"ff_mult": config.ff_mult, "activation": config.activation, "dropout": config.dropout,
+                "hidden": config.ff_hidden, "bias": config.ff_bias}
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return self.net(x)  # each position on its own: the padding mask changes nothing
 
 
 class GatedFeedForward(nn.Module):
@@ -201,7 +219,8 @@ class GatedFeedForward(nn.Module):
         dropout: dropout on the hidden layer (the product).
 
     Shapes:
-        ``forward(x)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own.
+        ``forward(x, mask=None)``: ``(b, t, e)`` (or any ``(..., e)``) -> ``(b, t, e)``, each position on its own;
+        ``mask`` ``(b, t)`` (True at real tokens), which a block passes every feed-forward network, is not needed.
     """
 
     def __init__(self, emb: int, *, ff_mult: int = 4, activation: str = "swiglu", dropout: float = 0.0,
@@ -233,12 +252,27 @@ class GatedFeedForward(nn.Module):
         Raises:
             ValueError: ``config.activation`` is not a gated unit.
         """
-        network = cls(config.emb, ff_mult=config.ff_mult, activation=config.activation, dropout=config.dropout,
-                      hidden=config.ff_hidden)
+        network = cls(config.emb, **cls.arguments_from_config(config, layer=layer))
         if config.zero_init_residual:  # the block starts as the identity (TransformerConfig.zero_init_residual)
             for parameter in network.w2.parameters():
                 nn.init.zeros_(parameter)
         return network
 
-    def forward(self, x: Tensor) -> Tensor:
+    @classmethod
+    def arguments_from_config(cls, config: TransformerConfig, *, layer: int) -> dict[str, Any]:
+        """The keyword arguments :meth:`from_config` builds ``cls(config.emb, **arguments)`` with.
+
+        As :meth:`FeedForward.arguments_from_config`, without ``bias`` (a gated unit has none).
+
+        Args:
+            config: the architecture.
+            layer: the block's index, from 0 at the input.
+
+        Returns:
+            ``{name: value}``: ``ff_mult``, ``activation``, ``dropout``, ``hidden`` (``ff_hidden``).
+        """
+        return {"ff_mult": config.ff_mult, "activation": config.activation, "dropout": config.dropout,
+                "hidden": config.ff_hidden}
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return self.w2(self.drop(self.act(self.w1(x)) * self.v(x)))  # (b, t, e) -> (b, t, h) -> (b, t, e)

@@ -14,8 +14,10 @@ The two functions live in :mod:`~torchformer.pretrained.huggingface`. One module
 :mod:`~torchformer.pretrained.gpt2` (``GPT2LMHeadModel`` <-> ``GTransformer``),
 :mod:`~torchformer.pretrained.llama` (Llama, Mistral, Qwen2 ``...ForCausalLM`` <-> ``GTransformer``),
 :mod:`~torchformer.pretrained.bert` (``BertForMaskedLM`` <-> ``MLMTransformer``, ``BertForSequenceClassification``
-<-> ``CTransformer``) and :mod:`~torchformer.pretrained.t5` (``T5ForConditionalGeneration`` <->
-``Seq2SeqTransformer``). The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped, one tensor at
+<-> ``CTransformer``), :mod:`~torchformer.pretrained.t5` (``T5ForConditionalGeneration`` <->
+``Seq2SeqTransformer``), :mod:`~torchformer.pretrained.qwen3`, :mod:`~torchformer.pretrained.moe` (Mixtral,
+Qwen3-MoE, OLMoE) and :mod:`~torchformer.pretrained.deepseek` (DeepSeek-V3), into the classes of
+:mod:`torchformer.families`. The files are read by :mod:`~torchformer.pretrained.folders`, memory-mapped, one tensor at
 a time, into a model :mod:`~torchformer.pretrained.building` made without initialising it. Nothing imports
 ``transformers``: the format is plain files (JSON and safetensors).
 

@@ -1,0 +1,259 @@
+"""Multi-head latent attention (DeepSeek-V2, DeepSeek-V3): a KV cache of one small latent per position.
+
+Grouped-query attention shrinks the cache by sharing keys and values between heads. Latent attention (DeepSeek-AI
+2024) instead compresses each position into a latent ``c`` of ``R`` numbers, from which every head's key and value
+are projected up again, and keeps only ``c`` in the cache, with a small key ``k_r`` of ``r`` numbers that carries the
+rotary position (rotations do not commute with the up-projection, so they get dimensions of their own, shared by
+all heads). For one position ``x``:
+
+$$
+\\begin{aligned}
+c &= \\operatorname{RMSNorm}(W_{dkv} x)_{:R}, \\qquad k_r = \\operatorname{rotate}((W_{dkv} x)_{R:}) \\\\
+[k_n^{(i)}; v^{(i)}] &= W_{ukv}^{(i)} c, \\qquad k^{(i)} = [k_n^{(i)}; k_r] \\\\
+q^{(i)} &= [q_n^{(i)}; \\operatorname{rotate}(q_r^{(i)})] = W_{uq}^{(i)} \\operatorname{RMSNorm}(W_{dq} x)
+\\end{aligned}
+$$
+
+for each head ``i`` (queries compressed too when ``q_rank`` is set, else ``W_q x``), then ordinary attention with
+the scale ``1 / sqrt(n + r)`` and the output projection of the heads' values.
+
+**Absorbed decoding.** The score ``q_n^T k_n = q_n^T W_{uk} c = (W_{uk}^T q_n)^T c``: the up-projection of the keys
+can be absorbed into the query, and likewise that of the values into the output (``sum_j a_j W_{uv} c_j = W_{uv}
+sum_j a_j c_j``). With ``absorb`` on, attention runs on the latents themselves, as multi-query attention whose one
+key head is ``[c; k_r]`` and value head ``c``: no per-head key or value is made, which is what makes a cached
+decoding step cheap. Both ways compute the same function (the tests prove it).
+
+The layer keeps, and caches, the entries ``(c, k_r)`` (:meth:`LatentAttention.entries`), ``R + r`` numbers per
+position and layer, against ``2 g s`` for grouped-query attention.
+
+Shapes: b batch size, t queries, u keys, e embedding size, h heads, n the heads' non-rotary query/key size, r the
+rotary size, v the value size, R the latent size, Q the query latent size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from torchformer._checks import check_bool, check_positive_int
+from torchformer.config import PartOptions, TransformerConfig
+from torchformer.nn.attention import SelfAttention
+from torchformer.nn.masks import AttentionMask
+from torchformer.nn.norms import RMSNorm
+from torchformer.nn.relative import AttentionPositions
+
+
+@dataclass(frozen=True)
+class LatentOptions(PartOptions):
+    """The sizes of latent attention (:class:`LatentAttention`), in ``TransformerConfig.options``.
+
+    Args:
+        kv_rank: ``R``, the latent's size (DeepSeek-V3's ``kv_lora_rank``, 512).
+        rope_dim: ``r``, the rotary part of each query and key (``qk_rope_head_dim``, 64); even.
+        q_rank: ``Q``, the queries' latent size (``q_lora_rank``, 1536); ``None``: queries projected directly.
+        nope_dim: ``n``, the non-rotary part of each query and key (``qk_nope_head_dim``); ``None``: the config's
+            head size.
+        value_dim: ``v``, each head's value size (``v_head_dim``); ``None``: the config's head size.
+
+    Raises:
+        ValueError: a size that is not a positive int, or an odd ``rope_dim``.
+    """
+
+    kv_rank: int = 512
+    rope_dim: int = 64
+    q_rank: Optional[int] = None
+    nope_dim: Optional[int] = None
+    value_dim: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int(self.kv_rank, "kv_rank")
+        if check_positive_int(self.rope_dim, "rope_dim") % 2:
+            raise ValueError(f"rope_dim must be even (rotary positions rotate pairs), got {self.rope_dim}")
+        for name in ("q_rank", "nope_dim", "value_dim"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+
+
+class LatentAttention(SelfAttention):
+    """Multi-head latent attention: keys and values projected up from a cached latent (see the module docstring).
+
+    Parameters: ``q_down`` ``(Q, e)``, ``q_norm`` and ``q_up`` ``(h (n + r), Q)`` with ``q_rank``, else
+    ``toqueries`` ``(h (n + r), e)``; ``kv_down`` ``(R + r, e)``, ``kv_norm``, ``kv_up`` ``(h (n + v), R)``;
+    ``unifyheads`` ``(e, h v)``. No biases (DeepSeek's).
+
+    Args:
+        emb: the embedding size ``e``.
+        heads: ``h``.
+        kv_rank: ``R``.
+        rope_dim: ``r``.
+        nope_dim: ``n``.
+        value_dim: ``v``.
+        q_rank: ``Q``, or ``None``.
+        norm_eps: the ``eps`` of the latents' RMSNorms.
+        absorb: compute attention on the latents (the decoding path); ``False``: on per-head keys and values. The
+            same function; a plain attribute, set it on a built layer.
+        **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s ``causal``, ``dropout``, ``impl``,
+            ``positions`` (a scheme for heads of ``rope_dim``), ``window``, ``pattern``, ``out_bias``.
+
+    Shapes:
+        As :class:`~torchformer.nn.attention.SelfAttention`: ``x`` ``(b, t, e)`` -> ``(b, t, e)``; a KV cache holds
+        ``(b, 1, c, R)`` latents and ``(b, 1, c, r)`` rotary keys.
+    """
+
+    def __init__(self, emb: int, heads: int = 8, *, kv_rank: int, rope_dim: int, nope_dim: int, value_dim: int,
+                 q_rank: Optional[int] = None, norm_eps: float = 1e-6, absorb: bool = False, **options: Any) -> None:
+        for name in ("kv_heads", "wide", "kqnorm", "qkv_bias", "head_size", "scale"):
+            if options.get(name) not in (None, False):
+                raise ValueError(f"{name}={options[name]!r} does not apply to latent attention: its heads' sizes are "
+                                 f"nope_dim, rope_dim and value_dim, its keys and values come from one latent")
+            options.pop(name, None)
+        n, r, v = (check_positive_int(d, name) for d, name in ((nope_dim, "nope_dim"), (rope_dim, "rope_dim"),
+                                                             (value_dim, "value_dim")))
+        super().__init__(emb, heads, head_size=n + r, scale=1 / math.sqrt(n + r), **options)
+        self.kv_rank, self.rope_dim, self.nope_dim, self.value_dim = check_positive_int(kv_rank, "kv_rank"), r, n, v
+        self.q_rank = None if q_rank is None else check_positive_int(q_rank, "q_rank")
+        del self.tokeys, self.tovalues  # keys and values come from the latent
+        if self.q_rank is not None:
+            del self.toqueries
+            self.q_down = nn.Linear(emb, self.q_rank, bias=False)
+            self.q_norm = RMSNorm(self.q_rank, eps=norm_eps)
+            self.q_up = nn.Linear(self.q_rank, heads * (n + r), bias=False)
+        self.kv_down = nn.Linear(emb, kv_rank + r, bias=False)  # the latent and the rotary key, side by side
+        self.kv_norm = RMSNorm(kv_rank, eps=norm_eps)
+        self.kv_up = nn.Linear(kv_rank, heads * (n + v), bias=False)
+        self.unifyheads = nn.Linear(heads * v, emb, bias=self.unifyheads.bias is not None)
+        self.absorb = check_bool(absorb, "absorb")
+
+    @classmethod
+    def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
+                              positions: AttentionPositions | None) -> dict[str, Any]:
+        """The keyword arguments of a latent attention of ``config``, its sizes ``config.options_of(LatentOptions)``.
+
+        Args:
+            config: the architecture (``dropout``, ``impl``, ``window``, ``out_bias``, ``norm_eps``, rotary
+                ``positions`` and the options).
+            causal: whether the layer is causal.
+            layer: the block's index.
+            positions: a shared scheme, or ``None``.
+
+        Returns:
+            ``{name: value}``.
+        """
+        o = config.options_of(LatentOptions)
+        base = super().arguments_from_config(config, causal=causal, layer=layer, positions=positions)
+        for name in ("kv_heads", "wide", "kqnorm", "qkv_bias", "head_size", "scale"):
+            base.pop(name)
+        return {**base, "kv_rank": o.kv_rank, "rope_dim": o.rope_dim, "q_rank": o.q_rank,
+                "nope_dim": o.nope_dim or config.head_size, "value_dim": o.value_dim or config.head_size,
+                "norm_eps": config.norm_eps}
+
+    @classmethod
+    def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
+        """The rotary scheme for the ``rope_dim`` rotary coordinates of each query and key.
+
+        Args:
+            config: the architecture; its ``positions`` (rotary, either layout), ``rotary_base`` and
+                ``rotary_scaling``.
+            causal: whether the layer is causal.
+
+        Returns:
+            The scheme, for heads of ``rope_dim``.
+        """
+        rope = config.options_of(LatentOptions).rope_dim
+        return super().positions_from_config(config.replace(head_dim=rope), causal=causal)
+
+    def queries(self, x: Tensor, positions: Tensor) -> Tensor:
+        """The queries, their rotary part rotated: ``(b, t, e) -> (b, h, t, n + r)``.
+
+        With ``absorb``, ``(b, h, t, R + r)``: the non-rotary part taken into the latent space by the keys'
+        up-projection.
+
+        Args:
+            x: the layer's input ``(b, t, e)``.
+            positions: ``(t,)``.
+
+        Returns:
+            The queries.
+        """
+        q = self.q_up(self.q_norm(self.q_down(x))) if self.q_rank is not None else self.toqueries(x)
+        q_nope, q_rope = self.split_heads(q).split([self.nope_dim, self.rope_dim], dim=-1)  # (b, h, t, n), (.., r)
+        q_rope = self.relative.rotate(q_rope, positions)
+        if self.absorb:
+            w_uk, _ = self._up_weights()  # (h, n, R)
+            q_nope = q_nope @ w_uk.to(q_nope.dtype)  # (b, h, t, n) @ (h, n, R) -> (b, h, t, R)
+        return torch.cat([q_nope, q_rope], dim=-1)
+
+    def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        """What the layer keeps of each position: its normalised latent and its rotated rotary key.
+
+        Args:
+            x: the layer's input ``(b, t, e)``.
+            positions: ``(t,)``.
+
+        Returns:
+            ``(latent, rotary_key)``: ``(b, 1, t, R)`` and ``(b, 1, t, r)``.
+        """
+        latent, k_rope = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)  # (b, t, R), (b, t, r)
+        k_rope = self.relative.rotate(k_rope[:, None], positions)  # (b, 1, t, r): one rotary key for all heads
+        return self.kv_norm(latent)[:, None], k_rope
+
+    def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """Keys and values from the latents: per head ``(b, h, u, n + r)`` and ``(b, h, u, v)``.
+
+        With ``absorb``, the latents themselves, one head: ``(b, 1, u, R + r)`` and ``(b, 1, u, R)``.
+
+        Args:
+            entries: ``(latent, rotary_key)``, ``(b, 1, u, R)`` and ``(b, 1, u, r)``.
+
+        Returns:
+            ``(keys, values)``.
+        """
+        latent, k_rope = entries
+        if self.absorb:
+            return torch.cat([latent, k_rope], dim=-1), latent
+        b, _, u, _ = latent.shape
+        kv = self.kv_up(latent[:, 0]).view(b, u, self.heads, self.nope_dim + self.value_dim).transpose(1, 2)
+        k_nope, v = kv.split([self.nope_dim, self.value_dim], dim=-1)  # (b, h, u, n), (b, h, u, v)
+        return torch.cat([k_nope, k_rope.expand(b, self.heads, u, self.rope_dim)], dim=-1), v
+
+    def share_kv_heads(self, x: Tensor) -> Tensor:
+        """The per-head keys and values as they are; with ``absorb``, the one latent head seen by every head.
+
+        Args:
+            x: ``(b, h, u, d)``, or ``(b, 1, u, d)`` with ``absorb``.
+
+        Returns:
+            ``(b, h, u, d)``: ``x``, or a view of it (no copy).
+        """
+        return x.expand(x.size(0), self.heads, *x.shape[2:]) if x.size(1) == 1 and self.heads > 1 else x
+
+    def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
+        """With ``absorb``, the values' up-projection applied to the attended latents first; then the parent's.
+
+        Args:
+            out: ``(b, h, t, v)``, or ``(b, h, t, R)`` with ``absorb``.
+            mask: the mask attention used.
+            x: the layer's input.
+
+        Returns:
+            ``(b, t, e)``.
+        """
+        if self.absorb:
+            _, w_uv = self._up_weights()  # (h, v, R)
+            out = out @ w_uv.transpose(1, 2).to(out.dtype)  # (b, h, t, R) @ (h, R, v) -> (b, h, t, v)
+        return super().finish(out, mask, x)
+
+    def _up_weights(self) -> tuple[Tensor, Tensor]:
+        """``kv_up``'s weight as each head's key part ``(h, n, R)`` and value part ``(h, v, R)``."""
+        w = self.kv_up.weight.view(self.heads, self.nope_dim + self.value_dim, self.kv_rank)
+        return w[:, :self.nope_dim], w[:, self.nope_dim:]
+
+    def extra_repr(self) -> str:
+        return (f"emb={self.emb}, heads={self.heads}, kv_rank={self.kv_rank}, rope_dim={self.rope_dim}, "
+                f"nope_dim={self.nope_dim}, value_dim={self.value_dim}, q_rank={self.q_rank}, causal={self.causal}, "
+                f"absorb={self.absorb}")
