@@ -226,7 +226,7 @@ def test_a_compiled_moe_model_takes_the_eager_gradients_with_its_losses():
     net = model()
     x = torch.randint(0, 20, (4, 8), generator=torch.Generator().manual_seed(4))
     eager = train_step(net, x)
-    compiled = torch.compile(net, backend="aot_eager")
+    compiled = torch.compile(net, backend="eager")  # Dynamo's tracing, where the records are side effects
     fast = train_step(compiled, x)
     assert fast[0].item() == pytest.approx(eager[0].item(), rel=1e-5)
     for a, b in zip(fast[1], eager[1]):
