@@ -41,6 +41,7 @@ from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
 )
 from torchformer.data.batching import ClassificationBatches, pad_batch
+from torchformer.nn.auxiliary import auxiliary_loss
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.download import DataNotFoundError
 from torchformer.data.imdb_unlabelled import texts_digest
@@ -577,6 +578,7 @@ def train(args: argparse.Namespace) -> dict:
                 logp = fast(share.take(ids), share.take(mask))
             # Its part of the batch's mean loss: averaged over the processes with the gradients, that mean.
             loss = F.nll_loss(logp.float(), share.targets(labels), reduction="sum") / share.divisor
+            loss = loss + auxiliary_loss(fast)  # what the model's parts add (a mixture's balance loss); 0 without
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if args.gradient_clipping > 0:

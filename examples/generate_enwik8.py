@@ -33,9 +33,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from torchformer import GTransformer, generate, load_model
+from torchformer import DeepSeekTransformer, GTransformer, LatentTransformer, MoETransformer, generate, load_model
 from torchformer.decoding.generation import MemoryStep
-from torchformer.config import POSITIONS
+from torchformer.config import POSITIONS, ROTARY
+from torchformer.nn.auxiliary import auxiliary_loss, auxiliary_statistics
+from torchformer.nn.latent import LatentOptions
+from torchformer.nn.moe import MoEOptions
 from torchformer.data import default_root, enwik8, enwik8_sample, random_batches
 from torchformer.train.evaluation import bits_per_byte
 from torchformer.train.flops import mfu, model_flops_per_token
@@ -85,7 +88,8 @@ RISES = 2
 
 # Must match to resume a checkpoint (a checkpoint of a run before these flags existed has the defaults).
 ARCHITECTURE = ("embedding", "heads", "depth", "context", "kqnorm", "positions", "norm", "activation", "kv_heads",
-                "window", "wide", "logit_cap", "sparse", "sparse_stride")
+                "window", "wide", "logit_cap", "sparse", "sparse_stride", "experts", "active_experts", "expert_hidden",
+                "latent_rank", "rope_dim")
 # Must match too, to resume exactly: they fix the batches, the dropout masks and the updates. (-N may change: it
 # extends the run; --minutes is turned into -N.)
 RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropout", "seed", "optimizer",
@@ -94,7 +98,8 @@ RUN_KEYS = ("batch_size", "accumulate", "lr_warmup", "gradient_clipping", "dropo
 RUN_DEFAULTS = {"schedule": "cosine", "zero_init": False, "memory": None}
 ARCHITECTURE_DEFAULTS = {"kqnorm": False, "positions": "learned", "norm": "layer", "activation": "relu",
                          "kv_heads": None, "window": None, "wide": False, "logit_cap": None,
-                         "sparse": None, "sparse_stride": None}
+                         "sparse": None, "sparse_stride": None, "experts": None, "active_experts": 2, "expert_hidden": None,
+                         "latent_rank": None, "rope_dim": 16}
 # loss: the training loss in nats per byte (what the optimizer sees); train_bpb: the same in bits per byte, the unit
 # of val_bpb, so that the two curves can be compared.
 COLUMNS = ["step", "loss", "train_bpb", "lr", "tokens_per_s", "val_bpb", "elapsed_s"]
@@ -105,7 +110,7 @@ MIN_TEMPERATURE = 1e-3  # below it sampling is greedy in all but name (and tiny 
 # that is None (not given, and no preset sets it) is not checked.
 CHECKS = {
     **dict.fromkeys(("num_batches", "batch_size", "embedding", "heads", "depth", "context", "kv_heads", "window",
-                     "sparse_stride", "memory",
+                     "sparse_stride", "memory", "experts", "active_experts", "expert_hidden", "latent_rank", "rope_dim",
                      "test_every", "test_subset", "test_batch_size", "accumulate", "threads", "log_every",
                      "stop_after"), POSITIVE_INT),
     **dict.fromkeys(("minutes", "peak_tflops", "checkpoint_minutes", "logit_cap"), POSITIVE),
@@ -167,6 +172,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "time per step")
     add("--sparse-stride", type=int, help="the pattern's stride (strided) or block length (fixed), about the square "
         "root of -C; the fixed pattern keeps the last position of each block")
+    add("--experts", type=int, help="a mixture of N experts in every block's feed-forward network "
+        "(docs/experts-and-latents.md; needs a gated --activation), --active-experts per byte; its balance loss joins "
+        "the training loss, and the experts' load is printed at each evaluation (default: a dense network)")
+    add("--active-experts", type=int, default=2, help="with --experts: the experts each byte goes to (k)")
+    add("--expert-hidden", type=int, help="with --experts: each expert's hidden size (default: the dense network's)")
+    add("--latent-rank", type=int, help="latent attention: keys and values from a cached latent of N numbers per "
+        "position (docs/experts-and-latents.md; needs rotary --positions) (default: plain heads)")
+    add("--rope-dim", type=int, default=16, help="with --latent-rank: the rotary part of each query and key")
     add("--kqnorm", action=argparse.BooleanOptionalAction, help="layer-normalise keys and queries (fixes the "
         "scale of the attention logits, which can stabilise training at high learning rates)")
     add("--wide", action="store_true", help="wide heads: each head sees the whole embedding (then -E need not be "
@@ -249,6 +262,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"each head then sees the whole embedding)")
     if args.kv_heads is not None and args.heads % args.kv_heads:  # each key/value head serves a group of heads
         p.error(f"--kv-heads must divide --heads, got {args.kv_heads} and {args.heads}")
+    if args.latent_rank is not None and args.positions not in ROTARY:
+        p.error(f"--latent-rank needs rotary positions (its keys carry them in --rope-dim coordinates): --positions "
+                f"rotary or rotary_interleaved, got {args.positions}")
     if args.stop_after is not None and args.checkpoint is None:
         p.error("--stop-after needs --checkpoint (it simulates a kill after a checkpoint)")
     check_outputs(p, args.out, OUTPUTS)
@@ -352,10 +368,10 @@ def seconds_per_step(net, model, train, args, steps: int = 20) -> float:
     def step() -> None:
         for _ in range(args.accumulate):
             if streams is None:
-                micro_loss(net, *micro_batch(train, args, generator), args).backward()
+                sum(micro_loss(net, *micro_batch(train, args, generator), args)).backward()
             else:
                 x, y, positions, _ = streams.batch(next(count))
-                micro_loss(net, x, y, args, caches=memory, positions=positions).backward()
+                sum(micro_loss(net, x, y, args, caches=memory, positions=positions)).backward()
         if args.gradient_clipping > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
         probe.step()
@@ -407,14 +423,23 @@ class Streams:
         return share.take(x), share.targets(y), positions, segment == 0
 
 
-def micro_loss(net, x: torch.Tensor, y: torch.Tensor, args, **memory) -> torch.Tensor:
+def micro_loss(net, x: torch.Tensor, y: torch.Tensor, args, **memory) -> tuple[torch.Tensor, torch.Tensor]:
     """This process's part of the global micro-batch's mean loss, divided by ``--accumulate``: averaged over the
-    processes (as DDP and FSDP2 average gradients), the mean over the whole batch (one process: that mean).
+    processes (as DDP and FSDP2 average gradients), the mean over the whole batch (one process: that mean). And the
+    parts' own losses (a mixture's balance loss; 0 without), each process's over its rows, likewise averaged.
     ``memory``: ``caches`` and ``positions`` with ``--memory``."""
     with autocast(args.device):
         logp = net(x, **memory)  # (k, t, 256) log-probabilities of the next byte
     tokens = share_batch(args.batch_size).divisor * args.context
-    return F.nll_loss(logp.float().flatten(0, 1), y.flatten(), reduction="sum") / tokens / args.accumulate
+    loss = F.nll_loss(logp.float().flatten(0, 1), y.flatten(), reduction="sum") / tokens / args.accumulate
+    return loss, torch.as_tensor(auxiliary_loss(net), device=loss.device) / args.accumulate
+
+
+def expert_load(model) -> str:
+    """The experts' load of the last training step, each block's busiest and idlest expert against the mean."""
+    loads = auxiliary_statistics(model).get("expert_load", [])
+    spread = [f"{(load.max() / load.mean()).item():.2f}/{(load.min() / load.mean()).item():.2f}" for load in loads]
+    return f"expert load, max/min over the mean, by block: {' '.join(spread)} (1.00/1.00: even)"
 
 
 def check_resumable(ckpt: Path, args) -> None:
@@ -524,12 +549,17 @@ def train(args, threads: int, why: str) -> dict:
         check_resumable(ckpt, args)
 
     def build() -> GTransformer:
-        return GTransformer(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
-                            prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
-                            activation=args.activation, kv_heads=args.kv_heads, window=args.window,
-                            wide=args.wide, checkpoint_blocks=args.checkpoint_blocks,
-                            zero_init_residual=args.zero_init, logit_cap=args.logit_cap, sparse=args.sparse,
-                            sparse_stride=args.sparse_stride, ff_hidden=args.ff_hidden)
+        options = ((MoEOptions(experts=args.experts, top_k=args.active_experts, expert_hidden=args.expert_hidden),)
+                   if args.experts else ()) + ((LatentOptions(kv_rank=args.latent_rank, rope_dim=args.rope_dim),)
+                                               if args.latent_rank else ())
+        model_class = {(False, False): GTransformer, (True, False): MoETransformer, (False, True): LatentTransformer,
+                       (True, True): DeepSeekTransformer}[bool(args.experts), bool(args.latent_rank)]
+        return model_class(args.embedding, args.heads, args.depth, args.context, 256, dropout=args.dropout,
+                           prenorm=True, kqnorm=args.kqnorm, positions=args.positions, norm=args.norm,
+                           activation=args.activation, kv_heads=args.kv_heads, window=args.window,
+                           wide=args.wide, checkpoint_blocks=args.checkpoint_blocks,
+                           zero_init_residual=args.zero_init, logit_cap=args.logit_cap, sparse=args.sparse,
+                           sparse_stride=args.sparse_stride, ff_hidden=args.ff_hidden, options=options)
 
     try:
         # Sized on the meta device first: a typo in -C or -E is no OOM kill. FSDP shards all but the built model.
@@ -597,7 +627,7 @@ def train(args, threads: int, why: str) -> dict:
     if run.is_main:
         args.out.mkdir(parents=True, exist_ok=True)
         try:  # rows a killed run logged after its last checkpoint are dropped: this run logs those steps again
-            log = CSVLogger(args.out / "log.csv", COLUMNS, resume_step=start)
+            log = CSVLogger(args.out / "log.csv", COLUMNS + (["aux_loss"] if args.experts else []), resume_step=start)
         except ValueError as e:  # a log.csv of an older version of this script, with other columns
             sys.exit(f"error: {e}")
         tb = tensorboard(args.out)
@@ -642,26 +672,30 @@ def train(args, threads: int, why: str) -> dict:
     # Reading a loss (.item()) makes the CPU wait for the GPU, which then idles while the next step is launched.
     # So losses stay on the device and are read every --log-every steps; speed is measured over those intervals.
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) not yet logged
+    pending_aux: list[torch.Tensor] = []  # their steps' auxiliary losses (a mixture's balance loss)
     history, warned = [], False  # validation figures so far (this process's run), and whether it warned of them
     speeds: list[float] = []
     tic = time.perf_counter()
     for step in range(start + 1, args.num_batches + 1):
         net.train()
         loss_sum = torch.zeros((), device=args.device)
+        aux_sum = torch.zeros((), device=args.device)
         for micro in range(args.accumulate):
             if streams is None:
-                loss = micro_loss(net, *micro_batch(train, args, batches), args)
+                loss, aux = micro_loss(net, *micro_batch(train, args, batches), args)
             else:  # the next segment of every stream, through the memory of the one before
                 x, y, positions, restart = streams.batch((step - 1) * args.accumulate + micro)
                 if restart:
                     for cache in memory:
                         cache.reset()
-                loss = micro_loss(net, x, y, args, caches=memory, positions=positions)
-            loss.backward()
+                loss, aux = micro_loss(net, x, y, args, caches=memory, positions=positions)
+            (loss + aux).backward()
             loss_sum += loss.detach()
+            aux_sum += aux.detach()
         if args.gradient_clipping > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)
         pending.append((step, loss_sum, opt.param_groups[0]["lr"]))
+        pending_aux.append(aux_sum)
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
@@ -689,7 +723,11 @@ def train(args, threads: int, why: str) -> dict:
         rows = [dict(step=s, loss=value, train_bpb=value / math.log(2), lr=lr, tokens_per_s=round(speed),
                      elapsed_s=round(elapsed, 1))
                 for (s, _, lr), value in zip(pending, losses)]
+        if args.experts:  # the balance loss the optimizer saw besides the prediction's
+            for row, value in zip(rows, average_over_processes(torch.stack(pending_aux)).tolist()):
+                row["aux_loss"] = value
         pending.clear()
+        pending_aux.clear()
 
         if evaluate_now:
             with divergence_checked(step):  # the uncompiled module: evaluation shapes vary
@@ -698,6 +736,8 @@ def train(args, threads: int, why: str) -> dict:
                        else f"estimate: {val_windows} windows spread over the split")
                 say(f"step {step}: loss {losses[-1]:.3f} (= {losses[-1] / math.log(2):.3f} bits/byte on train), "
                     f"validation ~{rows[-1]['val_bpb']:.3f} bits/byte ({how})")
+                if args.experts:
+                    say(f"  {expert_load(model)}")
                 history.append(rows[-1]["val_bpb"])
                 improved = rows[-1]["val_bpb"] < best["val_bpb"]  # the same figure on every process
                 if improved:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from torchformer.data.batching import ClassificationBatches
+from torchformer.nn.auxiliary import auxiliary_loss
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled, texts_digest
 from torchformer.data.encoded import cached_encoding, encoding_key
@@ -350,6 +351,7 @@ def pretrain(args: argparse.Namespace) -> dict:
             with autocast(device):  # the vocabulary's log-probabilities only where the loss needs them
                 log_probs = model(m.inputs, mask, select=m.chosen)  # (n, v)
             loss = masked_lm_loss(log_probs.float(), m.targets[m.chosen])
+            loss = loss + auxiliary_loss(model)  # what the model's parts add (a mixture's balance loss); 0 without
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -414,6 +414,32 @@ def test_wide_heads_train_when_the_embedding_is_not_divisible(script, corpus, tm
 
 
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
+def test_a_mixture_of_experts_logs_its_balance_loss_and_load_resumes_exactly_and_latent_attention_runs(
+        script, corpus, tmp_path, capsys):
+    from torchformer import DeepSeekTransformer, MoETransformer
+    from torchformer.nn.moe import MoEOptions
+
+    moe = ["--experts", "4", "--activation", "swiglu", "--norm", "rms", "--positions", "rotary"]
+    whole = script.main(tiny(corpus, tmp_path / "a", *moe))
+    printed = capsys.readouterr().out
+    assert "expert load, max/min over the mean, by block:" in printed
+    rows = training_rows(read_log(tmp_path / "a" / "log.csv"))
+    # the balance loss of the two blocks, each about k = 2 at weight 0.01, averaged over the micro-batches
+    assert all(0.02 < float(rows[s]["aux_loss"]) < 0.1 for s in rows)
+    model = load_model(tmp_path / "a" / "model.pt")
+    assert type(model) is MoETransformer and model.config.options_of(MoEOptions).experts == 4
+    ckpt = tmp_path / "ckpt"
+    script.main(tiny(corpus, tmp_path / "b", *moe, "--checkpoint", str(ckpt), "--stop-after", "12"))
+    assert script.main(tiny(corpus, tmp_path / "b", *moe, "--checkpoint", str(ckpt)))["bpb"] == whole["bpb"]
+    latent = script.main(tiny(corpus, tmp_path / "c", *moe, "--latent-rank", "8", "--rope-dim", "4", "-N", "6"))
+    assert math.isfinite(latent["bpb"]) and type(load_model(tmp_path / "c" / "model.pt")) is DeepSeekTransformer
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        script.main(tiny(corpus, tmp_path / "d", "--latent-rank", "8", "--positions", "learned"))
+    assert "--latent-rank needs rotary positions" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
 def test_muon_trains_resumes_exactly_and_a_resume_with_the_other_optimizer_is_refused(script, corpus, tmp_path,
                                                                                       capsys):
     whole = script.main(tiny(corpus, tmp_path / "a", "--optimizer", "muon"))
