@@ -120,3 +120,6 @@ def test_options_and_arguments_that_do_not_apply_are_refused_by_name():
         LatentOptions(kv_rank=0)
     with pytest.raises(ValueError, match="kv_heads=2 does not apply to latent attention"):
         LatentAttention(32, 4, kv_rank=8, rope_dim=4, nope_dim=4, value_dim=4, kv_heads=2)
+    for field in (dict(kqnorm=True), dict(kv_heads=2), dict(qkv_bias=True)):  # from a config: not silently ignored
+        with pytest.raises(ValueError, match=f"{next(iter(field))}=.* does not apply to latent attention"):
+            LatentTransformer(32, 4, 1, 8, 20, positions="rotary", options=(OPTIONS,), **field)

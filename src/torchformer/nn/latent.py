@@ -136,7 +136,8 @@ class LatentAttention(SelfAttention):
 
         Args:
             config: the architecture (``dropout``, ``impl``, ``window``, ``out_bias``, ``norm_eps``, rotary
-                ``positions`` and the options).
+                ``positions`` and the options); ``kv_heads``, ``wide``, ``kqnorm``, ``qkv_bias`` or
+                ``attention_scale`` set is refused by the constructor, by name.
             causal: whether the layer is causal.
             layer: the block's index.
             positions: a shared scheme, or ``None``.
@@ -146,8 +147,7 @@ class LatentAttention(SelfAttention):
         """
         o = config.options_of(LatentOptions)
         base = super().arguments_from_config(config, causal=causal, layer=layer, positions=positions)
-        for name in ("kv_heads", "wide", "kqnorm", "qkv_bias", "head_size", "scale"):
-            base.pop(name)
+        base.pop("head_size")  # the config's head size is the default of nope_dim and value_dim, not a head size here
         return {**base, "kv_rank": o.kv_rank, "rope_dim": o.rope_dim, "q_rank": o.q_rank,
                 "nope_dim": o.nope_dim or config.head_size, "value_dim": o.value_dim or config.head_size,
                 "norm_eps": config.norm_eps}
