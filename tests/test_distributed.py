@@ -32,7 +32,7 @@ from torchformer.train.distributed_checkpoint import (  # noqa: E402
     load_distributed_checkpoint, save_distributed_checkpoint,
 )
 from torchformer.train.evaluation import bits_per_byte  # noqa: E402
-from torchformer.train.optimizers import ShardedMuon, make_optimizer  # noqa: E402
+from torchformer.train.optimizers import ShardedMuon, StackedMuon, make_optimizer  # noqa: E402
 from torchformer.train.metrics import evaluate_classifier  # noqa: E402
 
 WORLD = 2
@@ -72,6 +72,7 @@ def full_state(net) -> dict:
 
 MUON_LR = 0.02
 MATRIX_SHAPES = ((27, 16), (16, 27), (3, 5), (1, 4), (16, 16))
+STACK_SHAPES = ((3, 6, 4), (1, 5, 3), (4, 2, 3, 5))  # stacks of experts: 2 + 1, 1 + 0 and 2 + 2 per process
 SHARDED_MUON = dict(lr=0.05, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")  # decay on: its step is tested too
 
 
@@ -83,9 +84,17 @@ class Matrices(torch.nn.Module):
                                                for shape in MATRIX_SHAPES])
 
 
-def matrix_grads(step: int) -> list:
+def matrix_grads(step: int, shapes: tuple = MATRIX_SHAPES) -> list:
     g = torch.Generator().manual_seed(20 + step)
-    return [torch.randn(*shape, generator=g) for shape in MATRIX_SHAPES]
+    return [torch.randn(*shape, generator=g) for shape in shapes]
+
+
+class Stacks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(6)
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(*shape, generator=g))
+                                               for shape in STACK_SHAPES])
 
 
 def muon_model() -> GTransformer:
@@ -201,6 +210,15 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         opt.step()
     whole = [p.full_tensor() for p in matrices.parameters()]  # collective: every process gathers
     save({"weights": whole, "rows": [p.to_local().size(0) for p in matrices.parameters()]}, "sharded_muon.pt")
+    # StackedMuon on stacks that FSDP2 split along their first dim (each process holds whole matrices).
+    stacks = fully_shard(Stacks(), mesh=init_device_mesh("cpu", (world,)))
+    opt = StackedMuon(stacks.parameters(), **SHARDED_MUON)
+    for step in range(2):
+        for p, grad in zip(stacks.parameters(), matrix_grads(step, STACK_SHAPES)):
+            p.grad = distribute_tensor(grad, p.device_mesh, p.placements)
+        opt.step()
+    whole = [p.full_tensor() for p in stacks.parameters()]
+    save({"weights": whole, "rows": [p.to_local().size(0) for p in stacks.parameters()]}, "stacked_muon.pt")
 
     # ... and a one-process Muon checkpoint (the test's) resumed on two.
     net = wrap_model(muon_model(), strategy="fsdp")
@@ -363,6 +381,19 @@ def test_sharded_muon_on_equal_gradients_is_torchs_muon_on_whole_matrices(job):
         opt.step()
     for weight, expected in zip(got["weights"], matrices.parameters()):
         torch.testing.assert_close(weight, expected.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_stacked_muon_under_fsdp_steps_each_process_whole_experts_as_one_process(job):
+    got = torch.load(job / "stacked_muon.pt")
+    assert got["rows"] == [2, 1, 2]  # rank 0's experts: FSDP2 split (3, ...) 2 + 1, (1, ...) 1 + 0
+    stacks = Stacks()
+    opt = StackedMuon(stacks.parameters(), **SHARDED_MUON)
+    for step in range(2):
+        for p, grad in zip(stacks.parameters(), matrix_grads(step, STACK_SHAPES)):
+            p.grad = grad
+        opt.step()
+    for weight, expected in zip(got["weights"], stacks.parameters()):
+        torch.testing.assert_close(weight, expected.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_muon_under_fsdp_steps_as_one_process_muon_on_whole_matrices(job):

@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from torchformer import GTransformer
+from torchformer.families import MoETransformer
+from torchformer.nn.moe import MoEOptions
 from torchformer.train.checkpoint import load_checkpoint, save_checkpoint
-from torchformer.train.optimizers import MuonWithAdam, make_optimizer, muon_split
+from torchformer.train.optimizers import MuonWithAdam, StackedMuon, make_optimizer, muon_split
 from torchformer.train.training import warmup_cosine
 
 
@@ -112,7 +114,7 @@ def test_muon_lowers_the_loss_and_bad_arguments_are_named():
         make_optimizer(net, "muon", lr=-1)
     with pytest.raises(TypeError, match="blocks must be given for a Linear"):
         make_optimizer(torch.nn.Linear(2, 2), "muon", lr=0.01)
-    with pytest.raises(ValueError, match="matrices must hold 2-D parameters only"):
+    with pytest.raises(ValueError, match=r"matrices must hold parameters of 2 or more dims only.*\(3,\)"):
         MuonWithAdam([torch.nn.Parameter(torch.zeros(3))], [], lr=0.01)
 
 
@@ -142,3 +144,71 @@ def test_step_with_a_closure_calls_it_once_with_gradients_on_and_steps_with_what
     assert calls == [True] * 3
     for (name, a), b in zip(net.named_parameters(), reference.parameters()):
         assert torch.equal(a, b), name
+
+
+def moe_model(seed=0):
+    torch.manual_seed(seed)
+    return MoETransformer(16, 2, 2, 8, 20, prenorm=True, activation="swiglu", options=(MoEOptions(experts=4, top_k=2, expert_hidden=12),))
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_a_stack_steps_each_matrix_as_torchs_muon_steps_it_alone(nesterov):
+    """The reference: torch.optim.Muon over the stack's matrices as separate parameters (with weight decay, tall and
+    wide matrices, a stack of two leading dims). bf16 batched products may round otherwise than single ones."""
+    torch.manual_seed(0)
+    stacks = [torch.randn(3, 6, 4), torch.randn(2, 2, 3, 5)]
+    ours = [torch.nn.Parameter(s.clone()) for s in stacks]
+    alone = [torch.nn.Parameter(m.clone()) for s in stacks for m in s.flatten(0, -3)]
+    options = dict(lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
+    opt, ref = StackedMuon(ours, **options), torch.optim.Muon(alone, **options)
+    for step in range(4):
+        grads = [torch.randn_like(s) for s in stacks]
+        for p, g in zip(ours, grads):
+            p.grad = g.clone()
+        for p, g in zip(alone, [m for g in grads for m in g.flatten(0, -3)]):
+            p.grad = g.clone()
+        opt.step()
+        ref.step()
+    got = [m for p in ours for m in p.detach().flatten(0, -3)]
+    start = [m for s in stacks for m in s.flatten(0, -3)]
+    for m, (a, b, s) in enumerate(zip(got, alone, start)):
+        moved = (b.detach() - s).abs().max()  # 4 steps moved each weight; the stack's moved it the same
+        assert (a - b.detach()).abs().max() < 1e-2 * moved, m
+    state = opt.state[ours[0]]["momentum_buffer"].flatten(0, -3)
+    torch.testing.assert_close(state, torch.stack([ref.state[p]["momentum_buffer"] for p in alone[:3]]))
+
+
+def test_stacked_muon_has_torchs_defaults_and_refuses_what_is_not_a_stack():
+    torch_defaults = torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))]).defaults
+    assert StackedMuon([torch.nn.Parameter(torch.zeros(2, 2, 2))]).defaults == torch_defaults
+    with pytest.raises(ValueError, match=r"StackedMuon needs stacks of matrices .* got shape \(2, 2\)"):
+        StackedMuon([torch.nn.Parameter(torch.zeros(2, 2))])
+    with pytest.raises(ValueError, match="momentum must be a non-negative number, got -1"):
+        StackedMuon([torch.nn.Parameter(torch.zeros(2, 2, 2))], momentum=-1)
+    with pytest.raises(ValueError, match="adjust_lr_fn must be one of"):
+        StackedMuon([torch.nn.Parameter(torch.zeros(2, 2, 2))], adjust_lr_fn="rms")
+
+
+def test_a_mixtures_experts_get_muon_as_stacks_and_a_checkpoint_resumes_exactly(tmp_path):
+    net = moe_model()
+    matrices, _ = muon_split(net)
+    names = {id(p): n for n, p in net.named_parameters()}
+    stacked = {names[id(p)] for p in matrices if p.dim() == 3}
+    assert stacked == {f"blocks.blocks.{i}.ff.{w}" for i in range(2) for w in ("w1", "v", "w2")}
+    opt = make_optimizer(net, "muon", lr=0.02)
+    assert [len(g["params"]) for g in opt.param_groups][2] == 6 and type(opt.inner[2]) is StackedMuon
+    sched = warmup_cosine(opt, warmup_steps=2, total_steps=8)
+    train(net, opt, 2, sched=sched)
+    path = save_checkpoint(tmp_path / "c.pt", model=net, optimizer=opt, scheduler=sched, step=2)
+    before = copy.deepcopy(net.state_dict())
+    train(net, opt, 2, start=2, sched=sched)
+    after = copy.deepcopy(net.state_dict())
+    assert all(not torch.equal(before[n], after[n]) for n in stacked)  # the experts learn
+
+    resumed = moe_model(seed=1)
+    opt2 = make_optimizer(resumed, "muon", lr=0.02)
+    sched2 = warmup_cosine(opt2, warmup_steps=2, total_steps=8)
+    load_checkpoint(path, model=resumed, optimizer=opt2, scheduler=sched2)
+    train(resumed, opt2, 2, start=2, sched=sched2)
+    for k, v in after.items():
+        assert torch.equal(resumed.state_dict()[k], v), k

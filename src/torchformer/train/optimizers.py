@@ -8,7 +8,8 @@ as the dominant ones.
 
 The orthogonalisation is defined for matrices and meant for the hidden layers, so :func:`muon_split` gives **Muon**
 the 2-D weights inside the transformer blocks and **Adam** everything else (embeddings, the output layer, norms'
-gains, biases). One learning rate drives both: Muon rescales its update to Adam's typical size
+gains, biases); a weight of more than 2 dims there, such as a mixture's experts, is a stack of matrices, each stepped
+alone (:class:`StackedMuon`). One learning rate drives both: Muon rescales its update to Adam's typical size
 (``adjust_lr_fn="match_rms_adamw"``, 0.2 times the square root of the larger side). :class:`MuonWithAdam` is one
 ``torch.optim.Optimizer`` over the two, so schedulers, checkpoints and training loops treat it as any optimizer.
 docs/training.md ("The optimizer") tells more, with the measured gain.
@@ -40,7 +41,10 @@ OPTIMIZERS = ("adam", "muon")
 
 
 def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -> tuple[list, list]:
-    """``(matrices, rest)``: the 2-D weights inside ``blocks`` (for Muon), and every other parameter (for Adam).
+    """``(matrices, rest)``: the weights of 2 or more dims inside ``blocks`` (for Muon), and the others (for Adam).
+
+    A weight of more than 2 dims is a stack of matrices ``(..., m, n)``, such as a mixture's experts ``(E, e, h)``
+    (:class:`StackedMuon` steps each of its matrices).
 
     Args:
         model: the model (unwrapped; DDP's ``module``).
@@ -56,7 +60,7 @@ def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -
         if not isinstance(model, TransformerModel):
             raise TypeError(f"blocks must be given for a {type(model).__name__}, which is not a torchformer model")
         blocks = model.transformer_blocks()
-    inside = {id(p) for block in blocks for p in block.parameters() if p.dim() == 2}
+    inside = {id(p) for block in blocks for p in block.parameters() if p.dim() >= 2}
     matrices = [p for p in model.parameters() if id(p) in inside]
     rest = [p for p in model.parameters() if id(p) not in inside]
     return matrices, rest
@@ -68,19 +72,28 @@ def orthogonalise(matrix: Tensor, *, coefficients: tuple[float, float, float], s
     The iteration ``X <- a X + (b X X^T + c (X X^T)^2) X`` pushes every singular value of ``X`` towards 1 (roughly:
     into 0.5 .. 1.5) and keeps the singular vectors, starting from ``matrix`` divided by its Frobenius norm (so no
     singular value is above 1). It runs on the wide side, so the Gram matrix ``X X^T`` is the smaller one.
-    ``torch.optim.Muon``'s operations, in its order: the same numbers.
+    For a matrix, ``torch.optim.Muon``'s operations in its order: the same numbers. A stack of matrices is
+    orthogonalised matrix by matrix, in one batched product per step.
 
     Args:
-        matrix: ``(m, n)``.
+        matrix: ``(m, n)``, or a stack ``(..., m, n)``.
         coefficients: ``(a, b, c)``.
         steps: the iterations.
         eps: the smallest norm divided by (a zero matrix stays zero).
 
     Returns:
-        ``(m, n)`` bfloat16.
+        ``matrix``'s shape, bfloat16.
     """
     a, b, c = coefficients
-    tall = matrix.size(0) > matrix.size(1)
+    tall = matrix.size(-2) > matrix.size(-1)
+    if matrix.dim() > 2:  # (..., m, n) -> (B, m', n'), each matrix divided by its own norm
+        x = matrix.bfloat16().flatten(0, -3)
+        x = x.mT if tall else x
+        x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT  # (B, m', m')
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        return (x.mT if tall else x).reshape(matrix.shape)
     x = matrix.bfloat16().T if tall else matrix.bfloat16()  # (m', n') with m' <= n'
     x = x / x.norm().clamp(min=eps)
     for _ in range(steps):
@@ -240,48 +253,125 @@ class ShardedMuon(torch.optim.Muon):
         return [mine[:n] for mine, n in rows]
 
 
-class MuonWithAdam(torch.optim.Optimizer):
-    """Muon for ``matrices``, Adam for ``rest``: one optimizer with two parameter groups (0: Muon, 1: Adam).
+class StackedMuon(torch.optim.Optimizer):
+    """Muon for stacks of matrices ``(..., m, n)``, such as a mixture's experts ``(E, e, h)``: each matrix of a stack
+    stepped as ``torch.optim.Muon`` steps a matrix of its own.
 
-    The groups are the two inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
-    steps with it. ``step`` runs Muon, then Adam.
-
-    Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
-    the whole matrices; others ``torch.optim.Muon``.
+    The momentum is element-wise; the orthogonalisation (:func:`orthogonalise`, one batched product per iteration)
+    and the learning rate's adjustment (:func:`muon_lr` of ``(m, n)``) are per matrix. FSDP2 shards a stack along
+    its first dimension, so each process holds whole matrices and steps its own, without communication. The state
+    is ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter).
 
     Args:
-        matrices: 2-D parameters (:func:`muon_split`), all sharded or none.
+        params: parameters of 3 or more dims, or FSDP2's ``DTensor`` of them placed ``Shard(0)`` on a 1-D mesh.
+        lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn: ``torch.optim.Muon``'s,
+            with its defaults.
+
+    Raises:
+        ValueError: a parameter has fewer than 3 dims or is sharded otherwise, or an option is out of range.
+    """
+
+    def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
+                 nesterov: bool = True, ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None) -> None:
+        for value, name in ((lr, "lr"), (weight_decay, "weight_decay"), (momentum, "momentum")):
+            if not is_number(value) or not value >= 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        check_choice(adjust_lr_fn, "adjust_lr_fn", (None, "original", "match_rms_adamw"))
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                sharded = isinstance(p, DTensor)
+                if p.dim() < 3 or sharded and (p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),)):
+                    raise ValueError(f"StackedMuon needs stacks of matrices (3 or more dims; under FSDP2 placed "
+                                     f"Shard(0) on a 1-D mesh), got shape {tuple(p.shape)} placed "
+                                     f"{getattr(p, 'placements', None)}")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One Muon step of every matrix of every stack with a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss, or ``None``.
+
+        Returns:
+            The closure's loss, or ``None``.
+        """
+        loss = _run_closure(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                local = _local(update)  # whole matrices under FSDP2 too: the stack is split along its first dim
+                ortho = orthogonalise(local, coefficients=group["ns_coefficients"], steps=group["ns_steps"],
+                                      eps=group["eps"])
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                _local(p).add_(ortho, alpha=-muon_lr(group["lr"], group["adjust_lr_fn"], p.shape[-2:]))
+        return loss
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This process's part of an FSDP2-sharded tensor, or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class MuonWithAdam(torch.optim.Optimizer):
+    """Muon for ``matrices``, Adam for ``rest``: one optimizer with two parameter groups (0: Muon, 1: Adam), and a
+    third (Muon for stacks of matrices) when ``matrices`` holds any.
+
+    The groups are the inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
+    steps with it. ``step`` runs Muon, then Adam, then the stacks' Muon.
+
+    Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
+    the whole matrices; others ``torch.optim.Muon``. Stacks get :class:`StackedMuon`.
+
+    Args:
+        matrices: parameters of 2 or more dims (:func:`muon_split`), all sharded or none.
         rest: every other parameter.
-        lr: the learning rate of both.
+        lr: the learning rate of all.
         fused: the fused Adam kernel (CUDA).
 
     Raises:
-        ValueError: a matrix is not 2-D, or some matrices are sharded and others not.
+        ValueError: a matrix has fewer than 2 dims, or some matrices are sharded and others not.
     """
 
     def __init__(self, matrices: list, rest: list, *, lr: float, fused: bool = False) -> None:
-        if any(p.dim() != 2 for p in matrices):
-            raise ValueError("matrices must hold 2-D parameters only: Muon orthogonalises matrices")
+        if any(p.dim() < 2 for p in matrices):
+            raise ValueError("matrices must hold parameters of 2 or more dims only: Muon orthogonalises matrices, "
+                             f"got shapes {[tuple(p.shape) for p in matrices if p.dim() < 2]}")
         sharded = [isinstance(p, DTensor) for p in matrices]
         if any(sharded) and not all(sharded):
             raise ValueError(f"matrices must be all sharded (FSDP2) or none, got {sum(sharded)} sharded of "
                              f"{len(matrices)}")
         muon = ShardedMuon if any(sharded) else torch.optim.Muon
-        # Weight decay off in both: the same update rule as the plain Adam it is compared with, but for Muon.
-        self.muon = muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+        stacks = [p for p in matrices if p.dim() > 2]
+        # Weight decay off in all: the same update rule as the plain Adam it is compared with, but for Muon.
+        self.muon = muon([p for p in matrices if p.dim() == 2], lr=lr, weight_decay=0.0,
+                         adjust_lr_fn="match_rms_adamw")
         self.adam = torch.optim.Adam(rest, lr=lr, fused=fused or None)
-        groups = self.muon.param_groups + self.adam.param_groups  # the same dicts: one lr for each, shared
+        self.inner = [self.muon, self.adam]
+        if stacks:
+            self.inner.append(StackedMuon(stacks, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw"))
+        groups = [group for inner in self.inner for group in inner.param_groups]  # the same dicts: one lr each
         super().__init__(groups, defaults={})
         self._share_state()
 
     def _share_state(self) -> None:
         """One state per parameter, the inner optimizers' own, seen here too (for ``state_dict``)."""
-        self.state.update(self.muon.state)
-        self.state.update(self.adam.state)
+        for inner in self.inner:
+            self.state.update(inner.state)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        """One step of both: Muon on group 0, Adam on group 1.
+        """One step of each inner optimizer, in the groups' order.
 
         Args:
             closure: re-evaluates the model and returns the loss (as for any torch optimizer), or ``None``.
@@ -290,24 +380,23 @@ class MuonWithAdam(torch.optim.Optimizer):
             The closure's loss, or ``None``.
         """
         loss = _run_closure(closure)
-        self.muon.step()
-        self.adam.step()
-        if len(self.state) < len(self.muon.state) + len(self.adam.state):  # only after a first step: new entries
+        for inner in self.inner:
+            inner.step()
+        if len(self.state) < sum(len(inner.state) for inner in self.inner):  # only after a first step: new entries
             self._share_state()
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore both, groups and per-parameter state, from what ``state_dict()`` returned.
+        """Restore all, groups and per-parameter state, from what ``state_dict()`` returned.
 
         Args:
             state_dict: the saved state.
         """
         super().load_state_dict(state_dict)
         # torch built new groups and a new state here: the inner optimizers step with them from now on.
-        self.muon.param_groups, self.adam.param_groups = self.param_groups[:1], self.param_groups[1:]
-        for inner in (self.muon, self.adam):
-            params = [p for group in inner.param_groups for p in group["params"]]
-            inner.state.update({p: self.state[p] for p in params if p in self.state})
+        for inner, group in zip(self.inner, self.param_groups):
+            inner.param_groups = [group]
+            inner.state.update({p: self.state[p] for p in group["params"] if p in self.state})
 
 
 def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = False,
