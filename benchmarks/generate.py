@@ -16,6 +16,13 @@ warm-up and is not timed.
     python benchmarks/generate.py --compile
     python benchmarks/generate.py --device cuda --compile --mode reduce-overhead
 
+``--kv-heads K`` (grouped-query attention), ``--positions``, and ``--latent-rank R --rope-dim D`` (latent attention,
+DeepSeek's MLA, whose cache holds ``R + D`` numbers per token and layer; ``--absorb`` for its absorbed path) choose
+the attention, e.g. MLA against GQA of the same cache size:
+
+    python benchmarks/generate.py --latent-rank 48 --rope-dim 16 --absorb
+    python benchmarks/generate.py --kv-heads 1 --positions rotary
+
 ``--json PATH`` also writes the rows (tokens/s of each variant, the speed-ups, any token mismatches), the device
 and the torch version to a JSON file; ``--backend eager`` checks that the step compiles without the time inductor
 takes (no speed-up).
@@ -39,7 +46,9 @@ import torch
 
 from torchformer.decoding.compiled import StaticCacheGenerator
 from torchformer.decoding.generation import generate
+from torchformer.families import LatentTransformer
 from torchformer.models import GTransformer
+from torchformer.nn.latent import LatentOptions
 
 
 def timed(fn, device: torch.device) -> float:
@@ -50,6 +59,25 @@ def timed(fn, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def build(args: argparse.Namespace, context: int) -> GTransformer:
+    """The model the flags describe: a GTransformer, or a LatentTransformer with --latent-rank."""
+    if args.latent_rank is None:
+        return GTransformer(args.emb, args.heads, args.depth, context, args.vocab, kv_heads=args.kv_heads,
+                            positions=args.positions)
+    model = LatentTransformer(args.emb, args.heads, args.depth, context, args.vocab, positions="rotary",
+                              options=(LatentOptions(kv_rank=args.latent_rank, rope_dim=args.rope_dim),))
+    for attention in model.self_attention_layers():
+        attention.absorb = args.absorb
+    return model
+
+
+def cache_values(args: argparse.Namespace) -> int:
+    """Numbers the cache holds per token and layer: the latent and the rotary key, or each key/value head's two."""
+    if args.latent_rank is not None:
+        return args.latent_rank + args.rope_dim
+    return 2 * (args.kv_heads or args.heads) * (args.emb // args.heads)
 
 
 def main() -> None:
@@ -63,6 +91,13 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--kv-heads", type=int, help="grouped-query attention with this many key/value heads")
+    parser.add_argument("--positions", default="learned", help="learned, rotary, ... (GTransformer's positions)")
+    parser.add_argument("--latent-rank", type=int, help="latent attention (DeepSeek's MLA) with a latent of this "
+                        "size; rotary positions")
+    parser.add_argument("--rope-dim", type=int, default=16, help="with --latent-rank: the rotary key's size")
+    parser.add_argument("--absorb", action="store_true", help="with --latent-rank: attention on the latents (the "
+                        "absorbed decoding path)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: its choice)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled static-cache step")
     parser.add_argument("--mode", default=None, help="torch.compile mode for --compile (e.g. reduce-overhead)")
@@ -73,6 +108,10 @@ def main() -> None:
         parser.error("--mode is a torch.compile mode: use it with --compile")
     if args.backend != "inductor" and not args.compile:
         parser.error("--backend is a torch.compile backend: use it with --compile")
+    if args.latent_rank is None and args.absorb:
+        parser.error("--absorb is latent attention's decoding path: use it with --latent-rank")
+    if args.latent_rank is not None and args.kv_heads is not None:
+        parser.error("--kv-heads and --latent-rank are two kinds of attention: give one")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -80,7 +119,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device {device}, "
           f"threads {torch.get_num_threads()}")
-    print(f"model: emb {args.emb}, heads {args.heads}, depth {args.depth}, vocab {args.vocab}; batch {args.batch}, "
+    attention = (f"latent {args.latent_rank} + rotary key {args.rope_dim}{' absorbed' if args.absorb else ''}"
+                 if args.latent_rank else f"{args.kv_heads or args.heads} key/value heads, {args.positions}")
+    print(f"model: emb {args.emb}, heads {args.heads}, depth {args.depth}, vocab {args.vocab}, {attention}; "
+          f"cache {cache_values(args)} values per token and layer; batch {args.batch}, "
           f"{args.new_tokens} new tokens, greedy, median of {args.repeats}"
           + (f"; compile mode {args.mode}" if args.compile else "") + "\n")
     names = ["no cache", "cache", "static"] + (["compiled"] if args.compile else [])
@@ -91,7 +133,7 @@ def main() -> None:
     for context in args.contexts:
         if args.new_tokens >= context:
             raise ValueError(f"--new-tokens must be smaller than every context, got {args.new_tokens} >= {context}")
-        model = GTransformer(args.emb, args.heads, args.depth, context, args.vocab).to(device).eval()
+        model = build(args, context).to(device).eval()
         prompt = torch.randint(0, args.vocab, (args.batch, context - args.new_tokens), device=device)
         static = StaticCacheGenerator(model)
         runs = {
@@ -123,6 +165,7 @@ def main() -> None:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
             f"{platform.processor() or platform.machine()} CPU ({os.cpu_count()} cores)")
         report = {"device": name, "torch": torch.__version__, "emb": args.emb, "heads": args.heads,
+                  "attention": attention, "cache_values": cache_values(args),
                   "depth": args.depth, "new_tokens": args.new_tokens, "compile": args.compile, "mode": args.mode,
                   "backend": args.backend if args.compile else None, "rows": rows}
         args.json.write_text(json.dumps(report, indent=2) + "\n")

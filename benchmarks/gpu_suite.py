@@ -190,7 +190,12 @@ def pytest_counts(xml: Path, output: str) -> dict:
 STEP_MODELS = {
     "step-small": (256, 8, 4, {}, {256: [128, 256, 512], 1024: [32, 64, 128]}),
     "step-768": (768, 12, 12, {"prenorm": True}, {1024: [16, 32, 64]}),
+    # A top-2-of-8 mixture against the dense network as wide as the two experts a token uses (ff_hidden = 2 h).
+    "step-moe": (512, 8, 8, {"prenorm": True, "positions": "rotary", "norm": "rms", "activation": "swiglu",
+                             "ff_hidden": 1376}, {1024: [16, 32, 64]}),
 }
+# The step.py kinds each stage compares, and their flags.
+STEP_KINDS = {"step-moe": ["fast", "moe"]}
 
 
 def enwik8_preset() -> dict:
@@ -216,19 +221,23 @@ def run_step(suite: Suite, record: dict) -> str:
     extra = ["--device", "cuda", "--bf16", "--compile", "--steps", "20", "--warmup", "5"]
     if suite.smoke:  # toy sizes; one stage compiles with the eager backend (tracing only: inductor takes minutes)
         emb, heads, depth, batches = 32, 2, 1, {32: [2]}
+        options = {**options, "ff_hidden": 32} if "ff_hidden" in options else options
         extra = ["--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1"]
         extra += ["--compile", "--backend", "eager"] if record["stage"] == "step-small" else []
     if suite.peak:
         extra += ["--peak-tflops", str(suite.peak)]
     lines = [f"Model: emb {emb}, heads {heads}, depth {depth}"
              + "".join(f", {k}={v}" for k, v in options.items()) + "; vocabulary 256.", "",
-             "| context | batch | ms/step | tokens/s | MFU | peak memory (MB) | FLOPs/token | note |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| context | kind | batch | ms/step | tokens/s | MFU | peak memory (MB) | FLOPs/token | note |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     record["figures"] = {"emb": emb, "heads": heads, "depth": depth, "options": options, "peak_tflops": suite.peak,
                          "rows": []}
     for context, sizes in batches.items():
         out = suite.work / f"{record['stage']}_{context}.json"
-        flags = ["--emb", str(emb), "--heads", str(heads), "--depth", str(depth), "--kinds", "fast", "--contexts",
+        kinds = STEP_KINDS.get(record["stage"], ["fast"])
+        if "moe" in kinds:  # each expert half as wide as the dense network
+            kinds = [*kinds, "--experts", "8", "--top-k", "2", "--expert-hidden", str(options["ff_hidden"] // 2)]
+        flags = ["--emb", str(emb), "--heads", str(heads), "--depth", str(depth), "--kinds", *kinds, "--contexts",
                  str(context), "--batch-sizes", *map(str, sizes), "--json", str(out),
                  "--time-limit", f"{max(1.0, min(suite.left() - 30, STAGES[record['stage']].seconds)):.0f}", *extra]
         # Each stage keeps to its share of the call, so that the stages after it get theirs.
@@ -241,43 +250,58 @@ def run_step(suite: Suite, record: dict) -> str:
         for row in json.loads(out.read_text())["rows"]:
             record["figures"]["rows"].append(row)
             if "error" in row:
-                lines.append(f"| {context} | {row['batch']} | | | | | | {row['error']} |")
+                lines.append(f"| {context} | {row['kind']} | {row['batch']} | | | | | | {row['error']} |")
                 continue
             share = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
-            lines.append(f"| {context} | {row['batch']} | {row['ms']:.1f} | {row['tok_s']:,.0f} | {share} | "
+            lines.append(f"| {context} | {row['kind']} | {row['batch']} | {row['ms']:.1f} | {row['tok_s']:,.0f} | {share} | "
                          f"{row['peak_mb']:,.0f} | {row['flops_per_token'] / 1e6:.1f} M | "
                          f"{'best' if row.get('best') else ''} |")
     return "\n".join(lines)
 
 
+# The attention each decoding stage compares (benchmarks/generate.py flags; emb 256, 8 heads of 32): latent
+# attention, absorbed and not, against grouped-query attention with the same 64 cached numbers per token and layer.
+DECODE_VARIANTS = {
+    "decode": [[]],
+    "decode-latent": [["--latent-rank", "48", "--rope-dim", "16", "--absorb"], ["--latent-rank", "48", "--rope-dim",
+                      "16"], ["--kv-heads", "1", "--positions", "rotary"]],
+}
+
+
 def run_decode(suite: Suite, record: dict) -> str:
-    """benchmarks/generate.py with the compiled static step (CUDA graphs), batch 1 and 16."""
+    """benchmarks/generate.py with the compiled static step (CUDA graphs), batch 1 and 16, for each attention."""
     flags = ["--device", "cuda", "--compile", "--mode", "reduce-overhead", "--contexts", "256", "1024"]
     batches = [1, 16]
+    variants = DECODE_VARIANTS[record["stage"]]
     if suite.smoke:
         flags = ["--device", "cpu", "--compile", "--backend", "eager", "--contexts", "32", "--new-tokens", "4",
                  "--repeats", "1", "--emb", "32", "--heads", "2", "--depth", "1", "--threads", "1"]
         batches = [2]
-    lines = ["| batch | context | no cache (tok/s) | cache | static | compiled | cache / no cache | "
-             "compiled / no cache | same tokens |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        variants = [["28" if v == "48" else "4" if v == "16" else v for v in flags_] for flags_ in variants]
+    lines = ["| attention | batch | context | no cache (tok/s) | cache | static | compiled | cache / no cache | "
+             "compiled / no cache | same tokens |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     record["figures"] = {"rows": []}
-    for batch in batches:
-        out = suite.work / f"decode_{batch}.json"
-        status, _ = suite.run(record, suite.python("benchmarks/generate.py", *flags, "--batch", str(batch),
-                                                   "--json", str(out)))
-        if status != 0 or not out.exists():
-            record["status"] = "failed"
-            continue
-        report = json.loads(out.read_text())
-        record["figures"].update({k: report[k] for k in ("emb", "heads", "depth", "new_tokens", "mode")})
-        for row in report["rows"]:
-            record["figures"]["rows"].append(row)
-            rate, gain = row["tok_s"], row["speedup"]
-            same = "all" if min(row["same_tokens_as_no_cache"].values()) == 1 else ", ".join(
-                f"{k} {v:.0%}" for k, v in row["same_tokens_as_no_cache"].items() if v < 1)
-            lines.append(f"| {row['batch']} | {row['context']} | {rate['no cache']:,.1f} | {rate['cache']:,.1f} | "
-                         f"{rate['static']:,.1f} | {rate['compiled']:,.1f} | {gain['cache']:.1f}x | "
-                         f"{gain['compiled']:.1f}x | {same} |")
+    for number, variant in enumerate(variants):
+        for batch in batches:
+            out = suite.work / f"{record['stage']}_{number}_{batch}.json"
+            status, _ = suite.run(record, suite.python("benchmarks/generate.py", *flags, *variant, "--batch",
+                                                       str(batch), "--json", str(out)))
+            if status != 0 or not out.exists():
+                record["status"] = "failed"
+                continue
+            report = json.loads(out.read_text())
+            record["figures"].update({k: report[k] for k in ("emb", "heads", "depth", "new_tokens", "mode")})
+            for row in report["rows"]:
+                record["figures"]["rows"].append({**row, "attention": report["attention"],
+                                                  "cache_values": report["cache_values"]})
+                rate, gain = row["tok_s"], row["speedup"]
+                same = "all" if min(row["same_tokens_as_no_cache"].values()) == 1 else ", ".join(
+                    f"{k} {v:.0%}" for k, v in row["same_tokens_as_no_cache"].items() if v < 1)
+                lines.append(f"| {report['attention']} ({report['cache_values']} cached) | "
+                             f"{row['batch']} | {row['context']} | {rate['no cache']:,.1f} | {rate['cache']:,.1f} | "
+                             f"{rate['static']:,.1f} | {rate['compiled']:,.1f} | {gain['cache']:.1f}x | "
+                             f"{gain['compiled']:.1f}x | {same} |")
     return "\n".join(lines)
 
 
@@ -486,6 +510,10 @@ STAGES = {stage.name: stage for stage in [
     Stage("step-enwik8", "training step, the enwik8 GPU preset's model", 180, run_step),
     Stage("step-768", "training step, 12 layers, emb 768, context 1024", 210, run_step),
     Stage("decode", "decoding: no cache, cache, compiled static step with CUDA graphs", 240, run_decode),
+    Stage("step-moe", "training step, a top-2-of-8 mixture of experts and the dense network of its active width "
+          "(MFU over active parameters)", 240, run_step),
+    Stage("decode-latent", "decoding with latent attention (DeepSeek's MLA) and with GQA of the same cache bytes",
+          240, run_decode),
     Stage("enwik8", "enwik8 GPU preset, --minutes 7.5, test split", 535, run_enwik8),
     Stage("imdb", "IMDb GPU preset, test set", 300, run_imdb),
     Stage("imdb-pretrained", "IMDb: masked-LM pretraining on the unlabelled reviews, fine-tuning, test set", 540,

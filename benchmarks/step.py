@@ -16,7 +16,9 @@ CPU: peak resident set size of the process, which includes the ~0.3 GB of the Py
 For MFU on a GPU (``--compile`` also uses the fused AdamW, as the examples' training loops do): ``--batch-sizes``
 measures the given batch sizes in order, each in its own subprocess, and stops at the first that runs out of
 memory, or that is not at least 2 % faster than the best so far (more would not help); the best one is marked.
-``--set KEY=VALUE`` passes GTransformer options (JSON values), ``--json PATH`` writes every row, and
+``--kinds fast moe --experts 8 --top-k 2 --expert-hidden H --set ff_hidden=2H`` compares a mixture of experts
+with the dense network as wide as the experts a token uses (MFU counts the active parameters, those one token is
+multiplied with). ``--set KEY=VALUE`` passes GTransformer options (JSON values), ``--json PATH`` writes every row, and
 ``--time-limit S`` leaves out the batch sizes that would not finish within S seconds of the start:
 
     python benchmarks/step.py --device cuda --bf16 --compile --kinds fast --contexts 1024 --emb 768 --heads 12 \
@@ -43,8 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchformer import GTransformer
-from torchformer.train.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_bf16_tflops
+from torchformer import GTransformer, MoETransformer
+from torchformer.nn.moe import MoEOptions
+from torchformer.train.flops import (
+    active_matmul_parameters, flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_bf16_tflops,
+)
 
 
 class TorchEncoderLM(nn.Module):
@@ -88,6 +93,10 @@ def build(kind: str, args, context: int) -> nn.Module:
     if kind == "torch":
         return TorchEncoderLM(args.emb, args.heads, args.depth, context, 256)
     options = dict(args.set)  # --set KEY=VALUE: the same options for every torchformer kind
+    if kind == "moe":  # the mixture's own sizes; --set ff_hidden=K*H makes "fast" the dense network of its width
+        experts = MoEOptions(experts=args.experts, top_k=args.top_k, expert_hidden=args.expert_hidden)
+        return MoETransformer(args.emb, args.heads, args.depth, context, 256,
+                              **{"activation": "swiglu", **options, "options": (experts,)})
     if kind in PARTS:
         return GTransformer(args.emb, args.heads, args.depth, context, 256, **{**options, **PARTS[kind]})
     impl = "sdpa" if kind == "fast" else "reference"
@@ -166,7 +175,8 @@ def run_one(args) -> dict:
     flops = step_flops(args.kind, model, args, context)
     peak = args.peak_tflops or (peak_bf16_tflops(device_name(device)) if device.type == "cuda" else None)
     return {"kind": args.kind, "context": context, "batch": batch, "ms": ms, "tok_s": tok_s, "peak_mb": peak_mb,
-            "parameters": sum(p.numel() for p in model.parameters()), "flops_per_token": flops,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "active_parameters": active_matmul_parameters(model), "flops_per_token": flops,
             "peak_tflops": peak, "mfu": mfu(tok_s, flops, peak_tflops=peak) if peak else None}
 
 
@@ -228,7 +238,11 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", help="instead of --tokens: these batch sizes in order, "
                    "until one runs out of memory or is not 2%% faster than the best so far")
     p.add_argument("--kinds", nargs="+", default=["fast", "reference", "torch"],
-                   help=f"fast, reference, torch, or a part on the fast path: {', '.join(PARTS)}")
+                   help=f"fast, reference, torch, moe (a mixture of experts), or a part on the fast path: "
+                        f"{', '.join(PARTS)}")
+    p.add_argument("--experts", type=int, default=8, help="moe: the routed experts E")
+    p.add_argument("--top-k", type=int, default=2, help="moe: the experts each token goes to")
+    p.add_argument("--expert-hidden", type=int, help="moe: an expert's hidden size (default: the dense network's)")
     p.add_argument("--set", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a GTransformer option for the torchformer kinds, e.g. --set positions=rotary --set "
                         "prenorm=true (repeatable; VALUE is JSON)")

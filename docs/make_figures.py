@@ -40,6 +40,7 @@ from torchformer.train.inspection import capture_attention
 import sys  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from figures.canvas import new_figure, save  # noqa: E402
+from figures.experts import draw_cache_per_token, draw_expert_routing  # noqa: E402
 from figures.long_context import draw_long_context  # noqa: E402
 from figures.models import draw_model_decoder_only, draw_model_encoder_decoder  # noqa: E402
 from figures.decoding import (  # noqa: E402
@@ -507,6 +508,8 @@ FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "tokens": draw_tokens,
     "going-big-memory": draw_going_big_memory,
     "long-context": draw_long_context,
+    "expert-routing": draw_expert_routing,
+    "cache-per-token": draw_cache_per_token,
 }
 
 

@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchformer import GTransformer
+from torchformer.families import MoETransformer
+from torchformer.nn.moe import MoEOptions
 from torchformer.train.flops import (
-    flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_bf16_tflops,
+    active_matmul_parameters, flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_bf16_tflops,
 )
 
 # GTransformer(emb=8, heads=2, depth=2, seq_length=16, num_tokens=32), post-norm, counted on paper:
@@ -129,3 +131,15 @@ def test_nanogpt_count_of_a_gpt2_sized_model():
     n = 12 * block + 768 * 256 + 256 + 2 * 768
     assert matmul_parameters(model) == n
     assert model_flops_per_token(model, context=1024) == 6 * n + 12 * 12 * 768 * 1024
+
+
+def test_a_mixture_counts_the_experts_a_token_uses():
+    """Top-2 of 4 experts of hidden size 6, and a shared expert: a token is multiplied with the router, 2 experts
+    and the shared one; the 2 other experts (3 * 8 * 6 weights each, per block) are idle."""
+    options = (MoEOptions(experts=4, top_k=2, expert_hidden=6, shared_experts=1),)
+    model = MoETransformer(8, 2, 2, 16, 32, activation="swiglu", options=options)
+    total = matmul_parameters(model)
+    assert total == sum(p.numel() for p in model.parameters()) - 256 - 128  # everything but the lookup tables
+    assert active_matmul_parameters(model) == total - 2 * (2 * 3 * 8 * 6)
+    assert model_flops_per_token(model, context=16) == 6 * active_matmul_parameters(model) + HAND_ATTENTION
+    assert active_matmul_parameters(tiny()) == matmul_parameters(tiny())

@@ -85,7 +85,17 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
         assert rows[0]["mfu"] is None  # no MFU without a GPU's peak
     assert "--compile" in by["step-small"]["commands"][0]
     assert "--set positions=rotary" in by["step-enwik8"]["commands"][0]  # the enwik8 preset's architecture
-    assert "| 32 | 2 |" in by["step-768"]["table"]
+    assert "| 32 | fast | 2 |" in by["step-768"]["table"]
+    # the mixture against the dense network of its active width: each expert half its width, 2 of 8 used
+    dense, mixture = by["step-moe"]["figures"]["rows"]
+    assert (dense["kind"], mixture["kind"]) == ("fast", "moe") and mixture["tok_s"] > 0
+    assert mixture["parameters"] > dense["parameters"] and mixture["active_parameters"] < mixture["parameters"]
+    assert "--expert-hidden 16" in by["step-moe"]["commands"][0] and "--set ff_hidden=32" in by["step-moe"]["commands"][0]
+    # latent attention, absorbed and not, and GQA of the same cache size: all decode the uncached tokens
+    latent = by["decode-latent"]["figures"]["rows"]
+    assert [row["attention"].split(",")[0] for row in latent] == [
+        "latent 28 + rotary key 4 absorbed", "latent 28 + rotary key 4", "1 key/value heads"]
+    assert {row["cache_values"] for row in latent} == {32}
     # decoding: every variant, and their tokens agree
     row = by["decode"]["figures"]["rows"][0]
     assert set(row["tok_s"]) == {"no cache", "cache", "static", "compiled"} and min(row["tok_s"].values()) > 0
@@ -128,9 +138,8 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 
 @pytest.mark.parametrize("stages, message", [
-    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, enwik8, imdb, imdb-pretrained, memory, "
-                   "long-context, long-context-enwik8; got "
-                   "'tests,nope'"),
+    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, step-moe, decode-latent, enwik8, "
+                   "imdb, imdb-pretrained, memory, long-context, long-context-enwik8; got 'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
 ])

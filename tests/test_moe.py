@@ -60,6 +60,19 @@ def test_the_fast_path_is_the_readable_one_forwards_and_backwards(routing, dtype
         assert torch.isfinite(fast).all()
 
 
+def test_under_autocast_the_experts_multiply_in_its_dtype_as_the_readable_path_does():
+    """bf16 autocast on the CPU: the grouped products run in bf16 (as F.linear's would), the output is bf16 and
+    equals the readable path under the same autocast within bf16 rounding; gradients reach the float32 weights."""
+    layer = moe(torch.float32, shared_hidden=16)
+    x, mask = padded_batch(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, readable = layer(x, mask), layer.reference(x, mask)
+    assert fast.dtype == torch.bfloat16
+    torch.testing.assert_close(fast.float(), readable.float(), rtol=2e-2, atol=2e-2)
+    fast.float().sum().backward()
+    assert layer.w1.grad.dtype == torch.float32 and layer.w1.grad.abs().sum() > 0
+
+
 def test_each_expert_computes_only_the_tokens_sent_to_it():
     layer = moe()
     x, mask = padded_batch()

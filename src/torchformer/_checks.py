@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import dataclasses
 import numbers
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -118,6 +118,16 @@ def autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4 has one function per device type
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast runs matrix products in on ``device_type``, or ``None`` where it is off."""
+    if not autocast_enabled(device_type):
+        return None
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except AttributeError:  # torch < 2.4
+        return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
 
 
 def check_embeddings(x: object, name: str, emb: int, *, like: Tensor | None = None, batch: int | None = None,

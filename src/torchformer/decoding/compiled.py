@@ -31,20 +31,11 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import autocast_enabled, check_bool
+from torchformer._checks import autocast_dtype, check_bool
 from torchformer.decoding import generation
 from torchformer.nn.cache import BlockCache, mark_static_address
 
 __all__ = ["StaticCacheGenerator"]
-
-
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    if not autocast_enabled(device_type):
-        return None
-    try:
-        return torch.get_autocast_dtype(device_type)
-    except AttributeError:  # torch < 2.4
-        return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
 
 
 class StaticCacheGenerator(generation.EagerStep):
@@ -86,7 +77,7 @@ class StaticCacheGenerator(generation.EagerStep):
     def _state(self, prompt: Tensor) -> tuple[list[BlockCache], Tensor, Tensor]:
         # What must match for kept caches to be reused: rows, device, the model's dtype, autocast, and inference
         # mode (tensors made in it cannot be written outside it).
-        key = (prompt.size(0), prompt.device, next(self.model.parameters()).dtype, _autocast_dtype(prompt.device.type),
+        key = (prompt.size(0), prompt.device, next(self.model.parameters()).dtype, autocast_dtype(prompt.device.type),
                torch.is_inference_mode_enabled())
         if key not in self._kept:
             token, position = super().inputs(prompt)

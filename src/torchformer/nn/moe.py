@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_choice, check_embeddings, check_int_at_least, check_mask, check_positive_float,
+    autocast_dtype, check_bool, check_choice, check_embeddings, check_int_at_least, check_mask, check_positive_float,
     check_positive_int, check_probability, is_number,
 )
 from torchformer.config import PartOptions, TransformerConfig
@@ -332,6 +332,14 @@ class MoEFeedForward(nn.Module):
         """``E``, the routed experts."""
         return self.router.experts
 
+    def idle_parameters(self) -> int:
+        """The weights a token does not use: those of the ``E - k`` routed experts it is not sent to.
+
+        Returns:
+            ``(E - k) * 3 e h``.
+        """
+        return (self.experts - self.router.top_k) * 3 * self.emb * self.hidden
+
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         tokens, real = self._tokens(x, mask)  # (n, e), (n,) or None
         routing = self.router(tokens, real)
@@ -419,13 +427,13 @@ class MoEFeedForward(nn.Module):
         counts = torch.bincount(flat, minlength=self.experts + 1)[:self.experts]  # (E,)
         out = self.experts_apply(rows, counts, valid)  # (n k, e)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
-        return tokens.new_zeros(n, tokens.size(1)).index_add_(0, token, out)  # (n, e)
+        return out.new_zeros(n, tokens.size(1)).index_add_(0, token, out)  # (n, e), in the products' dtype
 
     def experts_apply(self, rows: Tensor, counts: Tensor, valid: Tensor) -> Tensor:
         """The experts on their rows, ``rows`` sorted by expert with ``counts`` ``(E,)`` of each (then the rest).
 
         One grouped matrix product per weight where torch has one for the inputs (float32, bfloat16 or float16 in
-        eager mode, bfloat16 under ``torch.compile``, sizes of whole 16-byte rows); else a loop over the experts,
+        eager mode, bfloat16 under ``torch.compile``, sizes of whole 16-byte rows; under autocast in its dtype); else a loop over the experts,
         which reads the counts on the host (one wait for the device). The grouped product leaves the rows past
         the last group unwritten (uninitialised memory), so every step selects ``valid`` rows, in both directions.
 
@@ -437,6 +445,8 @@ class MoEFeedForward(nn.Module):
         Returns:
             ``(m, e)``: expert ``j`` applied to its rows; 0 past ``counts.sum()``.
         """
+        cast = autocast_dtype(rows.device.type)  # autocast runs matrix products in its dtype; _grouped_mm too
+        rows = rows if cast is None else rows.to(cast)
         if self._grouped(rows):
             offsets = counts.cumsum(0).to(torch.int32)  # (E,): where each expert's rows end
             rows = torch.where(valid, rows, 0.0)  # the backward pass reads no unwritten gradient either

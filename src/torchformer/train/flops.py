@@ -8,6 +8,10 @@ work that has no parameters: per layer and per token, the query is multiplied wi
 (``L`` layers, ``H`` heads of size ``Q``, context ``T``). This is the estimate of the PaLM paper (appendix B) and
 nanoGPT; it counts the full ``T`` keys although a causal query only needs half of them on average, as they do.
 
+A mixture of experts (:class:`~torchformer.nn.moe.MoEFeedForward`) sends each token to ``k`` of its ``E``
+experts, so ``N`` counts the *active* parameters, those one token is multiplied with: the weights of the ``E - k``
+experts it skips do not count (:func:`active_matmul_parameters`).
+
 Embedding *lookups* are not multiplications, so the token and position tables do not count in ``N``, unless the
 token table is tied to the output layer, where it is a real ``(e, v)`` matrix product.
 
@@ -26,8 +30,10 @@ from torch import nn
 
 from torchformer._checks import check_int_at_least, is_real
 from torchformer.nn.attention import MultiHeadAttention
+from torchformer.nn.moe import MoEFeedForward
 
-__all__ = ["flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token", "peak_bf16_tflops"]
+__all__ = ["active_matmul_parameters", "flops_per_token", "matmul_parameters", "mfu", "model_flops_per_token",
+           "peak_bf16_tflops"]
 
 
 def flops_per_token(*, params: int, layers: int, attention_width: int, context: int) -> int:
@@ -78,6 +84,22 @@ def matmul_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in lookups)  # parameters() yields a shared one once
 
 
+def active_matmul_parameters(model: nn.Module) -> int:
+    """:func:`matmul_parameters` less the weights a token skips: the experts of each mixture it is not sent to.
+
+    Args:
+        model: any module.
+
+    Returns:
+        The parameter elements one token is multiplied with; :func:`matmul_parameters` for a dense model.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
+    total = matmul_parameters(model)
+    return total - sum(m.idle_parameters() for m in model.modules() if isinstance(m, MoEFeedForward))
+
+
 def model_flops_per_token(model: nn.Module, *, context: int) -> int:
     """:func:`flops_per_token` for a torchformer model (e.g. a ``GTransformer``) trained on ``context`` tokens.
 
@@ -89,7 +111,7 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
         context: the sequence length trained on, in tokens.
 
     Returns:
-        ``6 * matmul_parameters(model)`` plus ``12 * heads * head_size * context`` per attention layer.
+        ``6 * active_matmul_parameters(model)`` plus ``12 * heads * head_size * context`` per attention layer.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -100,7 +122,7 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
                         f"{model!r:.60}")
     check_int_at_least(context, "context", 1)
     attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    return 6 * matmul_parameters(model) + sum(12 * m.heads * m.head_size * context for m in attention)
+    return 6 * active_matmul_parameters(model) + sum(12 * m.heads * m.head_size * context for m in attention)
 
 
 def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:

@@ -254,18 +254,25 @@ class ShardedMuon(torch.optim.Muon):
 
 
 class StackedMuon(torch.optim.Optimizer):
-    """Muon for stacks of matrices ``(..., m, n)``, such as a mixture's experts ``(E, e, h)``: each matrix of a stack
-    stepped as ``torch.optim.Muon`` steps a matrix of its own.
+    """Muon for stacks of matrices ``(..., m, n)``: each matrix stepped as ``torch.optim.Muon`` steps one alone.
 
-    The momentum is element-wise; the orthogonalisation (:func:`orthogonalise`, one batched product per iteration)
+    A mixture's experts ``(E, e, h)`` are such a stack. The momentum is element-wise; the orthogonalisation (:func:`orthogonalise`, one batched product per iteration)
     and the learning rate's adjustment (:func:`muon_lr` of ``(m, n)``) are per matrix. FSDP2 shards a stack along
     its first dimension, so each process holds whole matrices and steps its own, without communication. The state
     is ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter).
 
     Args:
         params: parameters of 3 or more dims, or FSDP2's ``DTensor`` of them placed ``Shard(0)`` on a 1-D mesh.
-        lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn: ``torch.optim.Muon``'s,
-            with its defaults.
+        lr: the learning rate, adjusted per matrix by ``adjust_lr_fn``.
+        weight_decay: decoupled weight decay.
+        momentum: the momentum's factor.
+        nesterov: Nesterov momentum.
+        ns_coefficients: the Newton–Schulz coefficients ``(a, b, c)``.
+        eps: the smallest norm divided by.
+        ns_steps: the Newton–Schulz iterations.
+        adjust_lr_fn: ``None``, ``"original"`` or ``"match_rms_adamw"`` (:func:`muon_lr`).
+
+    All as ``torch.optim.Muon``'s, with its defaults.
 
     Raises:
         ValueError: a parameter has fewer than 3 dims or is sharded otherwise, or an option is out of range.
@@ -324,10 +331,9 @@ def _local(tensor: Tensor) -> Tensor:
 
 
 class MuonWithAdam(torch.optim.Optimizer):
-    """Muon for ``matrices``, Adam for ``rest``: one optimizer with two parameter groups (0: Muon, 1: Adam), and a
-    third (Muon for stacks of matrices) when ``matrices`` holds any.
+    """Muon for ``matrices``, Adam for ``rest``: one optimizer with groups 0 (Muon), 1 (Adam) and maybe 2 (stacks).
 
-    The groups are the inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
+    Group 2 (:class:`StackedMuon`) is there when ``matrices`` holds stacks of matrices. The groups are the inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
     steps with it. ``step`` runs Muon, then Adam, then the stacks' Muon.
 
     Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
