@@ -253,7 +253,8 @@ def run_step(suite: Suite, record: dict) -> str:
                 lines.append(f"| {context} | {row['kind']} | {row['batch']} | | | | | | {row['error']} |")
                 continue
             share = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
-            lines.append(f"| {context} | {row['kind']} | {row['batch']} | {row['ms']:.1f} | {row['tok_s']:,.0f} | {share} | "
+            lines.append(f"| {context} | {row['kind']} | {row['batch']} | {row['ms']:.1f} | {row['tok_s']:,.0f} | "
+                         f"{share} | "
                          f"{row['peak_mb']:,.0f} | {row['flops_per_token'] / 1e6:.1f} M | "
                          f"{'best' if row.get('best') else ''} |")
     return "\n".join(lines)

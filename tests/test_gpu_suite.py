@@ -90,7 +90,8 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     dense, mixture = by["step-moe"]["figures"]["rows"]
     assert (dense["kind"], mixture["kind"]) == ("fast", "moe") and mixture["tok_s"] > 0
     assert mixture["parameters"] > dense["parameters"] and mixture["active_parameters"] < mixture["parameters"]
-    assert "--expert-hidden 16" in by["step-moe"]["commands"][0] and "--set ff_hidden=32" in by["step-moe"]["commands"][0]
+    command = by["step-moe"]["commands"][0]
+    assert "--expert-hidden 16" in command and "--set ff_hidden=32" in command
     # latent attention, absorbed and not, and GQA of the same cache size: all decode the uncached tokens
     latent = by["decode-latent"]["figures"]["rows"]
     assert [row["attention"].split(",")[0] for row in latent] == [

@@ -148,7 +148,8 @@ def test_step_with_a_closure_calls_it_once_with_gradients_on_and_steps_with_what
 
 def moe_model(seed=0):
     torch.manual_seed(seed)
-    return MoETransformer(16, 2, 2, 8, 20, prenorm=True, activation="swiglu", options=(MoEOptions(experts=4, top_k=2, expert_hidden=12),))
+    options = (MoEOptions(experts=4, top_k=2, expert_hidden=12),)
+    return MoETransformer(16, 2, 2, 8, 20, prenorm=True, activation="swiglu", options=options)
 
 
 @pytest.mark.parametrize("nesterov", [True, False])

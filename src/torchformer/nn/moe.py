@@ -433,9 +433,10 @@ class MoEFeedForward(nn.Module):
         """The experts on their rows, ``rows`` sorted by expert with ``counts`` ``(E,)`` of each (then the rest).
 
         One grouped matrix product per weight where torch has one for the inputs (float32, bfloat16 or float16 in
-        eager mode, bfloat16 under ``torch.compile``, sizes of whole 16-byte rows; under autocast in its dtype); else a loop over the experts,
-        which reads the counts on the host (one wait for the device). The grouped product leaves the rows past
-        the last group unwritten (uninitialised memory), so every step selects ``valid`` rows, in both directions.
+        eager mode, bfloat16 under ``torch.compile``, sizes of whole 16-byte rows; under autocast in its dtype);
+        else a loop over the experts, which reads the counts on the host (one wait for the device). The grouped
+        product leaves the rows past the last group unwritten (uninitialised memory), so every step selects
+        ``valid`` rows, in both directions.
 
         Args:
             rows: ``(m, e)``.

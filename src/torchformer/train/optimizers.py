@@ -137,6 +137,15 @@ def row_shares(rows: int, world_size: int) -> list[int]:
     return [max(0, min(share, rows - rank * share)) for rank in range(world_size)]
 
 
+def _momentum_update(state: dict, grad: Tensor, group: dict) -> Tensor:
+    """``torch.optim.Muon``'s momentum: the buffer in ``state`` moved towards ``grad``; returns the update."""
+    if "momentum_buffer" not in state:
+        state["momentum_buffer"] = torch.zeros_like(grad)
+    buf = state["momentum_buffer"]
+    buf.lerp_(grad, 1 - group["momentum"])
+    return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+
 def _run_closure(closure: Any) -> Any:
     """The loss of an optimizer's ``closure``, computed with autograd on (``step`` runs under no_grad), or ``None``."""
     if closure is None:
@@ -196,13 +205,8 @@ class ShardedMuon(torch.optim.Muon):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             updates = []
-            for p in params:  # torch.optim.Muon's momentum, on this process's rows
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
+            for p in params:  # on this process's rows
+                updates.append(_momentum_update(self.state[p], p.grad, group))
             ortho = self._orthogonalise_whole(updates, group)
             for p, rows in zip(params, ortho):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
@@ -256,10 +260,11 @@ class ShardedMuon(torch.optim.Muon):
 class StackedMuon(torch.optim.Optimizer):
     """Muon for stacks of matrices ``(..., m, n)``: each matrix stepped as ``torch.optim.Muon`` steps one alone.
 
-    A mixture's experts ``(E, e, h)`` are such a stack. The momentum is element-wise; the orthogonalisation (:func:`orthogonalise`, one batched product per iteration)
-    and the learning rate's adjustment (:func:`muon_lr` of ``(m, n)``) are per matrix. FSDP2 shards a stack along
-    its first dimension, so each process holds whole matrices and steps its own, without communication. The state
-    is ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter).
+    A mixture's experts ``(E, e, h)`` are such a stack. The momentum is element-wise; the orthogonalisation
+    (:func:`orthogonalise`, one batched product per iteration) and the learning rate's adjustment (:func:`muon_lr`
+    of ``(m, n)``) are per matrix. FSDP2 shards a stack along its first dimension, so each process holds whole
+    matrices and steps its own, without communication. The state is ``torch.optim.Muon``'s (``momentum_buffer``,
+    sharded as the parameter).
 
     Args:
         params: parameters of 3 or more dims, or FSDP2's ``DTensor`` of them placed ``Shard(0)`` on a 1-D mesh.
@@ -311,12 +316,7 @@ class StackedMuon(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                update = _momentum_update(self.state[p], p.grad, group)
                 local = _local(update)  # whole matrices under FSDP2 too: the stack is split along its first dim
                 ortho = orthogonalise(local, coefficients=group["ns_coefficients"], steps=group["ns_steps"],
                                       eps=group["eps"])
@@ -333,8 +333,9 @@ def _local(tensor: Tensor) -> Tensor:
 class MuonWithAdam(torch.optim.Optimizer):
     """Muon for ``matrices``, Adam for ``rest``: one optimizer with groups 0 (Muon), 1 (Adam) and maybe 2 (stacks).
 
-    Group 2 (:class:`StackedMuon`) is there when ``matrices`` holds stacks of matrices. The groups are the inner optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that
-    steps with it. ``step`` runs Muon, then Adam, then the stacks' Muon.
+    Group 2 (:class:`StackedMuon`) is there when ``matrices`` holds stacks of matrices. The groups are the inner
+    optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that steps with it. ``step`` runs
+    Muon, then Adam, then the stacks' Muon.
 
     Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
     the whole matrices; others ``torch.optim.Muon``. Stacks get :class:`StackedMuon`.
