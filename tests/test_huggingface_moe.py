@@ -156,6 +156,17 @@ def test_each_choice_matters(folders):
             assert (other(x) - hf_log_probs(hf, x)).abs().max() > 5e-4, (family, changes)
 
 
+def test_a_bfloat16_load_keeps_deepseeks_selection_bias_in_float32(folders):
+    """The bias moves the choice of experts by steps of 0.001 around values near 0.1: bf16 would round them."""
+    hf, folder = folders["deepseek_v3"]
+    model = from_huggingface(folder, dtype=torch.bfloat16)
+    stored = {n: b for n, b in hf.named_buffers() if n.endswith("e_score_correction_bias")}
+    biases = [b for n, b in model.named_buffers() if n.endswith("selection_bias")]
+    assert biases and len(biases) == len(stored) and all(b.dtype == torch.float32 for b in biases)
+    for bias, expected in zip(biases, stored.values()):
+        assert torch.equal(bias, expected.float())
+
+
 def test_a_file_in_transformers_fused_expert_layout_loads_the_same(folders, tmp_path):
     from safetensors.torch import load_file, save_file
 

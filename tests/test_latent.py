@@ -123,3 +123,14 @@ def test_options_and_arguments_that_do_not_apply_are_refused_by_name():
     for field in (dict(kqnorm=True), dict(kv_heads=2), dict(qkv_bias=True)):  # from a config: not silently ignored
         with pytest.raises(ValueError, match=f"{next(iter(field))}=.* does not apply to latent attention"):
             LatentTransformer(32, 4, 1, 8, 20, positions="rotary", options=(OPTIONS,), **field)
+
+
+def test_a_layer_built_with_a_positions_name_rotates_its_rope_dim_coordinates():
+    """Built directly with positions="rotary" (an odd nope_dim too), the layer equals one given Rotary for rope_dim."""
+    sizes = dict(kv_rank=16, rope_dim=8, nope_dim=15, value_dim=16, causal=True)
+    torch.manual_seed(0)
+    named = LatentAttention(64, 4, positions="rotary", **sizes)
+    torch.manual_seed(0)
+    given = LatentAttention(64, 4, positions=Rotary.from_sizes(heads=4, head_size=8, causal=True), **sizes)
+    x = torch.randn(2, 5, 64)
+    torch.testing.assert_close(named(x), given(x), rtol=0, atol=0)

@@ -165,6 +165,52 @@ def test_capacity_keeps_each_experts_earliest_tokens():
             room = mask.reshape(-1)[i].item() and taken[expert] < capacity
             assert kept[i, slot].item() == room, (i, slot)
             taken[expert] += room
+    layer.eval()  # evaluation and decoding drop nothing: a row's output never depends on the others
+    assert torch.equal(layer.kept(routing.experts, mask.reshape(-1)), mask.reshape(-1, 1).expand(-1, 2))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, mask)[:1], layer(x[:1], mask[:1]), rtol=1e-12, atol=1e-12)
+
+
+def test_the_selection_bias_stays_float32_in_a_bfloat16_model_and_its_steps_survive():
+    net = MoETransformer(16, 2, 1, 8, 20, activation="swiglu", options=(MoEOptions(
+        experts=4, score="sigmoid", selection_bias=True, bias_update_rate=0.001),)).bfloat16()
+    router = net.transformer_blocks()[0].ff.router
+    assert router.selection_bias.dtype == torch.float32 and router.weight.dtype == torch.bfloat16
+    router.selection_bias.fill_(1.0)
+    loss = net(torch.randint(0, 20, (2, 8))).float().mean() + auxiliary_loss(net)
+    loss.backward()
+    step_parts(net)
+    assert (router.selection_bias - 1).abs().max().item() == pytest.approx(0.001, rel=1e-3)  # bf16: 1 + 0.001 == 1
+    assert net.double().transformer_blocks()[0].ff.router.selection_bias.dtype == torch.float32
+
+
+def test_the_parts_check_their_arguments_where_the_options_do():
+    with pytest.raises(ValueError, match="score must be one of 'softmax', 'sigmoid'; got 'softmx'"):
+        Router(16, 4, 2, score="softmx")
+    with pytest.raises(ValueError, match="top_k must be at most experts=4, got 8"):
+        Router(16, 4, 8)
+    with pytest.raises(ValueError, match="groups must divide experts=6, got 4"):
+        Router(16, 6, 2, groups=4, top_groups=2)
+    with pytest.raises(ValueError, match="capacity_factor"):
+        MoEFeedForward(16, experts=4, top_k=2, hidden=16, capacity_factor=-1.0)
+    for name in ("balance_loss", "z_loss"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0, got nan"):
+            MoEOptions(**{name: float("nan")})
+
+
+def test_a_subclass_of_the_options_is_what_the_mixture_reads():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class JitteredMoE(MoEOptions):
+        jitter: float = 0.0
+
+    config = TransformerConfig(16, 2, 1, 8, 20, activation="swiglu", options=(JitteredMoE(experts=6, top_k=3),))
+    assert MoETransformer(config=config).transformer_blocks()[0].ff.experts == 6
+    replaced = config.with_options(MoEOptions(experts=4))  # in place of its subclass, not beside it
+    assert replaced.options_of(MoEOptions) == MoEOptions(experts=4)
+    with pytest.raises(ValueError, match="options hold 2 options of MoEOptions"):
+        config.replace(options=(JitteredMoE(), MoEOptions())).options_of(MoEOptions)
 
 
 def test_loss_free_balancing_raises_the_bias_of_the_starved_experts():

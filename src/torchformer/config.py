@@ -502,15 +502,24 @@ class TransformerConfig:
             raise ValueError(f"{model} does not use {', '.join(changed)}; leave it out (it would have no effect)")
 
     def options_of(self, cls: type) -> Any:
-        """The options of class ``cls`` in :attr:`options`, or ``cls()`` (its defaults) when there are none.
+        """The options of class ``cls`` (or of a subclass) in :attr:`options`, or ``cls()`` when there are none.
+
+        A subclass of a part's options (one more field for a variant) is what the part reads, too.
 
         Args:
             cls: a :class:`PartOptions` subclass.
 
         Returns:
             An instance of ``cls``.
+
+        Raises:
+            ValueError: :attr:`options` holds several instances of ``cls`` and its subclasses.
         """
-        return next((o for o in self.options if type(o) is cls), None) or cls()
+        found = [o for o in self.options if isinstance(o, cls)]
+        if len(found) > 1:
+            raise ValueError(f"options hold {len(found)} options of {cls.__name__} (or subclasses): "
+                             f"{', '.join(type(o).__name__ for o in found)}; give one")
+        return found[0] if found else cls()
 
     def with_options(self, *options: PartOptions) -> TransformerConfig:
         """A copy whose :attr:`options` hold ``options``, in place of any of the same classes.
@@ -521,7 +530,8 @@ class TransformerConfig:
         Returns:
             The new config.
         """
-        kept = tuple(o for o in self.options if type(o) not in {type(n) for n in options})
+        related = lambda o: any(isinstance(o, type(n)) or isinstance(n, type(o)) for n in options)  # noqa: E731
+        kept = tuple(o for o in self.options if not related(o))
         return self.replace(options=kept + tuple(options))
 
     def replace(self, **changes: Any) -> TransformerConfig:

@@ -12,8 +12,9 @@ collects them from the whole model::
     log.update(auxiliary_terms(model))                    # {"balance": 1.02, "router_z": 3.1, ...}
 
 A record holds the terms of its part's *latest* call, replacing those before: activation checkpointing runs a
-block's forward pass again in the backward pass, which records the same numbers again and changes nothing;
-evaluation and decoding record too (the record is overwritten at the next training step). Under DDP, FSDP2 and
+block's forward pass again in the backward pass, which records the same numbers again and changes nothing. A part
+chooses when it records: the mixture's router only in training mode, so after an evaluation or decoding pass the
+records still hold the latest training step's terms. Under DDP, FSDP2 and
 ``torch.compile`` the terms are ordinary tensors of the forward pass, so their gradients flow as the main loss's.
 The records are found by walking the modules (wrappers included: DDP's and ``torch.compile``'s hold the model as a
 submodule), as parameters are; a model without any costs one walk and nothing else.

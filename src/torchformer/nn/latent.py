@@ -8,7 +8,7 @@ all heads). For one position ``x``:
 
 $$
 \\begin{aligned}
-c &= \\operatorname{RMSNorm}(W_{dkv} x)_{:R}, \\qquad k_r = \\operatorname{rotate}((W_{dkv} x)_{R:}) \\\\
+c &= \\operatorname{RMSNorm}((W_{dkv} x)_{:R}), \\qquad k_r = \\operatorname{rotate}((W_{dkv} x)_{R:}) \\\\
 [k_n^{(i)}; v^{(i)}] &= W_{ukv}^{(i)} c, \\qquad k^{(i)} = [k_n^{(i)}; k_r] \\\\
 q^{(i)} &= [q_n^{(i)}; \\operatorname{rotate}(q_r^{(i)})] = W_{uq}^{(i)} \\operatorname{RMSNorm}(W_{dq} x)
 \\end{aligned}
@@ -84,7 +84,7 @@ class LatentAttention(SelfAttention):
 
     Parameters: ``q_down`` ``(Q, e)``, ``q_norm`` and ``q_up`` ``(h (n + r), Q)`` with ``q_rank``, else
     ``toqueries`` ``(h (n + r), e)``; ``kv_down`` ``(R + r, e)``, ``kv_norm``, ``kv_up`` ``(h (n + v), R)``;
-    ``unifyheads`` ``(e, h v)``. No biases (DeepSeek's).
+    ``unifyheads`` ``(e, h v)``. No biases but ``unifyheads``'s, as ``out_bias`` says (DeepSeek has none).
 
     Args:
         emb: the embedding size ``e``.
@@ -98,7 +98,8 @@ class LatentAttention(SelfAttention):
         absorb: compute attention on the latents (the decoding path); ``False``: on per-head keys and values. The
             same function; a plain attribute, set it on a built layer.
         **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s ``causal``, ``dropout``, ``impl``,
-            ``positions`` (a scheme for heads of ``rope_dim``), ``window``, ``pattern``, ``out_bias``.
+            ``positions`` (a scheme, or its name, for the ``rope_dim`` rotary coordinates), ``window``, ``pattern``,
+            ``out_bias``.
 
     Shapes:
         As :class:`~torchformer.nn.attention.SelfAttention`: ``x`` ``(b, t, e)`` -> ``(b, t, e)``; a KV cache holds
@@ -114,6 +115,10 @@ class LatentAttention(SelfAttention):
             options.pop(name, None)
         n, r, v = (check_positive_int(d, name) for d, name in ((nope_dim, "nope_dim"), (rope_dim, "rope_dim"),
                                                              (value_dim, "value_dim")))
+        name = options.get("positions")
+        if isinstance(name, str) and name in self.position_classes:  # its scheme for the r rotary coordinates
+            scheme = self.position_classes[name]
+            options["positions"] = scheme.from_sizes(heads=heads, head_size=r, causal=options.get("causal", False))
         super().__init__(emb, heads, head_size=n + r, scale=1 / math.sqrt(n + r), **options)
         self.kv_rank, self.rope_dim, self.nope_dim, self.value_dim = check_positive_int(kv_rank, "kv_rank"), r, n, v
         self.q_rank = None if q_rank is None else check_positive_int(q_rank, "q_rank")

@@ -20,7 +20,8 @@ the ``top_groups`` best of ``groups`` groups), their scores are the weights, ren
 expert, so that each expert's tokens lie side by side, and runs each expert on its tokens only: one grouped matrix
 product per weight (``torch._grouped_mm``, the offsets of the groups on the device), or a loop over the experts
 where that is not available. No expert sees a token not sent to it, and none is dropped unless a capacity is set
-(``capacity_factor``: each expert takes at most ``ceil(f * n * k / E)`` tokens, the earliest first). The readable
+(``capacity_factor``: in training each expert takes at most ``ceil(f * n * k / E)`` tokens, the earliest first;
+evaluation and decoding drop none, so a row's output never depends on the other rows). The readable
 path (:meth:`MoEFeedForward.reference`) is the formula: every expert on every token, weighted by a matrix that is
 zero where an expert was not picked. The tests prove the two equal.
 
@@ -78,7 +79,8 @@ class MoEOptions(PartOptions):
         top_groups: see ``groups``.
         dense_layers: the first blocks keep a dense feed-forward network (DeepSeek's ``first_k_dense_replace``).
         capacity_factor: ``None`` drops no token; a number ``f`` lets each expert take at most
-            ``ceil(f * n * k / E)`` of a batch's ``n k`` assignments, earliest tokens first.
+            ``ceil(f * n * k / E)`` of a training batch's ``n k`` assignments, earliest tokens first (in evaluation
+            mode none is dropped).
         balance_loss: the weight of the balance loss in the training loss (0 records it for the log only).
         z_loss: the weight of the router z-loss.
         selection_bias: a per-expert bias added to the scores to choose the experts, not to weigh them (DeepSeek-V3's
@@ -89,6 +91,7 @@ class MoEOptions(PartOptions):
     Raises:
         ValueError: a value out of range, or options that contradict each other (``top_k`` above ``experts``,
             groups that do not divide the experts).
+        TypeError: ``normalize`` or ``selection_bias`` is not a bool.
     """
 
     experts: int = 8
@@ -121,9 +124,10 @@ class MoEOptions(PartOptions):
         check_positive_float(self.routed_scaling, "routed_scaling")
         check_positive_int(self.groups, "groups")
         check_positive_int(self.top_groups, "top_groups")
-        if self.experts % self.groups or self.top_groups > self.groups:
-            raise ValueError(f"groups must divide experts={self.experts} and top_groups be at most groups, got "
-                             f"groups={self.groups}, top_groups={self.top_groups}")
+        if self.experts % self.groups:
+            raise ValueError(f"groups must divide experts={self.experts}, got {self.groups}")
+        if self.top_groups > self.groups:
+            raise ValueError(f"top_groups must be at most groups={self.groups}, got {self.top_groups}")
         if self.groups > 1 and self.top_groups * (self.experts // self.groups) < self.top_k:
             raise ValueError(f"top_groups={self.top_groups} groups of {self.experts // self.groups} experts hold "
                              f"fewer than top_k={self.top_k} experts")
@@ -131,8 +135,9 @@ class MoEOptions(PartOptions):
         if self.capacity_factor is not None:
             check_positive_float(self.capacity_factor, "capacity_factor")
         for name in ("balance_loss", "z_loss", "bias_update_rate"):
-            if not is_number(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not is_number(value) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         check_bool(self.selection_bias, "selection_bias")
         if self.bias_update_rate > 0 and not self.selection_bias:
             raise ValueError(f"bias_update_rate={self.bias_update_rate} moves the selection bias: set "
@@ -164,6 +169,9 @@ class Router(AuxiliaryLosses):
         selection_bias: a per-expert bias for the choice (the buffer ``selection_bias``, zeros at first).
         bias_update_rate: the loss-free balancing step of :meth:`after_step`.
 
+    Raises:
+        ValueError, TypeError: as :class:`MoEOptions` for the same values.
+
     Shapes:
         ``forward(x, real=None)``: ``x`` ``(n, e)``, ``real`` ``(n,)`` bool (True at real tokens) -> a
         :class:`Routing`: ``experts`` ``(n, k)``, ``weights`` ``(n, k)``, ``logits`` ``(n, E)``.
@@ -173,15 +181,26 @@ class Router(AuxiliaryLosses):
                  routed_scaling: float = 1.0, groups: int = 1, top_groups: int = 1, balance_loss: float = 0.0,
                  z_loss: float = 0.0, selection_bias: bool = False, bias_update_rate: float = 0.0) -> None:
         super().__init__()
+        MoEOptions(experts=experts, top_k=top_k, score=score, normalize=normalize, routed_scaling=routed_scaling,
+                   groups=groups, top_groups=top_groups, balance_loss=balance_loss, z_loss=z_loss,
+                   selection_bias=selection_bias, bias_update_rate=bias_update_rate)  # the checks' one home
         self.experts, self.top_k, self.score = experts, top_k, score
         self.normalize, self.routed_scaling = normalize, routed_scaling
         self.groups, self.top_groups = groups, top_groups
         self.balance_loss, self.z_loss, self.bias_update_rate = balance_loss, z_loss, bias_update_rate
         self.weight = nn.Parameter(torch.empty(experts, emb))  # (E, e): the router's logits W_r x
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's initialisation
-        # Added in float32 (a step of 0.001 vanishes in bf16 next to a bias of 1: keep the buffer float32 too).
+        # Added in float32 (a step of 0.001 vanishes in bf16 next to a bias of 1): the buffer stays float32.
         self.register_buffer("selection_bias", torch.zeros(experts) if selection_bias else None)
         self.pending_load: Optional[Tensor] = None  # (E,) the assignments since the last after_step (training)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Router:
+        """``to()``, ``cuda()``, ``bfloat16()``, ...: the selection bias moves with the module but stays float32."""
+        bias = self.selection_bias
+        super()._apply(fn, recurse)
+        if bias is not None and self.selection_bias.dtype != torch.float32:  # cast: take the float32 numbers over
+            self.selection_bias = bias.to(self.selection_bias.device, torch.float32)
+        return self
 
     def forward(self, x: Tensor, real: Optional[Tensor] = None) -> Routing:
         logits = F.linear(x.float(), self.weight.float())  # (n, E): in float32, as the references route
@@ -276,7 +295,7 @@ class MoEFeedForward(nn.Module):
         if activation not in GATES:
             raise ValueError(f"activation must be a gated unit for the experts, one of {', '.join(map(repr, GATES))};"
                              f" got {activation!r}")
-        self.capacity_factor = capacity_factor
+        self.capacity_factor = MoEOptions(capacity_factor=capacity_factor).capacity_factor  # checked there
         self.router = Router(emb, experts, top_k, **routing)
         self.w1 = nn.Parameter(torch.empty(experts, emb, hidden))  # (E, e, h): the gates' input
         self.v = nn.Parameter(torch.empty(experts, emb, hidden))  # (E, e, h): the values they gate
@@ -394,7 +413,7 @@ class MoEFeedForward(nn.Module):
         """
         n, k = experts.shape
         kept = torch.ones_like(experts, dtype=torch.bool) if real is None else real[:, None].expand(n, k)
-        if self.capacity_factor is None:
+        if self.capacity_factor is None or not self.training:  # evaluation: a row never depends on the others
             return kept
         tokens = kept[:, 0].sum()  # real tokens (a tensor: no wait for the device)
         capacity = torch.ceil(self.capacity_factor * tokens * k / self.experts)

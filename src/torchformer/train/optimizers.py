@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from torchformer._checks import check_choice, is_number
+from torchformer._checks import check_choice, check_positive_int, is_number
 from torchformer.models import TransformerModel
 from torchformer.saving import unwrap_model
 
@@ -44,7 +44,7 @@ def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -
     """``(matrices, rest)``: the weights of 2 or more dims inside ``blocks`` (for Muon), and the others (for Adam).
 
     A weight of more than 2 dims is a stack of matrices ``(..., m, n)``, such as a mixture's experts ``(E, e, h)``
-    (:class:`StackedMuon` steps each of its matrices).
+    (:class:`StackedMuon` steps each of its matrices); a mixture's router ``(E, e)`` is a matrix of the blocks too.
 
     Args:
         model: the model (unwrapped; DDP's ``module``).
@@ -280,7 +280,8 @@ class StackedMuon(torch.optim.Optimizer):
     All as ``torch.optim.Muon``'s, with its defaults.
 
     Raises:
-        ValueError: a parameter has fewer than 3 dims or is sharded otherwise, or an option is out of range.
+        ValueError: a parameter has fewer than 3 dims or is sharded otherwise; ``lr``, ``weight_decay`` or
+            ``momentum`` is negative, ``eps`` or ``ns_steps`` not positive, ``adjust_lr_fn`` none of the three.
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
@@ -289,6 +290,9 @@ class StackedMuon(torch.optim.Optimizer):
         for value, name in ((lr, "lr"), (weight_decay, "weight_decay"), (momentum, "momentum")):
             if not is_number(value) or not value >= 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if not is_number(eps) or not eps > 0:
+            raise ValueError(f"eps must be a positive number, got {eps!r}")
+        check_positive_int(ns_steps, "ns_steps")
         check_choice(adjust_lr_fn, "adjust_lr_fn", (None, "original", "match_rms_adamw"))
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
