@@ -1,4 +1,4 @@
-"""Qwen3, Mixtral, Qwen3-MoE and OLMoE in and out of the Hugging Face layout: equal to transformers' models.
+"""Qwen3, Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3 and DeepSeek-V2 in and out of the Hugging Face layout: equal to transformers' models.
 
 Tiny random models written by ``transformers`` (skipped without it): log-probabilities equal within 1e-4 in
 float32, greedy decoding with torchformer's KV cache gives ``generate``'s tokens, a left-padded batch generates as
@@ -52,6 +52,12 @@ FAMILIES = {
                                         num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=0,
                                         n_shared_experts=1, q_lora_rank=None, kv_lora_rank=12, qk_rope_head_dim=4,
                                         qk_nope_head_dim=8, v_head_dim=8, rope_interleave=False)),
+    # DeepSeek-V2: softmax routing without renormalisation, two shared experts, the interleaved rotation.
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DeepSeekTransformer,
+                    dict(num_key_value_heads=H, intermediate_size=56, moe_intermediate_size=24, n_routed_experts=6,
+                         num_experts_per_tok=2, first_k_dense_replace=1, n_shared_experts=2, q_lora_rank=16,
+                         kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+                         routed_scaling_factor=1.5, num_hidden_layers=3)),
 }
 
 
@@ -144,7 +150,8 @@ def test_each_choice_matters(folders):
     """Leaving out a family's choice moves the log-probabilities by more than the tolerance, so the tests see it."""
     for family, changes in (("qwen3_moe", dict(normalize=False)), ("olmoe", dict(normalize=True)),
                             ("mixtral", dict(top_k=1)), ("deepseek_v3", dict(routed_scaling=1.0)),
-                            ("deepseek_v3", dict(top_groups=4))):
+                            ("deepseek_v3", dict(top_groups=4)), ("deepseek_v2", dict(routed_scaling=1.0)),
+                            ("deepseek_v2", dict(normalize=True))):
         hf, folder = folders[family]
         model = from_huggingface(folder)
         options = model.config.options_of(MoEOptions)
@@ -194,6 +201,9 @@ def test_a_file_in_transformers_fused_expert_layout_loads_the_same(folders, tmp_
     ("olmoe", "clip_qkv", 8.0, "clip_qkv=8.0 is not supported"),
     ("qwen3", "layer_types", ["full_attention", "sliding_attention"], "layer_types=.* is not supported"),
     ("qwen3", "use_sliding_window", True, "use_sliding_window=True is not supported"),
+    ("deepseek_v2", "topk_method", "group_limited_greedy", "topk_method='group_limited_greedy' is not supported"),
+    ("deepseek_v2", "norm_topk_prob", True, "norm_topk_prob=True is not supported"),
+    ("deepseek_v2", "mlp_bias", True, "mlp_bias=True is not supported"),
 ])
 def test_what_torchformer_cannot_express_is_refused_by_name(folders, tmp_path, family, field, value, message):
     _, folder = folders[family]

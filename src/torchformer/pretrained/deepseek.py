@@ -1,4 +1,4 @@
-"""DeepSeek-V3 in the Hugging Face layout, and torchformer's :class:`~torchformer.families.DeepSeekTransformer`.
+"""DeepSeek-V3 and DeepSeek-V2 in the Hugging Face layout, as a :class:`~torchformer.families.DeepSeekTransformer`.
 
 DeepSeek-V3 (DeepSeek-AI 2024) is a pre-norm RMSNorm generator with two parts of its own:
 
@@ -12,6 +12,11 @@ DeepSeek-V3 (DeepSeek-AI 2024) is a pre-norm RMSNorm generator with two parts of
   groups of which ``topk_group`` are chosen from, renormalised weights (``norm_topk_prob``) times
   ``routed_scaling_factor``, and ``n_shared_experts`` shared experts (``shared_experts``: the mixture's
   ``shared``).
+
+DeepSeek-V2 has the same names and parts but routes otherwise: softmax scores, no selection bias, the chosen
+weights times ``routed_scaling_factor`` without renormalisation (transformers ignores ``norm_topk_prob`` for it), a
+rotation always in the interleaved layout, and no group-limited routing in torchformer (DeepSeek-V2 scores a group
+by its best expert, DeepSeek-V3 by its two best: ``topk_method="group_limited_greedy"`` is refused by name).
 
 The multi-token-prediction blocks a released checkpoint stores after the last block (``num_nextn_predict_layers``)
 are not loaded, as transformers does not load them either.
@@ -64,7 +69,21 @@ class DeepSeekFamily(MoEFamily):
         defaults: as :class:`~torchformer.pretrained.moe.MoEFamily`.
         read: as :class:`~torchformer.pretrained.moe.MoEFamily`.
         write: as :class:`~torchformer.pretrained.moe.MoEFamily`.
+        score: the router's scores, which tell the versions apart on export: ``"sigmoid"`` (V3), ``"softmax"`` (V2).
     """
+
+    score: str = "sigmoid"
+
+    def describes(self, model: GTransformer) -> bool:
+        """Whether ``model`` is a :class:`~torchformer.families.DeepSeekTransformer` routing by this version's scores.
+
+        Args:
+            model: the model to write.
+
+        Returns:
+            Whether this family writes it.
+        """
+        return super().describes(model) and model.config.options_of(MoEOptions).score == self.score
 
     def block_rules(self, config: TransformerConfig, i: int) -> tuple[tuple[str, str], ...]:
         """Block ``i``'s one-tensor pairs: norms, latent attention, a dense network or the router and shared experts.
@@ -80,7 +99,8 @@ class DeepSeekFamily(MoEFamily):
         queries = LATENT_QUERIES if latent.q_rank is not None else DIRECT_QUERIES
         if i < moe.dense_layers:
             return llama.NORMS + queries + LATENT + llama.MLP
-        return llama.NORMS + queries + LATENT + ROUTER + (SHARED if moe.shared_experts else ())
+        router = ROUTER if moe.selection_bias else ROUTER[:1]  # DeepSeek-V2 has no bias
+        return llama.NORMS + queries + LATENT + router + (SHARED if moe.shared_experts else ())
 
     def expert_blocks(self, model: GTransformer) -> list[tuple[int, Any]]:
         """The blocks after the dense ones, with their indices.
@@ -156,3 +176,54 @@ DEEPSEEK_V3 = DeepSeekFamily(
      "num_experts_per_tok": 8, "n_routed_experts": 256, "moe_intermediate_size": 2048, "kv_lora_rank": 512,
      "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128},
     _read, _write)
+
+
+def _read_v2(get: Callable[[str], Any], refuse: Callable[[str, str], ValueError]) -> tuple[dict, Any]:
+    for field in ("attention_bias", "mlp_bias"):
+        if get(field):
+            raise refuse(field, "DeepSeek-V2's projections have no biases in torchformer: false")
+    if get("topk_method") not in (None, "greedy"):
+        raise refuse("topk_method", "torchformer's group-limited routing scores a group by its two best experts "
+                                    "(DeepSeek-V3), DeepSeek-V2's by its best: 'greedy' (no groups)")
+    if get("norm_topk_prob"):
+        raise refuse("norm_topk_prob", "transformers does not renormalise DeepSeek-V2's weights, nor does "
+                                       "torchformer: false")
+    try:
+        moe = MoEOptions(experts=get("n_routed_experts"), top_k=get("num_experts_per_tok"),
+                         expert_hidden=get("moe_intermediate_size"), shared_experts=get("n_shared_experts") or 0,
+                         score="softmax", normalize=False, routed_scaling=float(get("routed_scaling_factor")),
+                         dense_layers=get("first_k_dense_replace") or 0, balance_loss=0.0)
+        latent = LatentOptions(kv_rank=get("kv_lora_rank"), rope_dim=get("qk_rope_head_dim"), q_rank=get("q_lora_rank"),
+                               nope_dim=get("qk_nope_head_dim"), value_dim=get("v_head_dim"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.json: its fields do not make DeepSeek-V2's parts: {e}") from e
+    return {"positions": "rotary_interleaved", "kv_heads": None}, (moe, latent)
+
+
+def _write_v2(model: GTransformer) -> dict[str, Any]:
+    config, moe, latent = model.config, model.config.options_of(MoEOptions), model.config.options_of(LatentOptions)
+    llama.refuse_unmapped(model, "DeepSeek-V2", (
+        ("qkv_bias", not config.qkv_bias, "DeepSeek-V2's projections have no biases: False"),
+        ("out_bias", not config.out_bias, "DeepSeek-V2's projections have no biases: False"),
+        ("window", config.window is None, "DeepSeek-V2 has no sliding window: None"),
+        ("options", moe.score == "softmax" and not moe.normalize and not moe.selection_bias and moe.groups == 1
+         and moe.capacity_factor is None, "DeepSeek-V2 routes by softmax scores, not renormalised, without a "
+         "selection bias, groups or capacity"),
+    ), positions=("rotary_interleaved",))
+    nope, value = latent.nope_dim or config.head_size, latent.value_dim or config.head_size
+    return {"kv_lora_rank": latent.kv_rank, "q_lora_rank": latent.q_rank, "qk_rope_head_dim": latent.rope_dim,
+            "qk_nope_head_dim": nope, "v_head_dim": value, "head_dim": latent.rope_dim,
+            "n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+            "moe_intermediate_size": model.blocks.blocks[-1].ff.hidden, "n_shared_experts": moe.shared_experts,
+            "norm_topk_prob": False, "routed_scaling_factor": moe.routed_scaling, "topk_method": "greedy",
+            "n_group": None, "topk_group": None, "first_k_dense_replace": moe.dense_layers, "attention_bias": False,
+            "mlp_bias": False}
+
+
+DEEPSEEK_V2 = DeepSeekFamily(
+    "deepseek_v2", "DeepseekV2ForCausalLM", DeepSeekTransformer, "mlp", ("gate_proj", "up_proj", "down_proj"),
+    {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu", "max_position_embeddings": 2048,
+     "attention_bias": False, "norm_topk_prob": False, "n_shared_experts": 2, "routed_scaling_factor": 1.0,
+     "topk_method": "greedy", "first_k_dense_replace": 0, "n_routed_experts": 64, "moe_intermediate_size": 1407,
+     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128},
+    _read_v2, _write_v2, score="softmax")

@@ -18,7 +18,7 @@ from torchformer._checks import check_bool, check_finite_weights, non_finite_mes
 from torchformer._devices import resolve_named_device
 from torchformer.models import TransformerModel
 import torchformer.pretrained.bert as bert  # the modules themselves: FAMILIES names them
-from torchformer.pretrained.deepseek import DEEPSEEK_V3
+from torchformer.pretrained.deepseek import DEEPSEEK_V2, DEEPSEEK_V3
 import torchformer.pretrained.gpt2 as gpt2
 import torchformer.pretrained.llama as llama
 from torchformer.pretrained.moe import MIXTRAL, OLMOE, QWEN3_MOE
@@ -30,11 +30,11 @@ from torchformer.saving import unwrap_model
 # model_type -> the module that maps the family: config_from_huggingface, empty_model, load_weights, ...
 FAMILIES: dict[str, Any] = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "bert": bert, "t5": t5,
                              "qwen3": qwen3, "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "olmoe": OLMOE,
-                             "deepseek_v3": DEEPSEEK_V3}
+                             "deepseek_v3": DEEPSEEK_V3, "deepseek_v2": DEEPSEEK_V2}
 # The families a model can be written as, in order: the first whose MODELS has the model's class and whose
 # describes(model) is true (a GTransformer with learned positions is GPT-2, one with rotary positions Llama). The
 # variants come first: each is a GTransformer too.
-EXPORTS = (qwen3, MIXTRAL, QWEN3_MOE, OLMOE, DEEPSEEK_V3, gpt2, llama, bert, t5)
+EXPORTS = (qwen3, MIXTRAL, QWEN3_MOE, OLMOE, DEEPSEEK_V3, DEEPSEEK_V2, gpt2, llama, bert, t5)
 
 
 def from_huggingface(folder: PathLike, *, dtype: Optional[torch.dtype] = None,
