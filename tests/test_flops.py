@@ -143,3 +143,13 @@ def test_a_mixture_counts_the_experts_a_token_uses():
     assert active_matmul_parameters(model) == total - 2 * (2 * 3 * 8 * 6)
     assert model_flops_per_token(model, context=16) == 6 * active_matmul_parameters(model) + HAND_ATTENTION
     assert active_matmul_parameters(tiny()) == matmul_parameters(tiny())
+
+
+def test_latent_attention_counts_its_scores_and_values_at_their_own_widths():
+    """h = 4 heads scoring over n + r = 16 + 32 and weighting values of v = 16: 6 T h (n + r + v) per layer."""
+    from torchformer.families import LatentTransformer
+    from torchformer.nn.latent import LatentOptions
+
+    options = (LatentOptions(kv_rank=8, rope_dim=32, nope_dim=16, value_dim=16),)
+    model = LatentTransformer(8, 4, 2, 16, 32, positions="rotary", options=options)
+    assert model_flops_per_token(model, context=16) == 6 * matmul_parameters(model) + 2 * 6 * 16 * 4 * (48 + 16)

@@ -118,8 +118,10 @@ def test_options_and_arguments_that_do_not_apply_are_refused_by_name():
         LatentOptions(rope_dim=5)
     with pytest.raises(ValueError, match="kv_rank must be a positive int"):
         LatentOptions(kv_rank=0)
-    with pytest.raises(ValueError, match="kv_heads=2 does not apply to latent attention"):
+    with pytest.raises(ValueError, match=r"kv_heads=2 \(a config's kv_heads\) does not apply to latent attention"):
         LatentAttention(32, 4, kv_rank=8, rope_dim=4, nope_dim=4, value_dim=4, kv_heads=2)
+    with pytest.raises(ValueError, match=r"scale=0.1 \(a config's attention_scale\) does not apply"):
+        LatentTransformer(32, 4, 1, 8, 20, positions="rotary", options=(OPTIONS,), attention_scale=0.1)
     for field in (dict(kqnorm=True), dict(kv_heads=2), dict(qkv_bias=True)):  # from a config: not silently ignored
         with pytest.raises(ValueError, match=f"{next(iter(field))}=.* does not apply to latent attention"):
             LatentTransformer(32, 4, 1, 8, 20, positions="rotary", options=(OPTIONS,), **field)

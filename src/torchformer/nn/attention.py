@@ -389,6 +389,14 @@ class MultiHeadAttention(nn.Module):
             return pattern(config.sparse_stride, config.sparse_summary)  # type: ignore[call-arg]
         return pattern(config.sparse_stride)  # type: ignore[call-arg]
 
+    def score_value_widths(self) -> tuple[int, int]:
+        """``(h d_qk, h d_v)``: the widths a query meets the keys with, and the values' (for FLOP counts).
+
+        Returns:
+            Both ``heads * head_size`` here; a variant with other sizes says its own.
+        """
+        return self.heads * self.head_size, self.heads * self.head_size
+
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
 

@@ -108,10 +108,12 @@ class LatentAttention(SelfAttention):
 
     def __init__(self, emb: int, heads: int = 8, *, kv_rank: int, rope_dim: int, nope_dim: int, value_dim: int,
                  q_rank: Optional[int] = None, norm_eps: float = 1e-6, absorb: bool = False, **options: Any) -> None:
-        for name in ("kv_heads", "wide", "kqnorm", "qkv_bias", "head_size", "scale"):
+        for name, field in (("kv_heads", "kv_heads"), ("wide", "wide"), ("kqnorm", "kqnorm"), ("qkv_bias", "qkv_bias"),
+                            ("head_size", "head_dim"), ("scale", "attention_scale")):
             if options.get(name) not in (None, False):
-                raise ValueError(f"{name}={options[name]!r} does not apply to latent attention: its heads' sizes are "
-                                 f"nope_dim, rope_dim and value_dim, its keys and values come from one latent")
+                raise ValueError(f"{name}={options[name]!r} (a config's {field}) does not apply to latent attention: "
+                                 f"its keys and values come from one latent, its heads' sizes are nope_dim, rope_dim "
+                                 f"and value_dim, its scale 1/sqrt(nope_dim + rope_dim)")
             options.pop(name, None)
         n, r, v = (check_positive_int(d, name) for d, name in ((nope_dim, "nope_dim"), (rope_dim, "rope_dim"),
                                                              (value_dim, "value_dim")))
@@ -257,6 +259,14 @@ class LatentAttention(SelfAttention):
         """``kv_up``'s weight as each head's key part ``(h, n, R)`` and value part ``(h, v, R)``."""
         w = self.kv_up.weight.view(self.heads, self.nope_dim + self.value_dim, self.kv_rank)
         return w[:, :self.nope_dim], w[:, self.nope_dim:]
+
+    def score_value_widths(self) -> tuple[int, int]:
+        """``(h (n + r), h v)``: the per-head keys' and values' widths of the plain path (for FLOP counts).
+
+        Returns:
+            The two widths.
+        """
+        return self.heads * (self.nope_dim + self.rope_dim), self.heads * self.value_dim
 
     def extra_repr(self) -> str:
         return (f"emb={self.emb}, heads={self.heads}, kv_rank={self.kv_rank}, rope_dim={self.rope_dim}, "

@@ -12,6 +12,9 @@ A mixture of experts (:class:`~torchformer.nn.moe.MoEFeedForward`) sends each to
 experts, so ``N`` counts the *active* parameters, those one token is multiplied with: the weights of the ``E - k``
 experts it skips do not count (:func:`active_matmul_parameters`).
 
+A layer whose keys and values have widths of their own (latent attention: ``h (n + r)`` and ``h v``) counts
+``6 T (w_qk + w_v)`` per token instead, as its ``score_value_widths()`` say.
+
 Embedding *lookups* are not multiplications, so the token and position tables do not count in ``N``, unless the
 token table is tied to the output layer, where it is a real ``(e, v)`` matrix product.
 
@@ -111,7 +114,8 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
         context: the sequence length trained on, in tokens.
 
     Returns:
-        ``6 * active_matmul_parameters(model)`` plus ``12 * heads * head_size * context`` per attention layer.
+        ``6 * active_matmul_parameters(model)`` plus ``6 * (w_qk + w_v) * context`` per attention layer, its
+        widths from ``score_value_widths()`` (``12 * heads * head_size * context`` for plain heads).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -122,7 +126,7 @@ def model_flops_per_token(model: nn.Module, *, context: int) -> int:
                         f"{model!r:.60}")
     check_int_at_least(context, "context", 1)
     attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    return 6 * active_matmul_parameters(model) + sum(12 * m.heads * m.head_size * context for m in attention)
+    return 6 * active_matmul_parameters(model) + sum(6 * sum(m.score_value_widths()) * context for m in attention)
 
 
 def mfu(tokens_per_second: float, flops_per_token: int, *, peak_tflops: float) -> float:
