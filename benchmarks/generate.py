@@ -23,6 +23,13 @@ the attention, e.g. MLA against GQA of the same cache size:
     python benchmarks/generate.py --latent-rank 48 --rope-dim 16 --absorb
     python benchmarks/generate.py --kv-heads 1 --positions rotary
 
+``--against transformers`` times the same random checkpoints in both libraries instead: a GPT-2-shaped and a
+Llama-shaped model (grouped-query attention, 8 query and 2 key/value heads) written by ``transformers`` and read
+by ``torchformer.from_huggingface``, greedy, in alternating rounds, at batch 1 and 16 after a 16-token prompt and
+at batch 1 after a 1,000-token one; it reports both libraries' tokens/s, their ratio and whether the tokens agree:
+
+    python benchmarks/generate.py --against transformers --threads 1
+
 ``--json PATH`` also writes the rows (tokens/s of each variant, the speed-ups, any token mismatches), the device
 and the torch version to a JSON file; ``--backend eager`` checks that the step compiles without the time inductor
 takes (no speed-up).
@@ -80,6 +87,61 @@ def cache_values(args: argparse.Namespace) -> int:
     return 2 * (args.kv_heads or args.heads) * (args.emb // args.heads)
 
 
+SHAPES = {  # (transformers' config class, its arguments): 6 layers of width 512, a vocabulary of 8,000
+    "gpt2": ("GPT2Config", dict(n_embd=512, n_layer=6, n_head=8, n_positions=2048, vocab_size=8000, bos_token_id=0,
+                                eos_token_id=0)),
+    "llama": ("LlamaConfig", dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+                                  intermediate_size=1536, max_position_embeddings=2048, vocab_size=8000)),
+}
+SETTINGS = [(1, 16), (16, 16), (1, 1000)]  # (batch, prompt length)
+
+
+def against_transformers(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """torchformer's ``generate`` against transformers' on the same checkpoints, in alternating rounds."""
+    import tempfile
+
+    import transformers
+
+    from torchformer import from_huggingface
+
+    print(f"transformers {transformers.__version__}; greedy, {args.new_tokens} new tokens, median of "
+          f"{args.repeats} alternating rounds\n")
+    print("| shape | batch | prompt | transformers (tok/s) | torchformer (tok/s) | ratio | same tokens |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    rows = []
+    for shape in args.shapes:
+        config_class, options = SHAPES[shape]
+        config = getattr(transformers, config_class)(**options)
+        torch.manual_seed(0)
+        theirs = transformers.AutoModelForCausalLM.from_config(config).to(device).eval()
+        with tempfile.TemporaryDirectory() as folder:
+            theirs.save_pretrained(folder)
+            ours = from_huggingface(folder).to(device).eval()
+        for batch, length in SETTINGS:
+            prompt = torch.randint(0, config.vocab_size, (batch, length), device=device)
+            new = args.new_tokens
+
+            def run_theirs() -> torch.Tensor:
+                with torch.no_grad():
+                    return theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                           min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+            def run_ours() -> torch.Tensor:
+                return generate(ours, prompt, new, temperature=0)
+
+            same = (run_theirs() == run_ours())[:, length:].float().mean().item()  # and the warm-up
+            times: dict[str, list[float]] = {"theirs": [], "ours": []}
+            for _ in range(args.repeats):
+                times["theirs"].append(timed(run_theirs, device))
+                times["ours"].append(timed(run_ours, device))
+            rate = {k: batch * new / statistics.median(v) for k, v in times.items()}
+            print(f"| {shape} | {batch} | {length} | {rate['theirs']:.1f} | {rate['ours']:.1f} | "
+                  f"{rate['ours'] / rate['theirs']:.2f}x | {100 * same:.0f} % |", flush=True)
+            rows.append({"shape": shape, "batch": batch, "prompt": length, "tok_s": rate,
+                         "ratio": rate["ours"] / rate["theirs"], "same_tokens": same})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:1', ...")
@@ -103,6 +165,10 @@ def main() -> None:
     parser.add_argument("--mode", default=None, help="torch.compile mode for --compile (e.g. reduce-overhead)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend for --compile")
     parser.add_argument("--json", type=Path, help="also write the rows, device and torch version to this JSON file")
+    parser.add_argument("--against", choices=["transformers"], help="time the same checkpoints in transformers "
+                        "(a test dependency) instead of the cache variants")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES),
+                        help="with --against: the checkpoints' shapes (default both)")
     args = parser.parse_args()
     if args.mode is not None and not args.compile:
         parser.error("--mode is a torch.compile mode: use it with --compile")
@@ -116,6 +182,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
+    if args.against:
+        print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device {device}, "
+              f"threads {torch.get_num_threads()}")
+        rows = against_transformers(args, device)
+        if args.json:
+            args.json.write_text(json.dumps({"device": str(device), "torch": torch.__version__,
+                                             "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+        return
 
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device {device}, "
           f"threads {torch.get_num_threads()}")

@@ -20,7 +20,7 @@ from torchformer.models import GTransformer, Seq2SeqTransformer
 class TableModel(nn.Module):
     """A model whose next-token distribution is a lookup table ``logp[position, last token]``, shape ``(L, v, v)``.
 
-    It follows the generation protocol (``forward(x, *, caches, positions)``, ``new_caches()``, ``config`` with
+    It follows the generation protocol (``forward(x, *, caches, positions, horizon)``, ``new_caches()``, ``config`` with
     ``seq_length`` and ``num_tokens``), so the probability of any continuation is known exactly: the sum of table
     entries along it.
     """
@@ -30,7 +30,7 @@ class TableModel(nn.Module):
         self.table = table.log_softmax(dim=-1)
         self.config = TransformerConfig(1, 1, seq_length=table.size(0), num_tokens=table.size(-1))
 
-    def forward(self, x, *, caches=None, positions=None):
+    def forward(self, x, *, caches=None, positions=None, horizon=None):
         positions = torch.arange(x.size(1)) if positions is None else positions
         return self.table[positions[None, :], x]  # (n, t, v)
 
@@ -437,3 +437,103 @@ def test_a_prompt_mask_that_is_not_a_left_padded_batch_is_refused():
         generate(model, ids, 2, prompt_mask=mask, step=EagerStep(model))
     with pytest.raises(ValueError, match=r"shift must have shape \(b,\) = \(2,\)"):
         model(ids, mask, shift=torch.tensor([0]))
+
+
+# ---- the horizon: a step reads only the cache slots it can see ---------------------------------------------------
+
+
+def weights_width(model: GTransformer, token: torch.Tensor, position: int, caches, **horizon) -> int:
+    """The number of keys the first block's attention read in one cached step (the width of its weights)."""
+    seen = []
+    attention = model.blocks.blocks[0].attention
+    original = attention.attend
+
+    def spy(q, k, v, mask, **kw):
+        seen.append(k.size(2))
+        return original(q, k, v, mask, **kw)
+
+    attention.attend = spy
+    try:
+        model(token, caches=caches, positions=torch.tensor([position]), **horizon)
+    finally:
+        del attention.attend
+    return seen[0]
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_a_cached_step_reads_only_the_slots_up_to_its_horizon_and_equals_recomputing(positions):
+    model = small_lm(positions, seq_length=32).double()
+    x = torch.randint(0, 13, (2, 9), generator=torch.Generator().manual_seed(3))
+    caches = model.new_caches()
+    model(x[:, :5], caches=caches, positions=torch.arange(5))
+    assert weights_width(model, x[:, 5:6], 5, caches) == 6  # eager: one past the position, read from it
+    assert weights_width(model, x[:, 6:7], 6, caches, horizon=16) == 16  # as given (a compiled step's bucket)
+    logp = model(x[:, 7:8], caches=caches, positions=torch.tensor([7]), horizon=8)
+    torch.testing.assert_close(logp[:, -1], model(x[:, :8])[:, -1], atol=1e-10, rtol=0)
+    assert caches[0].self_attention.keys.size(2) == 32  # preallocated: the horizon is a view of the first slots
+
+
+def test_a_horizon_that_hides_the_new_position_or_comes_without_caches_is_refused():
+    model = small_lm("rotary", seq_length=16)
+    caches = model.new_caches()
+    model(torch.zeros(1, 4, dtype=torch.long), caches=caches, positions=torch.arange(4))
+    with pytest.raises(ValueError, match=r"reaches position 4, but horizon=4 reads slots 0 \.\. 3 only"):
+        model(torch.zeros(1, 1, dtype=torch.long), caches=caches, positions=torch.tensor([4]), horizon=4)
+    with pytest.raises(ValueError, match=r"horizon must be an int in \[1, 16\].*got 17"):
+        model(torch.zeros(1, 1, dtype=torch.long), caches=caches, positions=torch.tensor([4]), horizon=17)
+    with pytest.raises(ValueError, match="give it with caches"):
+        model(torch.zeros(1, 1, dtype=torch.long), horizon=4)
+    memory = model.new_memory(4)
+    with pytest.raises(ValueError, match="horizon must be None with ring caches"):
+        model(torch.zeros(1, 1, dtype=torch.long), caches=memory, positions=torch.tensor([0]), horizon=4)
+
+
+def test_generation_steps_read_one_slot_more_each_step():
+    model = small_lm("rotary", seq_length=24)
+    widths = []
+    attention = model.blocks.blocks[0].attention
+    original = attention.attend
+
+    def spy(q, k, v, mask, **kw):
+        widths.append(k.size(2))
+        return original(q, k, v, mask, **kw)
+
+    attention.attend = spy
+    prompt = torch.randint(0, 13, (1, 5), generator=torch.Generator().manual_seed(0))
+    tokens = generate(model, prompt, 6, temperature=0)
+    del attention.attend
+    assert widths == [5, 6, 7, 8, 9, 10]  # the prompt's 5 keys, then one more slot per new token
+    assert torch.equal(tokens, generate(model, prompt, 6, temperature=0, use_cache=False))
+
+
+def test_the_models_generate_methods_are_the_functions():
+    model = small_lm("rotary")
+    prompt = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(model.generate(prompt, 5, temperature=0), generate(model, prompt, 5, temperature=0))
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(model.generate(prompt, 5, top_k=3, generator=g1), generate(model, prompt, 5, top_k=3,
+                                                                                   generator=g2))
+    tokens, score = model.beam_search(prompt, 4, beam_size=3)
+    expected, expected_score = beam_search(model, prompt, 4, beam_size=3)
+    assert torch.equal(tokens, expected)
+    torch.testing.assert_close(score, expected_score, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 5, temperature=-1.0)  # the function's door check, reached through the method
+    seq2seq = small_seq2seq()
+    src = torch.randint(0, 9, (2, 5), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(seq2seq.generate(src, 6, bos=1, eos=2, beam_size=2),
+                       seq2seq_generate(seq2seq, src, 6, bos=1, eos=2, beam_size=2))
+
+
+def test_a_horizon_lasts_one_call_so_the_blocks_called_directly_read_every_slot():
+    model = small_lm("rotary", seq_length=16)
+    x = torch.randint(0, 13, (1, 7), generator=torch.Generator().manual_seed(2))
+    caches = model.new_caches()
+    model(x[:, :5], caches=caches, positions=torch.arange(5))
+    assert all(cache.self_attention.horizon is None for cache in caches)
+    position = torch.tensor([5])
+    h = model.blocks(model.embedding(x[:, 5:6], position), positions=position, caches=caches)
+    torch.testing.assert_close(model.head(h)[:, -1], model(x[:, :6])[:, -1], atol=1e-10, rtol=0)
+    caches[0].set_horizon(3)
+    caches[0].reset()
+    assert caches[0].self_attention.horizon is None

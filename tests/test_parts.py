@@ -61,6 +61,20 @@ def test_rmsnorm_is_its_formula_and_has_its_gradient():
         torch.testing.assert_close(norm(x), reference(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_without_gradients_runs_the_formula_with_the_function_s_numbers(dtype):
+    # Decoding records no gradient, so the module skips the autograd Function; the numbers stay the fast path's.
+    norm = make_norm("rms", 64).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (3 * torch.randn(2, 5, 64)).to(dtype)
+    with torch.no_grad():
+        plain = norm(x)
+    recorded = norm(x)
+    assert plain.dtype == recorded.dtype == dtype and not plain.requires_grad and recorded.requires_grad
+    torch.testing.assert_close(plain, recorded.detach(), atol=0, rtol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_rmsnorm_keeps_the_dtype_and_does_not_overflow_in_half_precision():
     norm = RMSNorm(8)
     x = 1000 * torch.randn(3, 8)  # squares of about 1e6: beyond float16's 65504

@@ -140,6 +140,29 @@ def test_rotary_scores_depend_only_on_the_distance(cls):
     assert not torch.allclose(score(3, 1), score(3, 2))  # ... and does depend on it
 
 
+def test_rotary_frequencies_are_kept_per_device_and_follow_a_new_base_or_scaling():
+    rotary = Rotary(8)
+    cpu = torch.device("cpu")
+    assert rotary.frequencies(cpu) is rotary.frequencies(cpu)  # computed once
+    torch.testing.assert_close(rotary.frequencies(cpu), 10000.0 ** (-torch.arange(4, dtype=torch.float64) / 4),
+                               atol=0, rtol=1e-15)
+    rotary.base = 500000.0
+    torch.testing.assert_close(rotary.frequencies(cpu), 500000.0 ** (-torch.arange(4, dtype=torch.float64) / 4),
+                               atol=0, rtol=1e-15)
+    rotary.scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8}
+    torch.testing.assert_close(rotary.frequencies(cpu), rotary.compute_frequencies(cpu), atol=0, rtol=0)
+    assert not torch.equal(rotary.frequencies(cpu), 500000.0 ** (-torch.arange(4, dtype=torch.float64) / 4))
+
+
+@pytest.mark.parametrize("cls", [Rotary, InterleavedRotary])
+def test_rotation_without_gradients_equals_the_recorded_one(cls):
+    rotary, x, positions = cls(8), torch.randn(2, 3, 5, 8), torch.arange(4, 9)
+    with torch.no_grad():
+        plain = rotary.rotate(x, positions)
+    torch.testing.assert_close(plain, rotary.rotate(x.requires_grad_(), positions).detach(), atol=0, rtol=0)
+
+
 def test_rotary_needs_an_even_head_size():
     with pytest.raises(ValueError, match="head size must be even, got 3"):
         SelfAttention(12, 4, positions="rotary")
@@ -431,3 +454,16 @@ def test_a_relative_bias_variant_built_by_from_sizes_gets_the_configs_buckets():
         bias = Attention.from_config(config, causal=True).relative
         assert type(bias) is Marked and bias.marked and bias.table.weight.shape == (buckets, 4)
         assert (bias.num_buckets, bias.max_distance, bias.bidirectional) == (buckets, distance, False)
+
+
+def test_a_rotary_pickled_with_plain_base_and_scaling_attributes_still_rotates():
+    # Before the frequencies were kept, base and scaling were plain attributes in the module's __dict__.
+    rotary = Rotary(8, base=500000.0)
+    state = dict(rotary.__dict__)
+    state["base"], state["scaling"] = state.pop("_base"), state.pop("_scaling")
+    del state["_theta"]
+    old = Rotary.__new__(Rotary)
+    old.__setstate__(state)
+    x, positions = torch.randn(1, 2, 3, 8), torch.arange(3)
+    assert old.base == 500000.0 and old.scaling is None
+    torch.testing.assert_close(old.rotate(x, positions), rotary.rotate(x, positions), atol=0, rtol=0)

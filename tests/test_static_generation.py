@@ -196,3 +196,21 @@ def test_attend_overrides_decode_identically_with_the_compiled_step_without_a_fl
     torch.testing.assert_close(lp, lp_expected, rtol=0, atol=1e-10)
     if attention is DistanceAttention:  # the variant matters: without it the model decodes other log-probabilities
         assert not torch.allclose(generate(small_lm("none"), prompt, 8, temperature=0, return_logprobs=True)[1], lp)
+
+
+def test_the_compiled_step_reads_a_power_of_two_of_slots_with_three_graphs_for_every_position():
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = GTransformer(16, 2, 2, seq_length=64, num_tokens=13, positions="rotary")
+    static = StaticCacheGenerator(model, compile=True, backend=counting_backend)
+    prompt = prompt_of(2, 3)
+    # Positions 3 .. 52 read 16, 32 and 64 slots: one graph for the first horizon, one with it symbolic, and one
+    # for the whole cache (torch.compile tells a slice of every slot from a shorter one).
+    assert torch.equal(static.generate(prompt, 50, temperature=0), generate(model, prompt, 50, temperature=0))
+    assert len(graphs) == 3
+    assert torch.equal(static.generate(prompt, 50, temperature=0), generate(model, prompt, 50, temperature=0))
+    assert len(graphs) == 3  # the next sequence reuses them

@@ -270,13 +270,51 @@ def check_positions(positions: object, t: int, device: torch.device, *, limit: i
         return torch.arange(t, device=device)
     positions = check_position_shape(positions, t, device)
     if values and values_checkable(positions):
-        gaps = (positions[1:] - positions[:-1] != 1).sum()  # 0 when consecutive
-        lo, hi, gaps = torch.stack([positions.min(), positions.max(), gaps]).tolist()  # one read of the device
-        _check_bounds(lo, hi, limit, capacity)
-        if gaps:
-            raise ValueError(f"positions must be consecutive, each one more than the one before (the tokens of x "
-                             f"follow each other), got {positions.tolist()[:8]}{' ...' if t > 8 else ''}")
+        _check_values_of_positions(positions, limit, capacity)
     return positions
+
+
+def _check_values_of_positions(positions: Tensor, limit: int | None, capacity: int | None) -> int:
+    """Positions ``(t,)`` consecutive, ``>= 0``, below ``limit`` and ``capacity``: one read of the device.
+
+    Returns the last (largest) position."""
+    gaps = (positions[1:] - positions[:-1] != 1).sum()  # 0 when consecutive
+    lo, hi, gaps = torch.stack([positions.min(), positions.max(), gaps]).tolist()  # one read of the device
+    _check_bounds(lo, hi, limit, capacity)
+    if gaps:
+        raise ValueError(f"positions must be consecutive, each one more than the one before (the tokens of x "
+                         f"follow each other), got {positions.tolist()[:8]}{' ...' if positions.numel() > 8 else ''}")
+    return hi
+
+
+def check_cached_positions(positions: object, t: int, device: torch.device, *, limit: int | None,
+                           capacity: int | None, horizon: object, values: bool = True) -> tuple[Tensor, int | None]:
+    """:func:`check_positions` with caches, and the horizon of the call: the slots its queries read.
+
+    ``horizon`` given: an int in ``[1, capacity]`` that every position must be below (checked when the positions are
+    read). ``None``: one past the last position when they are read (the host then knows it for free), else ``None``
+    (every slot). Ring caches (``capacity`` ``None``) take no horizon.
+
+    Returns:
+        ``(positions, horizon)``: the positions as ``torch.long`` and the horizon to give the caches.
+    """
+    if horizon is not None:
+        if capacity is None:
+            raise ValueError(f"horizon must be None with ring caches (a segment memory reads all its slots), got "
+                             f"{horizon!r}")
+        if not is_int(horizon) or not 1 <= horizon <= capacity:
+            raise ValueError(f"horizon must be an int in [1, {capacity}] (the caches' capacity): the slots this call "
+                             f"reads, one past its last position; got {horizon!r}")
+    if positions is None:
+        check_positions(None, t, device, limit=limit, capacity=capacity, cached=True)  # raises: caches need them
+    positions = check_position_shape(positions, t, device)
+    if not (values and values_checkable(positions)):
+        return positions, horizon  # type: ignore[return-value]
+    hi = _check_values_of_positions(positions, limit, capacity)
+    if horizon is not None and hi >= horizon:
+        raise ValueError(f"the input reaches position {hi}, but horizon={horizon} reads slots 0 .. {horizon - 1} "
+                         f"only: a query would not see its own key; give horizon > {hi} (or None)")
+    return positions, (hi + 1 if horizon is None and capacity is not None else horizon)
 
 
 def require_method(obj: object, method: str, needed_for: str) -> Any:

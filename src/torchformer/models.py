@@ -34,16 +34,23 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_embeddings, check_features, check_mask, check_positions, check_positive_int, check_shift,
-    check_tokens, values_checkable,
+    check_bool, check_cached_positions, check_embeddings, check_features, check_mask, check_positions,
+    check_positive_int, check_shift, check_tokens, values_checkable,
 )
 from torchformer.config import TransformerConfig
+from torchformer.decoding import generation
 from torchformer.nn.attention import MultiHeadAttention
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
 from torchformer.nn.stacks import Decoder, Encoder
+
+
+def clear_horizons(caches: Optional[list[BlockCache]]) -> None:
+    """Let ``caches`` read every slot again after a call that set a horizon (a later direct call sets none)."""
+    for cache in caches or ():
+        cache.set_horizon(None)
 
 
 def build_config(model: str, config: Optional[TransformerConfig], given: dict, options: dict) -> TransformerConfig:
@@ -221,6 +228,36 @@ class TransformerModel(nn.Module):
     @check_values.setter
     def check_values(self, value: bool) -> None:
         self._check_values = check_bool(value, "check_values")  # "no" would be truthy
+
+    def check_cache_positions(self, positions: Optional[Tensor], x: Tensor, caches: Optional[list[BlockCache]],
+                              capacity: Optional[int], horizon: Optional[int]) -> Tensor:
+        """The door check of a decoder's ``positions`` and ``horizon``; gives the caches their horizon.
+
+        Args:
+            positions: the new tokens' positions ``(t,)``, or ``None`` (``0 .. t-1``, refused with caches).
+            x: the new tokens ``(b, t)``.
+            caches: the caches in use (already checked), or ``None``.
+            capacity: their first position they cannot hold (``None``: ring caches, or no caches).
+            horizon: the slots the call reads (see :meth:`GTransformer.forward`), or ``None``.
+
+        Returns:
+            The positions ``(t,)``, long.
+
+        Raises:
+            ValueError: a position out of range or not consecutive, a horizon without caches, out of range or not
+                past the last position.
+        """
+        if caches is None:
+            if horizon is not None:
+                raise ValueError(f"horizon ({horizon!r}) says which cache slots a call reads: give it with caches")
+            return check_positions(positions, x.size(1), x.device, limit=self.config.position_limit, cached=False,
+                                   values=self.check_values)
+        positions, horizon = check_cached_positions(positions, x.size(1), x.device,
+                                                    limit=self.config.position_limit, capacity=capacity,
+                                                    horizon=horizon, values=self.check_values)
+        for cache in caches:  # for this call (the forward clears them after it): every block reads the same slots
+            cache.set_horizon(horizon)
+        return positions
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> TransformerModel:
@@ -509,9 +546,9 @@ class GTransformer(TransformerModel):
     The output at position ``i`` depends only on tokens ``0..i`` and predicts token ``i + 1``. ``mask`` marks real
     tokens (padding is never attended to); ``shift`` is each row's left padding, so that its first real token has
     position 0 (a batch of prompts of different lengths, see ``torchformer.generate``'s ``prompt_mask``).
-    ``tie_weights=True`` shares the embedding with the output layer. To sample or beam-search, pass the model to
-    ``torchformer.generate(model, prompt, n)`` or ``torchformer.beam_search(model, prompt, n, beam_size=k)``
-    (:mod:`torchformer.decoding.generation`).
+    ``tie_weights=True`` shares the embedding with the output layer. To sample or beam-search, call
+    ``model.generate(prompt, n)`` or ``model.beam_search(prompt, n, beam_size=k)`` (the functions of
+    :mod:`torchformer.decoding.generation`).
 
     Args:
         emb: embedding size ``e``.
@@ -547,11 +584,14 @@ class GTransformer(TransformerModel):
                                   bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, caches: Optional[list[BlockCache]] = None,
-                positions: Optional[Tensor] = None, shift: Optional[Tensor] = None) -> Tensor:
+                positions: Optional[Tensor] = None, shift: Optional[Tensor] = None,
+                horizon: Optional[int] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
         come from the caches. A compiled decoding step passes the same kind of tensor, whose value changes in place.
+        ``horizon`` (with caches): attention reads the caches' slots ``0 .. horizon-1`` only, which must pass the
+        last position; ``None``: one past the last position when the positions are read (eager), else every slot.
 
         ``mask`` ``(b, t)``, True at real tokens: padding is not attended to (a cache remembers which of its slots
         are padding). With ``shift`` ``(b,)`` (see the class docstring), row ``r``'s tokens have positions
@@ -565,14 +605,46 @@ class GTransformer(TransformerModel):
         if caches is not None and x.size(1) > self.config.seq_length:  # a ring would keep less than its memory
             raise ValueError(f"x has {x.size(1)} positions, but with caches a call takes at most "
                              f"seq_length={self.config.seq_length}: feed a longer input a segment at a time")
-        positions = check_positions(positions, x.size(1), x.device, limit=self.config.position_limit,
-                                    capacity=capacity, cached=caches is not None, values=self.check_values)
+        positions = self.check_cache_positions(positions, x, caches, capacity, horizon)
         embedded = positions
         if shift is not None:
             shift = check_shift(shift, x.size(0), x.device)
             embedded = (positions[None, :] - shift[:, None]).clamp(min=0)  # (b, t); a padding slot gets 0
         h = self.embedding(x, embedded)  # (b, t) -> (b, t, e)
-        return self.head(self.blocks(h, mask, positions=positions, caches=caches))  # -> (b, t, v)
+        try:
+            return self.head(self.blocks(h, mask, positions=positions, caches=caches))  # -> (b, t, v)
+        finally:
+            clear_horizons(caches)
+
+    def generate(self, prompt: Tensor, max_new_tokens: int, **options: Any) -> Tensor | tuple[Tensor, Tensor]:
+        """Extend ``prompt`` ``(b, t)`` to ``(b, t + max_new_tokens)``: :func:`torchformer.generate` on this model.
+
+        Args:
+            prompt: the token ids to continue, ``(b, t)``.
+            max_new_tokens: how many tokens to add.
+            **options: :func:`~torchformer.decoding.generation.generate`'s keyword arguments (``temperature``,
+                ``top_k``, ``top_p``, ``eos``, ``prompt_mask``, ...), which it checks.
+
+        Returns:
+            The token ids ``(b, t + max_new_tokens)`` (and the log-probabilities with ``return_logprobs``).
+        """
+        return generation.generate(self, prompt, max_new_tokens, **options)
+
+    def beam_search(self, prompt: Tensor, max_new_tokens: int, *, beam_size: int,
+                    **options: Any) -> tuple[Tensor, Tensor]:
+        """The best continuation of each prompt by beam search: :func:`torchformer.beam_search` on this model.
+
+        Args:
+            prompt: the token ids to continue, ``(b, t)``.
+            max_new_tokens: how many tokens to add at most.
+            beam_size: the hypotheses kept per prompt.
+            **options: :func:`~torchformer.decoding.generation.beam_search`'s keyword arguments
+                (``length_penalty``, ``eos``, ``use_cache``).
+
+        Returns:
+            ``(tokens, scores)``: ``(b, t + max_new_tokens)`` and ``(b,)``.
+        """
+        return generation.beam_search(self, prompt, max_new_tokens, beam_size=beam_size, **options)
 
     def new_caches(self) -> list[BlockCache]:
         """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.
@@ -696,7 +768,8 @@ class Seq2SeqTransformer(TransformerModel):
         return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
 
     def decode(self, tgt: Tensor, memory: Optional[Tensor] = None, src_mask: Optional[Tensor] = None, *,
-               caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None) -> Tensor:
+               caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None,
+               horizon: Optional[int] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
         ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`; with caches the memory is in them.
@@ -709,6 +782,7 @@ class Seq2SeqTransformer(TransformerModel):
             caches: the decoder's caches (:meth:`new_caches`), filled with the memory (:meth:`fill_caches`);
                 ``tgt`` then holds only the new tokens. ``None``: no cache.
             positions: the absolute positions ``(t,)`` of ``tgt``'s tokens; ``None``: ``0 .. t-1``.
+            horizon: with ``caches``, the slots self-attention reads, as in :meth:`GTransformer.forward`.
 
         Returns:
             The log-probabilities of the next target token at every position, ``(b, t, v)`` (``v = tgt_tokens``).
@@ -731,13 +805,31 @@ class Seq2SeqTransformer(TransformerModel):
             raise ValueError("memory and src_mask must be None with caches: fill_caches(caches, memory, src_mask) "
                              "computed the memory's keys and values into them once, for every step")
         capacity = check_caches(caches, len(self.decoder.blocks))
-        positions = check_positions(positions, tgt.size(1), tgt.device, limit=self.config.position_limit,
-                                    capacity=capacity, cached=caches is not None, values=self.check_values)
+        positions = self.check_cache_positions(positions, tgt, caches, capacity, horizon)
         h = self.tgt_embedding(tgt, positions)
-        return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
+        try:
+            return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
+        finally:
+            clear_horizons(caches)
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask)
+
+    def generate(self, src: Tensor, max_len: int, *, bos: int, eos: int, **options: Any) -> Tensor:
+        """Target ids for ``src`` (greedy, sampled or beam-searched): :func:`torchformer.seq2seq_generate`.
+
+        Args:
+            src: the source token ids ``(b, u)`` (or features ``(b, u, d)`` with ``config.input_dim``).
+            max_len: the most target tokens to produce.
+            bos: the id the decoder starts from.
+            eos: the id that ends a target.
+            **options: :func:`~torchformer.decoding.generation.seq2seq_generate`'s keyword arguments
+                (``src_mask``, ``beam_size``, ``temperature``, ...).
+
+        Returns:
+            Target ids ``(b, max_len)``.
+        """
+        return generation.seq2seq_generate(self, src, max_len, bos=bos, eos=eos, **options)
 
     def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for the decoder's blocks, one per block.

@@ -10,8 +10,9 @@ and both need every step to look the same:
   (``torch.compile(mode="reduce-overhead")``); the replayed kernels read and write the same memory every time.
 
 The :class:`~torchformer.nn.cache.KVCache` already has that property: its buffers are allocated once, and a
-step writes the slot of its ``position`` (a tensor) and attends over all slots, the causal rule hiding those not
-written yet. So every step is
+step writes the slot of its ``position`` (a tensor) and attends over the slots up to its horizon (rounded up to
+a power of two, see :meth:`StaticCacheGenerator.__call__`), the causal rule hiding those not written yet. So
+every step is
 
     token (n, 1), position (1,) -> log-probabilities (n, v)
 
@@ -116,11 +117,19 @@ class StaticCacheGenerator(generation.EagerStep):
         """
         return self._state(prompt)[1:]
 
-    def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
+    def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache], *,
+                 horizon: Optional[int] = None) -> Tensor:
+        """The step of :class:`~torchformer.decoding.generation.EagerStep`, compiled when asked.
+
+        ``horizon`` is rounded up to a power of two (at least 16, at most the capacity): the step reads at most
+        twice the slots in use, and a few graphs (CUDA graphs too) serve every position.
+        """
         if self.mark_step is not None:
             self.mark_step()  # a no-op without CUDA graphs
+        if horizon is not None:
+            horizon = min(self.limit, max(16, 1 << (horizon - 1).bit_length()))  # type: ignore[type-var]
         # clone(): a CUDA graph reuses its output memory at the next replay, and the loop keeps every step's output.
-        return self.run(token, position, caches).clone()
+        return self.run(token, position, caches, horizon=horizon).clone()
 
     def clear(self) -> None:
         """Free the kept caches of every batch size (the compiled step is kept)."""

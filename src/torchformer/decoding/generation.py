@@ -28,9 +28,9 @@ a sequence whose *total* probability is higher although its first token was not 
 
 **The model protocol.** The functions here need from a decoder-only ``model`` (:class:`GTransformer` has it):
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
-``model.new_caches()`` and ``model(x, *, caches=None, positions=None)`` -> log-probabilities ``(n, t, v)``.
-:func:`seq2seq_generate` uses ``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches,
-positions)``, ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a
+``model.new_caches()`` and ``model(x, *, caches=None, positions=None, horizon=None)`` -> log-probabilities
+``(n, t, v)`` (``horizon``: the cache slots a step reads, one past its position). :func:`seq2seq_generate` uses
+``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches, positions, horizon)``, ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a
 :class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when
 ``config.input_dim`` is set).
 
@@ -143,8 +143,18 @@ class EagerStep:
         token = torch.zeros(prompt.size(0), 1, dtype=torch.long, device=prompt.device)
         return token, torch.zeros(1, dtype=torch.long, device=prompt.device)
 
-    def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache]) -> Tensor:
-        return self.model(token, caches=caches, positions=position)[:, -1]
+    def __call__(self, token: Tensor, position: Tensor, caches: list[BlockCache], *,
+                 horizon: Optional[int] = None) -> Tensor:
+        """The next log-probabilities ``(n, v)`` after ``token`` ``(n, 1)`` at ``position`` ``(1,)``.
+
+        Args:
+            token: the newest token of each row, ``(n, 1)``.
+            position: its position ``(1,)``, hence its cache slot.
+            caches: what :meth:`new_caches` gave, holding every earlier position.
+            horizon: the cache slots to read, one past ``position`` or more (``model(..., horizon=)``); ``None``:
+                the model reads ``position`` itself (eager) or every slot.
+        """
+        return self.model(token, caches=caches, positions=position, horizon=horizon)[:, -1]
 
 
 class MemoryStep(EagerStep):
@@ -232,10 +242,13 @@ class _LMStepper:
         if self.caches is not None and (self.limit is None or self.cached < self.limit):
             self.token.copy_(tokens[:, -1:])  # (n, 1) into the step's input memory
             self.position.fill_(self.cached)  # its position = its cache slot; a fill, so no wait for the device
+            # The slots the new token can see: those before it and its own (a ring reads all of its own).
+            horizon = None if self.limit is None else self.cached + 1
             if self.shift is None:
-                logp = self.step(self.token, self.position, self.caches)  # type: ignore[misc]
+                logp = self.step(self.token, self.position, self.caches, horizon=horizon)  # type: ignore[misc]
             else:  # the new token is real; its embedding's position is shifted like the rest of its row
-                logp = self.model(self.token, caches=self.caches, positions=self.position, shift=self.shift)[:, -1]
+                logp = self.model(self.token, caches=self.caches, positions=self.position, shift=self.shift,
+                                  horizon=horizon)[:, -1]
             self.cached += 1
             return logp
         if self.prompt_mask is not None:  # no cache: the whole sequence again, the prompt's padding still masked
@@ -279,7 +292,8 @@ class _Seq2SeqStepper:
         if self.caches is None:
             return self.model.decode(tokens, self.memory, self.src_mask)[:, -1]
         self.position.fill_(tokens.size(1) - 1)  # self-attention writes the new position's slot
-        return self.model.decode(tokens[:, -1:], caches=self.caches, positions=self.position)[:, -1]
+        return self.model.decode(tokens[:, -1:], caches=self.caches, positions=self.position,
+                                 horizon=tokens.size(1))[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.memory is not None:

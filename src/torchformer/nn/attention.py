@@ -592,7 +592,7 @@ class SelfAttention(MultiHeadAttention):
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
-        or the cache's ``c`` slots).
+        or the cache's slots up to the horizon).
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
@@ -613,10 +613,11 @@ class SelfAttention(MultiHeadAttention):
             attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, window=self.window,
                                            aligned=True, pattern=self.pattern)
         else:
-            entries, usable = cache.write(entries, positions, mask)  # every slot's: (b, g, c, s); (b or 1, c)
+            # Every slot's entries up to the horizon: (b, g, c, s); which are usable, (b or 1, c).
+            entries, usable = cache.write(entries, positions, mask)
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
-            attention_mask = AttentionMask(positions, cache.slots, usable, causal=self.causal, window=self.window,
-                                           padded=cache.padded, pattern=self.pattern)
+            attention_mask = AttentionMask(positions, cache.key_positions, usable, causal=self.causal,
+                                           window=self.window, padded=cache.padded, pattern=self.pattern)
         k, v = self.keys_values(entries)  # (b, g, u, s) each
         k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)

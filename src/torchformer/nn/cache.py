@@ -4,14 +4,20 @@ A generator predicts one token at a time. Attention is causal, so when a token i
 the earlier positions do not change; we keep them instead of recomputing them, and each step feeds only the new
 token. One :class:`KVCache` per attention layer holds them in buffers allocated once, ``(b, h, capacity, s)``:
 **slot ``p`` holds the key and value of absolute position ``p``**. A step writes its new keys and values into the
-slots of its positions, given as a tensor, and attention reads the whole buffer, with a mask: the causal rule (a
-query at position ``i`` sees keys at positions ``<= i``), and the cache's record of which slots were written and
-which held padding.
+slots of its positions, given as a tensor, and attention reads the buffer (up to a horizon, below), with a mask:
+the causal rule (a query at position ``i`` sees keys at positions ``<= i``), and the cache's record of which slots
+were written and which held padding.
 
 Because the buffers never change shape and the positions are data rather than Python ints, every decoding step
 runs the same operations on the same memory. That is what ``torch.compile`` needs to compile the one-token step
 once for every position, and what a CUDA graph needs to replay it (see :mod:`torchformer.decoding.compiled`). The
 same cache serves eager decoding and beam search (:meth:`KVCache.reorder`).
+
+Attention reads only the slots a call can use: its *horizon*, the first ``n`` slots (:attr:`KVCache.horizon`),
+where ``n`` is one past the last query position (a causal query sees no later key). The model sets it at its
+door for the length of one call (``model(..., horizon=n)``, or ``n`` read from the positions) and clears it
+afterwards; ``None`` reads every slot. A step at position 40 of a 1,024-slot cache thus reads 41 slots, not 1,024.
+A compiled step rounds ``n`` up to a power of two, so a handful of graphs serve every position.
 
 An encoder-decoder's cross-attention looks at a context (the encoder's output) that does not change while the
 decoder generates, so its keys and values are computed once per sequence, before the first decoding step, by
@@ -77,6 +83,7 @@ class KVCache:
         self.slots: Optional[Tensor] = None  # (c,): 0 .. c-1, the position each slot holds
         self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
         self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
+        self.horizon: Optional[int] = None  # reads cover slots 0 .. horizon-1; None: all (set by the model's door)
 
     @property
     def keys(self) -> Optional[Tensor]:
@@ -98,7 +105,7 @@ class KVCache:
 
     def update(self, keys: Tensor, values: Tensor, positions: Tensor,
                mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Write new keys and values into the slots of their positions; return the whole buffers.
+        """Write new keys and values into the slots of their positions; return the buffers up to the horizon.
 
         :meth:`write` with the two entries of a plain attention layer.
 
@@ -116,7 +123,7 @@ class KVCache:
 
     def write(self, entries: tuple[Tensor, ...], positions: Tensor,
               mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
-        """Write new entries into the slots of their positions; return the whole buffers.
+        """Write new entries into the slots of their positions; return the buffers up to the horizon.
 
         A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
         ``(b, t)`` marks the new positions' real tokens (False = padding), and the cache remembers it for later
@@ -130,8 +137,9 @@ class KVCache:
             mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding; ``None``: all real.
 
         Returns:
-            ``(buffers, usable)``: the buffers ``(b, n, c, d)`` themselves (not copies), one per entry, and which
-            slots attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
+            ``(buffers, usable)``: the buffers ``(b, n, c, d)`` (views, not copies; only the first
+            :attr:`horizon` slots when it is set, ``c`` below means that many), one per entry, and which slots
+            attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
 
         Raises:
             ValueError: the new entries have another number, batch size or layout than the buffers, or the first
@@ -152,10 +160,40 @@ class KVCache:
         if mask is not None and self.real is None:  # the first padding: until now every slot was real
             self.real = torch.ones(b, self.capacity, dtype=torch.bool, device=entries[0].device)  # (b, c)
         if self.real is None:
-            return self.entries, self.written[None, :]  # type: ignore[return-value,index]
-        new_real = mask if mask is not None else torch.ones_like(self.real[:, :t])
-        self.real.index_copy_(1, positions, new_real)
-        return self.entries, self.real & self.written  # type: ignore[return-value,operator]
+            usable = self.written[None, :]  # type: ignore[index]  # (1, c)
+        else:
+            new_real = mask if mask is not None else torch.ones_like(self.real[:, :t])
+            self.real.index_copy_(1, positions, new_real)
+            usable = self.real & self.written  # (b, c)
+        n = self.horizon
+        if n is None:
+            return self.entries, usable  # type: ignore[return-value]
+        # Views of the first n slots: a causal query at position < n sees nothing beyond them.
+        return tuple(buffer[:, :, :n] for buffer in self.entries), usable[:, :n]  # type: ignore[union-attr]
+
+    @property
+    def key_positions(self) -> Optional[Tensor]:
+        """``(u,)``: the position each slot a read covers holds (``slots``, its first :attr:`horizon` ones)."""
+        if self.slots is None or self.horizon is None:
+            return self.slots
+        return self.slots[: self.horizon]
+
+    def set_horizon(self, horizon: Optional[int]) -> None:
+        """Let the next reads cover only slots ``0 .. horizon-1``: every slot a causal query below ``horizon`` sees.
+
+        The model's door calls it on every call with caches (``model(..., horizon=)``); a step that writes a
+        position at or past the horizon would not see its own key, so the door checks the positions against it.
+
+        Args:
+            horizon: an int in ``[1, capacity]``; ``None``: every slot.
+
+        Raises:
+            ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``.
+        """
+        if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= self.capacity):
+            raise ValueError(f"horizon must be an int in [1, {self.capacity}] (the cache's capacity) or None, got "
+                             f"{horizon!r}")
+        self.horizon = horizon
 
     @property
     def position_limit(self) -> Optional[int]:
@@ -171,7 +209,7 @@ class KVCache:
         """Forget what was written; the buffers (and their memory) stay for the next sequence."""
         if self.written is not None:
             self.written.fill_(False)
-        self.real, self._any_written = None, False
+        self.real, self._any_written, self.horizon = None, False, None
 
     def state_dict(self, *, device: Optional[torch.device | str] = None) -> dict:
         """What the cache holds, as plain data and tensors: to save a training run's segment memory with it.
@@ -283,6 +321,16 @@ class RingKVCache(KVCache):
     def position_limit(self) -> Optional[int]:
         """``None``: a ring takes any position."""
         return None
+
+    def set_horizon(self, horizon: Optional[int]) -> None:
+        """A ring reads every slot (its slots hold positions ``mod c``, not a prefix): only ``None`` is taken.
+
+        Raises:
+            ValueError: ``horizon`` is not ``None``.
+        """
+        if horizon is not None:
+            raise ValueError(f"a RingKVCache (a segment memory) reads all its slots: horizon must be None, got "
+                             f"{horizon!r}")
 
     def write(self, entries: tuple[Tensor, ...], positions: Tensor,
               mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
@@ -418,6 +466,14 @@ class BlockCache:
     def position_limit(self) -> Optional[int]:
         """The first position the self-attention cache cannot hold (``None`` for a ring)."""
         return self.self_attention.position_limit
+
+    def set_horizon(self, horizon: Optional[int]) -> None:
+        """Let the self-attention's next reads cover slots ``0 .. horizon-1`` only (:meth:`KVCache.set_horizon`).
+
+        Args:
+            horizon: an int in ``[1, capacity]``; ``None``: every slot.
+        """
+        self.self_attention.set_horizon(horizon)
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.

@@ -199,8 +199,8 @@ class RMSNorm(nn.Module):
     mean of ``x`` passes through, scaled.
 
     The forward pass is :func:`rms_norm`'s formula. In eager mode the gradient is written by hand
-    (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; under
-    ``torch.compile`` the formula itself runs, for the compiler to trace and fuse (a custom ``autograd.Function``
+    (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; without
+    gradients (decoding) and under ``torch.compile`` the formula itself runs, for the compiler to trace and fuse (a custom ``autograd.Function``
     would cut the graph). ``python benchmarks/parts.py`` has the eager times
     (``benchmarks/RESULTS.md``: 1.9 to 2.7 ms forward and backward against autograd's 5.7 ms and LayerNorm's 1.2 to
     2.1 ms at ``(16, 256, 256)``, 1 thread of a 2-core AMD EPYC, torch 2.13.0+cpu, 2026-11-27).
@@ -224,6 +224,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # the formula: torch.compile traces and fuses it (not a custom Function)
             return rms_norm(x, self.weight, self.eps, exact_gain_gradient=True)
+        if not torch.is_grad_enabled():  # no gradient to write by hand (decoding): the formula, without apply's cost
+            return rms_norm(x, self.weight, self.eps)
         return RMSNormFunction.apply(x, self.weight, self.eps)[0]  # (y, r): the output
 
     def extra_repr(self) -> str:

@@ -347,8 +347,37 @@ class Rotary(AttentionPositions):
         super().__init__()
         if head_size % 2 != 0:
             raise ValueError(f"rotary positions rotate coordinate pairs: the head size must be even, got {head_size}")
+        self._theta: dict[torch.device, Tensor] = {}  # frequencies per device, computed once (see frequencies)
         self.head_size, self.base = head_size, check_positive_float(base, "base")
         self.scaling = check_rotary_scaling(scaling)
+
+    def __setstate__(self, state: dict) -> None:
+        # A Rotary pickled before the frequencies were kept had base and scaling as plain attributes.
+        state = dict(state)
+        state.setdefault("_base", state.pop("base", 10000.0))
+        state.setdefault("_scaling", state.pop("scaling", None))
+        state["_theta"] = {}
+        super().__setstate__(state)
+
+    @property
+    def base(self) -> float:
+        """The base of the frequencies; setting it recomputes them."""
+        return self._base
+
+    @base.setter
+    def base(self, value: float) -> None:
+        self._base = value
+        self._theta = {}
+
+    @property
+    def scaling(self) -> Optional[dict]:
+        """Llama-3.1's rescaling, or ``None``; setting it (not changing the dict in place) recomputes them."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, value: Optional[dict]) -> None:
+        self._scaling = value
+        self._theta = {}
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> Rotary:
@@ -383,7 +412,22 @@ class Rotary(AttentionPositions):
         return rotary
 
     def frequencies(self, device: torch.device) -> Tensor:
-        """``theta_m`` for ``m = 0 .. s/2 - 1``, rescaled by ``scaling`` if given.
+        """``theta_m`` for ``m = 0 .. s/2 - 1``, rescaled by ``scaling`` if given; computed once per device.
+
+        Args:
+            device: where the result goes.
+
+        Returns:
+            ``(s/2,)`` float64.
+        """
+        if torch.compiler.is_compiling():  # a constant the compiler folds: nothing to keep
+            return self.compute_frequencies(device)
+        if device not in self._theta:  # a decoding step rotates 2 * depth times: compute them once
+            self._theta[device] = self.compute_frequencies(device)
+        return self._theta[device]
+
+    def compute_frequencies(self, device: torch.device) -> Tensor:
+        """:meth:`frequencies`, computed.
 
         Args:
             device: where the result goes.
@@ -437,6 +481,8 @@ class Rotary(AttentionPositions):
         if (torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad
                 or torch.broadcast_shapes(half, cos.shape, sin.shape) != half):  # angles that widen x: broadcast
             return rotate_halves(x, cos, sin)
+        if not torch.is_grad_enabled():  # nothing to differentiate (decoding): the same numbers, without apply's cost
+            return RotateHalves.rotate(x, cos, sin)
         return RotateHalves.apply(x, cos, sin)  # (b, h, t, s): rotate_halves' numbers, faster in eager mode
 
     def extra_repr(self) -> str:
