@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
@@ -442,9 +443,10 @@ def test_a_prompt_mask_that_is_not_a_left_padded_batch_is_refused():
 # ---- the horizon: a step reads only the cache slots it can see ---------------------------------------------------
 
 
-def weights_width(model: GTransformer, token: torch.Tensor, position: int, caches, **horizon) -> int:
-    """The number of keys the first block's attention read in one cached step (the width of its weights)."""
-    seen = []
+@contextlib.contextmanager
+def key_widths(model: GTransformer):
+    """Record how many keys the first block's attention reads in each call (the width of its weights)."""
+    seen: list[int] = []
     attention = model.blocks.blocks[0].attention
     original = attention.attend
 
@@ -454,9 +456,15 @@ def weights_width(model: GTransformer, token: torch.Tensor, position: int, cache
 
     attention.attend = spy
     try:
-        model(token, caches=caches, positions=torch.tensor([position]), **horizon)
+        yield seen
     finally:
         del attention.attend
+
+
+def weights_width(model: GTransformer, token: torch.Tensor, position: int, caches, **horizon) -> int:
+    """The number of keys the first block's attention read in one cached step."""
+    with key_widths(model) as seen:
+        model(token, caches=caches, positions=torch.tensor([position]), **horizon)
     return seen[0]
 
 
@@ -490,18 +498,9 @@ def test_a_horizon_that_hides_the_new_position_or_comes_without_caches_is_refuse
 
 def test_generation_steps_read_one_slot_more_each_step():
     model = small_lm("rotary", seq_length=24)
-    widths = []
-    attention = model.blocks.blocks[0].attention
-    original = attention.attend
-
-    def spy(q, k, v, mask, **kw):
-        widths.append(k.size(2))
-        return original(q, k, v, mask, **kw)
-
-    attention.attend = spy
     prompt = torch.randint(0, 13, (1, 5), generator=torch.Generator().manual_seed(0))
-    tokens = generate(model, prompt, 6, temperature=0)
-    del attention.attend
+    with key_widths(model) as widths:
+        tokens = generate(model, prompt, 6, temperature=0)
     assert widths == [5, 6, 7, 8, 9, 10]  # the prompt's 5 keys, then one more slot per new token
     assert torch.equal(tokens, generate(model, prompt, 6, temperature=0, use_cache=False))
 

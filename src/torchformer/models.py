@@ -48,7 +48,11 @@ from torchformer.nn.stacks import Decoder, Encoder
 
 
 def clear_horizons(caches: Optional[list[BlockCache]]) -> None:
-    """Let ``caches`` read every slot again after a call that set a horizon (a later direct call sets none)."""
+    """Let ``caches`` read every slot again after a call that set a horizon (a later direct call sets none).
+
+    Args:
+        caches: the caches of the call, or ``None``.
+    """
     for cache in caches or ():
         cache.set_horizon(None)
 

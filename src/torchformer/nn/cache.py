@@ -325,6 +325,9 @@ class RingKVCache(KVCache):
     def set_horizon(self, horizon: Optional[int]) -> None:
         """A ring reads every slot (its slots hold positions ``mod c``, not a prefix): only ``None`` is taken.
 
+        Args:
+            horizon: ``None``.
+
         Raises:
             ValueError: ``horizon`` is not ``None``.
         """
