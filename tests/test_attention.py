@@ -645,3 +645,28 @@ def test_a_float32_bias_meets_bfloat16_scores_under_autocast(positions):
             out = attention(x)
         outputs.append(out.float())
     torch.testing.assert_close(outputs[0], outputs[1], rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_heads_are_shared_without_a_copy_and_equal_the_reference_path(kv_heads):
+    # The fast path hands SDPA the g key/value heads (enable_gqa); the reference path repeats them: equal outputs and
+    # gradients, with padding and with a cache.
+    fast = make(16, 4, causal=True, kv_heads=kv_heads, dtype=torch.float64)
+    reference = make(16, 4, causal=True, kv_heads=kv_heads, impl="reference", dtype=torch.float64)
+    reference.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True] * 6, [False, True, True, True, True, True]])
+    seen = []
+    original = fast.attend
+    fast.attend = lambda q, k, v, m, **kw: (seen.append(k.size(1)), original(q, k, v, m, **kw))[1]
+    out = fast(x, mask)
+    del fast.attend
+    assert seen == [kv_heads]  # attend received the g heads themselves
+    expected = reference(x, mask)
+    torch.testing.assert_close(out[mask], expected[mask], atol=1e-12, rtol=0)
+    (grad,) = torch.autograd.grad(out[mask].sum(), x)
+    (expected_grad,) = torch.autograd.grad(expected[mask].sum(), x)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=0)
+    with torch.no_grad():
+        cached = run_in_chunks(fast, x.detach(), [4, 1, 1], KVCache(8))
+    torch.testing.assert_close(cached, reference(x.detach()), atol=1e-12, rtol=0)

@@ -163,6 +163,7 @@ class DistanceAttention(SelfAttention):
     """An attention variant that uses positions: a linear distance penalty on the scores (ALiBi-like)."""
 
     def attend(self, q, k, v, mask, *, return_weights=False):
+        k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (b, h, t, u)
         scores = scores - 0.7 * mask.distance().abs().to(scores.dtype)  # (t, u): |i - j| in absolute positions
         allowed = mask.allowed()

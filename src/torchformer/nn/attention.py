@@ -97,6 +97,10 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None 
     return mixed @ v, weights  # (b, h, t, u) @ (b, h, u, s) -> (b, h, t, s)
 
 
+# SDPA's enable_gqa (torch 2.5+) lets g key/value heads serve h query heads without repeating them in memory.
+SDPA_SHARES_HEADS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, causal: bool = False,
                    dropout: float = 0.0, every_row_has_key: bool = False, bias: Tensor | None = None,
                    scale: float | None = None) -> Tensor:
@@ -108,8 +112,9 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
 
     Args:
         q: queries ``(b, h, t, s)``.
-        k: keys ``(b, h, u, s)``.
-        v: values ``(b, h, u, s)``.
+        k: keys ``(b, g, u, s)``: ``g`` key/value heads (``g`` divides ``h``), each serving ``h / g`` consecutive
+            query heads; ``g = h`` without grouped-query attention.
+        v: values ``(b, g, u, s)``.
         allowed: bool, broadcastable to ``(b, h, t, u)``: ``True`` where a query may see a key. ``None``: every
             key, or the causal rule with ``causal``.
         causal: apply the causal rule (query ``i`` sees keys ``<= i``) through SDPA's ``is_causal``; only used when
@@ -124,11 +129,17 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
         The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key, as on the reference path.
     """
     t, u = q.size(-2), k.size(-2)
+    groups = {}
+    if k.size(1) != q.size(1):  # g key/value heads for h query heads: SDPA shares them (torch 2.5+), else a copy
+        if SDPA_SHARES_HEADS:
+            groups = {"enable_gqa": True}
+        else:
+            k, v = (x.repeat_interleave(q.size(1) // k.size(1), dim=1) for x in (k, v))
     if allowed is None and bias is None:
         # A branch, not the comparison itself: with symbolic sizes (torch.compile(dynamic=True)) the comparison is a
         # SymBool, which SDPA refuses, while a branch is decided when the graph is traced (a guard on the sizes).
         causal = True if causal and t == u and t > 1 else False  # noqa: SIM210
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, **groups)
     # SDPA returns NaN for a query that may see no key at all. Let such rows see everything, then zero them:
     # that matches the reference path (zero weights, zero output, zero gradient).
     any_key = None if allowed is None or every_row_has_key else allowed.any(dim=-1, keepdim=True)  # (b, 1, t, 1)
@@ -136,7 +147,7 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, **groups)
     return out if any_key is None else out.masked_fill(~any_key, 0.0)
 
 
@@ -469,7 +480,7 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *,
                return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Attention proper: ``q`` ``(b, h, t, s)``, ``k, v`` ``(b, h, u, s)`` -> ``(b, h, t, s)``, weights or None.
+        """Attention proper: ``q`` ``(b, h, t, s)``, ``k, v`` ``(b, g, u, s)`` -> ``(b, h, t, s)``, weights or None.
 
         ``mask`` says which keys each query may see (:meth:`AttentionMask.allowed`) and where queries and keys
         sit (``mask.query_positions``, ``mask.key_positions``, absolute positions, also with a KV cache). Override
@@ -477,8 +488,10 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             q: queries ``(b, h, t, s)``.
-            k: keys ``(b, h, u, s)``, already repeated to ``h`` heads (:meth:`share_kv_heads`).
-            v: values ``(b, h, u, s)``, likewise.
+            k: keys ``(b, g, u, s)``, the ``g`` key/value heads (grouped-query attention; ``g = h`` without it). The
+                fast path lets each serve its query heads without a copy; a variant that computes with them itself
+                repeats them to ``h`` heads first, ``self.share_kv_heads(k)``.
+            v: values ``(b, g, u, s)``, likewise.
             mask: which keys each query may see, and the positions (for ALiBi's or a learned relative bias).
             return_weights: also return the attention weights; computes on the reference path.
 
@@ -488,6 +501,8 @@ class MultiHeadAttention(nn.Module):
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
+        if return_weights or self.impl != "sdpa":  # the reference and flex paths take every head's keys and values
+            k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
         if self.impl == "flex" and not return_weights and mask.key_positions is not None:
             return attention_flex(q, k, v, mask, bias=bias, scale=self.scale), None
         if return_weights or self.impl == "reference":
@@ -618,8 +633,7 @@ class SelfAttention(MultiHeadAttention):
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
             attention_mask = AttentionMask(positions, cache.key_positions, usable, causal=self.causal,
                                            window=self.window, padded=cache.padded, pattern=self.pattern)
-        k, v = self.keys_values(entries)  # (b, g, u, s) each
-        k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # (b, g, u, s) -> (b, h, u, s)
+        k, v = self.keys_values(entries)  # (b, g, u, s) each: attend shares them between the query heads
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask, x)
         return (out, weights) if return_weights else out  # type: ignore[return-value]
@@ -838,8 +852,7 @@ class CrossAttention(MultiHeadAttention):
             k, v = self.project_context(context, context_mask)  # type: ignore[arg-type]  # (b, g, u, s) each
         else:  # computed once, by fill_cache: (b, g, u, s) each, and the context's padding (b, u) or None
             k, v, context_mask = cache.keys, cache.values, cache.mask
-        attention_mask = AttentionMask(positions, None, context_mask)
-        k, v = self.share_kv_heads(k), self.share_kv_heads(v)  # type: ignore[arg-type]  # (b, g, u, s) -> (b, h, u, s)
+        attention_mask = AttentionMask(positions, None, context_mask)  # k, v: (b, g, u, s), shared by attend
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask, x)
         return (out, weights) if return_weights else out  # type: ignore[return-value]
