@@ -30,9 +30,9 @@ a sequence whose *total* probability is higher although its first token was not 
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
 ``model.new_caches()`` and ``model(x, *, caches=None, positions=None, horizon=None)`` -> log-probabilities
 ``(n, t, v)`` (``horizon``: the cache slots a step reads, one past its position). :func:`seq2seq_generate` uses
-``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches, positions, horizon)``, ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a
-:class:`Seq2SeqTransformer` (``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when
-``config.input_dim`` is set).
+``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches, positions, horizon)``,
+``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a :class:`Seq2SeqTransformer`
+(``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when ``config.input_dim`` is set).
 
 Shapes: b batch size, t prompt length, n rows decoded together (``b`` or ``b * beam_size``), v vocabulary size.
 """

@@ -200,8 +200,8 @@ class RMSNorm(nn.Module):
 
     The forward pass is :func:`rms_norm`'s formula. In eager mode the gradient is written by hand
     (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; without
-    gradients (decoding) and under ``torch.compile`` the formula itself runs, for the compiler to trace and fuse (a custom ``autograd.Function``
-    would cut the graph). ``python benchmarks/parts.py`` has the eager times
+    gradients (decoding) and under ``torch.compile`` the formula itself runs (the compiler traces and fuses it; a
+    custom ``autograd.Function`` would cut the graph). ``python benchmarks/parts.py`` has the eager times
     (``benchmarks/RESULTS.md``: 1.9 to 2.7 ms forward and backward against autograd's 5.7 ms and LayerNorm's 1.2 to
     2.1 ms at ``(16, 256, 256)``, 1 thread of a 2-core AMD EPYC, torch 2.13.0+cpu, 2026-11-27).
 
