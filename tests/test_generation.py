@@ -21,8 +21,8 @@ from torchformer.models import GTransformer, Seq2SeqTransformer
 class TableModel(nn.Module):
     """A model whose next-token distribution is a lookup table ``logp[position, last token]``, shape ``(L, v, v)``.
 
-    It follows the generation protocol (``forward(x, *, caches, positions, horizon)``, ``new_caches()``, ``config`` with
-    ``seq_length`` and ``num_tokens``), so the probability of any continuation is known exactly: the sum of table
+    It follows the generation protocol (``forward(x, *, caches, positions, horizon, keep_last)``,
+    ``new_caches(capacity)``, ``config`` with ``seq_length`` and ``num_tokens``), so the probability of any continuation is known exactly: the sum of table
     entries along it.
     """
 
@@ -31,11 +31,12 @@ class TableModel(nn.Module):
         self.table = table.log_softmax(dim=-1)
         self.config = TransformerConfig(1, 1, seq_length=table.size(0), num_tokens=table.size(-1))
 
-    def forward(self, x, *, caches=None, positions=None, horizon=None):
+    def forward(self, x, *, caches=None, positions=None, horizon=None, keep_last=None):
         positions = torch.arange(x.size(1)) if positions is None else positions
-        return self.table[positions[None, :], x]  # (n, t, v)
+        logp = self.table[positions[None, :], x]  # (n, t, v)
+        return logp if keep_last is None else logp[:, -keep_last:]
 
-    def new_caches(self):
+    def new_caches(self, capacity=None):
         return []  # the table needs no state: every position only looks at its own token
 
     def sequence_score(self, prompt: list[int], new: list[int], *, eos=None, length_penalty=1.0) -> float:
@@ -536,3 +537,59 @@ def test_a_horizon_lasts_one_call_so_the_blocks_called_directly_read_every_slot(
     caches[0].set_horizon(3)
     caches[0].reset()
     assert caches[0].self_attention.horizon is None
+
+
+# ---- what a call allocates and computes: the slots it will use, the last position's head -------------------------
+
+
+def test_generate_allocates_the_slots_of_the_prompt_and_new_tokens_only():
+    model = small_lm("rotary", seq_length=40)
+    prompt = torch.randint(0, 13, (2, 5), generator=torch.Generator().manual_seed(4))
+    asked = []
+    original = model.new_caches
+
+    def spy(capacity=None):
+        caches = original(capacity)
+        asked.append(caches)
+        return caches
+
+    model.new_caches = spy
+    tokens = generate(model, prompt, 6, temperature=0)
+    tokens_beam, _ = beam_search(model, prompt, 6, beam_size=2)
+    del model.new_caches
+    assert [c[0].self_attention.keys.size(2) for c in asked] == [11, 11]  # 5 + 6 slots zeroed, not 40
+    assert torch.equal(tokens, generate(model, prompt, 6, temperature=0, use_cache=False))
+    assert torch.equal(tokens_beam, beam_search(model, prompt, 6, beam_size=2, use_cache=False)[0])
+    # Past the window the caches hold seq_length positions, and the window then slides as before.
+    long = generate(model, prompt, 45, temperature=0)
+    assert torch.equal(long, generate(model, prompt, 45, temperature=0, use_cache=False))
+    assert model.new_caches(7)[0].self_attention.capacity == 7 and model.new_caches()[0].self_attention.capacity == 40
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_keep_last_gives_the_last_positions_of_the_full_output(positions):
+    model = small_lm(positions, seq_length=16)
+    x = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(6))
+    full = model(x)
+    torch.testing.assert_close(model(x, keep_last=1), full[:, -1:], atol=1e-12, rtol=0)
+    torch.testing.assert_close(model(x, keep_last=7), full, atol=1e-12, rtol=0)
+    caches = model.new_caches()
+    cached = model(x[:, :4], caches=caches, positions=torch.arange(4), keep_last=2)
+    torch.testing.assert_close(cached, full[:, 2:4], atol=1e-12, rtol=0)
+    for bad in (0, 8, 1.0, True):
+        with pytest.raises(ValueError, match=rf"keep_last must be an int in \[1, 7\].*got {bad!r}"):
+            model(x, keep_last=bad)
+    with pytest.raises(ValueError, match="keep_last"):  # refused before the caches are touched
+        model(x[:, 4:5], caches=caches, positions=torch.tensor([4]), keep_last=2)
+    assert all(cache.self_attention.horizon is None for cache in caches)
+    assert torch.equal(caches[0].self_attention.written[:5], torch.tensor([True] * 4 + [False]))
+
+
+def test_generate_returns_the_same_tokens_with_and_without_its_log_probabilities():
+    model = small_lm("rotary", seq_length=24)
+    prompt = torch.randint(0, 13, (3, 4), generator=torch.Generator().manual_seed(8))
+    tokens, logprobs = generate(model, prompt, 5, top_k=4, generator=torch.Generator().manual_seed(1),
+                                return_logprobs=True)
+    assert torch.equal(tokens, generate(model, prompt, 5, top_k=4, generator=torch.Generator().manual_seed(1)))
+    positions = torch.arange(tokens.size(1) - 1)
+    torch.testing.assert_close(logprobs, model(tokens[:, :-1], positions=positions)[:, 3:], atol=1e-10, rtol=0)

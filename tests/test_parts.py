@@ -61,9 +61,10 @@ def test_rmsnorm_is_its_formula_and_has_its_gradient():
         torch.testing.assert_close(norm(x), reference(x))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_without_gradients_runs_the_formula_with_the_function_s_numbers(dtype):
-    # Decoding records no gradient, so the module skips the autograd Function; the numbers stay the fast path's.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rmsnorm_without_gradients_has_the_function_s_numbers(dtype):
+    # Decoding records no gradient, so the module skips the autograd Function (for PyTorch's kernel in float32 and
+    # float64, the formula in half precision); the numbers stay the fast path's.
     norm = make_norm("rms", 64).to(dtype)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
@@ -72,7 +73,7 @@ def test_rmsnorm_without_gradients_runs_the_formula_with_the_function_s_numbers(
         plain = norm(x)
     recorded = norm(x)
     assert plain.dtype == recorded.dtype == dtype and not plain.requires_grad and recorded.requires_grad
-    torch.testing.assert_close(plain, recorded.detach(), atol=0, rtol=1e-6 if dtype == torch.float32 else 1e-2)
+    torch.testing.assert_close(plain, recorded.detach(), atol=0, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6)
 
 
 def test_rmsnorm_keeps_the_dtype_and_does_not_overflow_in_half_precision():

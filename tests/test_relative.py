@@ -5,6 +5,7 @@ that make them worth having (shift invariance, longer inputs) and cached = recom
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -467,3 +468,23 @@ def test_a_rotary_pickled_with_plain_base_and_scaling_attributes_still_rotates()
     x, positions = torch.randn(1, 2, 3, 8), torch.arange(3)
     assert old.base == 500000.0 and old.scaling is None
     torch.testing.assert_close(old.rotate(x, positions), rotary.rotate(x, positions), atol=0, rtol=0)
+
+
+def test_rotary_reuses_the_angles_only_for_the_same_unchanged_positions():
+    # A layer rotates its queries, then its keys, at one positions tensor: the second call reuses the angles. One
+    # written in place (a decoding step's position, filled anew) or another tensor gets its own angles.
+    rotary = Rotary(8)
+    x = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    position = torch.tensor([3])
+    first = rotary.rotate(x, position)
+    assert rotary.angles(position, torch.float64)[0] is rotary.angles(position, torch.float64)[0]
+    position.fill_(5)
+    torch.testing.assert_close(rotary.rotate(x, position), Rotary(8).rotate(x, torch.tensor([5])), atol=0, rtol=0)
+    torch.testing.assert_close(rotary.rotate(x, torch.tensor([3])), first, atol=0, rtol=0)
+    assert rotary.angles(position, torch.float32)[0].dtype == torch.float32  # another dtype: computed again
+    with torch.inference_mode():  # inference tensors have no version counter: nothing is kept
+        inference = torch.tensor([5])
+        torch.testing.assert_close(rotary.rotate(x, inference), Rotary(8).rotate(x, inference), atol=0, rtol=0)
+    rotary.base = 500.0  # new frequencies: the kept angles go too
+    torch.testing.assert_close(rotary.rotate(x, position), Rotary(8, base=500.0).rotate(x, position), atol=0, rtol=0)
+    assert pickle.loads(pickle.dumps(rotary))._last is None

@@ -143,11 +143,11 @@ class FixedModel(nn.Module):
         self.config = TransformerConfig(1, 1, seq_length=seq_length, num_tokens=len(probs))
         self.calls = 0
 
-    def forward(self, x, *, caches=None, positions=None, horizon=None):
+    def forward(self, x, *, caches=None, positions=None, horizon=None, keep_last=None):
         self.calls += 1
-        return self.logp.expand(x.size(0), x.size(1), -1)
+        return self.logp.expand(x.size(0), x.size(1) if keep_last is None else keep_last, -1)
 
-    def new_caches(self):
+    def new_caches(self, capacity=None):
         return []
 
 

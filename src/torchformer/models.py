@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import (
     check_bool, check_cached_positions, check_embeddings, check_features, check_mask, check_positions,
-    check_positive_int, check_shift, check_tokens, values_checkable,
+    check_positive_int, check_shift, check_tokens, is_int, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
@@ -566,7 +566,7 @@ class GTransformer(TransformerModel):
 
     Shapes:
         ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)``, ``positions`` ``(t,)``, ``shift`` ``(b,)`` -> ``(b, t, v)``
-        log-probabilities of the next token.
+        log-probabilities of the next token (``(b, n, v)`` with ``keep_last=n``).
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -589,7 +589,7 @@ class GTransformer(TransformerModel):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, caches: Optional[list[BlockCache]] = None,
                 positions: Optional[Tensor] = None, shift: Optional[Tensor] = None,
-                horizon: Optional[int] = None) -> Tensor:
+                horizon: Optional[int] = None, keep_last: Optional[int] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
@@ -601,22 +601,28 @@ class GTransformer(TransformerModel):
         are padding). With ``shift`` ``(b,)`` (see the class docstring), row ``r``'s tokens have positions
         ``positions - shift[r]`` in the position embedding; attention keeps the slots ``positions``: the schemes
         inside attention see only distances, which a shift leaves alone.
+
+        ``keep_last=n``: the head runs over the last ``n`` positions only, ``(b, n, v)`` (a prompt's next token
+        needs the last one: the vocabulary projection and softmax of the others are skipped); ``None``: all.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         if mask is not None:
             check_mask(mask, "mask", tuple(x.shape), device=x.device)
+        if keep_last is not None and (not is_int(keep_last) or not 1 <= keep_last <= x.size(1)):
+            raise ValueError(f"keep_last must be an int in [1, {x.size(1)}] (x's positions) or None, got {keep_last!r}")
         capacity = check_caches(caches, len(self.blocks.blocks))
         if caches is not None and x.size(1) > self.config.seq_length:  # a ring would keep less than its memory
             raise ValueError(f"x has {x.size(1)} positions, but with caches a call takes at most "
                              f"seq_length={self.config.seq_length}: feed a longer input a segment at a time")
         positions = self.check_cache_positions(positions, x, caches, capacity, horizon)
-        embedded = positions
-        if shift is not None:
-            shift = check_shift(shift, x.size(0), x.device)
-            embedded = (positions[None, :] - shift[:, None]).clamp(min=0)  # (b, t); a padding slot gets 0
-        h = self.embedding(x, embedded)  # (b, t) -> (b, t, e)
-        try:
-            return self.head(self.blocks(h, mask, positions=positions, caches=caches))  # -> (b, t, v)
+        try:  # from here on the caches hold this call's horizon: cleared however the call ends
+            embedded = positions
+            if shift is not None:
+                shift = check_shift(shift, x.size(0), x.device)
+                embedded = (positions[None, :] - shift[:, None]).clamp(min=0)  # (b, t); a padding slot gets 0
+            h = self.embedding(x, embedded)  # (b, t) -> (b, t, e)
+            h = self.blocks(h, mask, positions=positions, caches=caches)  # (b, t, e)
+            return self.head(h if keep_last is None else h[:, -keep_last:])  # -> (b, t, v) or (b, keep_last, v)
         finally:
             clear_horizons(caches)
 
@@ -650,14 +656,24 @@ class GTransformer(TransformerModel):
         """
         return generation.beam_search(self, prompt, max_new_tokens, beam_size=beam_size, **options)
 
-    def new_caches(self) -> list[BlockCache]:
-        """Empty KV caches for incremental decoding, one per block, each with ``seq_length`` slots.
+    def new_caches(self, capacity: Optional[int] = None) -> list[BlockCache]:
+        """Empty KV caches for incremental decoding, one per block.
+
+        A cache zeroes its buffers when it allocates them, so a call that decodes few positions asks for few slots
+        (:func:`~torchformer.decoding.generation.generate` asks for the prompt plus the new tokens).
+
+        Args:
+            capacity: slots of each cache, the most positions decoded with them; ``None``: ``seq_length``.
 
         Returns:
             One empty :class:`~torchformer.nn.cache.BlockCache` per block, in block order; pass them to
             :meth:`forward` as ``caches``.
+
+        Raises:
+            ValueError: ``capacity`` is not a positive int.
         """
-        return [BlockCache(self.config.seq_length) for _ in self.blocks.blocks]
+        capacity = self.config.seq_length if capacity is None else capacity  # (0 is an error, not the default)
+        return [BlockCache(capacity) for _ in self.blocks.blocks]
 
     def new_memory(self, memory: int) -> list[BlockCache]:
         """Transformer-XL's segment memory: caches that keep the last ``memory + seq_length`` positions of a stream.

@@ -87,14 +87,16 @@ class StaticCacheGenerator(generation.EagerStep):
             self._kept[key] = (self.model.new_caches(), token, position)
         return self._kept[key]
 
-    def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+    def new_caches(self, prompt: Tensor, capacity: Optional[int] = None) -> list[BlockCache]:
         """The caches for a new sequence of ``prompt``'s batch size, emptied.
 
-        They are allocated once per shape (rows, device, dtype, autocast, inference mode) and reused, so the compiled
-        step sees the same buffers every time; what the previous call wrote is forgotten.
+        They are allocated once per shape (rows, device, dtype, autocast, inference mode), with ``seq_length``
+        slots, and reused, so the compiled step sees the same buffers every time; what the previous call wrote is
+        forgotten.
 
         Args:
             prompt: the token ids about to be decoded, ``(n, t)``: its rows and device pick the kept caches.
+            capacity: unused: the kept caches hold ``seq_length`` positions, for every call.
 
         Returns:
             A list of one :class:`~torchformer.nn.cache.BlockCache` per block of the model.

@@ -9,9 +9,9 @@ keys and values into a :class:`~torchformer.nn.cache.KVCache` (slot ``p`` for po
 feeds only the newest token ``(n, 1)`` with its position ``(1,)``: the cost per token drops from a forward pass over
 the whole window to a forward pass over one position.
 
-Each step is done by a *step* object (:class:`EagerStep` by default): ``step.new_caches(prompt)`` gives the caches
-and ``step(token, position, caches)`` returns the next log-probabilities ``(n, v)``. Every step has the same shapes
-and only the *values* of ``token`` and ``position`` change, so a step can be compiled once and replayed:
+Each step is done by a *step* object (:class:`EagerStep` by default): ``step.new_caches(prompt, capacity)`` gives
+the caches and ``step(token, position, caches)`` returns the next log-probabilities ``(n, v)``. Every step has the
+same shapes and only the *values* of ``token`` and ``position`` change, so a step can be compiled once and replayed:
 :class:`~torchformer.decoding.compiled.StaticCacheGenerator` passes a compiled step, and nothing else differs.
 
 Any attention variant gets all of this without code of its own: the cache lives in the attention modules'
@@ -28,8 +28,9 @@ a sequence whose *total* probability is higher although its first token was not 
 
 **The model protocol.** The functions here need from a decoder-only ``model`` (:class:`GTransformer` has it):
 ``model.config`` (a :class:`~torchformer.config.TransformerConfig`: ``seq_length``, ``num_tokens``),
-``model.new_caches()`` and ``model(x, *, caches=None, positions=None, horizon=None)`` -> log-probabilities
-``(n, t, v)`` (``horizon``: the cache slots a step reads, one past its position). :func:`seq2seq_generate` uses
+``model.new_caches(capacity=None)`` and ``model(x, *, caches=None, positions=None, horizon=None, keep_last=None)``
+-> log-probabilities ``(n, t, v)`` (``horizon``: the cache slots a step reads, one past its position;
+``keep_last=1``: only the last position's, ``(n, 1, v)``, which is all a prompt needs). :func:`seq2seq_generate` uses
 ``encode(src, src_mask)``, ``decode(tgt, memory=None, src_mask=None, *, caches, positions, horizon)``,
 ``new_caches(capacity)``, ``fill_caches(caches, memory, src_mask)`` and ``config`` of a :class:`Seq2SeqTransformer`
 (``src`` is token ids ``(b, u)``, or feature vectors ``(b, u, d)`` when ``config.input_dim`` is set).
@@ -51,7 +52,7 @@ from torchformer._checks import (
     values_checkable, values_checked,
 )
 from torchformer.config import TransformerConfig
-from torchformer.decoding.sampling import check_finite_logp, check_sampling, sample_next
+from torchformer.decoding.sampling import check_finite_logp, check_sampling, row_peaks, sample_next
 from torchformer.nn.cache import BlockCache
 
 __all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
@@ -119,17 +120,19 @@ class EagerStep:
         """
         return self.model.config.seq_length
 
-    def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+    def new_caches(self, prompt: Tensor, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty caches for decoding ``prompt`` ``(n, t)``.
 
         Args:
-            prompt: the token ids about to be decoded, ``(n, t)``; unused here (``model.new_caches()`` needs no
-                shape: the caches allocate on their first write), used by subclasses that keep caches per shape.
+            prompt: the token ids about to be decoded, ``(n, t)``; unused here (the caches allocate on their first
+                write), used by subclasses that keep caches per shape.
+            capacity: the most positions the caches will hold (the prompt and the new tokens, at most
+                :attr:`limit`): ``model.new_caches(capacity)`` allocates only those slots. ``None``: :attr:`limit`.
 
         Returns:
             A list of one :class:`~torchformer.nn.cache.BlockCache` per block of the model.
         """
-        return self.model.new_caches()
+        return self.model.new_caches(capacity)
 
     def inputs(self, prompt: Tensor) -> tuple[Tensor, Tensor]:
         """The ``(n, 1)`` token and ``(1,)`` position tensors each step writes its input into.
@@ -182,11 +185,12 @@ class MemoryStep(EagerStep):
         """``None``: a ring holds any position."""
         return None
 
-    def new_caches(self, prompt: Tensor) -> list[BlockCache]:
+    def new_caches(self, prompt: Tensor, capacity: Optional[int] = None) -> list[BlockCache]:
         """Empty ring caches for decoding ``prompt``.
 
         Args:
             prompt: the token ids about to be decoded, ``(n, t)`` (unused: the caches allocate on their first write).
+            capacity: unused: a ring holds ``memory + seq_length`` slots, whatever the length decoded.
 
         Returns:
             ``model.new_memory(memory)``: one :class:`~torchformer.nn.cache.BlockCache` per block.
@@ -208,12 +212,15 @@ class _LMStepper:
     always fits the window (:func:`generate` checks), and each step calls the model itself.
     """
 
-    def __init__(self, model: nn.Module, step: Optional[EagerStep], tokens: Tensor,
+    def __init__(self, model: nn.Module, step: Optional[EagerStep], tokens: Tensor, steps: int,
                  prompt_mask: Optional[Tensor] = None) -> None:
         self.model, self.step = model, step
         self.window = model.config.seq_length
-        self.caches = None if step is None else step.new_caches(tokens)
         self.limit = None if step is None else step.limit  # None: ring caches, which never need recomputing
+        # The positions the caches will hold: the (cropped) prompt and the new tokens, unless the window slides
+        # first. A cache zeroes every slot it allocates: seq_length slots for a short call can cost more than it.
+        capacity = None if self.limit is None else min(self.limit, min(tokens.size(1), self.window) + steps)
+        self.caches = None if step is None else step.new_caches(tokens, capacity)
         if step is not None:
             self.token, self.position = step.inputs(tokens)
         self.cached = 0  # positions held by the caches
@@ -225,7 +232,7 @@ class _LMStepper:
         if self.caches is not None and self.limit is None:  # a memory: the whole prompt, a segment at a time
             for begin in range(0, tokens.size(1), self.window):
                 segment = tokens[:, begin:begin + self.window]
-                logp = self.model(segment, caches=self.caches,
+                logp = self.model(segment, caches=self.caches, keep_last=1,
                                   positions=torch.arange(begin, begin + segment.size(1), device=tokens.device))
             self.cached = tokens.size(1)
             return logp[:, -1]
@@ -233,7 +240,7 @@ class _LMStepper:
         positions = torch.arange(window.size(1), device=tokens.device)
         padding = {} if self.prompt_mask is None else {"mask": self.prompt_mask, "shift": self.shift}
         logp = self.model(window, caches=self.caches, positions=positions if self.caches is not None else None,
-                          **padding)
+                          keep_last=1, **padding)
         self.cached = window.size(1)
         return logp[:, -1]
 
@@ -253,10 +260,10 @@ class _LMStepper:
             return logp
         if self.prompt_mask is not None:  # no cache: the whole sequence again, the prompt's padding still masked
             mask = F.pad(self.prompt_mask, (0, tokens.size(1) - self.prompt_mask.size(1)), value=True)
-            return self.model(tokens, mask, shift=self.shift)[:, -1]
+            return self.model(tokens, mask, shift=self.shift, keep_last=1)[:, -1]
         # The window slides: every position shifts, so the cached keys and values are stale. Recompute.
         self.caches = None
-        return self.model(tokens[:, -self.window :])[:, -1]
+        return self.model(tokens[:, -self.window :], keep_last=1)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         for cache in self.caches or ():
@@ -345,17 +352,20 @@ def _point_mass(logp: Tensor, token: int) -> Tensor:
     return out
 
 
-def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **sampling) -> tuple[Tensor, Tensor]:
-    """Append ``steps`` sampled tokens to ``tokens`` ``(n, t)``; returns ``(n, t + steps)`` and the log-probabilities
-    ``(n, steps, v)`` each token was drawn from (a point mass on ``eos`` once a row has finished)."""
+def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, keep: bool,
+                 **sampling) -> tuple[Tensor, Optional[Tensor]]:
+    """Append ``steps`` sampled tokens to ``tokens`` ``(n, t)``; returns ``(n, t + steps)`` and, with ``keep``, the
+    log-probabilities ``(n, steps, v)`` each token was drawn from (a point mass on ``eos`` once a row has finished)."""
     n = tokens.size(0)
     done = torch.zeros(n, dtype=torch.bool, device=tokens.device)
     logp = stepper.start(tokens)
-    history = []
+    history, peaks = [], []  # the log-probabilities when kept; every step's row maxima, to check them once
     for step in range(steps):
         if eos is not None:
             logp = torch.where(done[:, None], _point_mass(logp, eos), logp)
-        history.append(logp)
+        if keep:
+            history.append(logp)
+        peaks.append(row_peaks(logp))  # (n, 1): NaN or +inf where the row holds one
         nxt = sample_next(logp, **sampling)
         if eos is not None:
             nxt = nxt.masked_fill(done, eos)
@@ -365,13 +375,13 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, **samp
         if step == steps - 1 or (eos is not None and bool(done.all())):
             break
         logp = stepper.advance(tokens)
-    missing = steps - len(history)
+    check_finite_logp(torch.stack(peaks, dim=1))  # once, not per step: on a GPU each check waits for the device
+    missing = steps - len(peaks)
     if missing:  # every row finished early: the rest is eos, with certainty
         tokens = torch.cat([tokens, tokens.new_full((n, missing), eos)], dim=1)  # type: ignore[arg-type]
-        history.extend([_point_mass(history[-1], eos)] * missing)  # type: ignore[arg-type]
-    history = torch.stack(history, dim=1)  # (n, steps, v)
-    check_finite_logp(history)  # once, not per step: on a GPU each check waits for the device
-    return tokens, history
+        if keep:
+            history.extend([_point_mass(history[-1], eos)] * missing)  # type: ignore[arg-type]
+    return tokens, torch.stack(history, dim=1) if keep else None  # (n, steps, v)
 
 
 def _beam_loop(stepper, tokens: Tensor, steps: int, *, beam_size: int, length_penalty: float,
@@ -484,9 +494,9 @@ def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperatu
     if step is None and use_cache:
         step = EagerStep(model)
     with values_checked():  # the prompt is checked; the model reads no values at each token (a GPU would wait)
-        stepper = _LMStepper(model, step if use_cache else None, prompt, prompt_mask)
-        tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, temperature=temperature,
-                                        top_k=top_k, top_p=top_p, generator=generator)
+        stepper = _LMStepper(model, step if use_cache else None, prompt, max_new_tokens, prompt_mask)
+        tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, keep=return_logprobs,
+                                        temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     return (tokens, logprobs) if return_logprobs else tokens
 
 
@@ -525,7 +535,7 @@ def beam_search(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, beam_s
         _check_token(eos, "eos", config.num_tokens)
     check_bool(use_cache, "use_cache")
     with values_checked():  # the prompt is checked; the model reads no values at each token
-        stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt)
+        stepper = _LMStepper(model, EagerStep(model) if use_cache else None, prompt, max_new_tokens)
         return _beam_loop(stepper, prompt, max_new_tokens, beam_size=beam_size, length_penalty=length_penalty,
                           eos=eos)
 
@@ -586,12 +596,11 @@ def seq2seq_generate(model: nn.Module, src: Tensor, max_len: int, *, bos: int, e
     # The decoder reads bos and the first max_len - 1 generated tokens: max_len positions in its caches.
     start = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)  # ids, whatever src holds
     with values_checked():  # src is checked; the model reads no values at each token
-        stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache,
-                                  capacity=max(max_len, config.seq_length))
+        stepper = _Seq2SeqStepper(model, src, src_mask, use_cache=use_cache, capacity=max_len)
         if beam_size > 1:
             tokens, _ = _beam_loop(stepper, start, max_len, beam_size=beam_size, length_penalty=length_penalty,
                                    eos=eos)
         else:
-            tokens, _ = _sample_loop(stepper, start, max_len, eos=eos, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, generator=generator)
+            tokens, _ = _sample_loop(stepper, start, max_len, eos=eos, keep=False, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, generator=generator)
     return tokens[:, 1:]

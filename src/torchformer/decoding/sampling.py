@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchformer._checks import check_positive_int, is_number
 
-__all__ = ["check_finite_logp", "check_sampling", "sample_next"]
+__all__ = ["check_finite_logp", "check_sampling", "row_peaks", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -45,20 +45,40 @@ def check_finite_logp(logp: Tensor) -> None:
     """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN or +inf.
 
     Argmax would silently pick that entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is
-    fine: an impossible token.) Reading the result waits for the device, so call it once, not per step.
+    fine: an impossible token.) Reading the result waits for the device, so call it once, not per step. A row's
+    maximum is NaN or +inf exactly when the row holds one, so the row maxima ``(..., 1)`` (:func:`row_peaks`) may
+    be checked instead of the rows, with the same result.
 
     Args:
-        logp: log-probabilities (or scores) ``(..., v)``, on any device.
+        logp: log-probabilities (or scores, or their row maxima) ``(..., v)``, on any device.
 
     Raises:
         ValueError: some entry is NaN or +inf; the message counts the rows and names the first.
     """
-    bad = logp.isnan() | logp.isposinf()
+    _check_peaks(row_peaks(logp))
+
+
+def row_peaks(logp: Tensor) -> Tensor:
+    """Each row's largest log-probability, ``(..., v) -> (..., 1)``, which the checks here read instead of the rows.
+
+    NaN if the row holds NaN, ``+inf`` if it holds that, ``-inf`` if it has no possible token: one pass over the rows.
+
+    Args:
+        logp: log-probabilities or logits ``(..., v)``.
+
+    Returns:
+        The row maxima ``(..., 1)``.
+    """
+    return logp.amax(dim=-1, keepdim=True)
+
+
+def _check_peaks(peak: Tensor) -> None:
+    bad = peak.isnan() | peak.isposinf()  # (..., 1)
     if bool(bad.any()):
-        rows = bad.flatten(0, -2).any(-1).nonzero().flatten().tolist()
-        raise ValueError(f"the model's log-probabilities hold NaN or +inf (in {len(rows)} of {logp[..., 0].numel()} "
-                         f"rows, the first at row {rows[0]}): its weights are probably NaN or infinite (did training "
-                         f"diverge?), or its input holds NaN")
+        rows = bad.flatten().nonzero().flatten().tolist()
+        raise ValueError(f"the model's log-probabilities hold NaN or +inf (in {len(rows)} of {bad.numel()} rows, the "
+                         f"first at row {rows[0]}): its weights are probably NaN or infinite (did training diverge?), "
+                         f"or its input holds NaN")
 
 
 def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -94,12 +114,13 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a float tensor of shape (n, v) with v >= 1, got {shape}")
     check_sampling(temperature, top_k, top_p)
+    peak = row_peaks(logp)  # (n, 1)
     if logp.device.type == "cpu":
-        check_finite_logp(logp)
-        impossible = logp.isneginf().all(-1)
+        _check_peaks(peak)
+        impossible = peak.isneginf()
         if bool(impossible.any()):
-            raise ValueError(f"row {int(impossible.nonzero()[0])} of logp gives every token log-probability -inf: "
-                             f"there is no token to choose")
+            raise ValueError(f"row {int(impossible.flatten().nonzero()[0])} of logp gives every token log-probability "
+                             f"-inf: there is no token to choose")
     # Below float32's smallest normal number a temperature would round to 0 in the division (0/0 = NaN); long
     # before that, every other token's probability is exactly 0: it is greedy decoding.
     if temperature < torch.finfo(torch.float32).tiny or top_k == 1:
@@ -108,7 +129,7 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
     logits = logp.float() if logp.element_size() < 4 else logp
     # Shifting each row by its maximum changes no probability, and keeps a tiny temperature from turning the
     # largest logit into +inf (and the softmax into NaN): shifted logits are <= 0, so they divide to -inf at worst.
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    logits = (logits - peak.to(logits.dtype)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         # Keep exactly k tokens (by index, so ties at the k-th value cannot widen the support).
         keep = torch.zeros_like(logits, dtype=torch.bool)

@@ -19,10 +19,15 @@ import contextlib
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchformer._checks import autocast_enabled, check_choice, check_positive_float, check_positive_int
 from torchformer.config import NORMS
+
+
+# torch.nn.functional.rms_norm, a kernel of its own (torch 2.4+).
+HAS_RMS_NORM_KERNEL = hasattr(F, "rms_norm")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact_gain_gradient: bool = False) -> Tensor:
@@ -200,8 +205,9 @@ class RMSNorm(nn.Module):
 
     The forward pass is :func:`rms_norm`'s formula. In eager mode the gradient is written by hand
     (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; without
-    gradients (decoding) and under ``torch.compile`` the formula itself runs (the compiler traces and fuses it; a
-    custom ``autograd.Function`` would cut the graph). ``python benchmarks/parts.py`` has the eager times
+    gradients (decoding) PyTorch's ``F.rms_norm`` kernel runs in float32 and float64 (the formula in half
+    precision), and under ``torch.compile`` the formula itself (the compiler traces and fuses it; a custom
+    ``autograd.Function`` would cut the graph). ``python benchmarks/parts.py`` has the eager times
     (``benchmarks/RESULTS.md``: 1.9 to 2.7 ms forward and backward against autograd's 5.7 ms and LayerNorm's 1.2 to
     2.1 ms at ``(16, 256, 256)``, 1 thread of a 2-core AMD EPYC, torch 2.13.0+cpu, 2026-11-27).
 
@@ -224,7 +230,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # the formula: torch.compile traces and fuses it (not a custom Function)
             return rms_norm(x, self.weight, self.eps, exact_gain_gradient=True)
-        if not torch.is_grad_enabled():  # no gradient to write by hand (decoding): the formula, without apply's cost
+        if not torch.is_grad_enabled():  # no gradient to write by hand (decoding): without apply's cost
+            if HAS_RMS_NORM_KERNEL and x.dtype == self.weight.dtype and x.element_size() >= 4:
+                # PyTorch's kernel, one pass; in half precision it rounds once where the formula (and the gradient
+                # path) rounds twice, so halves keep the formula's numbers.
+                return F.rms_norm(x, (self.emb,), self.weight, self.eps)
             return rms_norm(x, self.weight, self.eps)
         return RMSNormFunction.apply(x, self.weight, self.eps)[0]  # (y, r): the output
 

@@ -348,15 +348,20 @@ class Rotary(AttentionPositions):
         if head_size % 2 != 0:
             raise ValueError(f"rotary positions rotate coordinate pairs: the head size must be even, got {head_size}")
         self._theta: dict[torch.device, Tensor] = {}  # frequencies per device, computed once (see frequencies)
+        self._last: Optional[tuple] = None  # the last call's positions and angles (see angles)
         self.head_size, self.base = head_size, check_positive_float(base, "base")
         self.scaling = check_rotary_scaling(scaling)
+
+    def __getstate__(self) -> dict:
+        # Computed on demand: the frequencies and the last angles are not worth a pickle's bytes.
+        return {**self.__dict__, "_theta": {}, "_last": None}
 
     def __setstate__(self, state: dict) -> None:
         # A Rotary pickled before the frequencies were kept had base and scaling as plain attributes.
         state = dict(state)
         state.setdefault("_base", state.pop("base", 10000.0))
         state.setdefault("_scaling", state.pop("scaling", None))
-        state["_theta"] = {}
+        state["_theta"], state["_last"] = {}, None
         super().__setstate__(state)
 
     @property
@@ -367,7 +372,7 @@ class Rotary(AttentionPositions):
     @base.setter
     def base(self, value: float) -> None:
         self._base = value
-        self._theta = {}
+        self._theta, self._last = {}, None
 
     @property
     def scaling(self) -> Optional[dict]:
@@ -377,7 +382,7 @@ class Rotary(AttentionPositions):
     @scaling.setter
     def scaling(self, value: Optional[dict]) -> None:
         self._scaling = value
-        self._theta = {}
+        self._theta, self._last = {}, None
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> Rotary:
@@ -459,9 +464,20 @@ class Rotary(AttentionPositions):
         Returns:
             ``(cos, sin)``, each ``(t, s/2)``.
         """
+        # The queries and then the keys of a layer rotate at the same positions: the second call reuses the
+        # first's angles, as long as the positions tensor is the same one, unchanged (its version counter, which
+        # every in-place write moves; inference tensors have none, and a compiled graph keeps nothing).
+        remember = not torch.compiler.is_compiling() and not positions.is_inference()
+        if remember and self._last is not None:
+            last, version, last_dtype, cos, sin = self._last
+            if last is positions and version == positions._version and last_dtype == dtype:
+                return cos, sin
         theta = self.frequencies(positions.device)  # (s/2,)
         angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        if remember:
+            self._last = (positions, positions._version, dtype, cos, sin)
+        return cos, sin
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate each pair of coordinates by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
@@ -479,7 +495,7 @@ class Rotary(AttentionPositions):
         # of more positions than x has (the formula broadcasts; out= would not).
         half = x.shape[:-1] + (x.size(-1) // 2,)
         if (torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad
-                or torch.broadcast_shapes(half, cos.shape, sin.shape) != half):  # angles that widen x: broadcast
+                or _widens(cos.shape, half) or _widens(sin.shape, half)):  # angles that widen x: broadcast
             return rotate_halves(x, cos, sin)
         if not torch.is_grad_enabled():  # nothing to differentiate (decoding): the same numbers, without apply's cost
             return RotateHalves.rotate(x, cos, sin)
@@ -487,6 +503,13 @@ class Rotary(AttentionPositions):
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, base={self.base:g}" + (f", scaling={self.scaling}" if self.scaling else "")
+
+
+def _widens(shape: torch.Size, into: tuple[int, ...]) -> bool:
+    """Whether broadcasting ``shape`` against ``into`` gives a larger shape (or none): plain ints, no tensor op."""
+    if len(shape) > len(into):
+        return True
+    return any(a != 1 and a != b for a, b in zip(reversed(shape), reversed(into)))
 
 
 class InterleavedRotary(Rotary):
