@@ -29,6 +29,7 @@ by ``torchformer.from_huggingface``, greedy, in alternating rounds, at batch 1 a
 at batch 1 after a 1,000-token one; it reports both libraries' tokens/s, their ratio and whether the tokens agree:
 
     python benchmarks/generate.py --against transformers --threads 1
+    python benchmarks/generate.py --against transformers --threads 1 --compile   # and the compiled step
 
 ``--json PATH`` also writes the rows (tokens/s of each variant, the speed-ups, any token mismatches), the device
 and the torch version to a JSON file; ``--backend eager`` checks that the step compiles without the time inductor
@@ -105,9 +106,13 @@ def against_transformers(args: argparse.Namespace, device: torch.device) -> list
     from torchformer import from_huggingface
 
     print(f"transformers {transformers.__version__}; greedy, {args.new_tokens} new tokens, median of "
-          f"{args.repeats} alternating rounds (the ratio: the median of each round's)\n")
-    print("| shape | batch | prompt | transformers (tok/s) | torchformer (tok/s) | ratio | same tokens |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+          f"{args.repeats} alternating rounds (a ratio: the median of each round's)"
+          + ("; compiled: torchformer's StaticCacheGenerator(compile=True), compiled in the warm-up" if args.compile
+             else "") + "\n")
+    compiled = ["compiled (tok/s)", "compiled ratio"] if args.compile else []
+    print("| shape | batch | prompt | transformers (tok/s) | torchformer (tok/s) | ratio | "
+          + "".join(f"{c} | " for c in compiled) + "same tokens |")
+    print("|---|--:|--:|--:|--:|--:|" + "--:|" * len(compiled) + "--:|")
     rows = []
     for shape in args.shapes:
         config_class, options = SHAPES[shape]
@@ -117,6 +122,8 @@ def against_transformers(args: argparse.Namespace, device: torch.device) -> list
         with tempfile.TemporaryDirectory() as folder:
             theirs.save_pretrained(folder)
             ours = from_huggingface(folder).to(device).eval()
+        static = (StaticCacheGenerator(ours, compile=True, mode=args.mode, backend=args.backend) if args.compile
+                  else None)
         for batch, length in SETTINGS:
             prompt = torch.randint(0, config.vocab_size, (batch, length), device=device)
             new = args.new_tokens
@@ -126,21 +133,25 @@ def against_transformers(args: argparse.Namespace, device: torch.device) -> list
                     return theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                            min_new_tokens=new, do_sample=False, pad_token_id=0)
 
-            def run_ours() -> torch.Tensor:
-                return generate(ours, prompt, new, temperature=0)
-
-            same = (run_theirs() == run_ours())[:, length:].float().mean().item()  # and the warm-up
-            times: dict[str, list[float]] = {"theirs": [], "ours": []}
+            runs = {"theirs": run_theirs, "ours": lambda: generate(ours, prompt, new, temperature=0)}
+            if static is not None:
+                runs["compiled"] = lambda: static.generate(prompt, new, temperature=0)
+            reference = run_theirs()
+            # The warm-up (and compilation), and the share of torchformer's tokens equal to transformers'.
+            same = min((run() == reference)[:, length:].float().mean().item() for run in list(runs.values())[1:])
+            times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.repeats):
-                times["theirs"].append(timed(run_theirs, device))
-                times["ours"].append(timed(run_ours, device))
+                for name, run in runs.items():
+                    times[name].append(timed(run, device))
             rate = {k: batch * new / statistics.median(v) for k, v in times.items()}
             # The ratio of each round's pair, then their median: a machine that speeds up or slows down between
             # rounds moves both runs of a pair alike.
-            ratio = statistics.median(a / b for a, b in zip(times["theirs"], times["ours"]))
+            ratio = {k: statistics.median(a / b for a, b in zip(times["theirs"], times[k])) for k in runs}
+            extra = f"{rate['compiled']:.1f} | {ratio['compiled']:.2f}x | " if static is not None else ""
             print(f"| {shape} | {batch} | {length} | {rate['theirs']:.1f} | {rate['ours']:.1f} | "
-                  f"{ratio:.2f}x | {100 * same:.0f} % |", flush=True)
-            rows.append({"shape": shape, "batch": batch, "prompt": length, "tok_s": rate, "ratio": ratio,
+                  f"{ratio['ours']:.2f}x | {extra}{100 * same:.0f} % |", flush=True)
+            rows.append({"shape": shape, "batch": batch, "prompt": length, "tok_s": rate, "ratio": ratio["ours"],
+                         **({"compiled_ratio": ratio["compiled"]} if static is not None else {}),
                          "same_tokens": same})
     return rows
 
