@@ -488,3 +488,15 @@ def test_rotary_reuses_the_angles_only_for_the_same_unchanged_positions():
     rotary.base = 500.0  # new frequencies: the kept angles go too
     torch.testing.assert_close(rotary.rotate(x, position), Rotary(8, base=500.0).rotate(x, position), atol=0, rtol=0)
     assert pickle.loads(pickle.dumps(rotary))._last is None
+
+    class LearnedFrequencies(Rotary):  # angles that are part of each step's graph are never kept
+        def __init__(self) -> None:
+            super().__init__(8)
+            self.speed = torch.nn.Parameter(torch.ones((), dtype=torch.float64))
+
+        def frequencies(self, device):
+            return self.compute_frequencies(device) * self.speed
+
+    learned = LearnedFrequencies()
+    learned.rotate(x, position).sum().backward()
+    assert learned._last is None and learned.speed.grad is not None

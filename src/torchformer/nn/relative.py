@@ -475,7 +475,7 @@ class Rotary(AttentionPositions):
         theta = self.frequencies(positions.device)  # (s/2,)
         angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        if remember:
+        if remember and not cos.requires_grad:  # learned frequencies (a variant's) are part of this step's graph
             self._last = (positions, positions._version, dtype, cos, sin)
         return cos, sin
 
