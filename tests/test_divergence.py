@@ -38,6 +38,8 @@ def test_check_finite_logp_takes_any_leading_shape():
     logp[1, 2, 0] = math.nan
     with pytest.raises(ValueError, match="in 1 of 6 rows, the first at row 5"):
         check_finite_logp(logp)
+    check_finite_logp(torch.zeros(2, 0))  # no entry: nothing wrong (and no row maximum to take)
+    check_finite_logp(torch.zeros(0, 5))
 
 
 @pytest.mark.parametrize("call", [

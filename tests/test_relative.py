@@ -500,3 +500,31 @@ def test_rotary_reuses_the_angles_only_for_the_same_unchanged_positions():
     learned = LearnedFrequencies()
     learned.rotate(x, position).sum().backward()
     assert learned._last is None and learned.speed.grad is not None
+
+
+def test_kept_angles_never_cross_grad_modes_inference_mode_or_changed_frequencies():
+    # A user calling a layer's rotation twice with one positions tensor, in different modes: each call gets angles
+    # valid in its own mode (inference tensors cannot be saved for backward) and of the current frequencies.
+    rotary, position = Rotary(8), torch.arange(4)
+    x = torch.randn(1, 2, 4, 8, requires_grad=True)
+    with torch.inference_mode():
+        rotary.rotate(x.detach(), position)
+    rotary.rotate(x, position).square().sum().backward()  # would raise with the inference-mode angles
+    assert x.grad is not None and not rotary.angles(position, x.dtype)[0].is_inference()
+
+    class LearnedInPlace(Rotary):  # frequencies a parameter, changed in place by an optimizer between calls
+        def __init__(self) -> None:
+            super().__init__(8)
+            self.theta = torch.nn.Parameter(self.compute_frequencies(torch.device("cpu")))
+
+        def frequencies(self, device):
+            return self.theta
+
+    learned = LearnedInPlace()
+    with torch.no_grad():
+        before = learned.rotate(x, position)
+        learned.theta.mul_(2.0)
+        after = learned.rotate(x, position)
+    assert not torch.allclose(before, after)
+    learned.rotate(x, position).sum().backward()  # after a no_grad call: the angles are part of this graph
+    assert learned.theta.grad is not None and learned.theta.grad.abs().sum() > 0

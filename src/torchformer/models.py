@@ -664,6 +664,8 @@ class GTransformer(TransformerModel):
 
         Args:
             capacity: slots of each cache, the most positions decoded with them; ``None``: ``seq_length``.
+                More than ``seq_length`` serves only position schemes that accept later positions (the
+                relative ones); learned positions refuse them.
 
         Returns:
             One empty :class:`~torchformer.nn.cache.BlockCache` per block, in block order; pass them to

@@ -52,7 +52,7 @@ from torchformer._checks import (
     values_checkable, values_checked,
 )
 from torchformer.config import TransformerConfig
-from torchformer.decoding.sampling import check_finite_logp, check_sampling, row_peaks, sample_next
+from torchformer.decoding.sampling import _sample_next, check_finite_logp, check_sampling, row_peaks, sample_next
 from torchformer.nn.cache import BlockCache
 
 __all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
@@ -113,10 +113,11 @@ class EagerStep:
 
     @property
     def limit(self) -> Optional[int]:
-        """The positions this step's caches hold: the model's ``seq_length``.
+        """The most positions this step's caches can hold: the model's ``seq_length``.
 
-        Past it, :func:`generate` slides its window and recomputes; ``None`` is for caches that take any position
-        (:class:`MemoryStep`).
+        :func:`generate` asks :meth:`new_caches` for at most this many slots (fewer when the prompt and the new
+        tokens need fewer); past it, :func:`generate` slides its window and recomputes. ``None`` is for caches
+        that take any position (:class:`MemoryStep`).
         """
         return self.model.config.seq_length
 
@@ -366,7 +367,7 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, keep: 
         if keep:
             history.append(logp)
         peaks.append(row_peaks(logp))  # (n, 1): NaN or +inf where the row holds one
-        nxt = sample_next(logp, **sampling)
+        nxt = _sample_next(logp, peaks[-1], **sampling)  # the options were checked by the caller
         if eos is not None:
             nxt = nxt.masked_fill(done, eos)
             done = done | (nxt == eos)

@@ -55,6 +55,8 @@ def check_finite_logp(logp: Tensor) -> None:
     Raises:
         ValueError: some entry is NaN or +inf; the message counts the rows and names the first.
     """
+    if logp.numel() == 0:  # no entry, nothing wrong (and no maximum to take)
+        return
     _check_peaks(row_peaks(logp))
 
 
@@ -114,7 +116,14 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a float tensor of shape (n, v) with v >= 1, got {shape}")
     check_sampling(temperature, top_k, top_p)
-    peak = row_peaks(logp)  # (n, 1)
+    return _sample_next(logp, row_peaks(logp), temperature=temperature, top_k=top_k, top_p=top_p,
+                        generator=generator)
+
+
+def _sample_next(logp: Tensor, peak: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
+                 generator: torch.Generator | None) -> Tensor:
+    """:func:`sample_next` of checked ``logp`` ``(n, v)`` and options, given its row maxima ``peak`` ``(n, 1)``
+    (which a decoding loop also keeps, to check them all at the end)."""
     if logp.device.type == "cpu":
         _check_peaks(peak)
         impossible = peak.isneginf()

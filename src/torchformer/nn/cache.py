@@ -449,7 +449,8 @@ class BlockCache:
     a block without cross-attention.
 
     Args:
-        capacity: slots of the self-attention cache (the model's ``seq_length``).
+        capacity: slots of the self-attention cache: the most positions it holds (what the model's
+            ``new_caches`` was asked for, else its ``seq_length``).
         ring: the self-attention cache is a :class:`RingKVCache` (a segment memory) instead of a
             :class:`KVCache`.
     """

@@ -26,7 +26,7 @@ from torchformer._checks import autocast_enabled, check_choice, check_positive_f
 from torchformer.config import NORMS
 
 
-# torch.nn.functional.rms_norm, a kernel of its own (torch 2.4+).
+# torch.nn.functional.rms_norm (PyTorch 2.4 and later): one call where the formula is several.
 HAS_RMS_NORM_KERNEL = hasattr(F, "rms_norm")
 
 

@@ -428,7 +428,8 @@ class Rotary(AttentionPositions):
         if torch.compiler.is_compiling():  # a constant the compiler folds: nothing to keep
             return self.compute_frequencies(device)
         if device not in self._theta:  # a decoding step rotates 2 * depth times: compute them once
-            self._theta[device] = self.compute_frequencies(device)
+            with torch.inference_mode(False):  # a plain tensor, usable outside inference_mode too
+                self._theta[device] = self.compute_frequencies(device)
         return self._theta[device]
 
     def compute_frequencies(self, device: torch.device) -> Tensor:
@@ -465,18 +466,23 @@ class Rotary(AttentionPositions):
             ``(cos, sin)``, each ``(t, s/2)``.
         """
         # The queries and then the keys of a layer rotate at the same positions: the second call reuses the
-        # first's angles, as long as the positions tensor is the same one, unchanged (its version counter, which
-        # every in-place write moves; inference tensors have none, and a compiled graph keeps nothing).
-        remember = not torch.compiler.is_compiling() and not positions.is_inference()
-        if remember and self._last is not None:
-            last, version, last_dtype, cos, sin = self._last
-            if last is positions and version == positions._version and last_dtype == dtype:
-                return cos, sin
+        # first's angles. Only for the very same tensors, unchanged (their version counters move with every
+        # in-place write; inference tensors have none), in the same grad and inference modes (angles made under
+        # inference_mode cannot be saved for a backward pass); never learned frequencies, nor while compiling.
         theta = self.frequencies(positions.device)  # (s/2,)
+        remember = not (torch.compiler.is_compiling() or positions.is_inference() or theta.is_inference()
+                        or theta.requires_grad)
+        if remember:
+            key = (positions._version, theta._version, dtype, torch.is_grad_enabled(),
+                   torch.is_inference_mode_enabled())
+            if self._last is not None:
+                last_positions, last_theta, last_key, cos, sin = self._last
+                if last_positions is positions and last_theta is theta and last_key == key:
+                    return cos, sin
         angles = positions.to(torch.float64)[:, None] * theta  # (t, s/2)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        if remember and not cos.requires_grad:  # learned frequencies (a variant's) are part of this step's graph
-            self._last = (positions, positions._version, dtype, cos, sin)
+        if remember:
+            self._last = (positions, theta, key, cos, sin)
         return cos, sin
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
