@@ -52,7 +52,8 @@ from torchformer._checks import (
     values_checkable, values_checked,
 )
 from torchformer.config import TransformerConfig
-from torchformer.decoding.sampling import _sample_next, check_finite_logp, check_sampling, row_peaks, sample_next
+from torchformer.decoding.sampling import check_finite_logp, check_sampling, row_peaks, sample_next
+from torchformer.decoding.speculative import speculative_loop
 from torchformer.nn.cache import BlockCache
 
 __all__ = ["EagerStep", "MemoryStep", "beam_search", "generate", "sample_next", "seq2seq_generate"]
@@ -367,7 +368,7 @@ def _sample_loop(stepper, tokens: Tensor, steps: int, *, eos: int | None, keep: 
         if keep:
             history.append(logp)
         peaks.append(row_peaks(logp))  # (n, 1): NaN or +inf where the row holds one
-        nxt = _sample_next(logp, peaks[-1], **sampling)  # the options were checked by the caller
+        nxt = sample_next(logp, peak=peaks[-1], **sampling)
         if eos is not None:
             nxt = nxt.masked_fill(done, eos)
             done = done | (nxt == eos)
@@ -443,7 +444,8 @@ def _normalise(total: Tensor, length: Tensor, length_penalty: float) -> Tensor:
 def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: Optional[int] = None, top_p: Optional[float] = None, eos: Optional[int] = None,
              use_cache: bool = True, generator: Optional[torch.Generator] = None, return_logprobs: bool = False,
-             step: Optional[EagerStep] = None, prompt_mask: Optional[Tensor] = None) -> Tensor | tuple[Tensor, Tensor]:
+             step: Optional[EagerStep] = None, prompt_mask: Optional[Tensor] = None, draft: Optional[nn.Module] = None,
+             lookahead: Optional[int] = None) -> Tensor | tuple[Tensor, Tensor]:
     """Extend ``prompt`` by ``max_new_tokens`` tokens, sampled (or greedy) from a generator model.
 
     The returned sequences start with the whole prompt, but the model only ever sees the last ``model.seq_length``
@@ -473,10 +475,20 @@ def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperatu
             the left (as Hugging Face tokenizers pad for generation): each row then decodes as its prompt alone
             (the padding masked, positions counted from each row's first real token), with or without the cache.
             The prompt and the new tokens must fit ``seq_length``, and ``step`` must be left out.
+        draft: a small decoder-only model of the same vocabulary for speculative decoding
+            (:mod:`~torchformer.decoding.speculative`): it proposes ``lookahead`` tokens, the model checks them in
+            one call. Greedy output is plain greedy decoding's, sampled output has the model's distribution. The
+            prompt and the new tokens must fit both models' ``seq_length``; no ``step``, ``prompt_mask`` or
+            ``use_cache=False``. ``None``: no draft.
+        lookahead: the tokens the draft proposes per round, ``>= 1`` (4 if ``None``); only with ``draft``.
 
     Returns:
         The token ids ``(b, t + max_new_tokens)`` for a prompt ``(b, t)``; with ``return_logprobs``, also the
         log-probabilities ``(b, max_new_tokens, v)``.
+
+    Raises:
+        TypeError: ``model`` (or ``draft``) is not a decoder-only model, or ``generator`` not a generator.
+        ValueError: an option is out of range or contradicts another (each message names it).
     """
     config = decoder_config(model, "generate")
     # The prompt's values too, once per call (whatever the model's check_values): the loop reads none.
@@ -492,6 +504,14 @@ def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperatu
         _check_prompt_mask(prompt_mask, prompt, max_new_tokens, config.seq_length, step)
     if step is not None and not use_cache:
         raise ValueError(f"step={type(step).__name__} runs cached steps, but use_cache is False: leave one out")
+    if draft is not None:
+        _check_draft(draft, config, prompt, max_new_tokens, use_cache=use_cache, step=step, prompt_mask=prompt_mask)
+        with values_checked():
+            return _speculative(model, draft, prompt, max_new_tokens, lookahead=4 if lookahead is None else
+                                check_positive_int(lookahead, "lookahead"), eos=eos, keep=return_logprobs,
+                                temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    if lookahead is not None:
+        raise ValueError(f"lookahead={lookahead!r} is the draft's proposals per round: give a draft model too")
     if step is None and use_cache:
         step = EagerStep(model)
     with values_checked():  # the prompt is checked; the model reads no values at each token (a GPU would wait)
@@ -499,6 +519,34 @@ def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperatu
         tokens, logprobs = _sample_loop(stepper, prompt, max_new_tokens, eos=eos, keep=return_logprobs,
                                         temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     return (tokens, logprobs) if return_logprobs else tokens
+
+
+def _check_draft(draft: object, config: TransformerConfig, prompt: Tensor, new: int, *, use_cache: bool,
+                 step: object, prompt_mask: object) -> None:
+    """A draft for speculative decoding: decoder-only, of the model's vocabulary, with everything in both windows."""
+    draft_config = decoder_config(draft, "generate's draft")
+    if draft_config.num_tokens != config.num_tokens:
+        raise ValueError(f"draft must share the model's vocabulary ({config.num_tokens} tokens), got a draft of "
+                         f"{draft_config.num_tokens}")
+    if not use_cache:
+        raise ValueError("use_cache=False contradicts draft: speculative decoding runs both models with their caches")
+    if step is not None:
+        raise ValueError(f"step={type(step).__name__} is not supported with a draft: speculative decoding calls both "
+                         f"models eagerly; leave step out")
+    if prompt_mask is not None:
+        raise ValueError("prompt_mask is not supported with a draft (prompts of one length only): decode the "
+                         "padded batch without a draft, or each prompt alone")
+    window = min(config.seq_length, draft_config.seq_length)
+    if prompt.size(1) + new > window:
+        raise ValueError(f"with a draft, the prompt and the new tokens must fit both models' seq_length (no "
+                         f"window slides): the prompt's {prompt.size(1)} positions and max_new_tokens={new} make "
+                         f"{prompt.size(1) + new}, more than {window}")
+
+
+def _speculative(model: nn.Module, draft: nn.Module, prompt: Tensor, new: int, *, keep: bool,
+                 **options) -> Tensor | tuple[Tensor, Tensor]:
+    tokens, logprobs = speculative_loop(model, draft, prompt, new, keep=keep, **options)
+    return (tokens, logprobs) if keep else tokens  # type: ignore[return-value]
 
 
 @torch.no_grad()

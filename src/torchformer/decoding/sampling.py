@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchformer._checks import check_positive_int, is_number
 
-__all__ = ["check_finite_logp", "check_sampling", "row_peaks", "sample_next"]
+__all__ = ["check_finite_logp", "check_sampling", "filtered_logits", "is_greedy", "row_peaks", "sample_next"]
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -84,7 +84,7 @@ def _check_peaks(peak: Tensor) -> None:
 
 
 def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                generator: torch.Generator | None = None) -> Tensor:
+                generator: torch.Generator | None = None, peak: Tensor | None = None) -> Tensor:
     """Choose one token per row from log-probabilities (or logits) ``(n, v)``; returns token ids ``(n,)``.
 
     ``temperature=0`` (or ``top_k=1``, or a temperature below float32's smallest normal number, 1.2e-38) is greedy:
@@ -104,6 +104,8 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
         top_p: keep only the nucleus of probability ``top_p``; ``None`` or 1: all.
         generator: the :class:`torch.Generator` to sample with, on ``logp``'s device; ``None``: torch's global
             one. Greedy decoding draws nothing.
+        peak: ``logp``'s row maxima ``(n, 1)`` (:func:`row_peaks`), when the caller has them already (a decoding
+            loop keeps them, to check them all at the end); ``None``: computed here.
 
     Returns:
         The chosen token ids ``(n,)``, long.
@@ -116,24 +118,48 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a float tensor of shape (n, v) with v >= 1, got {shape}")
     check_sampling(temperature, top_k, top_p)
-    return _sample_next(logp, row_peaks(logp), temperature=temperature, top_k=top_k, top_p=top_p,
-                        generator=generator)
-
-
-def _sample_next(logp: Tensor, peak: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
-                 generator: torch.Generator | None) -> Tensor:
-    """:func:`sample_next` of checked ``logp`` ``(n, v)`` and options, given its row maxima ``peak`` ``(n, 1)``
-    (which a decoding loop also keeps, to check them all at the end)."""
+    peak = row_peaks(logp) if peak is None else peak  # (n, 1)
     if logp.device.type == "cpu":
         _check_peaks(peak)
         impossible = peak.isneginf()
         if bool(impossible.any()):
             raise ValueError(f"row {int(impossible.flatten().nonzero()[0])} of logp gives every token log-probability "
                              f"-inf: there is no token to choose")
+    if is_greedy(temperature, top_k):
+        return logp.argmax(dim=-1)
+    logits = filtered_logits(logp, peak, temperature=temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def is_greedy(temperature: float, top_k: int | None) -> bool:
+    """Whether these options pick the most likely token (:func:`sample_next`'s greedy cases).
+
+    Args:
+        temperature: as in :func:`sample_next`, checked.
+        top_k: as in :func:`sample_next`, checked.
+
+    Returns:
+        True for ``temperature`` 0 (or below float32's smallest normal number) or ``top_k=1``.
+    """
     # Below float32's smallest normal number a temperature would round to 0 in the division (0/0 = NaN); long
     # before that, every other token's probability is exactly 0: it is greedy decoding.
-    if temperature < torch.finfo(torch.float32).tiny or top_k == 1:
-        return logp.argmax(dim=-1)
+    return temperature < torch.finfo(torch.float32).tiny or top_k == 1
+
+
+def filtered_logits(logp: Tensor, peak: Tensor, *, temperature: float, top_k: int | None,
+                    top_p: float | None) -> Tensor:
+    """The logits whose softmax :func:`sample_next` samples from: tempered, then cut to the top-k and the nucleus.
+
+    Args:
+        logp: log-probabilities or logits ``(..., v)``.
+        peak: their row maxima ``(..., 1)`` (:func:`row_peaks`).
+        temperature: as in :func:`sample_next`, not greedy (:func:`is_greedy`).
+        top_k: as in :func:`sample_next`.
+        top_p: as in :func:`sample_next`.
+
+    Returns:
+        ``(..., v)``, at least float32; ``-inf`` outside the support.
+    """
     # Half precision loses too much in the softmax and cumulative sums below.
     logits = logp.float() if logp.element_size() < 4 else logp
     # Shifting each row by its maximum changes no probability, and keeps a tiny temperature from turning the
@@ -151,4 +177,4 @@ def _sample_next(logp: Tensor, peak: Tensor, *, temperature: float, top_k: int |
         drop_sorted = before >= top_p  # the nucleus is complete before this token; column 0 always stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -math.inf)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    return logits
