@@ -95,6 +95,10 @@ SHAPES = {  # (transformers' config class, its arguments): 6 layers of width 512
                                   intermediate_size=1536, max_position_embeddings=2048, vocab_size=8000)),
 }
 SETTINGS = [(1, 16), (16, 16), (1, 1000)]  # (batch, prompt length)
+# --toy: the same code at sizes a test runs in seconds (1 layer of width 32, a vocabulary of 64; short prompts).
+TOY = {"gpt2": dict(n_embd=32, n_layer=1, n_head=2), "llama": dict(hidden_size=32, num_hidden_layers=1,
+       num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)}
+TOY_SETTINGS = [(1, 4), (2, 4)]
 
 
 def against_transformers(args: argparse.Namespace, device: torch.device) -> list[dict]:
@@ -116,6 +120,8 @@ def against_transformers(args: argparse.Namespace, device: torch.device) -> list
     rows = []
     for shape in args.shapes:
         config_class, options = SHAPES[shape]
+        if args.toy:
+            options = {**options, **TOY[shape], "vocab_size": 64}
         config = getattr(transformers, config_class)(**options)
         torch.manual_seed(0)
         theirs = transformers.AutoModelForCausalLM.from_config(config).to(device).eval()
@@ -124,7 +130,7 @@ def against_transformers(args: argparse.Namespace, device: torch.device) -> list
             ours = from_huggingface(folder).to(device).eval()
         static = (StaticCacheGenerator(ours, compile=True, mode=args.mode, backend=args.backend) if args.compile
                   else None)
-        for batch, length in SETTINGS:
+        for batch, length in TOY_SETTINGS if args.toy else SETTINGS:
             prompt = torch.randint(0, config.vocab_size, (batch, length), device=device)
             new = args.new_tokens
 
@@ -183,6 +189,8 @@ def main() -> None:
                         "(a test dependency) instead of the cache variants")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES),
                         help="with --against: the checkpoints' shapes (default both)")
+    parser.add_argument("--toy", action="store_true", help="with --against: tiny checkpoints and prompts (a test of "
+                        "the benchmark itself, not a measurement)")
     args = parser.parse_args()
     if args.mode is not None and not args.compile:
         parser.error("--mode is a torch.compile mode: use it with --compile")
@@ -192,6 +200,8 @@ def main() -> None:
         parser.error("--absorb is latent attention's decoding path: use it with --latent-rank")
     if args.latent_rank is not None and args.kv_heads is not None:
         parser.error("--kv-heads and --latent-rank are two kinds of attention: give one")
+    if args.toy and not args.against:
+        parser.error("--toy sizes the --against checkpoints: use it with --against transformers")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

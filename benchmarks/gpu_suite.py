@@ -12,6 +12,8 @@ Stages (``--stages all`` runs them in this order):
 * ``step-768``:    the same for a 12-layer, emb 768, context 1024 model (GPT-2 small's shape, byte vocabulary)
 * ``decode``:      tokens/s without cache, with the growing cache, and the compiled static step with CUDA graphs,
                    batch 1 and 16, contexts 256 and 1024
+* ``decode-hf``:   ``benchmarks/generate.py --against transformers``: tokens/s of both libraries on the same
+                   random GPT-2 and Llama checkpoints, torchformer eager and compiled with CUDA graphs
 * ``enwik8``:      ``examples/generate_enwik8.py --preset gpu --compile --minutes 7.5 --final`` on ``--enwik8-data``
 * ``imdb``:        ``examples/classify_imdb.py --preset gpu --final`` on ``--imdb-data``
 * ``memory``:      peak memory and step time with and without activation checkpointing (``checkpoint_blocks``)
@@ -306,6 +308,32 @@ def run_decode(suite: Suite, record: dict) -> str:
     return "\n".join(lines)
 
 
+def run_decode_hf(suite: Suite, record: dict) -> str:
+    """benchmarks/generate.py --against transformers: the same random GPT-2 and Llama checkpoints in both libraries,
+    torchformer eager and with the compiled static step (CUDA graphs)."""
+    if importlib.util.find_spec("transformers") is None:
+        raise Skip("transformers is not installed (the comparison loads its checkpoints)")
+    flags = ["--against", "transformers", "--device", "cuda", "--compile", "--mode", "reduce-overhead"]
+    if suite.smoke:
+        flags = ["--against", "transformers", "--toy", "--device", "cpu", "--compile", "--backend", "eager",
+                 "--new-tokens", "4", "--repeats", "1", "--threads", "1"]
+    out = suite.work / "decode-hf.json"
+    status, _ = suite.run(record, suite.python("benchmarks/generate.py", *flags, "--json", str(out)))
+    if status != 0 or not out.exists():
+        record["status"] = "failed"
+        return "The benchmark did not finish: see log.txt."
+    rows = json.loads(out.read_text())["rows"]
+    record["figures"] = {"rows": rows}
+    lines = ["| shape | batch | prompt | transformers (tok/s) | torchformer (tok/s) | ratio | compiled (tok/s) | "
+             "compiled ratio | same tokens |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        rate = row["tok_s"]
+        lines.append(f"| {row['shape']} | {row['batch']} | {row['prompt']} | {rate['theirs']:,.1f} | "
+                     f"{rate['ours']:,.1f} | {row['ratio']:.2f}x | {rate['compiled']:,.1f} | "
+                     f"{row['compiled_ratio']:.2f}x | {row['same_tokens']:.0%} |")
+    return "\n".join(lines)
+
+
 def run_enwik8(suite: Suite, record: dict) -> str:
     """The enwik8 example's GPU preset for ``--enwik8-minutes`` of training, then the whole test split."""
     data = suite.args.enwik8_data
@@ -515,6 +543,8 @@ STAGES = {stage.name: stage for stage in [
           "(MFU over active parameters)", 240, run_step),
     Stage("decode-latent", "decoding with latent attention (DeepSeek's MLA) and with GQA of the same cache bytes",
           240, run_decode),
+    Stage("decode-hf", "decoding against transformers on the same GPT-2 and Llama checkpoints, eager and compiled "
+          "(CUDA graphs)", 300, run_decode_hf),
     Stage("enwik8", "enwik8 GPU preset, --minutes 7.5, test split", 535, run_enwik8),
     Stage("imdb", "IMDb GPU preset, test set", 300, run_imdb),
     Stage("imdb-pretrained", "IMDb: masked-LM pretraining on the unlabelled reviews, fine-tuning, test set", 540,

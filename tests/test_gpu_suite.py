@@ -101,6 +101,11 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     row = by["decode"]["figures"]["rows"][0]
     assert set(row["tok_s"]) == {"no cache", "cache", "static", "compiled"} and min(row["tok_s"].values()) > 0
     assert "--mode" not in by["decode"]["commands"][0]  # CUDA graphs only on the GPU
+    # against transformers: both shapes at both toy settings, the same greedy tokens in both libraries
+    against = by["decode-hf"]["figures"]["rows"]
+    assert [(row["shape"], row["batch"]) for row in against] == [("gpt2", 1), ("gpt2", 2), ("llama", 1), ("llama", 2)]
+    assert all(row["same_tokens"] == 1 and row["ratio"] > 0 and row["compiled_ratio"] > 0 for row in against)
+    assert "--against transformers" in by["decode-hf"]["commands"][0]
     # the two examples: their results.json figures
     assert by["enwik8"]["figures"]["split"] == "test" and by["enwik8"]["figures"]["bpb"] > 0
     assert "--preset gpu" in by["enwik8"]["commands"][0] and "--final" in by["enwik8"]["commands"][0]
@@ -139,8 +144,8 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 
 @pytest.mark.parametrize("stages, message", [
-    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, step-moe, decode-latent, enwik8, "
-                   "imdb, imdb-pretrained, memory, long-context, long-context-enwik8; got 'tests,nope'"),
+    ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, step-moe, decode-latent, "
+                   "decode-hf, enwik8, imdb, imdb-pretrained, memory, long-context, long-context-enwik8; got 'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
 ])
