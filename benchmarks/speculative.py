@@ -9,8 +9,9 @@ validation split:
 
 For each lookahead ``k`` the plain and the speculative call alternate within one process, on the same prompts:
 the ratio is the median of each round's pair (plain time / speculative time), so a machine that changes speed
-between rounds moves both. It also reports the target's calls per new token (1 without a draft) and, greedily,
-whether the tokens are plain greedy decoding's (they must be, up to float32 near-ties). ``--temperature 1``
+between rounds moves both. It also reports the target's calls per new token after the prompt's (plain decoding
+makes one for every new token but the first) and, greedily, whether the tokens are plain greedy decoding's (they
+must be, up to float32 near-ties). ``--temperature 1``
 samples instead (the ratio then compares two samplers of one distribution, not the same tokens).
 """
 
@@ -73,7 +74,7 @@ def main() -> None:
           f"{args.repeats} alternating rounds")
     run()
     run(draft=draft)  # warm-up
-    print(f"{'lookahead':>9} {'plain tok/s':>12} {'draft tok/s':>12} {'ratio':>6} {'target calls/token':>19} "
+    print(f"{'lookahead':>9} {'plain tok/s':>12} {'speculative tok/s':>18} {'ratio':>6} {'target calls/token':>19} "
           f"{'same tokens':>12}")
     for lookahead in [int(k) for k in args.lookahead.split(",")]:
         plain, fast, ratios, same, per_token = [], [], [], True, 0.0
@@ -87,7 +88,7 @@ def main() -> None:
             # Minus one prefill call per prompt: the rest verify proposals.
             per_token = (n_calls - len(prompts)) / (len(prompts) * args.new_tokens)
         tokens = len(prompts) * args.batch * args.new_tokens
-        print(f"{lookahead:>9} {tokens / statistics.median(plain):>12,.1f} {tokens / statistics.median(fast):>12,.1f} "
+        print(f"{lookahead:>9} {tokens / statistics.median(plain):>12,.1f} {tokens / statistics.median(fast):>18,.1f} "
               f"{statistics.median(ratios):>5.2f}x {per_token:>19.2f} "
               f"{('yes' if same else 'NO') if args.temperature == 0 else '(sampled)':>12}")
 

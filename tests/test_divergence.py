@@ -42,6 +42,15 @@ def test_check_finite_logp_takes_any_leading_shape():
     check_finite_logp(torch.zeros(0, 5))
 
 
+def test_sample_next_takes_the_row_maxima_it_is_given_only_in_their_shape():
+    logp = torch.zeros(3, 5)
+    with pytest.raises(ValueError, match=r"peak must be logp's row maxima, shape \(3, 1\), got \(3,\)"):
+        sample_next(logp, peak=torch.zeros(3))
+    logp[1, 2] = math.nan
+    with pytest.raises(ValueError, match="NaN"):  # the given maxima are what the check reads
+        sample_next(logp, peak=logp.amax(-1, keepdim=True))
+
+
 @pytest.mark.parametrize("call", [
     lambda m, p: generate(m, p, 4, temperature=0.0),
     lambda m, p: generate(m, p, 4, temperature=1.0),

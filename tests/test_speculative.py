@@ -17,7 +17,7 @@ from torchformer import TransformerConfig
 from torchformer.decoding.generation import generate
 from torchformer.decoding.speculative import accept
 from torchformer.families import LatentTransformer, MoETransformer
-from torchformer.models import GTransformer, Seq2SeqTransformer
+from torchformer.models import GTransformer, MLMTransformer, Seq2SeqTransformer
 from torchformer.nn.latent import LatentOptions
 from torchformer.nn.moe import MoEOptions
 
@@ -194,14 +194,35 @@ def test_the_draft_options_are_checked():
         generate(model, prompt, 4, draft=model, use_cache=False)
     with pytest.raises(ValueError, match="prompt_mask is not supported with a draft"):
         generate(model, prompt, 4, draft=model, prompt_mask=torch.ones(1, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="fit both models' seq_length .* make 25, more than 12"):
+    with pytest.raises(ValueError, match="the model must hold every position it reads: .* read 25 positions, but "
+                                         "its seq_length is 24"):
+        generate(model, prompt, 22, draft=model)
+    with pytest.raises(ValueError, match="the draft must hold every position it reads: .* read 23 positions, but "
+                                         "its seq_length is 12"):
         generate(model, prompt, 21, draft=GTransformer(16, 4, 1, 12, 13))
+    with pytest.raises(TypeError, match="MLMTransformer, which has no new_caches"):
+        generate(model, prompt, 4, draft=MLMTransformer(16, 4, 1, 24, 13))
+    with pytest.raises(ValueError, match="draft must be on the prompt's device \\(cpu\\), got a draft on meta"):
+        generate(model, prompt, 4, draft=lm(depth=1).to("meta"))
 
 
-def test_a_diverged_target_is_reported():
-    model, draft = lm(), lm(depth=1, seed=1)
+def test_the_windows_hold_exactly_the_positions_each_model_reads():
+    # The last new token is never read back, and the draft proposes one token fewer than a round adds: a prompt
+    # filling the model's context still takes one new token, and a draft one position shorter suffices.
+    model, draft = lm(positions="rotary"), lm(depth=1, seed=1)
+    full = torch.randint(0, 13, (2, 24), generator=torch.Generator().manual_seed(6))
+    assert torch.equal(generate(model, full, 1, temperature=0, draft=draft), generate(model, full, 1, temperature=0))
+    short = GTransformer(16, 4, 1, 23, 13).double().eval()  # learned positions: one past its window would raise
+    prompt = full[:, :20]
+    assert torch.equal(generate(model, prompt, 5, temperature=0, draft=short),
+                       generate(model, prompt, 5, temperature=0))
+
+
+@pytest.mark.parametrize("diverged", ["model", "draft"])
+def test_a_diverged_model_or_draft_is_reported_by_name(diverged):
+    models = {"model": lm(), "draft": lm(depth=1, seed=1)}
     with torch.no_grad():
-        for p in model.parameters():
+        for p in models[diverged].parameters():
             p.fill_(float("nan"))
-    with pytest.raises(ValueError, match="NaN.*did training diverge"):
-        generate(model, torch.zeros(2, 3, dtype=torch.long), 5, draft=draft, temperature=1.0)
+    with pytest.raises(ValueError, match=f"the {diverged}'s log-probabilities hold NaN.*did training diverge"):
+        generate(models["model"], torch.zeros(2, 3, dtype=torch.long), 5, draft=models["draft"], temperature=1.0)

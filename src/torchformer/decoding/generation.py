@@ -329,11 +329,12 @@ def decoder_config(model: object, caller: str, *, encoder_decoder: bool = False)
         ``model.config``.
 
     Raises:
-        TypeError: ``model`` has no :class:`~torchformer.config.TransformerConfig`, is a classifier, or is of the
-            other kind (decoder-only or encoder-decoder).
+        TypeError: ``model`` has no :class:`~torchformer.config.TransformerConfig` or no ``new_caches`` (a
+            masked-LM encoder), is a classifier, or is of the other kind (decoder-only or encoder-decoder).
     """
     config = getattr(model, "config", None)
-    if isinstance(config, TransformerConfig) and config.num_classes is None and \
+    caches = hasattr(model, "new_caches")  # the protocol's caches: a masked-LM encoder has a config but none
+    if isinstance(config, TransformerConfig) and config.num_classes is None and caches and \
             (config.tgt_tokens is not None) == encoder_decoder:
         return config
     wanted = ("an encoder-decoder model (Seq2SeqTransformer)" if encoder_decoder
@@ -341,6 +342,8 @@ def decoder_config(model: object, caller: str, *, encoder_decoder: bool = False)
     got = type(model).__name__
     if isinstance(config, TransformerConfig) and config.num_classes is not None:
         got += ", a classifier"
+    elif isinstance(config, TransformerConfig) and not caches:
+        got += ", which has no new_caches (not a generator)"
     raise TypeError(f"{caller} needs {wanted}, got {got}")
 
 
@@ -477,9 +480,11 @@ def generate(model: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperatu
             The prompt and the new tokens must fit ``seq_length``, and ``step`` must be left out.
         draft: a small decoder-only model of the same vocabulary for speculative decoding
             (:mod:`~torchformer.decoding.speculative`): it proposes ``lookahead`` tokens, the model checks them in
-            one call. Greedy output is plain greedy decoding's, sampled output has the model's distribution. The
-            prompt and the new tokens must fit both models' ``seq_length``; no ``step``, ``prompt_mask`` or
-            ``use_cache=False``. ``None``: no draft.
+            one call. Greedy output is plain greedy decoding's (up to floating-point rounding: a near-tie in
+            bfloat16 can flip, as between cached and uncached decoding), sampled output has the model's
+            distribution; both models in eval mode (dropout, or experts' capacity per batch, would break this).
+            Every position read must fit each model's ``seq_length`` (no sliding window); no ``step``,
+            ``prompt_mask`` or ``use_cache=False``. ``None``: no draft.
         lookahead: the tokens the draft proposes per round, ``>= 1`` (4 if ``None``); only with ``draft``.
 
     Returns:
@@ -536,11 +541,18 @@ def _check_draft(draft: object, config: TransformerConfig, prompt: Tensor, new: 
     if prompt_mask is not None:
         raise ValueError("prompt_mask is not supported with a draft (prompts of one length only): decode the "
                          "padded batch without a draft, or each prompt alone")
-    window = min(config.seq_length, draft_config.seq_length)
-    if prompt.size(1) + new > window:
-        raise ValueError(f"with a draft, the prompt and the new tokens must fit both models' seq_length (no "
-                         f"window slides): the prompt's {prompt.size(1)} positions and max_new_tokens={new} make "
-                         f"{prompt.size(1) + new}, more than {window}")
+    # The positions each model reads (the last new token is never read back; the draft proposes one token fewer
+    # than a round adds): with a draft, the window cannot slide.
+    t = prompt.size(1)
+    for name, length, reads in [("model", config.seq_length, t + new - 1),
+                                ("draft", draft_config.seq_length, t + new - 2 if new > 1 else 0)]:
+        if reads > length:
+            raise ValueError(f"with a draft, the {name} must hold every position it reads: the prompt's {t} tokens "
+                             f"and max_new_tokens={new} make it read {reads} positions, but its seq_length is "
+                             f"{length} (without a draft, generate slides the window instead)")
+    weight = next(iter(draft.parameters()), None)  # type: ignore[attr-defined]
+    if weight is not None and weight.device != prompt.device:
+        raise ValueError(f"draft must be on the prompt's device ({prompt.device}), got a draft on {weight.device}")
 
 
 def _speculative(model: nn.Module, draft: nn.Module, prompt: Tensor, new: int, *, keep: bool,

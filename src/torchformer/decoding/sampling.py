@@ -41,7 +41,7 @@ def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
         raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
 
 
-def check_finite_logp(logp: Tensor) -> None:
+def check_finite_logp(logp: Tensor, *, source: str = "the model") -> None:
     """Raise ``ValueError`` if the log-probabilities ``(..., v)`` hold NaN or +inf.
 
     Argmax would silently pick that entry, and sampling would fail deep inside ``torch.multinomial``. (``-inf`` is
@@ -51,13 +51,14 @@ def check_finite_logp(logp: Tensor) -> None:
 
     Args:
         logp: log-probabilities (or scores, or their row maxima) ``(..., v)``, on any device.
+        source: what made them, for the message (``"the draft"`` in speculative decoding).
 
     Raises:
         ValueError: some entry is NaN or +inf; the message counts the rows and names the first.
     """
     if logp.numel() == 0:  # no entry, nothing wrong (and no maximum to take)
         return
-    _check_peaks(row_peaks(logp))
+    _check_peaks(row_peaks(logp), source)
 
 
 def row_peaks(logp: Tensor) -> Tensor:
@@ -74,11 +75,11 @@ def row_peaks(logp: Tensor) -> Tensor:
     return logp.amax(dim=-1, keepdim=True)
 
 
-def _check_peaks(peak: Tensor) -> None:
+def _check_peaks(peak: Tensor, source: str = "the model") -> None:
     bad = peak.isnan() | peak.isposinf()  # (..., 1)
     if bool(bad.any()):
         rows = bad.flatten().nonzero().flatten().tolist()
-        raise ValueError(f"the model's log-probabilities hold NaN or +inf (in {len(rows)} of {bad.numel()} rows, the "
+        raise ValueError(f"{source}'s log-probabilities hold NaN or +inf (in {len(rows)} of {bad.numel()} rows, the "
                          f"first at row {rows[0]}): its weights are probably NaN or infinite (did training diverge?), "
                          f"or its input holds NaN")
 
@@ -105,20 +106,25 @@ def sample_next(logp: Tensor, *, temperature: float = 1.0, top_k: int | None = N
         generator: the :class:`torch.Generator` to sample with, on ``logp``'s device; ``None``: torch's global
             one. Greedy decoding draws nothing.
         peak: ``logp``'s row maxima ``(n, 1)`` (:func:`row_peaks`), when the caller has them already (a decoding
-            loop keeps them, to check them all at the end); ``None``: computed here.
+            loop keeps them, to check them all at the end); trusted, so the NaN check reads them instead of
+            ``logp``. ``None``: computed here.
 
     Returns:
         The chosen token ids ``(n,)``, long.
 
     Raises:
-        ValueError: ``logp`` is not a float ``(n, v)`` tensor, a sampling option is out of range, or (CPU only)
-            ``logp`` holds NaN or +inf, or a row is ``-inf`` everywhere.
+        ValueError: ``logp`` is not a float ``(n, v)`` tensor, ``peak`` not ``(n, 1)``, a sampling option is out of
+            range, or (CPU only) ``logp`` holds NaN or +inf, or a row is ``-inf`` everywhere.
     """
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point() or logp.size(-1) == 0:
         shape = tuple(logp.shape) if isinstance(logp, Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a float tensor of shape (n, v) with v >= 1, got {shape}")
     check_sampling(temperature, top_k, top_p)
-    peak = row_peaks(logp) if peak is None else peak  # (n, 1)
+    if peak is None:
+        peak = row_peaks(logp)  # (n, 1)
+    elif not isinstance(peak, Tensor) or tuple(peak.shape) != (logp.size(0), 1):
+        shape = tuple(peak.shape) if isinstance(peak, Tensor) else type(peak).__name__
+        raise ValueError(f"peak must be logp's row maxima, shape ({logp.size(0)}, 1), got {shape}")
     if logp.device.type == "cpu":
         _check_peaks(peak)
         impossible = peak.isneginf()

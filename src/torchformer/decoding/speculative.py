@@ -16,7 +16,8 @@ the distributions sampling draws from (after temperature, top-k and top-p).
 
 **The caches.** Slot ``p`` of a cache holds position ``p``, so a rejected proposal needs no rollback: its slot is
 written again in the next round, and no query reads it before then (the horizon and the causal mask stop at the
-query's position). Each model's caches hold every kept token but the last, which the next round reads first.
+query's position). At the start of a round the model's caches hold every kept token but the last, which it reads
+first; the draft's may lag one more (after a round whose proposals all stood), which its first read catches up.
 
 **Batches.** Rows accept different numbers of proposals; a round keeps, in every row, the fewest any row kept.
 Whether a row keeps its ``j``-th token then depends on earlier draws only, not on that token, so each row is
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 
 from torchformer.decoding.sampling import check_finite_logp, filtered_logits, is_greedy, row_peaks
 
-__all__ = ["speculative_loop"]
+__all__ = ["accept", "speculative_loop"]
 
 
 class _Reader:
@@ -106,7 +107,8 @@ def speculative_loop(model: nn.Module, draft: nn.Module, tokens: Tensor, steps: 
     Args:
         model: the target, a decoder-only model with the generation protocol.
         draft: the draft, likewise, of the same vocabulary.
-        tokens: the prompt ``(n, t)``; ``t + steps`` fits both models' ``seq_length``.
+        tokens: the prompt ``(n, t)``; the model's ``seq_length`` holds ``t + steps - 1`` positions, the draft's
+            ``t + steps - 2`` (the positions each reads).
         steps: the tokens to add.
         lookahead: the proposals ``k`` per round.
         eos: once a row emits it, the rest of the row is ``eos``.
@@ -123,11 +125,14 @@ def speculative_loop(model: nn.Module, draft: nn.Module, tokens: Tensor, steps: 
     n, t = tokens.shape
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     greedy = is_greedy(temperature, top_k)
-    target, proposer = _Reader(model, t + steps), _Reader(draft, t + steps)
-    for reader in (target, proposer):  # every prompt token but the last, which the first round reads
+    # The last new token is never read back: the model reads positions up to t + steps - 2, the draft (which
+    # proposes one token fewer than a round adds) up to t + steps - 3.
+    target, proposer = _Reader(model, t + steps - 1), _Reader(draft, max(1, t + steps - 2))
+    # Every prompt token but the last, which the first round reads (the draft's only if it will propose).
+    for reader in (target, proposer) if steps > 1 else (target,):
         if t > 1:
             reader.read(tokens, t - 1, keep_last=1)
-    history, peaks, start = [], [], t
+    history, peaks, draft_peaks, start = [], [], [], t
     done = torch.zeros(n, dtype=torch.bool, device=tokens.device)  # rows that emitted eos
     while tokens.size(1) < start + steps:
         length = tokens.size(1)
@@ -137,9 +142,9 @@ def speculative_loop(model: nn.Module, draft: nn.Module, tokens: Tensor, steps: 
         for i in range(k):
             logq = proposer.read(proposals, length + i, keep_last=1)[:, -1]  # (n, v)
             peak = row_peaks(logq)
-            peaks.append(peak)
+            draft_peaks.append(peak)
             if tokens.device.type == "cpu":  # free here; on an accelerator checked once, at the end
-                check_finite_logp(peak)
+                check_finite_logp(peak, source="the draft")
             if greedy:
                 d = logq.argmax(dim=-1, keepdim=True)  # (n, 1)
             else:
@@ -173,6 +178,8 @@ def speculative_loop(model: nn.Module, draft: nn.Module, tokens: Tensor, steps: 
             if bool(done.all()):
                 break
     check_finite_logp(torch.cat([p.reshape(n, -1) for p in peaks], dim=1))
+    if draft_peaks:
+        check_finite_logp(torch.cat(draft_peaks, dim=1), source="the draft")
     return _finish(tokens, history if keep else None, start, steps, eos)
 
 
