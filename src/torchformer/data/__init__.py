@@ -9,10 +9,12 @@
 * :mod:`torchformer.data.tokenizers`: word- and byte-level tokenizers with no heavy dependency.
 * :mod:`torchformer.data.bpe`: byte-level BPE learned from the training texts (the optional ``tokenizers`` package).
 * :mod:`torchformer.data.batching`: padding with masks and length bucketing.
+* :mod:`torchformer.data.packing`: several whole documents per row (less padding), with each token's document.
 * :mod:`torchformer.data.encoded`: a tokenized corpus kept on disk, keyed by the texts and the tokenizer.
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
+from torchformer.data.packing import Piece, pack, packed_batch, padding_fraction
 from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import (
     ChecksumError, DataFileError, DataNotFoundError, default_root, download, file_digest, verify,
@@ -29,6 +31,7 @@ __all__ = [
     "ClassificationBatches",
     "DataFileError",
     "DataNotFoundError",
+    "Piece",
     "WordTokenizer",
     "bucket_batches",
     "deduplicate",
@@ -40,7 +43,10 @@ __all__ = [
     "imdb",
     "imdb_unlabelled",
     "load_text_bytes",
+    "pack",
+    "packed_batch",
     "pad_batch",
+    "padding_fraction",
     "random_batches",
     "sample_path",
     "tokenizer_from_state_dict",

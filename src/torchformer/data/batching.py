@@ -24,7 +24,7 @@ from torch import Tensor
 
 from torchformer._checks import check_bool, is_int
 
-__all__ = ["pad_batch", "bucket_batches", "ClassificationBatches"]
+__all__ = ["pad_batch", "bucket_batches", "ClassificationBatches", "to_device"]
 
 
 def _check_int(name: str, value: object, minimum: int = 1) -> int:
@@ -97,15 +97,22 @@ def pad_batch(sequences: Sequence[Sequence[int]], *, max_length: int | None = No
     # Row-major order of the True positions = the concatenation order of `flat`,
     # because each row's real tokens are a prefix of that row.
     ids[mask] = flat.long()
-    return _to_device(ids, device), _to_device(mask, device)
+    return to_device(ids, device), to_device(mask, device)
 
 
-def _to_device(x: Tensor, device: torch.device | str | None) -> Tensor:
+def to_device(x: Tensor, device: torch.device | str | None) -> Tensor:
     """``x`` (on the CPU) moved to ``device`` without making the host wait for the GPU.
 
     A plain ``x.to("cuda")`` from ordinary (pageable) memory waits until the GPU has finished all the work queued
     before it, once per batch. From pinned (page-locked) memory the copy is queued like a kernel
     (``non_blocking``); PyTorch keeps the pinned buffer alive until the copy has run.
+
+    Args:
+        x: a CPU tensor (a batch being built).
+        device: where it goes; ``None``: it stays.
+
+    Returns:
+        ``x`` on ``device``.
     """
     if device is None:
         return x
@@ -240,7 +247,7 @@ class ClassificationBatches:
         for indices in bucket_batches(self.lengths, self.batch_size, shuffle=self.shuffle, generator=self.generator):
             ids, mask = pad_batch([self.encoded[i] for i in indices], max_length=self.max_length, pad=self.pad,
                                   device=self.device)
-            yield ids, mask, _to_device(self.labels[indices], self.device)
+            yield ids, mask, to_device(self.labels[indices], self.device)
 
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.batch_size)
