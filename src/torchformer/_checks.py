@@ -448,6 +448,27 @@ def check_sequence_inputs(x: object, mask: object, positions: object, emb: int, 
     return b, t
 
 
+def check_documents(documents: object, b: int, t: int, device: torch.device) -> None:
+    """The door check of a packed row's ``documents``: integer ``(b, t)`` on ``device`` (shapes and dtypes only)."""
+    if not isinstance(documents, Tensor):
+        raise TypeError(f"documents must be a torch.Tensor of shape (b, t) = ({b}, {t}), got {type(documents).__name__}")
+    if documents.dtype.is_floating_point or documents.dtype.is_complex or documents.dtype == torch.bool:
+        raise TypeError(f"documents must hold integer document indices (torch.long), got dtype {documents.dtype}")
+    if tuple(documents.shape) != (b, t):
+        raise ValueError(f"documents must have shape (b, t) = ({b}, {t}), the document of each token, got "
+                         f"{tuple(documents.shape)}")
+    if documents.device != device:
+        raise ValueError(f"documents must be on the tokens' device ({device}), got {documents.device}")
+
+
+def check_document_values(documents: Tensor) -> None:
+    """A model's value check of packed rows' ``documents`` ``(b, t)``: each document's tokens together, in order
+    (non-decreasing along each row). One read of the device: call it where :func:`values_checkable` allows."""
+    if documents.size(1) > 1 and not bool((documents[:, 1:] >= documents[:, :-1]).all()):
+        raise ValueError("documents must not decrease along a row: each document's tokens sit together, one "
+                         "document after another (as torchformer.data.packing.packed_batch numbers them)")
+
+
 def check_context(context: object, context_mask: object, emb: int, batch: int | None = None, *,
                   like: Tensor | None = None) -> int:
     """The door check of the context a cross-attention reads, ``(b, u, emb)`` with the queries' ``b`` if given

@@ -34,8 +34,8 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from torchformer._checks import (
-    check_bool, check_cached_positions, check_embeddings, check_features, check_mask, check_positions,
-    check_positive_int, check_shift, check_tokens, is_int, values_checkable,
+    check_bool, check_cached_positions, check_document_values, check_documents, check_embeddings, check_features,
+    check_mask, check_positions, check_positive_int, check_shift, check_tokens, is_int, values_checkable,
 )
 from torchformer.config import TransformerConfig
 from torchformer.decoding import generation
@@ -44,6 +44,7 @@ from torchformer.nn.blocks import DecoderBlock, TransformerBlock
 from torchformer.nn.cache import BlockCache, check_caches
 from torchformer.nn.embedding import TokenEmbedding, input_embedding
 from torchformer.nn.heads import ClassifierHead, GeneratorHead, MaskedLMHead
+from torchformer.nn.masks import document_positions
 from torchformer.nn.stacks import Decoder, Encoder
 
 
@@ -232,6 +233,26 @@ class TransformerModel(nn.Module):
     @check_values.setter
     def check_values(self, value: bool) -> None:
         self._check_values = check_bool(value, "check_values")  # "no" would be truthy
+
+    def packed_positions(self, documents: Tensor, x: Tensor) -> Tensor:
+        """The door check of packed rows' ``documents``; each token's position within its document.
+
+        Args:
+            documents: ``(b, t)`` integer, the document of each token of ``x`` (non-decreasing along a row, read
+                when the model checks values).
+            x: the token ids ``(b, t)``.
+
+        Returns:
+            ``(b, t)`` long, from 0 at each document's first token: what the position embedding reads.
+
+        Raises:
+            TypeError: ``documents`` is not an integer tensor.
+            ValueError: its shape or device is not ``x``'s, or (values checked) it decreases along a row.
+        """
+        check_documents(documents, x.size(0), x.size(1), x.device)
+        if self.check_values and values_checkable(documents):
+            check_document_values(documents)
+        return document_positions(documents)
 
     def check_cache_positions(self, positions: Optional[Tensor], x: Tensor, caches: Optional[list[BlockCache]],
                               capacity: Optional[int], horizon: Optional[int]) -> Tensor:
@@ -523,20 +544,23 @@ class MLMTransformer(TransformerModel):
                                  eps=config.norm_eps, scale=config.mlm_scale)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, select: Optional[Tensor] = None,
-                token_types: Optional[Tensor] = None) -> Tensor:
+                token_types: Optional[Tensor] = None, documents: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``; with ``select`` (bool ``(b, t)``, e.g. :attr:`MaskedTokens.chosen
         <torchformer.train.masked_lm.MaskedTokens.chosen>`) only the ``n`` selected positions' ``(n, v)``, in
         row-major order. Training needs no more: the loss counts the masked positions only, and the projection onto
         the vocabulary (``e * v`` per position) is most of the cost of a small model. ``token_types`` ``(b, t)``:
-        each token's type (BERT's segment: 0 for sentence A, 1 for B), with ``num_token_types`` (default: all 0)."""
+        each token's type (BERT's segment: 0 for sentence A, 1 for B), with ``num_token_types`` (default: all 0).
+        ``documents`` ``(b, t)``: packed rows, as in :meth:`GTransformer.forward` (each document sees only itself,
+        its positions counted from 0)."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.embedding.tokens.weight,
                         values=self.check_values)
         token_types = check_token_types(token_types, x, self.config, values=self.check_values)
         if select is not None:
             check_mask(select, "select", tuple(x.shape), true_means="a position to predict")  # indexes: any device
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
-        h = self.embedding(x, positions, token_types=token_types)  # (b, t) -> (b, t, e)
-        h = self.encoder(h, mask, positions=positions)
+        embedded = positions if documents is None else self.packed_positions(documents, x)  # (t,) or (b, t)
+        h = self.embedding(x, embedded, token_types=token_types)  # (b, t) -> (b, t, e)
+        h = self.encoder(h, mask, positions=positions, documents=documents)
         return self.head(h if select is None else h[select])  # (b, t, e) -> (b, t, v), or (n, e) -> (n, v)
 
     # The encoder is a classifier's, under the same name: its layers are listed the same way.
@@ -565,8 +589,8 @@ class GTransformer(TransformerModel):
             ``tie_weights=True``, ...).
 
     Shapes:
-        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)``, ``positions`` ``(t,)``, ``shift`` ``(b,)`` -> ``(b, t, v)``
-        log-probabilities of the next token (``(b, n, v)`` with ``keep_last=n``).
+        ``x`` ``(b, t)`` ids, ``mask`` ``(b, t)``, ``positions`` ``(t,)``, ``shift`` ``(b,)``, ``documents``
+        ``(b, t)`` -> ``(b, t, v)`` log-probabilities of the next token (``(b, n, v)`` with ``keep_last=n``).
     """
 
     block_class: type[TransformerBlock] = TransformerBlock
@@ -589,7 +613,8 @@ class GTransformer(TransformerModel):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, caches: Optional[list[BlockCache]] = None,
                 positions: Optional[Tensor] = None, shift: Optional[Tensor] = None,
-                horizon: Optional[int] = None, keep_last: Optional[int] = None) -> Tensor:
+                horizon: Optional[int] = None, keep_last: Optional[int] = None,
+                documents: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, t, v)``. ``positions`` ``(t,)`` are the absolute positions of ``x``'s tokens (default
         ``0 .. t-1``). With ``caches`` (see :meth:`new_caches`), ``x`` holds only the new tokens and ``positions``
         must say where they go, e.g. ``torch.arange(cached, cached + t)``; the earlier positions' keys and values
@@ -604,6 +629,12 @@ class GTransformer(TransformerModel):
 
         ``keep_last=n``: the head runs over the last ``n`` positions only, ``(b, n, v)`` (a prompt's next token
         needs the last one: the vocabulary projection and softmax of the others are skipped); ``None``: all.
+
+        ``documents`` ``(b, t)``: rows that pack several documents (:mod:`torchformer.data.packing`), the document
+        of each token, non-decreasing along a row. Each token then sees only its own document, and the position
+        embedding counts from 0 at each document's first token (the schemes inside attention see distances, which
+        packing leaves alone): every document's output is what it gets alone. Not with ``caches``, ``positions``
+        or ``shift``.
         """
         x = check_tokens(x, "x", self.config.num_tokens, values=self.check_values)  # type: ignore[arg-type]
         if mask is not None:
@@ -614,14 +645,22 @@ class GTransformer(TransformerModel):
         if caches is not None and x.size(1) > self.config.seq_length:  # a ring would keep less than its memory
             raise ValueError(f"x has {x.size(1)} positions, but with caches a call takes at most "
                              f"seq_length={self.config.seq_length}: feed a longer input a segment at a time")
+        if documents is not None:
+            for name, given in [("caches", caches), ("positions", positions), ("shift", shift)]:
+                if given is not None:
+                    raise ValueError(f"documents (packed rows) count each document's positions from 0 themselves: "
+                                     f"give no {name} with them")
+            within = self.packed_positions(documents, x)  # (b, t)
         positions = self.check_cache_positions(positions, x, caches, capacity, horizon)
         try:  # from here on the caches hold this call's horizon: cleared however the call ends
             embedded = positions
             if shift is not None:
                 shift = check_shift(shift, x.size(0), x.device)
                 embedded = (positions[None, :] - shift[:, None]).clamp(min=0)  # (b, t); a padding slot gets 0
+            if documents is not None:
+                embedded = within  # (b, t): from 0 at each document's first token
             h = self.embedding(x, embedded)  # (b, t) -> (b, t, e)
-            h = self.blocks(h, mask, positions=positions, caches=caches)  # (b, t, e)
+            h = self.blocks(h, mask, positions=positions, caches=caches, documents=documents)  # (b, t, e)
             return self.head(h if keep_last is None else h[:, -keep_last:])  # -> (b, t, v) or (b, keep_last, v)
         finally:
             clear_horizons(caches)

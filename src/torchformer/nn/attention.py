@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from torchformer._checks import (
     check_bool, check_choice, check_context, check_heads, check_positive_float, check_positive_int, check_probability,
-    check_sequence_inputs,
+    check_documents, check_sequence_inputs,
 )
 from torchformer.config import IMPLEMENTATIONS, POSITIONS, RELATIVE_POSITIONS, TransformerConfig
 from torchformer.nn.cache import ContextCache, KVCache
@@ -574,7 +574,7 @@ class SelfAttention(MultiHeadAttention):
     beside $M$ (:mod:`torchformer.nn.relative`). ``dropout`` acts on the softmax's weights. ``scale`` replaces
     $1/\sqrt{s}$ (T5 multiplies by 1: the factor is in its $W_q$).
 
-    ``forward(x, mask=None, *, positions=None, cache=None, return_weights=False)``:
+    ``forward(x, mask=None, *, positions=None, cache=None, documents=None, return_weights=False)``:
 
     * ``mask``: optional bool ``(b, t)``, ``True`` for real tokens. Padding keys (``False``) get zero weight, so
       padding never changes the output at real positions. A query whose keys are all masked gets a zero vector.
@@ -582,6 +582,10 @@ class SelfAttention(MultiHeadAttention):
     * ``cache``: a :class:`~torchformer.nn.cache.KVCache` for incremental decoding. ``x`` then holds only
       the new positions (``positions`` must be given); their keys and values are written into the cache and the
       queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
+    * ``documents``: optional integer ``(b, t)``, for rows that pack several documents
+      (:mod:`torchformer.data.packing`): the document of each token, non-decreasing along a row. A query then sees
+      only its own document's keys, and each document's output is what it gets alone (up to rounding), whatever
+      the position scheme, window or pattern (:class:`~torchformer.nn.masks.AttentionMask`). Not with a cache.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
     The shapes and dtypes of ``x``, ``mask`` and ``positions`` are checked at the door (Python integers, no device
@@ -611,9 +615,14 @@ class SelfAttention(MultiHeadAttention):
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
-                cache: KVCache | None = None, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                cache: KVCache | None = None, documents: Tensor | None = None,
+                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         # The dtype is compared with unifyheads' (finish() uses it), not the projections': a variant may replace those.
-        check_sequence_inputs(x, mask, positions, self.emb, like=self.unifyheads.weight)
+        b, t = check_sequence_inputs(x, mask, positions, self.emb, like=self.unifyheads.weight)
+        if documents is not None:
+            check_documents(documents, b, t, x.device)
+            if cache is not None:
+                raise ValueError("documents (packed rows) are for whole sequences: give no cache with them")
         if positions is None:
             if cache is not None:  # the default 0 .. t-1 would overwrite the first slots of a filled cache
                 raise ValueError("positions must be given with a cache: the absolute positions of x's tokens, (t,)")
@@ -626,7 +635,7 @@ class SelfAttention(MultiHeadAttention):
             if cache is not None:  # the first call (the prompt): store, then attend to these entries alone, since
                 cache.write(entries, positions, mask)  # nothing else is cached (and plain causal stays fused)
             attention_mask = AttentionMask(positions, positions, mask, causal=self.causal, window=self.window,
-                                           aligned=True, pattern=self.pattern)
+                                           aligned=True, pattern=self.pattern, documents=documents)
         else:
             # Every slot's entries up to the horizon: (b, g, c, s); which are usable, (b or 1, c).
             entries, usable = cache.write(entries, positions, mask)

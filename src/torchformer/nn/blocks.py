@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
-from torchformer._checks import check_sequence_inputs
+from torchformer._checks import check_documents, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import CrossAttention, MultiHeadAttention, SelfAttention, check_cross_inputs
 from torchformer.nn.cache import BlockCache
@@ -48,8 +48,9 @@ from torchformer.nn.relative import AttentionPositions
 class TransformerBlock(nn.Module):
     """Self-attention and feed-forward.
 
-    ``forward(x, mask=None, *, positions=None, cache=None)``: ``mask`` marks real tokens, ``positions`` their absolute
-    positions, ``cache`` a :class:`~torchformer.nn.cache.BlockCache` for incremental decoding (:class:`SelfAttention`).
+    ``forward(x, mask=None, *, positions=None, cache=None, documents=None)``: ``mask`` marks real tokens,
+    ``positions`` their absolute positions, ``cache`` a :class:`~torchformer.nn.cache.BlockCache` for incremental
+    decoding (:class:`SelfAttention`), ``documents`` ``(b, t)`` the document of each token of packed rows.
 
     Args:
         config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
@@ -197,10 +198,16 @@ class TransformerBlock(nn.Module):
         return norm(x + self.drop(f(x)))
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
-                cache: BlockCache | None = None) -> Tensor:
-        check_sequence_inputs(x, mask, positions, self.emb)
+                cache: BlockCache | None = None, documents: Tensor | None = None) -> Tensor:
+        b, t = check_sequence_inputs(x, mask, positions, self.emb)
+        # Packed rows' documents are passed on only when there are some, so that a variant's self_attend (or its
+        # attention's forward) written without them still works for rows of one document.
+        packed = {}
+        if documents is not None:
+            check_documents(documents, b, t, x.device)
+            packed = {"documents": documents}
         x = self.zero_padding(x, mask)
-        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
+        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache, **packed))
         return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
 
     def feed_forward(self, y: Tensor, mask: Tensor | None) -> Tensor:
@@ -217,7 +224,8 @@ class TransformerBlock(nn.Module):
         """
         return self.ff(y, mask)
 
-    def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None) -> Tensor:
+    def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None,
+                    documents: Tensor | None = None) -> Tensor:
         """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
         A block wired another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) reuses it.
@@ -227,11 +235,15 @@ class TransformerBlock(nn.Module):
             mask: ``(b, t)``, True for real tokens; ``None``: all real.
             positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
+            documents: ``(b, t)``, the document of each token of packed rows (attention stays within each);
+                ``None``: one document per row.
 
         Returns:
             Self-attention's output ``(b, t, e)`` (before dropout and the residual).
         """
-        return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention)
+        packed = {} if documents is None else {"documents": documents}  # (see forward)
+        return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention,
+                              **packed)
 
 
 class DecoderBlock(TransformerBlock):

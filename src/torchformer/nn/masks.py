@@ -12,7 +12,12 @@ Every attention call gets an :class:`AttentionMask`. It records
 * ``window``: a query sees only keys less than ``window`` positions away (sliding-window, local attention);
 * ``pattern``: an :class:`AttentionPattern`, a rule on the two positions alone: the sparse transformer's
   :class:`StridedPattern` and :class:`FixedPattern` (Child et al. 2019), under which a query sees about
-  ``2 * sqrt(n)`` of ``n`` keys instead of all of them.
+  ``2 * sqrt(n)`` of ``n`` keys instead of all of them;
+* ``documents`` ``(b, t)``: for a packed row of several documents (:mod:`torchformer.data.packing`), the document
+  of each token: a query sees only keys of its own document, and a pattern applies to the positions within each
+  document (:func:`document_positions`). The other rules need nothing more: within a document the distance
+  between two tokens is the same as in the document alone, so causality, windows and the relative position schemes
+  (rotary, ALiBi, the relative bias, which see only distances) give each document what it gets alone.
 
 Every rule is a condition that must hold, so they compose by "and": a pattern with the causal rule and padding is
 all three at once. From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs, and
@@ -150,11 +155,14 @@ class AttentionMask:
         aligned: the keys are exactly the queries, in the same order (self-attention over one call's tokens,
             whose positions increase one by one). Then plain causal attention needs no mask tensor, which keeps the
             fused flash-attention kernels available.
+        documents: ``(b, t)`` long, the document of each token of a packed row (non-decreasing along the row), for
+            self-attention over one call's tokens (``aligned``, ``u = t``); ``None``: one document per row.
     """
 
     def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
                  causal: bool = False, window: Optional[int] = None, padded: Optional[bool] = None,
-                 aligned: bool = False, pattern: Optional[AttentionPattern] = None) -> None:
+                 aligned: bool = False, pattern: Optional[AttentionPattern] = None,
+                 documents: Optional[Tensor] = None) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
         if window is not None and (not is_int(window) or window <= 0):
@@ -166,6 +174,10 @@ class AttentionMask:
         if pattern is not None and key_positions is None:
             raise ValueError("an attention pattern needs the keys' positions; cross-attention's keys have none")
         self.pattern = pattern
+        if documents is not None and not aligned:
+            raise ValueError("documents mark the tokens of one call's packed rows: they need the keys to be the "
+                             "queries (aligned self-attention, no cache)")
+        self.documents = documents
         self.padded = key_mask is not None if padded is None else padded
         self._allowed: Optional[Tensor] = None
         self._built = False
@@ -174,6 +186,8 @@ class AttentionMask:
     def needs_tensor(self) -> bool:
         """False when the mask is "everything" or "plain causal, keys = queries": SDPA then needs no mask tensor."""
         if (self.window is not None or self.pattern is not None) and self.key_positions is not None:
+            return True
+        if self.documents is not None:
             return True
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
@@ -215,9 +229,16 @@ class AttentionMask:
         if self.window is not None and self.key_positions is not None:
             near = self.distance().abs() < self.window  # (t, u): a band around the diagonal
             allowed = near if allowed is None else allowed & near
-        if self.pattern is not None:
+        if self.pattern is not None and self.documents is not None:  # the pattern of each document's own positions
+            within = document_positions(self.documents)  # (b, t)
+            rule = self.pattern.rule(within[:, :, None], within[:, None, :])[:, None]  # (b, 1, t, t)
+            allowed = rule if allowed is None else allowed & rule
+        elif self.pattern is not None:
             rule = self.pattern.allows(self.query_positions, self.key_positions)  # type: ignore[arg-type]
             allowed = rule if allowed is None else allowed & rule
+        if self.documents is not None:
+            same = (self.documents[:, :, None] == self.documents[:, None, :])[:, None]  # (b, 1, t, t)
+            allowed = same if allowed is None else allowed & same
         if self.key_mask is not None:
             keys = self.key_mask[:, None, None, :]  # (b, u) -> (b, 1, 1, u)
             allowed = keys if allowed is None else allowed & keys  # (b, 1, t, u)
@@ -235,7 +256,8 @@ class AttentionMask:
         qp, kp, key_mask = self.query_positions, self.key_positions, self.key_mask
         if kp is None:
             raise ValueError("cross-attention keys have no positions in the queries' sequence: no mask_mod")
-        causal, window, pattern = self.causal, self.window, self.pattern
+        causal, window, pattern, documents = self.causal, self.window, self.pattern, self.documents
+        within = None if documents is None or pattern is None else document_positions(documents)
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             i, j = qp[q_idx], kp[kv_idx]
@@ -243,7 +265,9 @@ class AttentionMask:
             if window is not None:
                 ok = ok & ((i - j).abs() < window)
             if pattern is not None:
-                ok = ok & pattern.rule(i, j)
+                ok = ok & (pattern.rule(i, j) if within is None else pattern.rule(within[b, q_idx], within[b, kv_idx]))
+            if documents is not None:
+                ok = ok & (documents[b, q_idx] == documents[b, kv_idx])
             if key_mask is not None:  # (b, u), or (1, u) for every row
                 ok = ok & key_mask[b if key_mask.size(0) > 1 else 0, kv_idx]
             return ok
@@ -263,6 +287,23 @@ class AttentionMask:
         allowed = self.allowed()
         assert allowed is not None
         return allowed.any(dim=-1, keepdim=True)
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """Each token's position within its document: ``0, 1, ...`` from every document's first token, ``(b, t) -> (b, t)``.
+
+    Args:
+        documents: ``(b, t)`` integer, the document of each token, non-decreasing along each row.
+
+    Returns:
+        ``(b, t)`` long: the index along the row minus the index of the document's first token.
+    """
+    b, t = documents.shape
+    index = torch.arange(t, device=documents.device).expand(b, t)  # (b, t)
+    first = torch.ones_like(documents, dtype=torch.bool)
+    first[:, 1:] = documents[:, 1:] != documents[:, :-1]  # (b, t): a document starts here
+    start = torch.where(first, index, torch.zeros_like(index)).cummax(dim=1).values  # its first token's index
+    return index - start
 
 
 def causal_mask(t: int, u: Optional[int] = None, *, device: Optional[torch.device] = None) -> Tensor:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from torchformer._checks import check_sequence_inputs
+from torchformer._checks import check_documents, check_sequence_inputs
 from torchformer.config import TransformerConfig
 from torchformer.nn.attention import check_cross_inputs
 from torchformer.nn.blocks import DecoderBlock, TransformerBlock
@@ -87,8 +87,9 @@ def shared_positions(block_class: type[TransformerBlock], config: TransformerCon
 class Encoder(nn.Module):
     """``depth`` transformer blocks, then a final norm with pre-norm blocks.
 
-    ``forward(x, mask=None, *, positions=None, caches=None)``: ``mask`` marks real tokens, ``positions`` their
-    absolute positions.
+    ``forward(x, mask=None, *, positions=None, caches=None, documents=None)``: ``mask`` marks real tokens,
+    ``positions`` their absolute positions, ``documents`` ``(b, t)`` the document of each token of packed rows
+    (attention stays within each; see :class:`~torchformer.nn.attention.SelfAttention`).
 
     Args:
         config: the architecture; ``config.depth`` blocks.
@@ -111,11 +112,17 @@ class Encoder(nn.Module):
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
-                caches: list[BlockCache] | None = None) -> Tensor:
-        check_sequence_inputs(x, mask, positions, self.emb)
+                caches: list[BlockCache] | None = None, documents: Tensor | None = None) -> Tensor:
+        b, t = check_sequence_inputs(x, mask, positions, self.emb)
+        # Packed rows' documents go to the blocks only when there are some: a block variant written without them
+        # still works for rows of one document.
+        packed = {}
+        if documents is not None:
+            check_documents(documents, b, t, x.device)
+            packed = {"documents": documents}
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
-                          cache=None if caches is None else caches[i])
+                          cache=None if caches is None else caches[i], **packed)
         return self.norm(x)
 
 

@@ -1,0 +1,190 @@
+"""Packed rows (``documents=``) in attention: each document's output is the one it gets alone, for every position
+scheme inside attention, causal or not, with windows, sparse patterns and padding; no gradient crosses documents;
+the fast path equals the reference; bad ``documents`` are refused at the door."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchformer import TransformerConfig
+from torchformer.nn.attention import SelfAttention
+from torchformer.nn.masks import AttentionMask, FixedPattern, document_positions
+
+LENGTHS = [5, 1, 7, 3]  # one packed row of four documents, then padding
+T = 18
+
+
+def layer(causal=True, **fields):
+    torch.manual_seed(0)
+    config = TransformerConfig(16, 4, **fields)
+    attention = SelfAttention.from_config(config, causal=causal).double()
+    with torch.no_grad():
+        for p in attention.parameters():  # relative biases start at zero: make them matter
+            p.add_(0.3 * torch.randn_like(p))
+    return attention
+
+
+def packed_row():
+    documents = torch.cat([torch.full((n,), d) for d, n in enumerate(LENGTHS)])
+    pad = T - documents.numel()
+    documents = torch.cat([documents, torch.full((pad,), len(LENGTHS))])[None]  # (1, T): padding one past the last
+    mask = torch.arange(T)[None] < sum(LENGTHS)
+    x = torch.randn(1, T, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return x, documents, mask
+
+
+SCHEMES = [{"positions": "learned"}, {"positions": "rotary"}, {"positions": "rotary_interleaved"},
+           {"positions": "alibi"}, {"positions": "relative"}, {"positions": "rotary", "kv_heads": 2},
+           {"positions": "alibi", "window": 3}, {"positions": "rotary", "sparse": "fixed", "sparse_stride": 2}]
+
+
+@pytest.mark.parametrize("fields", SCHEMES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("impl", ["sdpa", "reference"])
+def test_each_document_of_a_packed_row_gets_its_output_alone(fields, causal, impl):
+    attention = layer(causal, impl=impl, **fields)
+    x, documents, mask = packed_row()
+    packed = attention(x, mask, documents=documents)
+    start = 0
+    for n in LENGTHS:
+        alone = attention(x[:, start:start + n])  # the document as its own sequence: positions 0 .. n-1
+        torch.testing.assert_close(packed[:, start:start + n], alone, atol=1e-10, rtol=0)
+        start += n
+    assert (packed[:, start:] == 0).all()  # the padding saw no real key
+
+
+def test_no_gradient_crosses_documents():
+    attention = layer(False, positions="rotary")
+    x, documents, _ = packed_row()
+    x.requires_grad_(True)
+    attention(x, documents=documents)[:, 6:13].sum().backward()  # the third document's outputs
+    touched = x.grad.abs().sum(-1)[0] > 0
+    assert touched[6:13].all() and not touched[:6].any() and not touched[13:].any()
+
+
+def test_document_positions_restart_at_each_document():
+    documents = torch.tensor([[0, 0, 0, 1, 2, 2], [4, 4, 4, 4, 4, 4]])
+    assert document_positions(documents).tolist() == [[0, 1, 2, 0, 0, 1], [0, 1, 2, 3, 4, 5]]
+
+
+def test_the_flex_rule_equals_the_dense_mask_with_documents():
+    x, documents, mask = packed_row()
+    positions = torch.arange(T)
+    attention_mask = AttentionMask(positions, positions, mask, causal=True, window=4, aligned=True,
+                                   pattern=FixedPattern(2), documents=documents)
+    rule = attention_mask.mask_mod()
+    q, k = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    zero = torch.zeros_like(q)
+    assert torch.equal(rule(zero, zero, q, k), attention_mask.allowed()[0, 0])
+
+
+def test_bad_documents_are_refused_at_the_door():
+    attention = layer()
+    x, documents, _ = packed_row()
+    with pytest.raises(ValueError, match=r"documents must have shape \(b, t\) = \(1, 18\)"):
+        attention(x, documents=documents[:, :5])
+    with pytest.raises(TypeError, match="documents must hold integer document indices"):
+        attention(x, documents=documents.float())
+    with pytest.raises(TypeError, match="documents must be a torch.Tensor"):
+        attention(x, documents=[0] * T)
+    with pytest.raises(ValueError, match="give no cache with them"):
+        from torchformer.nn.cache import KVCache
+        attention(x, positions=torch.arange(T), cache=KVCache(32), documents=documents)
+
+
+def test_latent_attention_keeps_documents_apart_too():
+    from torchformer.nn.latent import LatentAttention, LatentOptions
+
+    torch.manual_seed(0)
+    config = TransformerConfig(16, 4, positions="rotary", out_bias=False,
+                               options=(LatentOptions(kv_rank=8, rope_dim=4, nope_dim=4, value_dim=4),))
+    attention = LatentAttention.from_config(config, causal=True).double()
+    x, documents, mask = packed_row()
+    packed = attention(x, mask, documents=documents)
+    start = 0
+    for n in LENGTHS:
+        torch.testing.assert_close(packed[:, start:start + n], attention(x[:, start:start + n]), atol=1e-10, rtol=0)
+        start += n
+
+
+# ---- whole models ----------------------------------------------------------------------------------------------
+
+
+MODEL_SCHEMES = [{"positions": "learned"}, {"positions": "sinusoidal"}, {"positions": "none"},
+                 {"positions": "rotary", "norm": "rms", "activation": "swiglu", "kqnorm": True},
+                 {"positions": "rotary_interleaved"}, {"positions": "alibi", "window": 4}, {"positions": "relative"},
+                 {"positions": "rotary", "sparse": "strided", "sparse_stride": 3}]
+
+
+@pytest.mark.parametrize("fields", MODEL_SCHEMES)
+def test_a_generator_over_packed_rows_gives_each_document_its_output_alone(fields):
+    from torchformer.models import GTransformer
+
+    torch.manual_seed(0)
+    model = GTransformer(16, 4, 2, T, 11, **fields).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    _, documents, mask = packed_row()
+    x = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(2))
+    documents, mask = documents.expand(2, T), mask.expand(2, T)
+    packed = model(x, mask, documents=documents)
+    start = 0
+    for n in LENGTHS:
+        torch.testing.assert_close(packed[:, start:start + n], model(x[:, start:start + n]), atol=1e-10, rtol=0)
+        start += n
+
+
+def test_a_generator_refuses_documents_that_cannot_be_packed_rows():
+    from torchformer.models import GTransformer
+
+    model = GTransformer(16, 4, 1, T, 11, positions="rotary")
+    x = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="documents must not decrease along a row"):
+        model(x, documents=torch.tensor([[0, 1, 0, 1]]))
+    with pytest.raises(ValueError, match="give no positions with them"):
+        model(x, positions=torch.arange(4), documents=torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="give no caches with them"):
+        model(x, caches=model.new_caches(), positions=torch.arange(4), documents=torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_a_masked_language_model_over_packed_rows_gives_each_document_its_output_alone():
+    from torchformer.models import MLMTransformer
+
+    torch.manual_seed(0)
+    model = MLMTransformer(16, 4, 2, T, 11).double().eval()
+    _, documents, mask = packed_row()
+    x = torch.randint(0, 11, (1, T), generator=torch.Generator().manual_seed(3))
+    packed = model(x, mask, documents=documents)
+    start = 0
+    for n in LENGTHS:
+        torch.testing.assert_close(packed[:, start:start + n], model(x[:, start:start + n]), atol=1e-10, rtol=0)
+        start += n
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_packed_training_step_compiles_whole_and_gives_the_eager_gradients(dynamic):
+    import torch.nn.functional as F
+
+    from torchformer.models import GTransformer
+
+    torch.manual_seed(0)
+    model = GTransformer(16, 2, 1, T, 20, prenorm=True, norm="rms", positions="rotary", activation="swiglu",
+                         kv_heads=1, kqnorm=True)
+    _, documents, mask = packed_row()
+
+    def loss(x):
+        return F.nll_loss(model(x, mask, documents=documents)[:, :-1].transpose(1, 2), x[:, 1:])
+
+    x = torch.randint(0, 20, (1, T), generator=torch.Generator().manual_seed(4))
+    explanation = torch._dynamo.explain(loss)(x)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    grads = []
+    for step in (compiled, loss):
+        model.zero_grad()
+        step(x).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
