@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from torchformer.data.batching import ClassificationBatches
+from torchformer.data.batching import ClassificationBatches, bucket_batches
+from torchformer.data.packing import PackedBatches
 from torchformer.nn.auxiliary import auxiliary_loss
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.imdb_unlabelled import deduplicate, imdb_unlabelled, texts_digest
@@ -64,9 +65,9 @@ PRESETS = {
 }
 # Must match to resume a checkpoint: they fix the model, the corpus, the vocabulary and the schedule.
 RESUME_KEYS = ("embedding", "heads", "depth", "max_length", "dropout", "tokenizer", "vocab_size", "batch_size",
-               "num_epochs", "learn_rate", "lr_warmup", "mask_rate", "val_size", "seed", "positions", "prenorm")
+               "num_epochs", "learn_rate", "lr_warmup", "mask_rate", "val_size", "seed", "positions", "prenorm", "pack")
 # What a checkpoint written before a flag existed was trained with.
-RESUME_DEFAULTS = {"positions": "learned", "prenorm": False}
+RESUME_DEFAULTS = {"positions": "learned", "prenorm": False, "pack": False}
 
 CHECKS = {
     **dict.fromkeys(("num_epochs", "batch_size", "embedding", "max_length", "heads", "depth", "val_size",
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = preset_flags(p, PRESETS)
     add("-e", "--num-epochs", type=int, help="passes over the pretraining corpus")
-    add("-b", "--batch-size", type=int, help="reviews per batch")
+    add("-b", "--batch-size", type=int, help="reviews per batch (with --pack: rows of --max-length positions)")
     add("-l", "--learn-rate", type=float, help="peak learning rate (Adam)")
     add("-E", "--embedding", type=int, help="embedding size")
     add("-H", "--heads", type=int, help="attention heads")
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prenorm", action=argparse.BooleanOptionalAction, help="layer norm before each sublayer (GPT-2), or "
         "(--no-prenorm) after the residual (former's post-norm); docs/blocks.md")
     add("--lr-warmup", type=int, help="warm the learning rate up over this many *reviews*")
+    add("--pack", action="store_true", help="fill each batch row with whole reviews (rows of --max-length "
+        "positions, attention kept inside each review) instead of padding each review to its batch's longest")
     add("--dropout", type=float, help="dropout rate")
     add("--mask-rate", type=float, default=0.15, help="the fraction of real tokens the model predicts in each step")
     add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split (the same as "
@@ -178,6 +181,12 @@ def corpus(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], d
 def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     # An empty review would be an all-padding row: one token instead (id 1: <unk> for words, a byte otherwise).
     return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
+
+
+def bucketed_padding(lengths: list[int], batch_size: int, seed: int) -> float:
+    """The share of padding in an epoch of length-bucketed batches of these lengths (one shuffle of the seed)."""
+    batches = bucket_batches(lengths, batch_size, generator=torch.Generator().manual_seed(seed))
+    return 1 - sum(lengths) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
 
 
 def check_resumable(path: Path, args: argparse.Namespace) -> None:
@@ -267,8 +276,19 @@ def pretrain(args: argparse.Namespace) -> dict:
         print(f"{name}: {len(part):,} reviews, " + ("token ids read from OUT/tokenized (the same texts, tokenizer "
               "and --max-length as at an earlier start)" if read else "tokenized (kept in OUT/tokenized)"))
     g = torch.Generator().manual_seed(args.seed)  # batch order
-    train_batches = ClassificationBatches(encoded["pretraining"], [0] * len(texts),
-                                          batch_size=args.batch_size, generator=g, device=device)
+    if args.pack:  # rows of whole reviews (each cut to --max-length already, so each fits a row)
+        train_batches = PackedBatches(encoded["pretraining"], row_length=args.max_length, batch_size=args.batch_size,
+                                      generator=g, device=device)
+    else:
+        train_batches = ClassificationBatches(encoded["pretraining"], [0] * len(texts),
+                                              batch_size=args.batch_size, generator=g, device=device)
+    bucketed = bucketed_padding([len(d) for d in encoded["pretraining"]], args.batch_size, args.seed)
+    if args.pack:
+        print(f"batches: {len(train_batches.rows):,} rows of {args.max_length} positions, {train_batches.padding:.1%} "
+              f"of them padding (length-bucketed batches of {args.batch_size} reviews: about {bucketed:.1%})")
+    else:
+        print(f"batches: about {bucketed:.1%} of their positions padding (each review padded to its length-bucketed "
+              f"batch's longest; --pack fills rows of whole reviews instead)")
     val_batches = ClassificationBatches(encoded["validation"], [0] * len(val_texts),
                                         batch_size=2 * args.batch_size, shuffle=False, device=device)
     val_masked = masked_validation(val_batches, mask_id=mask_id, rate=args.mask_rate, seed=args.seed)
@@ -286,7 +306,9 @@ def pretrain(args: argparse.Namespace) -> dict:
     opt = torch.optim.Adam(model.parameters(), lr=args.learn_rate)
     per_epoch = len(train_batches)
     total = args.num_epochs * per_epoch
-    sched = warmup_cosine(opt, warmup_steps=min(args.lr_warmup // args.batch_size, total), total_steps=total)
+    # --lr-warmup counts reviews: a packed step holds more of them than -b.
+    warmup = round(args.lr_warmup * per_epoch / len(texts)) if args.pack else args.lr_warmup // args.batch_size
+    sched = warmup_cosine(opt, warmup_steps=min(warmup, total), total_steps=total)
     masks = torch.Generator(device=device).manual_seed(args.seed + 1)  # which tokens each step masks
     step = 0
     if resume is not None:
@@ -342,14 +364,16 @@ def pretrain(args: argparse.Namespace) -> dict:
     for epoch in range(step // per_epoch, args.num_epochs):
         epoch_state = g.get_state()
         skip = step - epoch * per_epoch
-        for i, (ids, mask, _) in enumerate(train_batches):
+        for i, batch in enumerate(train_batches):
             if i < skip:
                 continue
+            # Packed: (ids, documents, mask); padded: (ids, mask, labels), the labels unused.
+            ids, documents, mask = batch if args.pack else (batch[0], None, batch[1])
             model.train()
             m = mask_tokens(ids, mask, mask_id=mask_id, num_tokens=mask_id + 1, rate=args.mask_rate,
                             generator=masks)
             with autocast(device):  # the vocabulary's log-probabilities only where the loss needs them
-                log_probs = model(m.inputs, mask, select=m.chosen)  # (n, v)
+                log_probs = model(m.inputs, mask, select=m.chosen, documents=documents)  # (n, v)
             loss = masked_lm_loss(log_probs.float(), m.targets[m.chosen])
             loss = loss + auxiliary_loss(model)  # what the model's parts add (a mixture's balance loss); 0 without
             opt.zero_grad(set_to_none=True)

@@ -117,6 +117,20 @@ def test_resume_reproduces_the_uninterrupted_run(pretrain, data_dir, pretrained,
         assert torch.equal(resumed[key], whole[key]), key
 
 
+def test_packed_pretraining_fills_rows_and_resumes_to_the_uninterrupted_run(pretrain, data_dir, tmp_path, capsys):
+    whole = pretrain.main(tiny(data_dir, tmp_path / "whole", "--pack"))
+    printed = capsys.readouterr().out
+    assert "rows of 32 positions" in printed and "length-bucketed batches of 16 reviews: about" in printed
+    rows = int(printed.split("batches: ")[1].split(" rows")[0])
+    assert whole["steps"] == 2 * math.ceil(rows / 16) and whole["run"]["pack"] is True
+    argv = tiny(data_dir, tmp_path / "out", "--pack", "--checkpoint", str(tmp_path / "ckpt"))
+    assert pretrain.main(argv + ["--stop-at", "3"]) == {}
+    resumed = pretrain.main(argv)
+    assert resumed["val_masked_loss"] == whole["val_masked_loss"] and math.isfinite(whole["val_masked_loss"])
+    with pytest.raises(SystemExit, match="cannot resume"):  # a packed run's checkpoints are not a padded run's
+        pretrain.main(tiny(data_dir, tmp_path / "out2", "--checkpoint", str(tmp_path / "ckpt")))
+
+
 def test_a_classifier_fine_tunes_from_the_pretrained_encoder(classify, data_dir, pretrained, tmp_path, capsys):
     out = tmp_path / "clf"
     argv = ["--data", str(data_dir), "--out", str(out), "--device", "cpu", "--threads", "1", "-b", "16", "-e", "4",

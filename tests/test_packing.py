@@ -91,3 +91,20 @@ def test_packing_leaves_less_padding_than_length_bucketed_batches():
     bucketed = 1 - sum(lengths) / padded
     packed = padding_fraction(pack(lengths, 512), 512)
     assert packed < 0.01 < bucketed  # best fit on 2,000 documents leaves well under 1 % empty
+
+
+def test_an_epoch_of_packed_batches_holds_every_token_once_in_a_reproducible_order():
+    from torchformer.data.packing import PackedBatches
+
+    rng = random.Random(1)
+    encoded = [[rng.randint(1, 99) for _ in range(rng.randint(1, 20))] for _ in range(60)]
+    data = PackedBatches(encoded, row_length=32, batch_size=4, generator=torch.Generator().manual_seed(0))
+    epochs = [list(data), list(data)]
+    for epoch in epochs:
+        tokens = sorted(t for ids, _, mask in epoch for t in ids[mask].tolist())
+        assert tokens == sorted(t for d in encoded for t in d)
+        assert sum(ids.size(0) for ids, _, _ in epoch) == len(data.rows) and len(epoch) == len(data)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(*epochs))  # a new order each epoch
+    again = PackedBatches(encoded, row_length=32, batch_size=4, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(epochs[0], list(again)))  # the same seed, the same epoch
+    assert 0 <= data.padding < 0.05

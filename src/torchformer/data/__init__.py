@@ -14,7 +14,7 @@
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
-from torchformer.data.packing import Piece, pack, packed_batch, padding_fraction
+from torchformer.data.packing import PackedBatches, Piece, pack, packed_batch, padding_fraction
 from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import (
     ChecksumError, DataFileError, DataNotFoundError, default_root, download, file_digest, verify,
@@ -31,6 +31,7 @@ __all__ = [
     "ClassificationBatches",
     "DataFileError",
     "DataNotFoundError",
+    "PackedBatches",
     "Piece",
     "WordTokenizer",
     "bucket_batches",

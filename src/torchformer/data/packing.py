@@ -10,14 +10,15 @@ packed   [the film was great . awful <pad> <pad>]
 documents  0   0    0   0    0  1     -    -
 ```
 
-``documents`` (the document index of each token within its row, non-decreasing) is what a model needs to keep
-attention inside each document and to restart the positions at each document's first token.
+``documents`` (the document index of each token within its row, non-decreasing) is what a model's
+``forward(..., documents=)`` needs to keep attention inside each document and to restart the positions at each
+document's first token (``docs/masks.md``).
 
 :func:`pack` decides which documents share a row, by best-fit decreasing: longest first, each into the row whose
 space left fits it most tightly, a new row when none does. A document longer than a row is an error unless
 ``split_long`` is given, and then it is cut into pieces of at most ``row_length`` tokens, each packed as a document
-of its own (so its pieces never see each other); :func:`padding_fraction` measures what a packing leaves empty and
-:func:`packed_batch` builds the tensors of some rows.
+of its own (so its pieces never see each other); :func:`padding_fraction` measures what a packing leaves empty,
+:func:`packed_batch` builds the tensors of some rows, and :class:`PackedBatches` is an epoch of them.
 
 Shapes: b rows, t ``row_length``.
 """
@@ -25,7 +26,8 @@ Shapes: b rows, t ``row_length``.
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple, Sequence
+import math
+from typing import Iterator, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -33,7 +35,7 @@ from torch import Tensor
 from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer.data.batching import to_device
 
-__all__ = ["Piece", "pack", "packed_batch", "padding_fraction"]
+__all__ = ["PackedBatches", "Piece", "pack", "packed_batch", "padding_fraction"]
 
 
 class Piece(NamedTuple):
@@ -154,3 +156,57 @@ def packed_batch(sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[Pie
         mask[r, :at] = True
         documents[r, at:] = len(row)  # the padding: a document of its own, after the real ones
     return to_device(ids, device), to_device(documents, device), to_device(mask, device)
+
+
+class PackedBatches:
+    """One epoch of ``(ids, documents, mask)`` batches of packed rows: :func:`pack` once, then rows in batches.
+
+    The documents are packed into rows when the object is built; each ``iter()`` is a new epoch, the rows in a
+    fresh order drawn from ``generator`` and cut into batches of ``batch_size`` rows (the last may have fewer).
+
+    Args:
+        encoded: the token ids of each document, ``>= 1`` of them.
+        row_length: the positions of a row ``t``.
+        batch_size: rows per batch.
+        split_long: as in :func:`pack` (a document longer than a row is otherwise an error).
+        shuffle: a new order of the rows every epoch; ``False`` for evaluation.
+        generator: makes the shuffles reproducible; ``None``: torch's global one.
+        device: where the batches go (default: the CPU).
+        pad: the padding id.
+
+    Shapes:
+        Each batch: ``ids``, ``documents`` ``(b, t)`` int64 and ``mask`` ``(b, t)`` bool, as :func:`packed_batch`.
+
+    Example:
+        >>> data = PackedBatches([[5, 6, 7], [8], [9, 9]], row_length=4, batch_size=2)
+        >>> len(data.rows), len(data), round(data.padding, 3)
+        (2, 1, 0.25)
+    """
+
+    def __init__(self, encoded: Sequence[Sequence[int]], *, row_length: int, batch_size: int,
+                 split_long: bool = False, shuffle: bool = True, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None, pad: int = 0) -> None:
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.row_length = check_positive_int(row_length, "row_length")
+        self.shuffle = check_bool(shuffle, "shuffle")
+        if not is_int(pad):
+            raise TypeError(f"pad must be an int token id, got {pad!r}")
+        if len(encoded) == 0:
+            raise ValueError("encoded must contain at least one document, got none")
+        self.encoded, self.generator, self.device, self.pad = encoded, generator, device, pad
+        self.rows = pack([len(d) for d in encoded], row_length, split_long=split_long)
+
+    @property
+    def padding(self) -> float:
+        """The share of the rows' positions that no token fills (:func:`padding_fraction`)."""
+        return padding_fraction(self.rows, self.row_length)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        order = (torch.randperm(len(self.rows), generator=self.generator).tolist() if self.shuffle
+                 else list(range(len(self.rows))))
+        for start in range(0, len(order), self.batch_size):
+            rows = [self.rows[i] for i in order[start:start + self.batch_size]]
+            yield packed_batch(self.encoded, rows, self.row_length, pad=self.pad, device=self.device)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.rows) / self.batch_size)
