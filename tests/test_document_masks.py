@@ -188,3 +188,29 @@ def test_a_packed_training_step_compiles_whole_and_gives_the_eager_gradients(dyn
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pool", ["max", "mean", "first"])
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_a_classifier_over_packed_rows_classifies_each_document_as_alone(pool, positions):
+    from torchformer.models import CTransformer
+
+    torch.manual_seed(0)
+    model = CTransformer(16, 4, 2, T, 11, 3, pool=pool, positions=positions).double().eval()
+    _, documents, mask = packed_row()
+    x = torch.randint(0, 11, (1, T), generator=torch.Generator().manual_seed(5))
+    packed = model(x, mask, documents=documents)  # (1, T, 3): document d at [0, d]
+    assert packed.shape == (1, T, 3)
+    start = 0
+    for d, n in enumerate(LENGTHS):
+        torch.testing.assert_close(packed[:, d], model(x[:, start:start + n]), atol=1e-10, rtol=0)
+        start += n
+
+
+def test_documents_out_of_range_are_refused_by_the_model():
+    from torchformer.models import CTransformer
+
+    model = CTransformer(16, 4, 1, 8, 11, 2)
+    with pytest.raises(ValueError, match=r"documents must number each row's documents in \[0, t\) = \[0, 4\), got "
+                                         r"values in \[0, 9\]"):
+        model(torch.zeros(1, 4, dtype=torch.long), documents=torch.tensor([[0, 0, 9, 9]]))

@@ -462,9 +462,16 @@ def check_documents(documents: object, b: int, t: int, device: torch.device) -> 
 
 
 def check_document_values(documents: Tensor) -> None:
-    """A model's value check of packed rows' ``documents`` ``(b, t)``: each document's tokens together, in order
-    (non-decreasing along each row). One read of the device: call it where :func:`values_checkable` allows."""
-    if documents.size(1) > 1 and not bool((documents[:, 1:] >= documents[:, :-1]).all()):
+    """A model's value check of packed rows' ``documents`` ``(b, t)``: numbers in ``[0, t)``, each document's tokens
+    together, in order (non-decreasing along each row). One read of the device: call it where
+    :func:`values_checkable` allows."""
+    t = documents.size(1)
+    in_range, ordered = torch.stack([((documents >= 0) & (documents < t)).all(),
+                                     (documents[:, 1:] >= documents[:, :-1]).all()]).tolist()
+    if not in_range:
+        raise ValueError(f"documents must number each row's documents in [0, t) = [0, {t}), got values in "
+                         f"[{int(documents.min())}, {int(documents.max())}]")
+    if not ordered:
         raise ValueError("documents must not decrease along a row: each document's tokens sit together, one "
                          "document after another (as torchformer.data.packing.packed_batch numbers them)")
 

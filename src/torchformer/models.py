@@ -376,9 +376,12 @@ class CTransformer(TransformerModel):
         self.head = ClassifierHead(config.emb, config.num_classes, config.pool,  # type: ignore[arg-type]
                                    pooler=config.pooler, dropout=config.dropout if config.pooler else 0.0)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, token_types: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *, token_types: Optional[Tensor] = None,
+                documents: Optional[Tensor] = None) -> Tensor:
         """``(b, t) -> (b, c)``; ``token_types`` ``(b, t)``: each token's type (segment), with ``num_token_types``
-        (default: all 0)."""
+        (default: all 0). ``documents`` ``(b, t)``: packed rows, as in :meth:`GTransformer.forward`; each document
+        is then classified alone, ``(b, t) -> (b, t, c)``, row ``r``'s document ``d`` at ``[r, d]``
+        (:class:`~torchformer.nn.heads.ClassifierHead`)."""
         x = check_input(x, "x", self.config, mask, "mask", like=self.head.toprobs.weight, values=self.check_values)
         token_types = check_token_types(token_types, x, self.config, values=self.check_values)
         if (self.config.pool == "first" and mask is not None and self.check_values and values_checkable(mask)
@@ -387,11 +390,13 @@ class CTransformer(TransformerModel):
             raise ValueError(f"pool='first' classifies from position 0, but mask marks it as padding in rows "
                              f"{rows[:10]}{' ...' if len(rows) > 10 else ''}: pad on the right, or pool 'max'/'mean'")
         positions = check_positions(None, x.size(1), x.device, limit=self.config.position_limit)
+        embedded = positions if documents is None else self.packed_positions(documents, x)  # (t,) or (b, t)
         if token_types is None:  # a VectorEmbedding (input_dim) takes no token types
-            h = self.embedding(x, positions)  # (b, t) or (b, t, d) -> (b, t, e)
+            h = self.embedding(x, embedded)  # (b, t) or (b, t, d) -> (b, t, e)
         else:
-            h = self.embedding(x, positions, token_types=token_types)  # (b, t) -> (b, t, e)
-        return self.head(self.encoder(h, mask, positions=positions), mask)  # (b, t, e) -> (b, c)
+            h = self.embedding(x, embedded, token_types=token_types)  # (b, t) -> (b, t, e)
+        h = self.encoder(h, mask, positions=positions, documents=documents)
+        return self.head(h, mask, documents)  # (b, t, e) -> (b, c), or (b, t, c) per document
 
     def self_attention_layers(self) -> list[MultiHeadAttention]:
         """The self-attention module of every block, first to last (for :mod:`torchformer.train.inspection`).

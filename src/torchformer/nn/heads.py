@@ -49,8 +49,12 @@ class ClassifierHead(nn.Module):
         dropout: the dropout probability on the pooler's output, in training (BERT's classifier drops the pooled
             vector before its linear layer); only with ``pooler=True``, whose output it drops.
 
+    ``forward(x, mask=None, documents=None)``: with ``documents`` ``(b, t)`` (packed rows, each token's document in
+    ``[0, t)``), each document is pooled alone: the output ``(b, t, c)`` holds row ``r``'s document ``d`` at
+    ``[r, d]`` (entries of numbers no document has are meaningless; "first" pools each document's first token).
+
     Shapes:
-        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities.
+        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities; with ``documents``, ``(b, t, c)``.
     """
 
     def __init__(self, emb: int, num_classes: int, pool: str = "max", *, pooler: bool = False,
@@ -91,11 +95,42 @@ class ClassifierHead(nn.Module):
         count = real.sum(dim=1).clamp(min=1)  # (b, 1); an all-padding row divides 0 by 1
         return x.masked_fill(~real, 0.0).sum(dim=1) / count  # masked_fill, not x * real: padding may hold NaN
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        pooled = self.pooled(x, mask)  # (b, t, e) -> (b, e)
+    def pooled_documents(self, x: Tensor, mask: Tensor | None, documents: Tensor) -> Tensor:
+        """Each document of packed rows pooled alone, ``(b, t, e) -> (b, t, e)``.
+
+        Row ``r``'s document ``d`` goes to ``[r, d]``, pooled as ``self.pool`` says over its real tokens.
+
+        Args:
+            x: the last block's vectors ``(b, t, e)``.
+            mask: ``(b, t)``, True for real tokens (padding is left out); ``None``: every position is real.
+            documents: ``(b, t)`` long, each token's document, in ``[0, t)`` and non-decreasing along a row.
+
+        Returns:
+            ``(b, t, e)``: the pooled vector of each document number, zero for numbers no real token has.
+        """
+        b, t, e = x.shape
+        real = torch.ones(b, t, dtype=torch.bool, device=x.device) if mask is None else mask
+        index = documents[..., None].expand(b, t, e)  # (b, t, e): where each token's vector goes
+        count = torch.zeros(b, t, dtype=x.dtype, device=x.device).scatter_add(1, documents, real.to(x.dtype))
+        present = (count > 0)[..., None]  # (b, t, 1): document numbers that have real tokens
+        if self.pool == "first":  # each document's first token: the one whose predecessor is another document
+            first = torch.ones_like(real)
+            first[:, 1:] = documents[:, 1:] != documents[:, :-1]
+            kept = x.masked_fill(~(first & real)[..., None], 0.0)
+            return torch.zeros_like(x).scatter_add(1, index, kept)  # one first token per document: a copy
+        if self.pool == "max":
+            low = torch.finfo(x.dtype).min
+            pooled = torch.full_like(x, low).scatter_reduce(1, index, x.masked_fill(~real[..., None], low), "amax")
+            return pooled.masked_fill(~present, 0.0)
+        sums = torch.zeros_like(x).scatter_add(1, index, x.masked_fill(~real[..., None], 0.0))  # (b, t, e)
+        return sums / count.clamp(min=1)[..., None]
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, documents: Tensor | None = None) -> Tensor:
+        # (b, t, e) -> (b, e), or each document's: (b, t, e)
+        pooled = self.pooled(x, mask) if documents is None else self.pooled_documents(x, mask, documents)
         if self.pooler is not None:  # BERT's: dense, tanh, then dropout
             pooled = self.dropout(torch.tanh(self.pooler(pooled)))  # (b, e) -> (b, e)
-        return log_probabilities(self.toprobs(pooled))  # (b, e) -> (b, c)
+        return log_probabilities(self.toprobs(pooled))  # (b, e) -> (b, c), or (b, t, e) -> (b, t, c)
 
 
 def log_probabilities(logits: Tensor) -> Tensor:
