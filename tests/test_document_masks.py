@@ -214,3 +214,14 @@ def test_documents_out_of_range_are_refused_by_the_model():
     with pytest.raises(ValueError, match=r"documents must number each row's documents in \[0, t\) = \[0, 4\), got "
                                          r"values in \[0, 9\]"):
         model(torch.zeros(1, 4, dtype=torch.long), documents=torch.tensor([[0, 0, 9, 9]]))
+
+
+def test_small_integer_documents_are_documents_and_a_decreasing_row_is_named():
+    from torchformer.models import CTransformer
+
+    model = CTransformer(16, 4, 1, 8, 11, 2).eval()
+    x = torch.randint(0, 11, (1, 6))
+    documents = torch.tensor([[0, 0, 1, 1, 1, 2]])
+    torch.testing.assert_close(model(x, documents=documents.to(torch.uint8)), model(x, documents=documents))
+    with pytest.raises(ValueError, match="got 1 then 0 at positions 3 and 4 of row 0"):
+        model(x, documents=torch.tensor([[0, 0, 1, 1, 0, 0]]))

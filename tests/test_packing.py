@@ -108,3 +108,15 @@ def test_an_epoch_of_packed_batches_holds_every_token_once_in_a_reproducible_ord
     again = PackedBatches(encoded, row_length=32, batch_size=4, generator=torch.Generator().manual_seed(0))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(epochs[0], list(again)))  # the same seed, the same epoch
     assert 0 <= data.padding < 0.05
+
+
+def test_lengths_of_numpy_or_torch_integers_are_lengths_and_rows_too_long_for_a_fraction_are_refused():
+    import numpy as np
+
+    assert pack(list(np.array([2, 3])), 5) == pack([2, 3], 5) == pack(list(torch.tensor([2, 3])), 5)
+    with pytest.raises(ValueError, match=r"rows\[0\] holds 8 tokens, more than row_length=2"):
+        padding_fraction(pack([4, 4], 8), 2)
+    from torchformer.data.packing import PackedBatches
+
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        PackedBatches([[1]], row_length=2, batch_size=1, generator=3)

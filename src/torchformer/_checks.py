@@ -448,17 +448,20 @@ def check_sequence_inputs(x: object, mask: object, positions: object, emb: int, 
     return b, t
 
 
-def check_documents(documents: object, b: int, t: int, device: torch.device) -> None:
-    """The door check of a packed row's ``documents``: integer ``(b, t)`` on ``device`` (shapes and dtypes only)."""
+def check_documents(documents: object, b: int, t: int, device: torch.device) -> Tensor:
+    """The door check of a packed row's ``documents``: integer ``(b, t)`` on ``device`` (shapes and dtypes only);
+    returns them as ``torch.long``."""
     if not isinstance(documents, Tensor):
         raise TypeError(f"documents must be a torch.Tensor of shape (b, t) = ({b}, {t}), got {type(documents).__name__}")
     if documents.dtype.is_floating_point or documents.dtype.is_complex or documents.dtype == torch.bool:
-        raise TypeError(f"documents must hold integer document indices (torch.long), got dtype {documents.dtype}")
+        raise TypeError(f"documents must hold integer document indices (any integer dtype), got dtype "
+                        f"{documents.dtype}")
     if tuple(documents.shape) != (b, t):
         raise ValueError(f"documents must have shape (b, t) = ({b}, {t}), the document of each token, got "
                          f"{tuple(documents.shape)}")
     if documents.device != device:
         raise ValueError(f"documents must be on the tokens' device ({device}), got {documents.device}")
+    return documents if documents.dtype == torch.long else documents.long()
 
 
 def check_document_values(documents: Tensor) -> None:
@@ -472,8 +475,11 @@ def check_document_values(documents: Tensor) -> None:
         raise ValueError(f"documents must number each row's documents in [0, t) = [0, {t}), got values in "
                          f"[{int(documents.min())}, {int(documents.max())}]")
     if not ordered:
-        raise ValueError("documents must not decrease along a row: each document's tokens sit together, one "
-                         "document after another (as torchformer.data.packing.packed_batch numbers them)")
+        row, at = (documents[:, 1:] < documents[:, :-1]).nonzero()[0].tolist()
+        raise ValueError(f"documents must not decrease along a row (each document's tokens together, one document "
+                         f"after another, as torchformer.data.packing.packed_batch numbers them), got "
+                         f"{int(documents[row, at])} then {int(documents[row, at + 1])} at positions {at} and "
+                         f"{at + 1} of row {row}")
 
 
 def check_context(context: object, context_mask: object, emb: int, batch: int | None = None, *,

@@ -249,7 +249,7 @@ class TransformerModel(nn.Module):
             TypeError: ``documents`` is not an integer tensor.
             ValueError: its shape or device is not ``x``'s, or (values checked) it decreases along a row.
         """
-        check_documents(documents, x.size(0), x.size(1), x.device)
+        documents = check_documents(documents, x.size(0), x.size(1), x.device)
         if self.check_values and values_checkable(documents):
             check_document_values(documents)
         return document_positions(documents)
@@ -651,7 +651,10 @@ class GTransformer(TransformerModel):
             raise ValueError(f"x has {x.size(1)} positions, but with caches a call takes at most "
                              f"seq_length={self.config.seq_length}: feed a longer input a segment at a time")
         if documents is not None:
-            for name, given in [("caches", caches), ("positions", positions), ("shift", shift)]:
+            if caches is not None:
+                raise ValueError("documents (packed rows) are for whole sequences, as in training: give no caches "
+                                 "with them")
+            for name, given in [("positions", positions), ("shift", shift)]:
                 if given is not None:
                     raise ValueError(f"documents (packed rows) count each document's positions from 0 themselves: "
                                      f"give no {name} with them")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from typing import Iterator, NamedTuple, Sequence
 
 import torch
@@ -70,7 +71,7 @@ def pack(lengths: Sequence[int], row_length: int, *, split_long: bool = False) -
     check_bool(split_long, "split_long")
     pieces = []
     for i, n in enumerate(lengths):
-        n = check_positive_int(n, f"lengths[{i}]")
+        n = _length(n, f"lengths[{i}]")
         if n > row_length and not split_long:
             raise ValueError(f"document {i} has {n} tokens, more than row_length={row_length}: pass split_long=True "
                              f"to cut it into pieces of {row_length} (which do not see each other), or truncate it")
@@ -94,6 +95,17 @@ def pack(lengths: Sequence[int], row_length: int, *, split_long: bool = False) -
     return rows
 
 
+def _length(value: object, name: str) -> int:
+    """``value`` as a positive Python int (NumPy's and 0-d tensors' integers too), or a ValueError naming it."""
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = 0
+    if isinstance(value, bool) or n <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return n
+
+
 def padding_fraction(rows: Sequence[Sequence[Piece]], row_length: int) -> float:
     """The share of the ``len(rows) * row_length`` positions that no token fills.
 
@@ -103,12 +115,17 @@ def padding_fraction(rows: Sequence[Sequence[Piece]], row_length: int) -> float:
 
     Returns:
         A float in ``[0, 1)``; ``0.0`` for no rows.
+
+    Raises:
+        ValueError: ``row_length`` is not a positive int, or a row holds more tokens than it.
     """
     row_length = check_positive_int(row_length, "row_length")
     if not rows:
         return 0.0
-    used = sum(piece.end - piece.start for row in rows for piece in row)
-    return 1.0 - used / (len(rows) * row_length)
+    used = [sum(piece.end - piece.start for piece in row) for row in rows]
+    if max(used) > row_length:
+        raise ValueError(f"rows[{used.index(max(used))}] holds {max(used)} tokens, more than row_length={row_length}")
+    return 1.0 - sum(used) / (len(rows) * row_length)
 
 
 def packed_batch(sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[Piece]], row_length: int, *,
@@ -193,6 +210,8 @@ class PackedBatches:
             raise TypeError(f"pad must be an int token id, got {pad!r}")
         if len(encoded) == 0:
             raise ValueError("encoded must contain at least one document, got none")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.encoded, self.generator, self.device, self.pad = encoded, generator, device, pad
         self.rows = pack([len(d) for d in encoded], row_length, split_long=split_long)
 

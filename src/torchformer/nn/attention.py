@@ -586,6 +586,8 @@ class SelfAttention(MultiHeadAttention):
       (:mod:`torchformer.data.packing`): the document of each token, non-decreasing along a row. A query then sees
       only its own document's keys, and each document's output is what it gets alone (up to rounding), whatever
       the position scheme, window or pattern (:class:`~torchformer.nn.masks.AttentionMask`). Not with a cache.
+      Only its shape, dtype and device are checked here; its values (in ``[0, t)``, non-decreasing) by the models
+      (``check_values``): a layer given decreasing documents masks by equality and may join separated tokens.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
     The shapes and dtypes of ``x``, ``mask`` and ``positions`` are checked at the door (Python integers, no device
@@ -620,7 +622,7 @@ class SelfAttention(MultiHeadAttention):
         # The dtype is compared with unifyheads' (finish() uses it), not the projections': a variant may replace those.
         b, t = check_sequence_inputs(x, mask, positions, self.emb, like=self.unifyheads.weight)
         if documents is not None:
-            check_documents(documents, b, t, x.device)
+            documents = check_documents(documents, b, t, x.device)
             if cache is not None:
                 raise ValueError("documents (packed rows) are for whole sequences: give no cache with them")
         if positions is None:

@@ -204,7 +204,7 @@ class TransformerBlock(nn.Module):
         # attention's forward) written without them still works for rows of one document.
         packed = {}
         if documents is not None:
-            check_documents(documents, b, t, x.device)
+            documents = check_documents(documents, b, t, x.device)
             packed = {"documents": documents}
         x = self.zero_padding(x, mask)
         x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache, **packed))

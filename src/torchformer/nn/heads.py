@@ -103,12 +103,13 @@ class ClassifierHead(nn.Module):
         Args:
             x: the last block's vectors ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens (padding is left out); ``None``: every position is real.
-            documents: ``(b, t)`` long, each token's document, in ``[0, t)`` and non-decreasing along a row.
+            documents: ``(b, t)`` integer, each token's document, in ``[0, t)`` and non-decreasing along a row.
 
         Returns:
             ``(b, t, e)``: the pooled vector of each document number, zero for numbers no real token has.
         """
         b, t, e = x.shape
+        documents = documents.long()  # scatter's indices (a no-op for long)
         real = torch.ones(b, t, dtype=torch.bool, device=x.device) if mask is None else mask
         index = documents[..., None].expand(b, t, e)  # (b, t, e): where each token's vector goes
         count = torch.zeros(b, t, dtype=x.dtype, device=x.device).scatter_add(1, documents, real.to(x.dtype))

@@ -118,7 +118,7 @@ class Encoder(nn.Module):
         # still works for rows of one document.
         packed = {}
         if documents is not None:
-            check_documents(documents, b, t, x.device)
+            documents = check_documents(documents, b, t, x.device)
             packed = {"documents": documents}
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, mask, positions=positions,
