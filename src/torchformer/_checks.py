@@ -452,7 +452,8 @@ def check_documents(documents: object, b: int, t: int, device: torch.device) -> 
     """The door check of a packed row's ``documents``: integer ``(b, t)`` on ``device`` (shapes and dtypes only);
     returns them as ``torch.long``."""
     if not isinstance(documents, Tensor):
-        raise TypeError(f"documents must be a torch.Tensor of shape (b, t) = ({b}, {t}), got {type(documents).__name__}")
+        raise TypeError(f"documents must be a torch.Tensor of shape (b, t) = ({b}, {t}), got "
+                        f"{type(documents).__name__}")
     if documents.dtype.is_floating_point or documents.dtype.is_complex or documents.dtype == torch.bool:
         raise TypeError(f"documents must hold integer document indices (any integer dtype), got dtype "
                         f"{documents.dtype}")

@@ -123,8 +123,8 @@ class StaticCacheGenerator(generation.EagerStep):
                  horizon: Optional[int] = None) -> Tensor:
         """The step of :class:`~torchformer.decoding.generation.EagerStep`, compiled when asked.
 
-        ``horizon`` is rounded up to a power of two (at least 16, at most ``seq_length``, the kept caches' slots): the step reads at most
-        twice the slots in use, and a few graphs (CUDA graphs too) serve every position.
+        ``horizon`` is rounded up to a power of two (at least 16, at most ``seq_length``, the kept caches' slots):
+        the step reads at most twice the slots in use, and a few graphs (CUDA graphs too) serve every position.
         """
         if self.mark_step is not None:
             self.mark_step()  # a no-op without CUDA graphs

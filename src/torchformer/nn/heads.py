@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torchformer._checks import (check_bool, check_choice, check_positive_float, check_positive_int,
                                  check_probability)
 from torchformer.config import POOLING
+from torchformer.nn.masks import document_positions
 
 
 class ClassifierHead(nn.Module):
@@ -112,14 +113,12 @@ class ClassifierHead(nn.Module):
         documents = documents.long()  # scatter's indices (a no-op for long)
         real = torch.ones(b, t, dtype=torch.bool, device=x.device) if mask is None else mask
         index = documents[..., None].expand(b, t, e)  # (b, t, e): where each token's vector goes
-        count = torch.zeros(b, t, dtype=x.dtype, device=x.device).scatter_add(1, documents, real.to(x.dtype))
-        present = (count > 0)[..., None]  # (b, t, 1): document numbers that have real tokens
-        if self.pool == "first":  # each document's first token: the one whose predecessor is another document
-            first = torch.ones_like(real)
-            first[:, 1:] = documents[:, 1:] != documents[:, :-1]
-            kept = x.masked_fill(~(first & real)[..., None], 0.0)
+        if self.pool == "first":  # each document's first token, at position 0 within it
+            kept = x.masked_fill(~((document_positions(documents) == 0) & real)[..., None], 0.0)
             return torch.zeros_like(x).scatter_add(1, index, kept)  # one first token per document: a copy
+        count = torch.zeros(b, t, dtype=x.dtype, device=x.device).scatter_add(1, documents, real.to(x.dtype))
         if self.pool == "max":
+            present = (count > 0)[..., None]  # (b, t, 1): document numbers that have real tokens
             low = torch.finfo(x.dtype).min
             pooled = torch.full_like(x, low).scatter_reduce(1, index, x.masked_fill(~real[..., None], low), "amax")
             return pooled.masked_fill(~present, 0.0)
