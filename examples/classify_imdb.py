@@ -17,7 +17,8 @@ See docs/imdb.md.
 unlabelled reviews, without the test and validation reviews): the model's size, positions and norm placement, the
 tokenizer and its vocabulary come from that file, and only the classifier head starts from scratch. ``--model lstm``
 trains the recurrent baseline instead (a bidirectional LSTM, :class:`~torchformer.baselines.LSTMClassifier`) through
-the same pipeline.
+the same pipeline. ``--pack`` trains on rows of ``-M`` positions that each hold several whole reviews, every review
+attended to, pooled and classified alone (``docs/masks.md``); evaluation is padded as always.
 
 Under ``torchrun``, ``-b`` is the global batch: each of N processes computes its share of every batch's reviews, the
 learning rate is not scaled, and evaluation is shared out too (the same figures as one process). Only the main
@@ -40,7 +41,8 @@ import torch.nn.functional as F
 from torchformer.train.checkpoint import (
     checkpoint_path, latest_intact_checkpoint, load_checkpoint, prune_checkpoints, read_checkpoint,
 )
-from torchformer.data.batching import ClassificationBatches, pad_batch
+from torchformer.data.batching import ClassificationBatches, bucketed_padding, pad_batch
+from torchformer.data.packing import IGNORE, PackedBatches, pack
 from torchformer.nn.auxiliary import auxiliary_loss
 from torchformer.data.imdb_dataset import imdb, train_val_split
 from torchformer.data.download import DataNotFoundError
@@ -87,9 +89,9 @@ MODEL_KEYS = ("model", "embedding", "heads", "depth", "max_length", "max_pool", 
 MODEL_DEFAULTS = {"wide": False, "model": "transformer", "hidden": None, "positions": "learned", "prenorm": False}
 # Must match too, to resume a checkpoint exactly: they fix the split, the batches, the vocabulary and the schedule.
 RUN_KEYS = ("batch_size", "num_epochs", "learn_rate", "lr_warmup", "tokenizer", "vocab_size", "val_size", "seed",
-            "pretrained", "gradient_clipping", "optimizer")
+            "pretrained", "gradient_clipping", "optimizer", "pack")
 # What a run recorded before these flags existed trained with (a missing key means that, not "anything").
-RUN_DEFAULTS = {"optimizer": "adam"}
+RUN_DEFAULTS = {"optimizer": "adam", "pack": False}
 # What --pretrained decides (the pretrained model's flags): giving one of them as well is an error.
 PRETRAINED_KEYS = ("embedding", "heads", "depth", "max_length", "tokenizer", "vocab_size", "positions", "prenorm")
 
@@ -148,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         "recurrent baseline: a bidirectional LSTM with -d layers of --hidden units over -E-dimensional embeddings "
         "(-H, --wide, --positions, --prenorm and --checkpoint-blocks do not apply)")
     add("--hidden", type=int, help="LSTM units per direction (--model lstm; default: -E)")
+    add("--pack", action="store_true", help="train on rows of -M positions that each hold several whole reviews, "
+        "each review attended to, pooled and classified alone (less padding); a batch has as many rows as hold "
+        "about -b reviews. Evaluation stays padded (transformer only)")
     add("-r", "--random-seed", "--seed", dest="seed", type=int, default=1, help="seed for the split, init and batches")
     add("-f", "--final", action="store_true", help="evaluate on the official test set at the end")
     add("--preset", choices=tuple(PRESETS), help="defaults for the flags you do not give, listed below (default: gpu "
@@ -213,9 +218,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--embedding must be divisible by --heads, got {args.embedding} and {args.heads} (or pass --wide: "
                 f"each head then sees the whole embedding)")
     if args.model == "lstm" and (args.pretrained or args.wide or args.checkpoint_blocks or args.prenorm
-                                 or args.positions is not None):
-        p.error("--model lstm does not take --pretrained, --wide, --positions, --prenorm or --checkpoint-blocks (they "
-                "are transformer options)")
+                                 or args.positions is not None or args.pack):
+        p.error("--model lstm does not take --pretrained, --wide, --positions, --prenorm, --checkpoint-blocks or "
+                "--pack (they are transformer options; the LSTM skips its padding itself)")
     if args.positions is None:
         args.positions = MODEL_DEFAULTS["positions"]
     if args.hidden is not None and args.model != "lstm":
@@ -467,6 +472,21 @@ def train(args: argparse.Namespace) -> dict:
             sys.exit(f"classify_imdb.py: error: --tokenizer {args.tokenizer} -V {args.vocab_size}: {e}")
     eval_set = test if args.final else val_set
 
+    def packed_batches(examples, generator) -> PackedBatches:
+        """Rows of -M positions, whole reviews each (cut to -M already, so each fits); as many rows per batch as
+        hold about -b reviews, so the steps and the schedule stay about those of padded batches."""
+        encoded = encode(tokenizer, [t for t, _ in examples], args.max_length)
+        lengths = [len(e) for e in encoded]
+        rows = len(pack(lengths, args.max_length))
+        packed = PackedBatches(encoded, labels=[y for _, y in examples], num_classes=len(CLASSES),
+                               row_length=args.max_length, batch_size=max(1, round(args.batch_size * rows /
+                               len(encoded))), generator=generator, device=device)
+        bucketed = bucketed_padding(lengths, args.batch_size, generator=torch.Generator().manual_seed(args.seed))
+        print(f"packed: {rows:,} rows of {args.max_length} positions ({len(encoded) / rows:.2f} reviews per row), "
+              f"{packed.batch_size} rows per batch; {packed.padding:.1%} of the positions padding (length-bucketed "
+              f"batches of {args.batch_size} reviews: about {bucketed:.1%})")
+        return packed
+
     def batches(examples, shuffle, generator=None):
         return ClassificationBatches(encode(tokenizer, [t for t, _ in examples], args.max_length),
                                      [y for _, y in examples], batch_size=args.batch_size if shuffle else
@@ -474,7 +494,8 @@ def train(args: argparse.Namespace) -> dict:
                                      num_classes=len(CLASSES))
 
     g = torch.Generator().manual_seed(args.seed)  # batch order; saved in checkpoints
-    train_batches, val_batches = batches(train_set, True, g), batches(val_set, False)
+    train_batches = packed_batches(train_set, g) if args.pack else batches(train_set, True, g)
+    val_batches = batches(val_set, False)
     print(f"tokenized {len(train_set):,} train / {len(val_set):,} val reviews, vocabulary {len(tokenizer):,}, "
           f"{time.perf_counter() - t_start:.0f}s")
 
@@ -496,7 +517,9 @@ def train(args: argparse.Namespace) -> dict:
     wrapped = wrap_model(model, strategy=args.strategy, blocks=[] if args.model == "lstm" else None)
     opt = make_optimizer(model, args.optimizer, lr=args.learn_rate)  # after wrapping
     per_epoch, total = len(train_batches), args.num_epochs * len(train_batches)
-    warmup = min(args.lr_warmup // args.batch_size, total)
+    # --lr-warmup counts reviews; a packed batch holds -b of them on average only.
+    warmup = min(round(args.lr_warmup * per_epoch / len(train_set)) if args.pack else args.lr_warmup // args.batch_size,
+                 total)
     sched = warmup_cosine(opt, warmup_steps=warmup, total_steps=total)
     step = 0
     if resume is not None:
@@ -569,15 +592,22 @@ def train(args: argparse.Namespace) -> dict:
     for epoch in range(step // per_epoch, args.num_epochs):
         epoch_state = g.get_state()  # the epoch's shuffle is drawn from g when iteration starts
         skip = step - epoch * per_epoch
-        for i, (ids, mask, labels) in enumerate(train_batches):
+        for i, batch in enumerate(train_batches):
             if i < skip:
                 continue
+            # Packed: (ids, documents, mask, labels), labels (b, t) at each row's document numbers; else (b,) labels.
+            ids, documents, mask, labels = batch if args.pack else (batch[0], None, *batch[1:])
             fast.train()
-            share = share_batch(len(labels))  # this process's reviews of the batch (all of them for one process)
+            share = share_batch(len(labels))  # this process's rows of the batch (all of them for one process)
             with autocast(device):
-                logp = fast(share.take(ids), share.take(mask))
-            # Its part of the batch's mean loss: averaged over the processes with the gradients, that mean.
-            loss = F.nll_loss(logp.float(), share.targets(labels), reduction="sum") / share.divisor
+                if documents is None:
+                    logp = fast(share.take(ids), share.take(mask))  # (b, c)
+                else:  # each document pooled and classified alone: (b, t, c), row r's document d at [r, d]
+                    logp = fast(share.take(ids), share.take(mask), documents=share.take(documents))
+            # Its part of the batch's mean loss: averaged over the processes with the gradients, that mean. A packed
+            # batch's mean is over its reviews, not its rows (a device tensor: no wait to count them).
+            divisor = share.divisor if documents is None else share.divisor * (labels != IGNORE).sum() / len(labels)
+            loss = F.nll_loss(logp.float().flatten(0, -2), share.targets(labels).flatten(), reduction="sum") / divisor
             loss = loss + auxiliary_loss(fast)  # what the model's parts add (a mixture's balance loss); 0 without
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from torchformer.data.batching import ClassificationBatches, bucket_batches
+from torchformer.data.batching import ClassificationBatches, bucketed_padding
 from torchformer.data.packing import PackedBatches
 from torchformer.nn.auxiliary import auxiliary_loss
 from torchformer.data.imdb_dataset import imdb, train_val_split
@@ -183,12 +183,6 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [tokenizer.encode(text, max_length=max_length) or [1] for text in texts]
 
 
-def bucketed_padding(lengths: list[int], batch_size: int, seed: int) -> float:
-    """The share of padding in an epoch of length-bucketed batches of these lengths (one shuffle of the seed)."""
-    batches = bucket_batches(lengths, batch_size, generator=torch.Generator().manual_seed(seed))
-    return 1 - sum(lengths) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
-
-
 def check_resumable(path: Path, args: argparse.Namespace) -> None:
     try:
         checkpoint = read_checkpoint(path)
@@ -282,7 +276,8 @@ def pretrain(args: argparse.Namespace) -> dict:
     else:
         train_batches = ClassificationBatches(encoded["pretraining"], [0] * len(texts),
                                               batch_size=args.batch_size, generator=g, device=device)
-    bucketed = bucketed_padding([len(d) for d in encoded["pretraining"]], args.batch_size, args.seed)
+    bucketed = bucketed_padding([len(d) for d in encoded["pretraining"]], args.batch_size,
+                                generator=torch.Generator().manual_seed(args.seed))
     if args.pack:
         print(f"batches: {len(train_batches.rows):,} rows of {args.max_length} positions, {train_batches.padding:.1%} "
               f"of them padding (length-bucketed batches of {args.batch_size} reviews: about {bucketed:.1%})")

@@ -171,3 +171,17 @@ def test_enwik8_with_memory_on_two_ddp_processes_keeps_each_ones_memory_and_resu
     load("generate_enwik8").main(enwik8_flags(corpus, tmp_path / "one", "--checkpoint", str(ckpt), *memory[:-4],
                                               "-N", "6", "--test-every", "2"))
     assert "holds the memory of 2 process(es): this run's memory starts empty" in capsys.readouterr().out
+
+
+def test_packed_imdb_on_two_ddp_processes_takes_the_steps_of_one(data_dir, tmp_path):
+    # Each process divides its documents' summed loss by its share of the batch's reviews (not rows): the averaged
+    # gradients are those of the whole batch's mean, so two processes train the weights one process trains.
+    flags = ["--pack", "-M", "64", "-e", "1", "--dropout", "0"]  # 6 rows per batch: 3 per process
+    one = tmp_path / "one"
+    load("classify_imdb").main(imdb_flags(data_dir, one, *flags))
+    printed = torchrun("classify_imdb", imdb_flags(data_dir, tmp_path / "two", *flags), tmp_path / "logs")
+    assert "6 rows per batch" in printed and "2 processes (DDP over gloo)" in printed
+    a = torch.load(one / "model.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "two" / "model.pt", weights_only=True)["model"]
+    for key, value in a.items():  # 17 Adam steps; the sums' order differs between 1 and 2 processes
+        torch.testing.assert_close(b[key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -9,8 +9,12 @@ import random
 import pytest
 import torch
 
-from torchformer.data.batching import bucket_batches
-from torchformer.data.packing import Piece, pack, packed_batch, padding_fraction
+import torch.nn.functional as F
+
+from torchformer.data.batching import ClassificationBatches, bucket_batches, bucketed_padding
+from torchformer.data.packing import (
+    IGNORE, PackedBatches, Piece, pack, packed_batch, packed_labels, padding_fraction,
+)
 
 
 def placed(rows):
@@ -87,8 +91,9 @@ def test_packing_leaves_less_padding_than_length_bucketed_batches():
     rng = random.Random(0)
     lengths = [min(512, int(rng.lognormvariate(5.0, 0.7)) + 1) for _ in range(2000)]
     batches = bucket_batches(lengths, 16, generator=torch.Generator().manual_seed(0))
-    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)  # every batch padded to its longest
     bucketed = 1 - sum(lengths) / padded
+    assert bucketed_padding(lengths, 16, generator=torch.Generator().manual_seed(0)) == pytest.approx(bucketed)
     packed = padding_fraction(pack(lengths, 512), 512)
     assert packed < 0.01 < bucketed  # best fit on 2,000 documents leaves well under 1 % empty
 
@@ -120,3 +125,57 @@ def test_lengths_of_numpy_or_torch_integers_are_lengths_and_rows_too_long_for_a_
 
     with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
         PackedBatches([[1]], row_length=2, batch_size=1, generator=3)
+
+
+def test_labels_sit_where_the_classifier_puts_each_documents_prediction():
+    encoded = [[5, 6, 7], [8], [9, 9], [4, 4, 4, 4, 4]]
+    rows = pack([len(d) for d in encoded], 4, split_long=True)  # document 3 cut into pieces of 4 and 1 tokens
+    targets = packed_labels(torch.tensor([1, 0, 2, 1]), rows, 4)
+    for r, row in enumerate(rows):  # [r, d]: the class of row r's d-th piece; IGNORE past the last piece
+        assert targets[r].tolist() == [[1, 0, 2, 1][piece.document] for piece in row] + [IGNORE] * (4 - len(row))
+    data = PackedBatches(encoded, labels=[1, 0, 2, 1], num_classes=3, row_length=4, batch_size=3, split_long=True,
+                         shuffle=False)
+    (ids, documents, mask, labels), = list(data)
+    assert torch.equal(labels, targets) and labels.dtype == torch.int64
+    assert torch.equal(ids, packed_batch(encoded, data.rows, 4)[0])  # the same rows as without labels
+    assert len(next(iter(PackedBatches(encoded, row_length=4, batch_size=3, split_long=True)))) == 3
+
+
+def test_labels_are_checked_as_a_classification_batches_labels_are():
+    with pytest.raises(ValueError, match="one class per document, got 1 for 2 documents"):
+        PackedBatches([[1], [2]], labels=[0], row_length=2, batch_size=1)
+    with pytest.raises(ValueError, match=r"labels must be class numbers in \[0, 2\)"):
+        PackedBatches([[1], [2]], labels=[0, 2], num_classes=2, row_length=2, batch_size=1)
+    with pytest.raises(TypeError, match="labels must be a 1-D sequence of ints"):
+        PackedBatches([[1], [2]], labels=["pos", "neg"], row_length=2, batch_size=1)
+    with pytest.raises(ValueError, match=r"rows\[0\] has 3 pieces, more than row_length=2"):
+        packed_labels(torch.tensor([0, 1, 0]), [[Piece(0, 0, 1), Piece(1, 0, 1), Piece(2, 0, 1)]], 2)
+    with pytest.raises(ValueError, match="lengths must hold at least one length"):
+        bucketed_padding([], 4)
+
+
+def test_a_packed_classifier_step_has_the_gradient_of_the_reviews_mean_loss_padded():
+    # The loss IMDb training uses on packed rows (summed over the documents' places, divided by the number of
+    # documents) has the gradient of the mean loss over the same reviews batched with padding.
+    from torchformer.models import CTransformer
+
+    rng = random.Random(3)
+    encoded = [[rng.randint(1, 30) for _ in range(rng.randint(1, 12))] for _ in range(9)]
+    labels = [rng.randint(0, 2) for _ in encoded]
+    torch.manual_seed(0)
+    model = CTransformer(16, 4, 2, 16, 31, 3, positions="rotary").double()  # dropout 0: train mode is exact
+
+    def gradients(loss):
+        model.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ids, documents, mask, targets = next(iter(PackedBatches(encoded, labels=labels, row_length=16, batch_size=9)))
+    assert ids.size(0) < len(encoded)  # several reviews share rows
+    logp = model(ids, mask, documents=documents)  # (b, t, c)
+    packed = F.nll_loss(logp.flatten(0, 1), targets.flatten(), reduction="sum") / (targets != IGNORE).sum()
+    ids, mask, y = next(iter(ClassificationBatches(encoded, labels, batch_size=9, shuffle=False)))
+    padded = F.nll_loss(model(ids, mask), y)
+    torch.testing.assert_close(packed, padded, rtol=1e-12, atol=1e-12)
+    for a, b in zip(gradients(packed), gradients(padded)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -13,8 +13,8 @@
 * :mod:`torchformer.data.encoded`: a tokenized corpus kept on disk, keyed by the texts and the tokenizer.
 """
 
-from torchformer.data.batching import ClassificationBatches, bucket_batches, pad_batch
-from torchformer.data.packing import PackedBatches, Piece, pack, packed_batch, padding_fraction
+from torchformer.data.batching import ClassificationBatches, bucket_batches, bucketed_padding, pad_batch
+from torchformer.data.packing import PackedBatches, Piece, pack, packed_batch, packed_labels, padding_fraction
 from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import (
     ChecksumError, DataFileError, DataNotFoundError, default_root, download, file_digest, verify,
@@ -35,6 +35,7 @@ __all__ = [
     "Piece",
     "WordTokenizer",
     "bucket_batches",
+    "bucketed_padding",
     "deduplicate",
     "default_root",
     "download",
@@ -46,6 +47,7 @@ __all__ = [
     "load_text_bytes",
     "pack",
     "packed_batch",
+    "packed_labels",
     "pad_batch",
     "padding_fraction",
     "random_batches",

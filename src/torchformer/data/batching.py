@@ -24,7 +24,8 @@ from torch import Tensor
 
 from torchformer._checks import check_bool, is_int
 
-__all__ = ["pad_batch", "bucket_batches", "ClassificationBatches", "to_device"]
+__all__ = ["pad_batch", "bucket_batches", "bucketed_padding", "check_labels", "ClassificationBatches",
+           "to_device"]
 
 
 def _check_int(name: str, value: object, minimum: int = 1) -> int:
@@ -158,6 +159,64 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, *, shuffle: bool = T
     return batches
 
 
+def bucketed_padding(lengths: Sequence[int], batch_size: int, *, generator: torch.Generator | None = None) -> float:
+    """The share of padding in one epoch of :func:`bucket_batches` of these lengths, each padded to its longest.
+
+    Args:
+        lengths: each example's number of tokens (after truncation), ``>= 1``.
+        batch_size: examples per batch.
+        generator: the shuffle :func:`bucket_batches` draws (the figure changes little from one to another).
+
+    Returns:
+        A float in ``[0, 1)``: padded positions over all positions of the epoch's batches.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive int, a length is not a positive int, or no lengths.
+    """
+    lengths = [_check_int(f"lengths[{i}]", n) for i, n in enumerate(lengths)]
+    if not lengths:
+        raise ValueError("lengths must hold at least one length, got none")
+    batches = bucket_batches(lengths, batch_size, generator=generator)
+    return 1 - sum(lengths) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+def check_labels(labels: Sequence[int], num_classes: int | None = None) -> Tensor:
+    """``labels`` as a ``(n,)`` int64 tensor of class numbers, checked before training rather than by the loss.
+
+    Args:
+        labels: the class of each example, ints (a list, or a 1-D tensor or array).
+        num_classes: the classifier's classes ``c``: every label must be in ``[0, c)``; ``None``: only ``>= 0``.
+
+    Returns:
+        The labels, int64, on the CPU.
+
+    Raises:
+        TypeError: a label is not an int (a string, a float), or ``labels`` is not 1-D.
+        ValueError: a label is negative or at least ``num_classes``, or ``num_classes`` is not a positive int.
+    """
+    if len(labels) == 0:  # as_tensor([]) would be float32
+        return torch.zeros(0, dtype=torch.int64)
+    try:
+        labels_t = torch.as_tensor(labels)
+    except (TypeError, ValueError, RuntimeError):  # e.g. strings ("pos"), or ints and strings mixed
+        odd = next((y for y in labels if not is_int(y)), labels)
+        raise TypeError(f"labels must be a 1-D sequence of ints (class numbers), got {type(odd).__name__} "
+                        f"{odd!r:.60} among them") from None
+    if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:
+        raise TypeError(f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
+                        f"shape {tuple(labels_t.shape)}")
+    if int(labels_t.min()) < 0:
+        raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
+    if num_classes is not None:
+        num_classes = _check_int("num_classes", num_classes)
+        if int(labels_t.max()) >= num_classes:
+            wrong = int((labels_t >= num_classes).sum())
+            raise ValueError(f"labels must be class numbers in [0, {num_classes}) (num_classes={num_classes}), "
+                             f"got {int(labels_t.max())} ({wrong} label{'s' if wrong > 1 else ''} at or above "
+                             f"{num_classes}, the first at index {int((labels_t >= num_classes).nonzero()[0])})")
+    return labels_t.long()
+
+
 class ClassificationBatches:
     """One epoch of ``(ids, mask, labels)`` batches for sequence classification.
 
@@ -205,24 +264,7 @@ class ClassificationBatches:
             raise ValueError(f"encoded and labels must have the same length, got {len(encoded)} and {len(labels)}")
         if len(encoded) == 0:
             raise ValueError("encoded must contain at least one sequence, got none")
-        try:
-            labels_t = torch.as_tensor(labels)
-        except (TypeError, ValueError, RuntimeError):  # e.g. strings ("pos"), or ints and strings mixed
-            odd = next((y for y in labels if not is_int(y)), labels)
-            raise TypeError(f"labels must be a 1-D sequence of ints (class numbers), got {type(odd).__name__} "
-                            f"{odd!r:.60} among them") from None
-        if labels_t.dtype.is_floating_point or labels_t.dtype == torch.bool or labels_t.dim() != 1:
-            raise TypeError(f"labels must be a 1-D sequence of ints, got dtype {labels_t.dtype}, "
-                            f"shape {tuple(labels_t.shape)}")
-        if int(labels_t.min()) < 0:
-            raise ValueError(f"labels must be class numbers >= 0, got {int(labels_t.min())}")
-        if num_classes is not None:
-            num_classes = _check_int("num_classes", num_classes)
-            if int(labels_t.max()) >= num_classes:
-                wrong = int((labels_t >= num_classes).sum())
-                raise ValueError(f"labels must be class numbers in [0, {num_classes}) (num_classes={num_classes}), "
-                                 f"got {int(labels_t.max())} ({wrong} label{'s' if wrong > 1 else ''} at or above "
-                                 f"{num_classes}, the first at index {int((labels_t >= num_classes).nonzero()[0])})")
+        labels_t = check_labels(labels, num_classes)
         # Checked here rather than mid-epoch, so a bad example fails before training starts.
         for i, sequence in enumerate(encoded):
             _check_sequence(i, sequence)
@@ -234,7 +276,7 @@ class ClassificationBatches:
                 "encode empty texts as e.g. [UNK] instead"
             )
         self.encoded = encoded
-        self.labels = labels_t.long()
+        self.labels = labels_t
         self.lengths = lengths
         self.batch_size = batch_size
         self.max_length = max_length

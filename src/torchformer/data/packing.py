@@ -18,7 +18,8 @@ document's first token (``docs/masks.md``).
 space left fits it most tightly, a new row when none does. A document longer than a row is an error unless
 ``split_long`` is given, and then it is cut into pieces of at most ``row_length`` tokens, each packed as a document
 of its own (so its pieces never see each other); :func:`padding_fraction` measures what a packing leaves empty,
-:func:`packed_batch` builds the tensors of some rows, and :class:`PackedBatches` is an epoch of them.
+:func:`packed_batch` builds the tensors of some rows, :func:`packed_labels` places each document's class where a
+packed classifier puts its prediction, and :class:`PackedBatches` is an epoch of them.
 
 Shapes: b rows, t ``row_length``.
 """
@@ -34,9 +35,13 @@ import torch
 from torch import Tensor
 
 from torchformer._checks import check_bool, check_positive_int, is_int
-from torchformer.data.batching import to_device
+from torchformer.data.batching import check_labels, to_device
 
-__all__ = ["PackedBatches", "Piece", "pack", "packed_batch", "padding_fraction"]
+__all__ = ["IGNORE", "PackedBatches", "Piece", "pack", "packed_batch", "packed_labels", "padding_fraction"]
+
+# The target of a place in a packed classifier's output that holds no document: F.nll_loss's default
+# ignore_index, so the loss skips it.
+IGNORE = -100
 
 
 class Piece(NamedTuple):
@@ -175,16 +180,51 @@ def packed_batch(sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[Pie
     return to_device(ids, device), to_device(documents, device), to_device(mask, device)
 
 
+def packed_labels(labels: Tensor, rows: Sequence[Sequence[Piece]], row_length: int, *,
+                  device: torch.device | str | None = None) -> Tensor:
+    """Each piece's class, where a packed classifier puts its prediction: row ``r``'s ``d``-th piece at ``[r, d]``.
+
+    A classifier given ``documents`` (``CTransformer``) returns ``(b, t, c)``, one prediction per document number of
+    each row; these are its targets, so ``F.nll_loss(logp.flatten(0, 1), targets.flatten())`` is the summed loss of
+    the rows' documents (the other places are :data:`IGNORE`). A document cut by ``split_long`` gives each of its
+    pieces its class.
+
+    Args:
+        labels: ``(n,)`` integer, the class of every document (what the rows' pieces index).
+        rows: ``b`` rows of :func:`pack`.
+        row_length: ``t``.
+        device: where the tensor goes (built on the CPU, then moved once).
+
+    Returns:
+        ``(b, t)`` int64: classes, and :data:`IGNORE` where a row has no ``d``-th piece.
+
+    Raises:
+        ValueError: no rows, or a row with more pieces than ``row_length``.
+    """
+    row_length = check_positive_int(row_length, "row_length")
+    if len(rows) == 0:
+        raise ValueError("rows must hold at least one row, got none")
+    targets = torch.full((len(rows), row_length), IGNORE, dtype=torch.int64)
+    for r, row in enumerate(rows):
+        if len(row) > row_length:
+            raise ValueError(f"rows[{r}] has {len(row)} pieces, more than row_length={row_length}")
+        targets[r, :len(row)] = labels[[piece.document for piece in row]]
+    return to_device(targets, device)
+
+
 class PackedBatches:
     """One epoch of ``(ids, documents, mask)`` batches of packed rows: :func:`pack` once, then rows in batches.
 
     The documents are packed into rows when the object is built; each ``iter()`` is a new epoch, the rows in a
     fresh order drawn from ``generator`` and cut into batches of ``batch_size`` rows (the last may have fewer).
+    With ``labels``, for classification, each batch also has each document's class (:func:`packed_labels`).
 
     Args:
         encoded: the token ids of each document, ``>= 1`` of them.
         row_length: the positions of a row ``t``.
         batch_size: rows per batch.
+        labels: the class of each document; ``None``: batches without targets.
+        num_classes: with ``labels``, the classifier's classes ``c``: every label must be in ``[0, c)``.
         split_long: as in :func:`pack` (a document longer than a row is otherwise an error).
         shuffle: a new order of the rows every epoch; ``False`` for evaluation.
         generator: makes the shuffles reproducible; ``None``: torch's global one.
@@ -192,7 +232,12 @@ class PackedBatches:
         pad: the padding id.
 
     Shapes:
-        Each batch: ``ids``, ``documents`` ``(b, t)`` int64 and ``mask`` ``(b, t)`` bool, as :func:`packed_batch`.
+        Each batch: ``ids``, ``documents`` ``(b, t)`` int64 and ``mask`` ``(b, t)`` bool, as :func:`packed_batch`;
+        with ``labels``, a fourth ``(b, t)`` int64 of targets.
+
+    Raises:
+        ValueError: as :func:`pack`; ``labels`` not one per document, or out of ``[0, num_classes)``.
+        TypeError: a flag of the wrong type, labels that are not ints.
 
     Example:
         >>> data = PackedBatches([[5, 6, 7], [8], [9, 9]], row_length=4, batch_size=2)
@@ -201,7 +246,8 @@ class PackedBatches:
     """
 
     def __init__(self, encoded: Sequence[Sequence[int]], *, row_length: int, batch_size: int,
-                 split_long: bool = False, shuffle: bool = True, generator: torch.Generator | None = None,
+                 labels: Sequence[int] | None = None, num_classes: int | None = None, split_long: bool = False,
+                 shuffle: bool = True, generator: torch.Generator | None = None,
                  device: torch.device | str | None = None, pad: int = 0) -> None:
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.row_length = check_positive_int(row_length, "row_length")
@@ -212,6 +258,12 @@ class PackedBatches:
             raise ValueError("encoded must contain at least one document, got none")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.labels = None
+        if labels is not None:
+            if len(labels) != len(encoded):
+                raise ValueError(f"labels must hold one class per document, got {len(labels)} for {len(encoded)} "
+                                 f"documents")
+            self.labels = check_labels(labels, num_classes)
         self.encoded, self.generator, self.device, self.pad = encoded, generator, device, pad
         self.rows = pack([len(d) for d in encoded], row_length, split_long=split_long)
 
@@ -220,12 +272,15 @@ class PackedBatches:
         """The share of the rows' positions that no token fills (:func:`padding_fraction`)."""
         return padding_fraction(self.rows, self.row_length)
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         order = (torch.randperm(len(self.rows), generator=self.generator).tolist() if self.shuffle
                  else list(range(len(self.rows))))
         for start in range(0, len(order), self.batch_size):
             rows = [self.rows[i] for i in order[start:start + self.batch_size]]
-            yield packed_batch(self.encoded, rows, self.row_length, pad=self.pad, device=self.device)
+            batch = packed_batch(self.encoded, rows, self.row_length, pad=self.pad, device=self.device)
+            if self.labels is not None:
+                batch += (packed_labels(self.labels, rows, self.row_length, device=self.device),)
+            yield batch
 
     def __len__(self) -> int:
         return math.ceil(len(self.rows) / self.batch_size)
