@@ -31,7 +31,7 @@ from torch import nn
 
 from torchformer import Encoder, SelfAttention, TransformerBlock, TransformerConfig
 from torchformer.models import Seq2SeqTransformer
-from torchformer.nn.masks import AttentionMask, causal_mask
+from torchformer.nn.masks import AttentionMask, causal_mask, document_positions
 from torchformer.nn.positions import sinusoidal_table
 from torchformer.train.inspection import capture_attention
 
@@ -250,6 +250,54 @@ def draw_masks(path: pathlib.Path, quick: bool = False) -> str:
     save(figure, path)
     return "from AttentionMask.allowed()"
 
+
+
+def draw_document_masks(path: pathlib.Path, quick: bool = False) -> str:
+    """One packed row of three documents and padding: the rule with documents, without and with the causal rule, as
+    AttentionMask(documents=).allowed() builds it, checked against a block-diagonal mask built by hand."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    docs = [["the", "cat", "sat"], ["good", "film"], ["it", "ran", "off"]]
+    tokens = [w for d in docs for w in d] + ["<pad>"]  # t = 9: the row's end is padding, a document of its own
+    t = len(tokens)
+    documents = torch.tensor([[d for d, doc in enumerate(docs) for _ in doc] + [len(docs)]])  # (1, t)
+    real = torch.tensor([[token != "<pad>" for token in tokens]])  # (1, t)
+    within = document_positions(documents)[0].tolist()  # each token's position in its document
+    positions = torch.arange(t)
+    panels = []
+    for causal in (False, True):
+        allowed = AttentionMask(positions, positions, real, causal=causal, aligned=True,
+                                documents=documents).allowed()[0, 0].expand(t, t)  # (t, t)
+        same = documents[0, :, None] == documents[0, None, :]  # the block diagonal, by hand
+        expected = same & real[0, None, :] & (positions[None, :] <= positions[:, None] if causal else True)
+        if not torch.equal(allowed, expected):
+            raise AssertionError(f"AttentionMask(documents=, causal={causal}) is not the block-diagonal mask")
+        panels.append(("documents (an encoder,\nCTransformer, MLMTransformer)" if not causal else
+                       "documents and causal=True\n(a generator, GTransformer)", allowed))
+
+    figure = new_figure(7.6, 4.6)
+    axes = figure.subplots(1, 2)
+    colours = ListedColormap(["#f2f2f2", "#4c72b0"])  # False: masked, True: may attend
+    labels = [f"{token} {p}" if token != "<pad>" else token for token, p in zip(tokens, within)]
+    for k, (ax, (title, allowed)) in enumerate(zip(axes, panels)):
+        ax.imshow(allowed.int().numpy(), cmap=colours, vmin=0, vmax=1)
+        ax.set_xticks(range(t), labels, rotation=90, fontsize=9)
+        ax.set_yticks(range(t), labels, fontsize=9)
+        ax.set_xticks([i - 0.5 for i in range(1, t)], minor=True)
+        ax.set_yticks([i - 0.5 for i in range(1, t)], minor=True)
+        ax.grid(which="minor", color="white", lw=1.5)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("key j (token, position in its document)", fontsize=9)
+        if k == 0:
+            ax.set_ylabel("query i", fontsize=10)
+        ax.set_title(title, fontsize=10)
+    figure.legend(handles=[Patch(fc="#4c72b0", label="may attend"), Patch(fc="#f2f2f2", ec="#bbbbbb",
+                                                                          label="masked: weight exactly 0")],
+                  loc="lower center", ncol=2, fontsize=10, frameon=False)
+    figure.subplots_adjust(left=0.14, right=0.99, top=0.88, bottom=0.27, wspace=0.35)
+    save(figure, path)
+    return "from AttentionMask(documents=).allowed(), checked against a block-diagonal mask"
 
 # --- narrow and wide heads ----------------------------------------------------------------------------------------
 
@@ -497,6 +545,7 @@ def draw_reversal_attention(path: pathlib.Path, quick: bool = False) -> str:
 FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "norm-placement": draw_norm_placement,
     "masks": draw_masks,
+    "document-masks": draw_document_masks,
     "heads": draw_heads,
     "sinusoids": draw_sinusoids,
     "reversal-attention": draw_reversal_attention,

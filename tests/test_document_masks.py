@@ -225,3 +225,26 @@ def test_small_integer_documents_are_documents_and_a_decreasing_row_is_named():
     torch.testing.assert_close(model(x, documents=documents.to(torch.uint8)), model(x, documents=documents))
     with pytest.raises(ValueError, match="got 1 then 0 at positions 3 and 4 of row 0"):
         model(x, documents=torch.tensor([[0, 0, 1, 1, 0, 0]]))
+
+
+def test_flex_builds_a_block_mask_per_row_when_the_documents_differ_between_rows():
+    # Compiled, flex attention skips the blocks the block mask calls empty and applies no rule inside the ones it
+    # calls full: built from row 0 alone, row 1's documents (split inside a block) would see each other.
+    t, block = 256, 128
+    documents = torch.zeros(2, t, dtype=torch.long)
+    documents[1, 100:] = 1  # row 1: two documents, the second starting inside the first block
+    positions = torch.arange(t)
+    for causal in (False, True):
+        rule = AttentionMask(positions, positions, causal=causal, aligned=True, documents=documents)
+        assert rule.rows == 2
+        blocks = rule.block_mask(torch.device("cpu"))
+        allowed = rule.allowed()[:, 0].reshape(2, t // block, block, t // block, block)  # (b, tq, bq, tk, bk)
+        any_pair, every_pair = allowed.any(dim=(2, 4)), allowed.all(dim=(2, 4))  # (b, tq, tk)
+        assert torch.equal(blocks.to_dense()[:, 0].bool(), any_pair)  # partial or full: the blocks computed
+        full = torch.zeros_like(every_pair)
+        for b in range(2):
+            for q in range(t // block):
+                n = int(blocks.full_kv_num_blocks[b, 0, q])
+                full[b, q, blocks.full_kv_indices[b, 0, q, :n].long()] = True
+        assert torch.equal(full, every_pair)  # full: computed without the rule
+    assert AttentionMask(positions, positions, causal=True, aligned=True).rows is None

@@ -171,15 +171,12 @@ def attention_flex(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias
     Returns:
         The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key.
     """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         raise ValueError("impl='flex' cannot compute gradients on the CPU (PyTorch's flex attention has no CPU "
                          "backward): train there with impl='sdpa' (the same function), or evaluate under no_grad")
-    b, t, u = q.size(0), q.size(-2), k.size(-2)
-    # Padding differs per row; the rest is one mask for all (a cache's (1, c) mask of written slots too).
-    batch = b if mask.key_mask is not None and mask.key_mask.size(0) > 1 else None
-    block_mask = create_block_mask(mask.mask_mod(), batch, None, t, u, device=q.device)
+    block_mask = mask.block_mask(q.device)
     score_mod = None
     if bias is not None:
         table = bias.to(q.dtype)

@@ -30,7 +30,7 @@ Shapes: b batch size, t queries, u keys.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -191,6 +191,17 @@ class AttentionMask:
             return True
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
+    @property
+    def rows(self) -> Optional[int]:
+        """``b`` when the rule differs from one row of the batch to another (padding, documents), else ``None``.
+
+        What a block mask is built for: one per row, or one for all (a cache's ``(1, c)`` mask of written slots).
+        """
+        for per_row in (self.key_mask, self.documents):
+            if per_row is not None and per_row.size(0) > 1:
+                return per_row.size(0)
+        return None
+
     def distance(self) -> Tensor:
         """``(t, u)``: query position minus key position (positive = the key lies in the query's past).
 
@@ -273,6 +284,26 @@ class AttentionMask:
             return ok
 
         return mask_mod
+
+    def block_mask(self, device: torch.device) -> Any:
+        """This rule as flex attention's ``BlockMask``: which blocks of the score matrix hold allowed pairs.
+
+        One block mask per row when the rule differs between rows (:attr:`rows`), else one for all.
+
+        Args:
+            device: where the block mask is built (the queries').
+
+        Returns:
+            A ``torch.nn.attention.flex_attention.BlockMask`` of ``(t, u)`` scores.
+
+        Raises:
+            ValueError: the keys have no positions (cross-attention).
+        """
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        rule = self.mask_mod()  # (refuses cross-attention's keys without positions)
+        t, u = self.query_positions.size(0), self.key_positions.size(0)
+        return create_block_mask(rule, self.rows, None, t, u, device=device)
 
     def query_has_key(self) -> Optional[Tensor]:
         """``(b, 1, t, 1)`` bool: False for a query that may see no real key at all (it gets a zero output).
