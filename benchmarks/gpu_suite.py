@@ -19,6 +19,8 @@ Stages (``--stages all`` runs them in this order):
 * ``memory``:      peak memory and step time with and without activation checkpointing (``checkpoint_blocks``)
 * ``long-context``: causal attention at 1k-8k positions: dense, the fixed pattern as a mask and through flex
 * ``long-context-enwik8``: the enwik8 example at context 2048 dense, 1024 + memory 1024, and the fixed pattern
+* ``packed``:      ``benchmarks/packed.py``: training steps on packed rows (a dense document mask, and flex attention's
+                   block mask) against length-bucketed padded batches of the same documents
 
 Each stage appends its figures (the commands, device, torch version, date and numbers) to ``OUT/report.md`` and
 ``OUT/results.json`` and the output of its commands to ``OUT/log.txt``: three files, whatever the stages. The report
@@ -483,6 +485,27 @@ def run_long_context(suite: Suite, record: dict) -> str:
     return "\n".join(lines)
 
 
+def run_packed(suite: Suite, record: dict) -> str:
+    """Real tokens/s of compiled bf16 training steps on the same review-like documents: padded, packed through a
+    dense document mask (SDPA), packed through flex attention's block mask (benchmarks/packed.py)."""
+    flags = ["--device", "cuda", "--compile", "--row", "1024", "--batch", "32"]
+    if suite.smoke:  # the CPU has no flex backward: padded and the dense mask, toy sizes
+        flags = ["--toy", "--device", "cpu", "--threads", "1"]
+    out = suite.work / "packed.json"
+    status, _ = suite.run(record, suite.python("benchmarks/packed.py", *flags, "--json", str(out)))
+    if status != 0 or not out.exists():
+        record["status"] = "failed"
+        return "benchmarks/packed.py failed: see the log."
+    rows = json.loads(out.read_text())["rows"]
+    record["figures"] = {"rows": rows}
+    lines = ["| kind | real tokens/s | ms per step | rows per step | padding | x padded |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        lines.append(f"| {row['kind']} | {row['tok_s']:,.0f} | {row['ms_per_step']:.1f} | {row['rows_per_step']:.1f} | "
+                     f"{row['padding']:.1%} | {ratio} |")
+    return "\n".join(lines)
+
 # The long-context-enwik8 runs: the same tokens per step (32,768) and the same attention span, three ways.
 # (name, flags on the GPU, flags of the --smoke run: the same meaning at toy sizes)
 LONG_RUNS = [("dense, context 2048", "-C 2048 -b 16", "-C 32 -b 4"),
@@ -554,6 +577,8 @@ STAGES = {stage.name: stage for stage in [
           "attention", 240, run_long_context),
     Stage("long-context-enwik8", "enwik8: dense at context 2048, context 1024 + memory 1024, the fixed pattern at "
           "2048; --long-context-minutes each", 540, run_long_context_enwik8),
+    Stage("packed", "training steps on packed rows (dense document mask, flex block mask) against padded batches",
+          240, run_packed),
 ]}
 
 

@@ -248,3 +248,22 @@ def test_flex_builds_a_block_mask_per_row_when_the_documents_differ_between_rows
                 full[b, q, blocks.full_kv_indices[b, 0, q, :n].long()] = True
         assert torch.equal(full, every_pair)  # full: computed without the rule
     assert AttentionMask(positions, positions, causal=True, aligned=True).rows is None
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_flex_path_traces_as_one_graph_with_padding_and_documents():
+    # The GPU's path for packed rows (impl="flex": flex attention with a block mask built in the graph). The CPU has
+    # no flex backward: the forward pass, traced without a break and equal to SDPA's dense mask.
+    from torchformer.models import GTransformer
+
+    torch.manual_seed(0)
+    dense = GTransformer(16, 2, 1, T, 20, prenorm=True, norm="rms", positions="rotary").eval()
+    flex = GTransformer(16, 2, 1, T, 20, prenorm=True, norm="rms", positions="rotary", impl="flex").eval()
+    flex.load_state_dict(dense.state_dict())
+    _, documents, mask = packed_row()
+    x = torch.randint(0, 20, (1, T), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        explanation = torch._dynamo.explain(flex)(x, mask, documents=documents)
+        assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+        torch.testing.assert_close(flex(x, mask, documents=documents)[mask], dense(x, mask, documents=documents)[mask],
+                                   atol=1e-5, rtol=1e-5)

@@ -124,6 +124,9 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     assert all(row["split"] == "validation" and row["bpb"] > 0 and row["step"] == 4 for row in long_runs)
     commands = by["long-context-enwik8"]["commands"]
     assert "--memory 16" in commands[1] and "--sparse fixed" in commands[2] and "--memory" not in commands[0]
+    packed = by["packed"]["figures"]["rows"]  # padded, then packed through the dense mask (no flex on the CPU)
+    assert [row["kind"] for row in packed] == ["padded", "packed-sdpa"] and all(row["tok_s"] > 0 for row in packed)
+    assert packed[1]["ratio"] > 0 and "| packed-sdpa |" in by["packed"]["table"]
     assert "===== tests: python -m pytest" in (out / "log.txt").read_text()
     print(f"smoke run of every stage: {seconds:.0f} s")
 
@@ -145,7 +148,8 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 @pytest.mark.parametrize("stages, message", [
     ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, step-moe, decode-latent, "
-                   "decode-hf, enwik8, imdb, imdb-pretrained, memory, long-context, long-context-enwik8; got 'tests,nope'"),
+                   "decode-hf, enwik8, imdb, imdb-pretrained, memory, long-context, long-context-enwik8, packed; "
+                   "got 'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
 ])

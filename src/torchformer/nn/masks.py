@@ -315,9 +315,8 @@ class AttentionMask:
         """
         if not self.padded:
             return None
-        allowed = self.allowed()
-        assert allowed is not None
-        return allowed.any(dim=-1, keepdim=True)
+        allowed = self.allowed()  # not None: padded means a key_mask
+        return None if allowed is None else allowed.any(dim=-1, keepdim=True)
 
 
 def document_positions(documents: Tensor) -> Tensor:
