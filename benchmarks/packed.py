@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -65,8 +64,9 @@ def measure(kind: str, encoded: list[list[int]], args: argparse.Namespace) -> di
     """Real tokens per second of ``kind``'s timed training steps, and their padding share."""
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
+    impl = "flex" if kind == "packed-flex" else "sdpa"
     model = GTransformer(args.emb, args.heads, args.depth, args.row, args.vocab, norm="rms", prenorm=True,
-                         activation="swiglu", positions="rotary", impl="flex" if kind == "packed-flex" else "sdpa").to(device)
+                         activation="swiglu", positions="rotary", impl=impl).to(device)
     model.check_values = False  # the ids are in range: no host sync per step
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     fast = torch.compile(model) if args.compile else model

@@ -267,3 +267,85 @@ def test_the_flex_path_traces_as_one_graph_with_padding_and_documents():
         assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
         torch.testing.assert_close(flex(x, mask, documents=documents)[mask], dense(x, mask, documents=documents)[mask],
                                    atol=1e-5, rtol=1e-5)
+
+
+PAIRS = [([1, 2, 3], [4, 5]), ([6], [7, 8, 9, 10]), ([11, 12, 13, 14], [15]), ([3, 3], [2, 2, 2])]
+
+
+def packed_pairs(row=8):
+    from torchformer.data.packing import pack_pairs, packed_batch
+
+    src_rows, tgt_rows = pack_pairs([len(s) for s, _ in PAIRS], [len(t) for _, t in PAIRS], row)
+    src, src_documents, src_mask = packed_batch([s for s, _ in PAIRS], src_rows, row)
+    tgt, tgt_documents, tgt_mask = packed_batch([t for _, t in PAIRS], tgt_rows, row)
+    return src_rows, tgt_rows, (src, src_documents, src_mask), (tgt, tgt_documents, tgt_mask)
+
+
+@pytest.mark.parametrize("fields", [{"positions": "learned"}, {"positions": "relative"},
+                                    {"positions": "rotary", "prenorm": True, "norm": "rms", "kv_heads": 2}],
+                         ids=["learned", "relative", "rotary"])
+def test_a_seq2seq_model_on_packed_pairs_gives_each_pair_its_output_alone(fields):
+    from torchformer.models import Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(16, 4, 2, 8, 20, 20, **fields).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():  # relative biases start at zero: make them matter
+            p.add_(0.1 * torch.randn_like(p))
+    src_rows, tgt_rows, (src, src_documents, src_mask), (tgt, tgt_documents, tgt_mask) = packed_pairs()
+    assert src.size(0) < len(PAIRS)  # pairs share rows
+    out = model(src, tgt, src_mask, src_documents=src_documents, tgt_documents=tgt_documents)  # (b, t, v)
+    for r, (src_row, tgt_row) in enumerate(zip(src_rows, tgt_rows)):
+        at = 0
+        for s_piece, t_piece in zip(src_row, tgt_row):
+            assert s_piece.document == t_piece.document  # the same pair at the same place of both rows
+            s, t = PAIRS[s_piece.document]
+            alone = model(torch.tensor([s]), torch.tensor([t]))[0]
+            torch.testing.assert_close(out[r, at:at + len(t)], alone, atol=1e-10, rtol=0)
+            at += len(t)
+
+
+def test_no_gradient_crosses_packed_pairs_and_half_a_pair_of_documents_is_refused():
+    from torchformer.models import Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(16, 4, 1, 8, 20, 20).double()
+    _, _, (src, src_documents, src_mask), (tgt, tgt_documents, tgt_mask) = packed_pairs()
+    memory = model.encode(src, src_mask, src_documents=src_documents).detach().requires_grad_(True)
+    r = 0  # the first row: its first target document's outputs depend on its own source document only
+    first = (tgt_documents[r] == 0) & tgt_mask[r]
+    out = model.decode(tgt, memory, src_mask, tgt_documents=tgt_documents, src_documents=src_documents)
+    out[r, first].sum().backward()
+    touched = memory.grad.abs().sum(-1)  # (b, u)
+    assert touched[r, src_documents[r] == 0].all() and not touched[r, src_documents[r] != 0].any()
+    assert not touched[1:].any()
+    with pytest.raises(ValueError, match="tgt_documents and src_documents go together"):
+        model(src, tgt, src_mask, tgt_documents=tgt_documents)
+    with pytest.raises(ValueError, match=r"src_documents must have shape \(b, u\) = \(2, 8\)"):
+        model(src, tgt, src_mask, src_documents=src_documents[:, :5], tgt_documents=tgt_documents)
+    with pytest.raises(ValueError, match="tgt_documents must not decrease along a row"):
+        model(src, tgt, src_mask, src_documents=src_documents, tgt_documents=tgt_documents.flip(1))
+    with pytest.raises(ValueError, match="give no caches or positions"):
+        model.decode(tgt, memory, src_mask, tgt_documents=tgt_documents, src_documents=src_documents,
+                     positions=torch.arange(8))
+
+
+def test_cross_attention_between_packed_rows_reads_only_the_same_document():
+    from torchformer import CrossAttention
+
+    torch.manual_seed(0)
+    cross = CrossAttention(16, heads=4).double()
+    x, context = torch.randn(1, 6, 16, dtype=torch.float64), torch.randn(1, 5, 16, dtype=torch.float64)
+    documents, context_documents = torch.tensor([[0, 0, 1, 1, 1, 2]]), torch.tensor([[0, 1, 1, 1, 2]])
+    context_mask = torch.tensor([[True, True, True, True, False]])  # document 2 of the context is padding
+    out, weights = cross(x, context, context_mask, documents=documents, context_documents=context_documents,
+                         return_weights=True)
+    allowed = (documents[0, :, None] == context_documents[0, None, :]) & context_mask[0, None, :]  # by hand
+    assert torch.equal(weights[0].abs().sum(0) > 0, allowed)
+    assert torch.equal(out[0, 5], torch.zeros(16, dtype=torch.float64)) or out[0, 5].abs().max() < 1e-12  # no key
+    fast = cross(x, context, context_mask, documents=documents, context_documents=context_documents)
+    torch.testing.assert_close(fast, out, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="documents and context_documents go together"):
+        cross(x, context, documents=documents)
+    with pytest.raises(ValueError, match=r"context_documents must have shape \(b, u\) = \(1, 5\)"):
+        cross(x, context, documents=documents, context_documents=documents)

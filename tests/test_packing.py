@@ -179,3 +179,23 @@ def test_a_packed_classifier_step_has_the_gradient_of_the_reviews_mean_loss_padd
     torch.testing.assert_close(packed, padded, rtol=1e-12, atol=1e-12)
     for a, b in zip(gradients(packed), gradients(padded)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_pairs_sit_at_the_same_place_of_their_source_and_target_rows():
+    from torchformer.data.packing import pack_pairs
+
+    rng = random.Random(2)
+    src = [rng.randint(1, 9) for _ in range(40)]
+    tgt = [rng.randint(1, 9) for _ in range(40)]
+    src_rows, tgt_rows = pack_pairs(src, tgt, 12)
+    assert sorted(p.document for row in src_rows for p in row) == list(range(40))  # every pair once
+    for s_row, t_row in zip(src_rows, tgt_rows):
+        assert [p.document for p in s_row] == [p.document for p in t_row]
+        assert [p.end for p in s_row] == [src[p.document] for p in s_row] and all(p.start == 0 for p in s_row)
+        assert sum(p.end for p in s_row) <= 12 and sum(p.end for p in t_row) <= 12
+    with pytest.raises(ValueError, match="one length per pair, got 2 and 1"):
+        pack_pairs([1, 2], [1], 4)
+    with pytest.raises(ValueError, match="more than row_length=4"):
+        pack_pairs([1, 2], [1, 5], 4)
+    with pytest.raises(ValueError, match=r"tgt_lengths\[0\] must be a positive int"):
+        pack_pairs([1], [0], 4)

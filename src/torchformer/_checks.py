@@ -448,24 +448,26 @@ def check_sequence_inputs(x: object, mask: object, positions: object, emb: int, 
     return b, t
 
 
-def check_documents(documents: object, b: int, t: int, device: torch.device) -> Tensor:
+def check_documents(documents: object, b: int, t: int, device: torch.device, name: str = "documents",
+                    dims: str = "(b, t)") -> Tensor:
     """The door check of a packed row's ``documents``: integer ``(b, t)`` on ``device`` (shapes and dtypes only);
-    returns them as ``torch.long``."""
+    returns them as ``torch.long``. ``name`` and ``dims`` say what the messages call them (``src_documents``,
+    ``(b, u)``)."""
     if not isinstance(documents, Tensor):
-        raise TypeError(f"documents must be a torch.Tensor of shape (b, t) = ({b}, {t}), got "
+        raise TypeError(f"{name} must be a torch.Tensor of shape {dims} = ({b}, {t}), got "
                         f"{type(documents).__name__}")
     if documents.dtype.is_floating_point or documents.dtype.is_complex or documents.dtype == torch.bool:
-        raise TypeError(f"documents must hold integer document indices (any integer dtype), got dtype "
+        raise TypeError(f"{name} must hold integer document indices (any integer dtype), got dtype "
                         f"{documents.dtype}")
     if tuple(documents.shape) != (b, t):
-        raise ValueError(f"documents must have shape (b, t) = ({b}, {t}), the document of each token, got "
+        raise ValueError(f"{name} must have shape {dims} = ({b}, {t}), the document of each token, got "
                          f"{tuple(documents.shape)}")
     if documents.device != device:
-        raise ValueError(f"documents must be on the tokens' device ({device}), got {documents.device}")
+        raise ValueError(f"{name} must be on the tokens' device ({device}), got {documents.device}")
     return documents if documents.dtype == torch.long else documents.long()
 
 
-def check_document_values(documents: Tensor) -> None:
+def check_document_values(documents: Tensor, name: str = "documents") -> None:
     """A model's value check of packed rows' ``documents`` ``(b, t)``: numbers in ``[0, t)``, each document's tokens
     together, in order (non-decreasing along each row). One read of the device: call it where
     :func:`values_checkable` allows."""
@@ -473,11 +475,11 @@ def check_document_values(documents: Tensor) -> None:
     in_range, ordered = torch.stack([((documents >= 0) & (documents < t)).all(),
                                      (documents[:, 1:] >= documents[:, :-1]).all()]).tolist()
     if not in_range:
-        raise ValueError(f"documents must number each row's documents in [0, t) = [0, {t}), got values in "
+        raise ValueError(f"{name} must number each row's documents in [0, t) = [0, {t}), got values in "
                          f"[{int(documents.min())}, {int(documents.max())}]")
     if not ordered:
         row, at = (documents[:, 1:] < documents[:, :-1]).nonzero()[0].tolist()
-        raise ValueError(f"documents must not decrease along a row (each document's tokens together, one document "
+        raise ValueError(f"{name} must not decrease along a row (each document's tokens together, one document "
                          f"after another, as torchformer.data.packing.packed_batch numbers them), got "
                          f"{int(documents[row, at])} then {int(documents[row, at + 1])} at positions {at} and "
                          f"{at + 1} of row {row}")

@@ -234,13 +234,15 @@ class TransformerModel(nn.Module):
     def check_values(self, value: bool) -> None:
         self._check_values = check_bool(value, "check_values")  # "no" would be truthy
 
-    def packed_positions(self, documents: Tensor, x: Tensor) -> Tensor:
+    def packed_positions(self, documents: Tensor, x: Tensor, name: str = "documents", dims: str = "(b, t)") -> Tensor:
         """The door check of packed rows' ``documents``; each token's position within its document.
 
         Args:
             documents: ``(b, t)`` integer, the document of each token of ``x`` (non-decreasing along a row, read
                 when the model checks values).
             x: the token ids ``(b, t)``.
+            name: what the messages call ``documents`` (a sequence-to-sequence model's ``src_documents``).
+            dims: what they call its shape (the source's ``(b, u)``).
 
         Returns:
             ``(b, t)`` long, from 0 at each document's first token: what the position embedding reads.
@@ -249,9 +251,9 @@ class TransformerModel(nn.Module):
             TypeError: ``documents`` is not an integer tensor.
             ValueError: its shape or device is not ``x``'s, or (values checked) it decreases along a row.
         """
-        documents = check_documents(documents, x.size(0), x.size(1), x.device)
+        documents = check_documents(documents, x.size(0), x.size(1), x.device, name, dims)
         if self.check_values and values_checkable(documents):
-            check_document_values(documents)
+            check_document_values(documents, name)
         return document_positions(documents)
 
     def check_cache_positions(self, positions: Optional[Tensor], x: Tensor, caches: Optional[list[BlockCache]],
@@ -788,6 +790,9 @@ class Seq2SeqTransformer(TransformerModel):
     With ``share_embeddings=True`` one token table reads the source and the target, and with ``tie_weights`` it is
     also the output matrix: T5's one ``shared`` matrix.
 
+    ``forward(src, tgt, src_mask=None, *, src_documents=None, tgt_documents=None)``; the documents of packed
+    source and target rows as in :meth:`decode`.
+
     Shapes:
         ``src`` ``(b, u)`` ids or ``(b, u, d)`` vectors, ``tgt`` ``(b, t)``, ``src_mask`` ``(b, u)`` ->
         ``(b, t, v)`` log-probabilities of the next target token.
@@ -821,12 +826,15 @@ class Seq2SeqTransformer(TransformerModel):
         self.head = GeneratorHead(config.emb, config.tgt_tokens, tie_to=tie,  # type: ignore[arg-type]
                                   bias=config.head_bias, scale=config.head_scale, cap=config.logit_cap)
 
-    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Optional[Tensor] = None, *,
+               src_documents: Optional[Tensor] = None) -> Tensor:
         """Run the encoder: the source -> its output ``(b, u, e)``, the context of every decoder block.
 
         Args:
             src: the source, ids ``(b, u)``, or vectors ``(b, u, d)`` with ``input_dim=d``.
             src_mask: ``(b, u)``, True for real source positions, False for padding; ``None``: all are real.
+            src_documents: ``(b, u)``, packed source rows: each token's document, as ``documents`` in
+                :meth:`GTransformer.forward` (each document encoded alone); ``None``: one per row.
 
         Returns:
             The encoder's output ``(b, u, e)``: the ``memory`` that :meth:`decode` takes.
@@ -834,14 +842,22 @@ class Seq2SeqTransformer(TransformerModel):
         src = check_input(src, "src", self.config, src_mask, "src_mask", like=self.head.toprobs.weight,
                           values=self.check_values)
         positions = check_positions(None, src.size(1), src.device, limit=self.config.position_limit)
-        return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
+        if src_documents is None:
+            return self.encoder(self.src_embedding(src, positions), src_mask, positions=positions)
+        within = self.packed_positions(src_documents, src, "src_documents", "(b, u)")  # (b, u): from 0 in each
+        return self.encoder(self.src_embedding(src, within), src_mask, positions=positions, documents=src_documents)
 
     def decode(self, tgt: Tensor, memory: Optional[Tensor] = None, src_mask: Optional[Tensor] = None, *,
                caches: Optional[list[BlockCache]] = None, positions: Optional[Tensor] = None,
-               horizon: Optional[int] = None) -> Tensor:
+               horizon: Optional[int] = None, tgt_documents: Optional[Tensor] = None,
+               src_documents: Optional[Tensor] = None) -> Tensor:
         """Target ids ``(b, t)`` and encoder output ``(b, u, e)`` -> ``(b, t, tgt_tokens)`` log-probabilities.
 
         ``caches`` and ``positions`` work as in :meth:`GTransformer.forward`; with caches the memory is in them.
+        Packed rows: ``tgt_documents`` ``(b, t)`` and ``src_documents`` ``(b, u)`` (both or neither) number the
+        documents of each target row and of its source row, the same documents in the same order (target document
+        ``d`` is the target of source document ``d``, as :func:`torchformer.data.packing.pack_pairs` packs them);
+        each target document then sees only itself and reads only its source. Not with ``caches`` or ``positions``.
 
         Args:
             tgt: the target ids ``(b, t)``, starting with the BOS token (teacher forcing: the target shifted right).
@@ -852,13 +868,17 @@ class Seq2SeqTransformer(TransformerModel):
                 ``tgt`` then holds only the new tokens. ``None``: no cache.
             positions: the absolute positions ``(t,)`` of ``tgt``'s tokens; ``None``: ``0 .. t-1``.
             horizon: with ``caches``, the slots self-attention reads, as in :meth:`GTransformer.forward`.
+            tgt_documents: ``(b, t)``, each target token's document in packed rows; ``None``: one per row.
+            src_documents: ``(b, u)``, each source token's document (with ``tgt_documents``).
 
         Returns:
             The log-probabilities of the next target token at every position, ``(b, t, v)`` (``v = tgt_tokens``).
 
         Raises:
             ValueError: ``memory`` holds no position or another batch size than ``tgt``, is missing without caches
-                or given with them, the caches were never filled, or a shape or position is wrong.
+                or given with them, the caches were never filled, or a shape or position is wrong; only one of
+                ``tgt_documents`` and ``src_documents``, or documents with caches or positions.
+            TypeError: documents that are not integer tensors.
         """
         tgt = check_tokens(tgt, "tgt", self.config.tgt_tokens, values=self.check_values)  # type: ignore[arg-type]
         if caches is None:
@@ -873,16 +893,32 @@ class Seq2SeqTransformer(TransformerModel):
         elif memory is not None or src_mask is not None:
             raise ValueError("memory and src_mask must be None with caches: fill_caches(caches, memory, src_mask) "
                              "computed the memory's keys and values into them once, for every step")
+        packed = {}
+        if tgt_documents is not None or src_documents is not None:
+            if tgt_documents is None or src_documents is None:
+                raise ValueError("tgt_documents and src_documents go together (packed target rows and their source "
+                                 "rows): give both or neither")
+            if caches is not None or positions is not None:
+                raise ValueError("documents (packed rows) are for whole sequences, as in training: give no caches "
+                                 "or positions with them")
+            u = memory.size(1)  # type: ignore[union-attr]
+            src_documents = check_documents(src_documents, tgt.size(0), u, tgt.device, "src_documents", "(b, u)")
+            if self.check_values and values_checkable(src_documents):
+                check_document_values(src_documents, "src_documents")
+            packed = {"documents": tgt_documents, "context_documents": src_documents}
         capacity = check_caches(caches, len(self.decoder.blocks))
         positions = self.check_cache_positions(positions, tgt, caches, capacity, horizon)
-        h = self.tgt_embedding(tgt, positions)
+        embedded = positions if tgt_documents is None else self.packed_positions(tgt_documents, tgt, "tgt_documents")
+        h = self.tgt_embedding(tgt, embedded)  # (b, t, e); with documents each counts its positions from 0
         try:
-            return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches))
+            return self.head(self.decoder(h, memory, None, src_mask, positions=positions, caches=caches, **packed))
         finally:
             clear_horizons(caches)
 
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
-        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Optional[Tensor] = None, *,
+                src_documents: Optional[Tensor] = None, tgt_documents: Optional[Tensor] = None) -> Tensor:
+        memory = self.encode(src, src_mask, src_documents=src_documents)
+        return self.decode(tgt, memory, src_mask, tgt_documents=tgt_documents, src_documents=src_documents)
 
     def generate(self, src: Tensor, max_len: int, *, bos: int, eos: int, **options: Any) -> Tensor:
         """Target ids for ``src`` (greedy, sampled or beam-searched): :func:`torchformer.seq2seq_generate`.

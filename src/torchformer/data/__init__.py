@@ -14,7 +14,9 @@
 """
 
 from torchformer.data.batching import ClassificationBatches, bucket_batches, bucketed_padding, pad_batch
-from torchformer.data.packing import PackedBatches, Piece, pack, packed_batch, packed_labels, padding_fraction
+from torchformer.data.packing import (
+    PackedBatches, Piece, pack, pack_pairs, packed_batch, packed_labels, padding_fraction,
+)
 from torchformer.data.bpe import BPETokenizer
 from torchformer.data.download import (
     ChecksumError, DataFileError, DataNotFoundError, default_root, download, file_digest, verify,
@@ -46,6 +48,7 @@ __all__ = [
     "imdb_unlabelled",
     "load_text_bytes",
     "pack",
+    "pack_pairs",
     "packed_batch",
     "packed_labels",
     "pad_batch",

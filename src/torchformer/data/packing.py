@@ -37,7 +37,8 @@ from torch import Tensor
 from torchformer._checks import check_bool, check_positive_int, is_int
 from torchformer.data.batching import check_labels, to_device
 
-__all__ = ["IGNORE", "PackedBatches", "Piece", "pack", "packed_batch", "packed_labels", "padding_fraction"]
+__all__ = ["IGNORE", "PackedBatches", "Piece", "pack", "pack_pairs", "packed_batch", "packed_labels",
+           "padding_fraction"]
 
 # The target of a place in a packed classifier's output that holds no document: F.nll_loss's default
 # ignore_index, so the loss skips it.
@@ -99,6 +100,37 @@ def pack(lengths: Sequence[int], row_length: int, *, split_long: bool = False) -
             bisect.insort(room, (left, row))
     return rows
 
+
+
+def pack_pairs(src_lengths: Sequence[int], tgt_lengths: Sequence[int],
+               row_length: int) -> tuple[list[list[Piece]], list[list[Piece]]]:
+    """Rows for a sequence-to-sequence model: each pair's source and target at the same place of two rows.
+
+    Pair ``i``'s source sits in a source row where its target sits in the target row, both rows of ``row_length``
+    positions: :func:`pack` of each pair's longer side, so both sides fit (the shorter leaves room); pairs are never split.
+    :func:`packed_batch` of each side's rows gives ``src_documents`` and ``tgt_documents`` that number the same pairs
+    alike: target document ``d`` of a row is the target of its source document ``d``.
+
+    Args:
+        src_lengths: each pair's source tokens, ``>= 1``.
+        tgt_lengths: each pair's target tokens, ``>= 1``.
+        row_length: the positions of a source row and of a target row.
+
+    Returns:
+        ``(src_rows, tgt_rows)``: the same pairs in the same order, each a piece of its own side.
+
+    Raises:
+        ValueError: the lengths are not one per pair, a length is not a positive int, or a side is longer than
+            ``row_length``.
+    """
+    if len(src_lengths) != len(tgt_lengths):
+        raise ValueError(f"src_lengths and tgt_lengths must hold one length per pair, got {len(src_lengths)} and "
+                         f"{len(tgt_lengths)}")
+    src = [_length(n, f"src_lengths[{i}]") for i, n in enumerate(src_lengths)]
+    tgt = [_length(n, f"tgt_lengths[{i}]") for i, n in enumerate(tgt_lengths)]
+    rows = pack([max(a, b) for a, b in zip(src, tgt)], row_length)
+    return ([[Piece(p.document, 0, src[p.document]) for p in row] for row in rows],
+            [[Piece(p.document, 0, tgt[p.document]) for p in row] for row in rows])
 
 def _length(value: object, name: str) -> int:
     """``value`` as a positive Python int (NumPy's and 0-d tensors' integers too), or a ValueError naming it."""

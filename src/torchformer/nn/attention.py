@@ -750,7 +750,10 @@ class CrossAttention(MultiHeadAttention):
     $-\infty$ where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
 
     This is how a decoder reads the encoder's output: ``forward(x, context, context_mask=None, *, positions=None,
-    cache=None, return_weights=False)``, never causal (``causal`` is not an argument).
+    cache=None, return_weights=False, documents=None, context_documents=None)``, never causal (``causal`` is not an
+    argument). Packed rows: ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` number the documents of
+    the queries' and of the context's rows (the same documents in the same order: a target row and its source
+    row), and query document ``d`` reads only context document ``d``; both or neither, not with a cache.
 
     The context does not change while a decoder generates, so incremental decoding computes its keys and values
     once: :meth:`fill_cache` stores them, with the context's padding, in a :class:`~torchformer.nn.cache.ContextCache`,
@@ -849,10 +852,20 @@ class CrossAttention(MultiHeadAttention):
         cache.fill(*self.project_context(context, context_mask), context_mask)
 
     def forward(self, x: Tensor, context: Tensor | None = None, context_mask: Tensor | None = None, *,
-                positions: Tensor | None = None, cache: ContextCache | None = None,
-                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        b, _ = check_sequence_inputs(x, None, positions, self.emb, like=self.unifyheads.weight)
+                positions: Tensor | None = None, cache: ContextCache | None = None, return_weights: bool = False,
+                documents: Tensor | None = None,
+                context_documents: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        b, t = check_sequence_inputs(x, None, positions, self.emb, like=self.unifyheads.weight)
         check_cross_inputs(context, context_mask, cache, self.emb, b, like=self.unifyheads.weight)
+        if (documents is None) != (context_documents is None):
+            raise ValueError("documents and context_documents go together (packed target and source rows, query "
+                             "document d reading context document d): give both or neither")
+        if documents is not None:
+            if cache is not None:
+                raise ValueError("documents (packed rows) are for whole sequences: give no cache with them")
+            documents = check_documents(documents, b, t, x.device)
+            context_documents = check_documents(context_documents, b, context.size(1), x.device,  # type: ignore
+                                                "context_documents", "(b, u)")
         if positions is None:
             positions = torch.arange(x.size(1), device=x.device)  # (t,)
         q = self.project_queries(x)  # (b, h, t, s)
@@ -860,7 +873,8 @@ class CrossAttention(MultiHeadAttention):
             k, v = self.project_context(context, context_mask)  # type: ignore[arg-type]  # (b, g, u, s) each
         else:  # computed once, by fill_cache: (b, g, u, s) each, and the context's padding (b, u) or None
             k, v, context_mask = cache.keys, cache.values, cache.mask
-        attention_mask = AttentionMask(positions, None, context_mask)  # k, v: (b, g, u, s), shared by attend
+        attention_mask = AttentionMask(positions, None, context_mask, documents=documents,  # k, v: (b, g, u, s)
+                                       key_documents=context_documents)
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask, x)
         return (out, weights) if return_weights else out  # type: ignore[return-value]

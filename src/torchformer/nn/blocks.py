@@ -249,10 +249,13 @@ class TransformerBlock(nn.Module):
 class DecoderBlock(TransformerBlock):
     """Causal self-attention, cross-attention to ``context``, feed-forward: the block of a decoder.
 
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None)``: ``mask`` and
-    ``context_mask`` mark real target and context tokens; ``cache`` is a
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None, documents=None,
+    context_documents=None)``: ``mask`` and ``context_mask`` mark real target and context tokens; ``cache`` is a
     :class:`~torchformer.nn.cache.BlockCache` for incremental decoding, whose cross-attention part
     :meth:`fill_cache` fills once from the context: the cached steps then take no ``context`` (``None``).
+    ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)``: packed target and source rows (both or neither;
+    :class:`~torchformer.nn.attention.CrossAttention`): self-attention stays within each target document, which
+    reads only its own source document.
 
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
@@ -299,17 +302,24 @@ class DecoderBlock(TransformerBlock):
     def forward(  # type: ignore[override]
             self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
             context_mask: Tensor | None = None, *, positions: Tensor | None = None,
-            cache: BlockCache | None = None) -> Tensor:
-        b, _ = check_sequence_inputs(x, mask, positions, self.emb)
+            cache: BlockCache | None = None, documents: Tensor | None = None,
+            context_documents: Tensor | None = None) -> Tensor:
+        b, t = check_sequence_inputs(x, mask, positions, self.emb)
         # Before the self-attention writes into its cache: a call that cannot finish must change nothing.
         check_cross_inputs(context, context_mask, None if cache is None else cache.cross_attention, self.emb, b)
+        # Passed on only when given (see TransformerBlock.forward); the cross-attention checks the pair.
+        packed = {} if documents is None else {"documents": check_documents(documents, b, t, x.device)}
+        crossed = ({} if documents is None and context_documents is None else
+                   {"documents": packed.get("documents"), "context_documents": context_documents})
         x = self.zero_padding(x, mask)
-        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache))
-        x = self.sublayer(x, self.norm_cross, lambda y: self.cross_attend(y, context, context_mask, positions, cache))
+        x = self.sublayer(x, self.norm1, lambda y: self.self_attend(y, mask, positions, cache, **packed))
+        x = self.sublayer(x, self.norm_cross,
+                          lambda y: self.cross_attend(y, context, context_mask, positions, cache, **crossed))
         return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
 
     def cross_attend(self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
-                     cache: BlockCache | None) -> Tensor:
+                     cache: BlockCache | None, documents: Tensor | None = None,
+                     context_documents: Tensor | None = None) -> Tensor:
         """The cross-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
 
         Args:
@@ -318,9 +328,13 @@ class DecoderBlock(TransformerBlock):
             context_mask: ``(b, u)``, True for real context tokens; ``None``: all real (and with a cache).
             positions: ``(t,)``, the absolute positions of the queries; ``None``: ``0 .. t-1``.
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
+            documents: ``(b, t)``, each target token's document in packed rows; ``None``: one per row.
+            context_documents: ``(b, u)``, each context token's document (with ``documents``).
 
         Returns:
             Cross-attention's output ``(b, t, e)`` (before dropout and the residual).
         """
         kv = None if cache is None else cache.cross_attention
-        return self.cross_attention(y, context, context_mask, positions=positions, cache=kv)
+        packed = ({} if documents is None and context_documents is None else
+                  {"documents": documents, "context_documents": context_documents})
+        return self.cross_attention(y, context, context_mask, positions=positions, cache=kv, **packed)

@@ -17,7 +17,9 @@ Every attention call gets an :class:`AttentionMask`. It records
   of each token: a query sees only keys of its own document, and a pattern applies to the positions within each
   document (:func:`document_positions`). The other rules need nothing more: within a document the distance
   between two tokens is the same as in the document alone, so causality, windows and the relative position schemes
-  (rotary, ALiBi, the relative bias, which see only distances) give each document what it gets alone.
+  (rotary, ALiBi, the relative bias, which see only distances) give each document what it gets alone. In
+  cross-attention, ``key_documents`` ``(b, u)`` numbers the context's documents: query document ``d`` reads
+  context document ``d`` of its row (a packed source row and its packed target row).
 
 Every rule is a condition that must hold, so they compose by "and": a pattern with the causal rule and padding is
 all three at once. From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs, and
@@ -157,12 +159,14 @@ class AttentionMask:
             fused flash-attention kernels available.
         documents: ``(b, t)`` long, the document of each token of a packed row (non-decreasing along the row), for
             self-attention over one call's tokens (``aligned``, ``u = t``); ``None``: one document per row.
+        key_documents: ``(b, u)`` long, the document of each key, for cross-attention between packed rows (query
+            document ``d`` reads key document ``d``); ``None``: the keys are the queries (``documents``' own).
     """
 
     def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
                  causal: bool = False, window: Optional[int] = None, padded: Optional[bool] = None,
                  aligned: bool = False, pattern: Optional[AttentionPattern] = None,
-                 documents: Optional[Tensor] = None) -> None:
+                 documents: Optional[Tensor] = None, key_documents: Optional[Tensor] = None) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
         if window is not None and (not is_int(window) or window <= 0):
@@ -174,11 +178,15 @@ class AttentionMask:
         if pattern is not None and key_positions is None:
             raise ValueError("an attention pattern needs the keys' positions; cross-attention's keys have none")
         self.pattern = pattern
-        if documents is not None and not aligned:
+        if key_documents is not None and documents is None:
+            raise ValueError("key_documents number the keys' documents for the queries' documents: give documents too")
+        if documents is not None and key_documents is None and not aligned:
             raise ValueError("documents mark the tokens of one call's packed rows: they need the keys to be the "
-                             "queries (aligned self-attention, no cache)")
+                             "queries (aligned self-attention, no cache), or key_documents for the keys")
         self.documents = documents
-        self.padded = key_mask is not None if padded is None else padded
+        self.key_documents = documents if key_documents is None else key_documents
+        # Documents between two sequences may leave a query without a key (a padding query, whose number no key has).
+        self.padded = (key_mask is not None or key_documents is not None) if padded is None else padded
         self._allowed: Optional[Tensor] = None
         self._built = False
 
@@ -197,7 +205,7 @@ class AttentionMask:
 
         What a block mask is built for: one per row, or one for all (a cache's ``(1, c)`` mask of written slots).
         """
-        for per_row in (self.key_mask, self.documents):
+        for per_row in (self.key_mask, self.documents, self.key_documents):
             if per_row is not None and per_row.size(0) > 1:
                 return per_row.size(0)
         return None
@@ -248,7 +256,7 @@ class AttentionMask:
             rule = self.pattern.allows(self.query_positions, self.key_positions)  # type: ignore[arg-type]
             allowed = rule if allowed is None else allowed & rule
         if self.documents is not None:
-            same = (self.documents[:, :, None] == self.documents[:, None, :])[:, None]  # (b, 1, t, t)
+            same = (self.documents[:, :, None] == self.key_documents[:, None, :])[:, None]  # (b, 1, t, u)
             allowed = same if allowed is None else allowed & same
         if self.key_mask is not None:
             keys = self.key_mask[:, None, None, :]  # (b, u) -> (b, 1, 1, u)
@@ -267,7 +275,8 @@ class AttentionMask:
         qp, kp, key_mask = self.query_positions, self.key_positions, self.key_mask
         if kp is None:
             raise ValueError("cross-attention keys have no positions in the queries' sequence: no mask_mod")
-        causal, window, pattern, documents = self.causal, self.window, self.pattern, self.documents
+        causal, window, pattern = self.causal, self.window, self.pattern
+        documents, key_documents = self.documents, self.key_documents
         within = None if documents is None or pattern is None else document_positions(documents)
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -278,7 +287,7 @@ class AttentionMask:
             if pattern is not None:
                 ok = ok & (pattern.rule(i, j) if within is None else pattern.rule(within[b, q_idx], within[b, kv_idx]))
             if documents is not None:
-                ok = ok & (documents[b, q_idx] == documents[b, kv_idx])
+                ok = ok & (documents[b, q_idx] == key_documents[b, kv_idx])
             if key_mask is not None:  # (b, u), or (1, u) for every row
                 ok = ok & key_mask[b if key_mask.size(0) > 1 else 0, kv_idx]
             return ok

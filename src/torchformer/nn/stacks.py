@@ -129,8 +129,10 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``depth`` decoder blocks (causal self-attention and cross-attention).
 
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None)``: ``mask`` marks real
-    target tokens, ``context_mask`` real context tokens. With ``caches`` (one
+    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None, documents=None,
+    context_documents=None)``: ``mask`` marks real target tokens, ``context_mask`` real context tokens;
+    ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` number the documents of packed target and source
+    rows (both or neither, :class:`~torchformer.nn.blocks.DecoderBlock`). With ``caches`` (one
     :class:`~torchformer.nn.cache.BlockCache` per block), :meth:`fill_caches` computes every block's cross-attention
     keys and values of the context once, and the cached steps then take no ``context`` (``None``).
 
@@ -173,12 +175,16 @@ class Decoder(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
                 context_mask: Tensor | None = None, *, positions: Tensor | None = None,
-                caches: list[BlockCache] | None = None) -> Tensor:
+                caches: list[BlockCache] | None = None, documents: Tensor | None = None,
+                context_documents: Tensor | None = None) -> Tensor:
         b, _ = check_sequence_inputs(x, mask, positions, self.emb)
         # Every block's part, before the first block writes into its self-attention cache.
         for part in [None] if caches is None else (cache.cross_attention for cache in caches):
             check_cross_inputs(context, context_mask, part, self.emb, b)
+        # Passed on only when given, as Encoder.forward passes documents (the cross-attention checks the pair).
+        packed = ({} if documents is None and context_documents is None else
+                  {"documents": documents, "context_documents": context_documents})
         for i, block in enumerate(self.blocks):
             x = run_block(block, self.checkpoint_blocks, x, context, mask, context_mask, positions=positions,
-                          cache=None if caches is None else caches[i])
+                          cache=None if caches is None else caches[i], **packed)
         return self.norm(x)
