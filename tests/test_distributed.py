@@ -32,7 +32,7 @@ from torchformer.train.distributed_checkpoint import (  # noqa: E402
     load_distributed_checkpoint, save_distributed_checkpoint,
 )
 from torchformer.train.evaluation import bits_per_byte  # noqa: E402
-from torchformer.train.optimizers import ShardedMuon, StackedMuon, make_optimizer  # noqa: E402
+from torchformer.train.optimizers import Muon, ShardedMuon, make_optimizer  # noqa: E402
 from torchformer.train.metrics import evaluate_classifier  # noqa: E402
 
 WORLD = 2
@@ -210,9 +210,9 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         opt.step()
     whole = [p.full_tensor() for p in matrices.parameters()]  # collective: every process gathers
     save({"weights": whole, "rows": [p.to_local().size(0) for p in matrices.parameters()]}, "sharded_muon.pt")
-    # StackedMuon on stacks that FSDP2 split along their first dim (each process holds whole matrices).
+    # Muon on stacks that FSDP2 split along their first dim (each process holds whole matrices).
     stacks = fully_shard(Stacks(), mesh=init_device_mesh("cpu", (world,)))
-    opt = StackedMuon(stacks.parameters(), **SHARDED_MUON)
+    opt = Muon(stacks.parameters(), **SHARDED_MUON)
     for step in range(2):
         for p, grad in zip(stacks.parameters(), matrix_grads(step, STACK_SHAPES)):
             p.grad = distribute_tensor(grad, p.device_mesh, p.placements)
@@ -357,12 +357,12 @@ def muon_reference(steps: int = 2) -> dict:
 
 
 def assert_muon_weights(state: dict, expected: dict) -> None:
-    """Each tensor within 5 % of how far training moved it. Muon orthogonalises in bfloat16: where the summed
-    gradients of two processes differ from one process's in their last float32 digit, an entry may round the other
-    way, and the Newton-Schulz iterations amplify that along the matrix's small singular directions (seen: one matrix
-    of 12 off by 3 % of its step, the others equal). A wrong step is off by far more: Muon's rescaling from a shard's
+    """Each tensor within 5 % of how far training moved it. Where the summed gradients of two processes differ
+    from one process's in their last float32 digit, the Newton-Schulz iterations amplify that along the matrix's
+    small singular directions (seen with the iterations in bfloat16: one matrix of 12 off by 3 % of its step, the
+    others equal). A wrong step is off by far more: Muon's rescaling from a shard's
     shape instead of the matrix's by 30 %, orthogonalising each process's rows alone by about 100 %.
-    (Equal gradients give equal steps: test_sharded_muon_on_equal_gradients_is_torchs_muon_on_whole_matrices.)"""
+    (Equal gradients give equal steps: test_sharded_muon_on_equal_gradients_is_muon_on_whole_matrices.)"""
     assert state.keys() == expected.keys()
     initial = muon_model().state_dict()
     for key in expected:
@@ -370,11 +370,11 @@ def assert_muon_weights(state: dict, expected: dict) -> None:
         assert (state[key] - expected[key]).norm() <= 0.05 * moved, key
 
 
-def test_sharded_muon_on_equal_gradients_is_torchs_muon_on_whole_matrices(job):
+def test_sharded_muon_on_equal_gradients_is_muon_on_whole_matrices(job):
     got = torch.load(job / "sharded_muon.pt")
     assert got["rows"] == [14, 8, 2, 1, 8]  # rank 0's share: FSDP2 split (27, 16) 14 + 13, (1, 4) 1 + 0
     matrices = Matrices()
-    opt = torch.optim.Muon(matrices.parameters(), **SHARDED_MUON)
+    opt = Muon(matrices.parameters(), **SHARDED_MUON)
     for step in range(2):
         for p, grad in zip(matrices.parameters(), matrix_grads(step)):
             p.grad = grad
@@ -387,7 +387,7 @@ def test_stacked_muon_under_fsdp_steps_each_process_whole_experts_as_one_process
     got = torch.load(job / "stacked_muon.pt")
     assert got["rows"] == [2, 1, 2]  # rank 0's experts: FSDP2 split (3, ...) 2 + 1, (1, ...) 1 + 0
     stacks = Stacks()
-    opt = StackedMuon(stacks.parameters(), **SHARDED_MUON)
+    opt = Muon(stacks.parameters(), **SHARDED_MUON)
     for step in range(2):
         for p, grad in zip(stacks.parameters(), matrix_grads(step, STACK_SHAPES)):
             p.grad = grad
@@ -409,7 +409,7 @@ def test_a_two_process_muon_checkpoint_resumes_in_one_process_and_back(job):
     net = muon_model()
     opt = make_optimizer(net, "muon", lr=MUON_LR)
     info = load_distributed_checkpoint(job / "muon_two.pt", model=net, optimizer=opt)
-    assert (info["step"], info["world_size"], type(opt.muon)) == (1, 2, torch.optim.Muon)
+    assert (info["step"], info["world_size"], type(opt.muon)) == (1, 2, Muon)
     assert all(opt.muon.state[p]["momentum_buffer"].abs().sum() > 0 for p in opt.muon.param_groups[0]["params"])
     train_step(net, opt, 1)
     assert_muon_weights(net.state_dict(), torch.load(job / "muon_fsdp.pt")["state"])

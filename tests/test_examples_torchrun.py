@@ -85,7 +85,7 @@ def training_steps(log: Path) -> list[int]:
 @pytest.mark.filterwarnings("ignore:.*not the .* of the official enwik8")
 def test_enwik8_on_two_fsdp_processes_resumes_exactly_on_two_and_in_one_and_evaluates_as_one(corpus, tmp_path,
                                                                                               capsys):
-    # With the cpu preset's Muon: under FSDP2 ShardedMuon, resumed in one process by torch.optim.Muon.
+    # With the cpu preset's Muon: under FSDP2 ShardedMuon, resumed in one process by Muon.
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     flags = [*enwik8_flags(corpus, out, "--checkpoint", str(ckpt), "-N", "4", "--test-every", "2", "--optimizer",
                            "muon")]

@@ -9,7 +9,9 @@ as the dominant ones.
 The orthogonalisation is defined for matrices and meant for the hidden layers, so :func:`muon_split` gives **Muon**
 the 2-D weights inside the transformer blocks and **Adam** everything else (embeddings, the output layer, norms'
 gains, biases); a weight of more than 2 dims there, such as a mixture's experts, is a stack of matrices, each stepped
-alone (:class:`StackedMuon`). One learning rate drives both: Muon rescales its update to Adam's typical size
+alone. :class:`Muon` steps both as ``torch.optim.Muon`` steps a matrix, with the iterations in bfloat16 on CUDA and
+float32 elsewhere (CPUs without bfloat16 matrix units emulate it, many times slower). One learning rate drives
+both: Muon rescales its update to Adam's typical size
 (``adjust_lr_fn="match_rms_adamw"``, 0.2 times the square root of the larger side). :class:`MuonWithAdam` is one
 ``torch.optim.Optimizer`` over the two, so schedulers, checkpoints and training loops treat it as any optimizer.
 docs/training.md ("The optimizer") tells more, with the measured gain.
@@ -44,7 +46,7 @@ def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -
     """``(matrices, rest)``: the weights of 2 or more dims inside ``blocks`` (for Muon), and the others (for Adam).
 
     A weight of more than 2 dims is a stack of matrices ``(..., m, n)``, such as a mixture's experts ``(E, e, h)``
-    (:class:`StackedMuon` steps each of its matrices); a mixture's router ``(E, e)`` is a matrix of the blocks too.
+    (:class:`Muon` steps each of its matrices); a mixture's router ``(E, e)`` is a matrix of the blocks too.
 
     Args:
         model: the model (unwrapped; DDP's ``module``).
@@ -66,40 +68,57 @@ def muon_split(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None) -
     return matrices, rest
 
 
-def orthogonalise(matrix: Tensor, *, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
-    """Muon's approximation of ``U V^T`` for ``matrix = U S V^T``: quintic Newton–Schulz iterations in bfloat16.
+def orthogonalise(matrix: Tensor, *, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Muon's approximation of ``U V^T`` for ``matrix = U S V^T``: quintic Newton–Schulz iterations in ``dtype``.
 
     The iteration ``X <- a X + (b X X^T + c (X X^T)^2) X`` pushes every singular value of ``X`` towards 1 (roughly:
     into 0.5 .. 1.5) and keeps the singular vectors, starting from ``matrix`` divided by its Frobenius norm (so no
     singular value is above 1). It runs on the wide side, so the Gram matrix ``X X^T`` is the smaller one.
-    For a matrix, ``torch.optim.Muon``'s operations in its order: the same numbers. A stack of matrices is
-    orthogonalised matrix by matrix, in one batched product per step.
+    For a matrix in bfloat16, ``torch.optim.Muon``'s operations in its order: the same numbers. A stack of matrices
+    is orthogonalised matrix by matrix, in one batched product per step.
 
     Args:
         matrix: ``(m, n)``, or a stack ``(..., m, n)``.
         coefficients: ``(a, b, c)``.
         steps: the iterations.
         eps: the smallest norm divided by (a zero matrix stays zero).
+        dtype: the dtype the iterations run in (``torch.optim.Muon``'s: bfloat16).
 
     Returns:
-        ``matrix``'s shape, bfloat16.
+        ``matrix``'s shape, in ``dtype``.
     """
     a, b, c = coefficients
     tall = matrix.size(-2) > matrix.size(-1)
     if matrix.dim() > 2:  # (..., m, n) -> (B, m', n'), each matrix divided by its own norm
-        x = matrix.bfloat16().flatten(0, -3)
+        x = matrix.to(dtype).flatten(0, -3)
         x = x.mT if tall else x
         x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
         for _ in range(steps):
             gram = x @ x.mT  # (B, m', m')
             x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
         return (x.mT if tall else x).reshape(matrix.shape)
-    x = matrix.bfloat16().T if tall else matrix.bfloat16()  # (m', n') with m' <= n'
+    x = matrix.to(dtype).T if tall else matrix.to(dtype)  # (m', n') with m' <= n'
     x = x / x.norm().clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.T  # (m', m')
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G G) x
     return x.T if tall else x
+
+
+def _iteration_dtype(device: torch.device, ns_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype Muon's iterations run in on ``device``: ``ns_dtype`` if given, else bfloat16 on CUDA (fast there,
+    and ``torch.optim.Muon``'s choice) and float32 elsewhere (a CPU without bfloat16 matrix units emulates
+    bfloat16 products, many times slower than float32's)."""
+    if ns_dtype is not None:
+        return ns_dtype
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _check_ns_dtype(ns_dtype: Any) -> None:
+    """``ns_dtype``'s door: ``None`` or a floating-point dtype, else a ``TypeError`` naming it."""
+    if ns_dtype is not None and not (isinstance(ns_dtype, torch.dtype) and ns_dtype.is_floating_point):
+        raise TypeError(f"ns_dtype must be None or a floating-point torch.dtype, got {ns_dtype!r}")
 
 
 def muon_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> float:
@@ -161,24 +180,27 @@ class ShardedMuon(torch.optim.Muon):
     element-wise: each process updates its own rows. The orthogonalisation is not: matrix ``i`` of a group goes to
     process ``i mod n``, which gathers its rows from every process, orthogonalises it (:func:`orthogonalise`) and
     sends each process its rows of the result; every process owns about ``1/n`` of the work. The rows travel in
-    bfloat16, the dtype the orthogonalisation starts with, so the step is one process's ``torch.optim.Muon`` step
-    on the whole matrices, up to the order of the additions in the gradients' reduction. The state is
-    ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the parameter), so the distributed checkpoints gather
-    it and load it into any number of processes, also into a plain ``torch.optim.Muon`` of one process, and the
-    other way (:func:`~torchformer.train.distributed_checkpoint.load_distributed_checkpoint` shards it; a plain
+    the iterations' dtype (as :class:`Muon`'s), so the step is one process's :class:`Muon` step on the whole
+    matrices, up to the order of the additions in the gradients' reduction. The state is ``torch.optim.Muon``'s
+    (``momentum_buffer``, sharded as the parameter), so the distributed checkpoints gather it and load it into any
+    number of processes, also into a :class:`Muon` of one process, and the other way (:func:`~torchformer.train.distributed_checkpoint.load_distributed_checkpoint` shards it; a plain
     ``load_state_dict`` of a one-process state does not).
 
     Args:
         params: 2-D parameters that FSDP2 sharded (``DTensor`` with the placement ``Shard(0)`` on a 1-D mesh).
+        ns_dtype: the iterations' dtype, as :class:`Muon`'s.
         **options: ``torch.optim.Muon``'s (``lr``, ``momentum``, ``adjust_lr_fn``, ...).
 
     Raises:
         ValueError: a parameter is not a ``DTensor`` sharded by rows over a 1-D mesh, or the parameters lie on
             several meshes.
+        TypeError: ``ns_dtype`` is not a floating-point dtype.
     """
 
-    def __init__(self, params: Any, **options: Any) -> None:
+    def __init__(self, params: Any, *, ns_dtype: Optional[torch.dtype] = None, **options: Any) -> None:
+        _check_ns_dtype(ns_dtype)
         super().__init__(params, **options)
+        self.ns_dtype = ns_dtype
         meshes = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -221,6 +243,7 @@ class ShardedMuon(torch.optim.Muon):
         world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
         owners = [dist.get_global_rank(process_group, i % world) for i in range(len(updates))]
         shares = [row_shares(u.size(0), world) for u in updates]
+        dtype = _iteration_dtype(updates[0].to_local().device, self.ns_dtype)
         for u, share in zip(updates, shares):  # before any collective: a process that raised would leave the others
             if u.to_local().size(0) != share[rank]:  # waiting in one
                 raise ValueError(f"ShardedMuon: this process holds {u.to_local().size(0)} rows of a "
@@ -229,7 +252,7 @@ class ShardedMuon(torch.optim.Muon):
         received, works = [], []
         for u, share, owner in zip(updates, shares, owners):
             local = u.to_local()
-            padded = local.new_zeros(max(share), u.size(1), dtype=torch.bfloat16)
+            padded = local.new_zeros(max(share), u.size(1), dtype=dtype)
             padded[:share[rank]] = local
             pieces = [torch.empty_like(padded) for _ in range(world)] if dist.get_rank() == owner else None
             works.append(dist.gather(padded, pieces, dst=owner, group=process_group, async_op=True))
@@ -237,7 +260,8 @@ class ShardedMuon(torch.optim.Muon):
         for work in works:
             work.wait()
         # 2. Each owner orthogonalises its matrices whole, cut into every process's padded rows.
-        options = {"coefficients": group["ns_coefficients"], "steps": group["ns_steps"], "eps": group["eps"]}
+        options = {"coefficients": group["ns_coefficients"], "steps": group["ns_steps"], "eps": group["eps"],
+                   "dtype": dtype}
         outgoing = []
         for pieces, share in zip(received, shares):
             if pieces is None:
@@ -249,7 +273,7 @@ class ShardedMuon(torch.optim.Muon):
         # 3. Each owner sends every process its rows of the result.
         rows, works = [], []
         for u, share, owner, pieces in zip(updates, shares, owners, outgoing):
-            mine = torch.empty(max(share), u.size(1), dtype=torch.bfloat16, device=u.to_local().device)
+            mine = torch.empty(max(share), u.size(1), dtype=dtype, device=u.to_local().device)
             works.append(dist.scatter(mine, pieces, src=owner, group=process_group, async_op=True))
             rows.append((mine, share[rank]))
         for work in works:
@@ -257,17 +281,19 @@ class ShardedMuon(torch.optim.Muon):
         return [mine[:n] for mine, n in rows]
 
 
-class StackedMuon(torch.optim.Optimizer):
-    """Muon for stacks of matrices ``(..., m, n)``: each matrix stepped as ``torch.optim.Muon`` steps one alone.
+class Muon(torch.optim.Optimizer):
+    """``torch.optim.Muon``'s step for matrices ``(m, n)`` and stacks of matrices ``(..., m, n)``, in a chosen dtype.
 
     A mixture's experts ``(E, e, h)`` are such a stack. The momentum is element-wise; the orthogonalisation
-    (:func:`orthogonalise`, one batched product per iteration) and the learning rate's adjustment (:func:`muon_lr`
-    of ``(m, n)``) are per matrix. FSDP2 shards a stack along its first dimension, so each process holds whole
-    matrices and steps its own, without communication. The state is ``torch.optim.Muon``'s (``momentum_buffer``,
-    sharded as the parameter).
+    (:func:`orthogonalise`, one batched product per iteration for a stack) and the learning rate's adjustment
+    (:func:`muon_lr` of ``(m, n)``) are per matrix. The iterations run in ``ns_dtype``; by default bfloat16 on CUDA
+    (there a matrix takes ``torch.optim.Muon``'s step) and float32 elsewhere. FSDP2 shards a stack along its first
+    dimension, so each process holds whole matrices and steps its own, without communication (a sharded matrix
+    needs :class:`ShardedMuon`). The state is ``torch.optim.Muon``'s (``momentum_buffer``, sharded as the
+    parameter), and so are the groups: checkpoints move between the two.
 
     Args:
-        params: parameters of 3 or more dims, or FSDP2's ``DTensor`` of them placed ``Shard(0)`` on a 1-D mesh.
+        params: parameters of 2 or more dims; stacks may be FSDP2's ``DTensor`` placed ``Shard(0)`` on a 1-D mesh.
         lr: the learning rate, adjusted per matrix by ``adjust_lr_fn``.
         weight_decay: decoupled weight decay.
         momentum: the momentum's factor.
@@ -276,17 +302,21 @@ class StackedMuon(torch.optim.Optimizer):
         eps: the smallest norm divided by.
         ns_steps: the Newton–Schulz iterations.
         adjust_lr_fn: ``None``, ``"original"`` or ``"match_rms_adamw"`` (:func:`muon_lr`).
+        ns_dtype: the iterations' dtype; ``None``: bfloat16 on CUDA, float32 elsewhere.
 
-    All as ``torch.optim.Muon``'s, with its defaults.
+    All but ``ns_dtype`` as ``torch.optim.Muon``'s, with its defaults.
 
     Raises:
-        ValueError: a parameter has fewer than 3 dims or is sharded otherwise; ``lr``, ``weight_decay`` or
-            ``momentum`` is negative, ``eps`` or ``ns_steps`` not positive, ``adjust_lr_fn`` none of the three.
+        ValueError: a parameter has fewer than 2 dims, is a sharded matrix or is sharded otherwise than
+            ``Shard(0)`` on a 1-D mesh; ``lr``, ``weight_decay`` or ``momentum`` is negative, ``eps`` or
+            ``ns_steps`` not positive, ``adjust_lr_fn`` none of the three.
+        TypeError: ``ns_dtype`` is not a floating-point dtype.
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
-                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None) -> None:
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None,
+                 ns_dtype: Optional[torch.dtype] = None) -> None:
         for value, name in ((lr, "lr"), (weight_decay, "weight_decay"), (momentum, "momentum")):
             if not is_number(value) or not value >= 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -294,20 +324,24 @@ class StackedMuon(torch.optim.Optimizer):
             raise ValueError(f"eps must be a positive number, got {eps!r}")
         check_positive_int(ns_steps, "ns_steps")
         check_choice(adjust_lr_fn, "adjust_lr_fn", (None, "original", "match_rms_adamw"))
+        _check_ns_dtype(ns_dtype)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
         super().__init__(params, defaults)
+        # Not a group option: the dtype is how the step is computed, not what it is (checkpoints stay torch's).
+        self.ns_dtype = ns_dtype
         for group in self.param_groups:
             for p in group["params"]:
                 sharded = isinstance(p, DTensor)
-                if p.dim() < 3 or sharded and (p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),)):
-                    raise ValueError(f"StackedMuon needs stacks of matrices (3 or more dims; under FSDP2 placed "
-                                     f"Shard(0) on a 1-D mesh), got shape {tuple(p.shape)} placed "
-                                     f"{getattr(p, 'placements', None)}")
+                if p.dim() < 2 or sharded and (p.dim() < 3 or p.device_mesh.ndim != 1
+                                               or tuple(p.placements) != (Shard(0),)):
+                    raise ValueError(f"Muon needs matrices or stacks of matrices (2 or more dims; under FSDP2 "
+                                     f"stacks placed Shard(0) on a 1-D mesh, sharded matrices need ShardedMuon), "
+                                     f"got shape {tuple(p.shape)} placed {getattr(p, 'placements', None)}")
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        """One Muon step of every matrix of every stack with a gradient.
+        """One Muon step of every matrix of every parameter with a gradient.
 
         Args:
             closure: re-evaluates the model and returns the loss, or ``None``.
@@ -323,7 +357,7 @@ class StackedMuon(torch.optim.Optimizer):
                 update = _momentum_update(self.state[p], p.grad, group)
                 local = _local(update)  # whole matrices under FSDP2 too: the stack is split along its first dim
                 ortho = orthogonalise(local, coefficients=group["ns_coefficients"], steps=group["ns_steps"],
-                                      eps=group["eps"])
+                                      eps=group["eps"], dtype=_iteration_dtype(local.device, self.ns_dtype))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 _local(p).add_(ortho, alpha=-muon_lr(group["lr"], group["adjust_lr_fn"], p.shape[-2:]))
         return loss
@@ -337,24 +371,27 @@ def _local(tensor: Tensor) -> Tensor:
 class MuonWithAdam(torch.optim.Optimizer):
     """Muon for ``matrices``, Adam for ``rest``: one optimizer with groups 0 (Muon), 1 (Adam) and maybe 2 (stacks).
 
-    Group 2 (:class:`StackedMuon`) is there when ``matrices`` holds stacks of matrices. The groups are the inner
+    Group 2 (:class:`Muon` of the stacks) is there when ``matrices`` holds stacks of matrices. The groups are the inner
     optimizers' own, so a scheduler that sets ``group["lr"]`` sets it for the one that steps with it. ``step`` runs
     Muon, then Adam, then the stacks' Muon.
 
     Matrices that FSDP2 sharded (``DTensor``) get :class:`ShardedMuon`, which steps them as one process would step
-    the whole matrices; others ``torch.optim.Muon``. Stacks get :class:`StackedMuon`.
+    the whole matrices; others :class:`Muon`, as do stacks.
 
     Args:
         matrices: parameters of 2 or more dims (:func:`muon_split`), all sharded or none.
         rest: every other parameter.
         lr: the learning rate of all.
         fused: the fused Adam kernel (CUDA).
+        ns_dtype: the dtype of Muon's iterations (:class:`Muon`); ``None``: bfloat16 on CUDA, float32 elsewhere.
 
     Raises:
         ValueError: a matrix has fewer than 2 dims, or some matrices are sharded and others not.
+        TypeError: ``ns_dtype`` is not a floating-point dtype.
     """
 
-    def __init__(self, matrices: list, rest: list, *, lr: float, fused: bool = False) -> None:
+    def __init__(self, matrices: list, rest: list, *, lr: float, fused: bool = False,
+                 ns_dtype: Optional[torch.dtype] = None) -> None:
         if any(p.dim() < 2 for p in matrices):
             raise ValueError("matrices must hold parameters of 2 or more dims only: Muon orthogonalises matrices, "
                              f"got shapes {[tuple(p.shape) for p in matrices if p.dim() < 2]}")
@@ -362,15 +399,16 @@ class MuonWithAdam(torch.optim.Optimizer):
         if any(sharded) and not all(sharded):
             raise ValueError(f"matrices must be all sharded (FSDP2) or none, got {sum(sharded)} sharded of "
                              f"{len(matrices)}")
-        muon = ShardedMuon if any(sharded) else torch.optim.Muon
+        muon = ShardedMuon if any(sharded) else Muon
         stacks = [p for p in matrices if p.dim() > 2]
         # Weight decay off in all: the same update rule as the plain Adam it is compared with, but for Muon.
         self.muon = muon([p for p in matrices if p.dim() == 2], lr=lr, weight_decay=0.0,
-                         adjust_lr_fn="match_rms_adamw")
+                         adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype)
         self.adam = torch.optim.Adam(rest, lr=lr, fused=fused or None)
         self.inner = [self.muon, self.adam]
         if stacks:
-            self.inner.append(StackedMuon(stacks, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw"))
+            self.inner.append(Muon(stacks, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw",
+                                   ns_dtype=ns_dtype))
         groups = [group for inner in self.inner for group in inner.param_groups]  # the same dicts: one lr each
         super().__init__(groups, defaults={})
         self._share_state()
@@ -411,7 +449,8 @@ class MuonWithAdam(torch.optim.Optimizer):
 
 
 def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = False,
-                   blocks: Optional[Sequence[nn.Module]] = None) -> torch.optim.Optimizer:
+                   blocks: Optional[Sequence[nn.Module]] = None,
+                   ns_dtype: Optional[torch.dtype] = None) -> torch.optim.Optimizer:
     """The optimizer ``name`` over ``model``'s parameters: ``"adam"``, or ``"muon"`` (:class:`MuonWithAdam`).
 
     Build it after wrapping the model for DDP or FSDP2 (FSDP2 replaces the parameters with sharded ones, which
@@ -423,17 +462,21 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, fused: bool = Fals
         lr: the learning rate.
         fused: the fused Adam kernel (CUDA only).
         blocks: the transformer blocks, for a model that is not a torchformer model (see :func:`muon_split`).
+        ns_dtype: the dtype of Muon's iterations (:class:`Muon`); ``None``: bfloat16 on CUDA, float32 elsewhere.
 
     Returns:
         The optimizer.
 
     Raises:
-        ValueError: ``name`` is neither, or ``lr`` is negative or not a number.
+        ValueError: ``name`` is neither, ``lr`` is negative or not a number, or ``ns_dtype`` is given for Adam.
+        TypeError: ``ns_dtype`` is not a floating-point dtype.
     """
     check_choice(name, "optimizer", OPTIMIZERS)
+    if name == "adam" and ns_dtype is not None:
+        raise ValueError(f"ns_dtype is the dtype of Muon's iterations, got {ns_dtype} for optimizer 'adam'")
     if not is_number(lr) or not lr >= 0:  # 0: an optimizer that does all the work of a step and changes nothing
         raise ValueError(f"lr must be a non-negative number, got {lr!r}")
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, fused=fused or None)
     matrices, rest = muon_split(unwrap_model(model), blocks)  # DDP's module, torch.compile's original
-    return MuonWithAdam(matrices, rest, lr=lr, fused=fused)
+    return MuonWithAdam(matrices, rest, lr=lr, fused=fused, ns_dtype=ns_dtype)
