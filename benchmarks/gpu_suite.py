@@ -21,6 +21,7 @@ Stages (``--stages all`` runs them in this order):
 * ``long-context-enwik8``: the enwik8 example at context 2048 dense, 1024 + memory 1024, and the fixed pattern
 * ``packed``:      ``benchmarks/packed.py``: training steps on packed rows (a dense document mask, and flex attention's
                    block mask) against length-bucketed padded batches of the same documents
+* ``ablation``:    ``examples/ablate.py`` on ``--ablation`` (an ablation file): the runs that fit, and their table
 
 Each stage appends its figures (the commands, device, torch version, date and numbers) to ``OUT/report.md`` and
 ``OUT/results.json`` and the output of its commands to ``OUT/log.txt``: three files, whatever the stages. The report
@@ -55,6 +56,7 @@ from typing import Callable, Optional
 
 import torch
 
+from torchformer.scripts.ablation import markdown_table, read_ablation, read_records, summarize
 from torchformer.train.flops import peak_bf16_tflops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -506,6 +508,36 @@ def run_packed(suite: Suite, record: dict) -> str:
                      f"{row['padding']:.1%} | {ratio} |")
     return "\n".join(lines)
 
+def run_ablation(suite: Suite, record: dict) -> str:
+    """``examples/ablate.py`` on ``--ablation`` (an ablation file, examples/ablations/*.toml): its variants x seeds
+    one after another until the budget ends, then the table of the runs that finished."""
+    file = suite.args.ablation
+    if suite.smoke:  # two toy runs on the CPU, on the suite's enwik8 data or the bundled sample
+        file = suite.work / "smoke.toml"
+        data = f'"-D", "{suite.args.enwik8_data}", ' if suite.args.enwik8_data else ""
+        file.write_text(f'script = "{ROOT / "examples" / "generate_enwik8.py"}"\n'
+                        f'base = [{data}"-N", "4", "-b", "2", "-C", "16", "-E", "16", "-H", "2", "-d", "1", '
+                        f'"--test-every", "2", "--test-subset", "64", "--sample-length", "0", "--device", "cpu"]\n'
+                        f'seeds = [1]\nmetric = "bpb"\ncurve = "val_bpb"\n'
+                        f'[[variants]]\nname = "learned positions"\nflags = ["--positions", "learned"]\n')
+    elif not file.is_file():
+        raise Skip(f"no ablation file: --ablation {file} is not a file")
+    out = suite.work / "ablation"
+    status, _ = suite.run(record, suite.python("examples/ablate.py", str(file), "--out", str(out)))
+    # The table of the runs that finished, here: an interrupted harness wrote none.
+    ablation = read_ablation(file)
+    records = read_records(ablation, out)
+    rows = summarize(ablation, records)
+    wanted = len(ablation.variants) * len(ablation.seeds)
+    record["figures"] = {"file": "smoke.toml" if suite.smoke else os.path.relpath(file, ROOT), "rows": rows,
+                         "runs": len(records)}
+    if status != 0 and not record.get("timed_out") or not records:
+        record["status"] = "failed"
+    if len(records) < wanted:
+        record["notes"].append(f"{len(records)} of the {wanted} runs finished in the budget")
+    return markdown_table(ablation, rows).strip() if records else "No run finished: see the log."
+
+
 # The long-context-enwik8 runs: the same tokens per step (32,768) and the same attention span, three ways.
 # (name, flags on the GPU, flags of the --smoke run: the same meaning at toy sizes)
 LONG_RUNS = [("dense, context 2048", "-C 2048 -b 16", "-C 32 -b 4"),
@@ -579,6 +611,8 @@ STAGES = {stage.name: stage for stage in [
           "2048; --long-context-minutes each", 540, run_long_context_enwik8),
     Stage("packed", "training steps on packed rows (dense document mask, flex block mask) against padded batches",
           240, run_packed),
+    Stage("ablation", "examples/ablate.py on --ablation (default examples/ablations/enwik8-gpu.toml): its table",
+          540, run_ablation),
 ]}
 
 
@@ -696,6 +730,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    "runs of the long-context-enwik8 stage (default 1.5; above about 2 the three no longer fit in "
                    "one 570 s budget)")
     p.add_argument("--imdb-data", type=Path, help="folder with the IMDb data for the imdb stage")
+    p.add_argument("--ablation", type=Path, default=ROOT / "examples" / "ablations" / "enwik8-gpu.toml",
+                   help="the ablation file of the ablation stage (default examples/ablations/enwik8-gpu.toml)")
     p.add_argument("--publish", type=Path, metavar="DIR", help="no stages: copy DIR/results.json into --page")
     p.add_argument("--page", type=Path, default=PAGE, help="the results page for --publish")
     args = p.parse_args(argv)

@@ -64,6 +64,19 @@ def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path, text, message):
         read_ablation(tmp_path / "a.toml")
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "examples" / "ablations").glob("*.toml")), ids=lambda p: p.name)
+def test_the_shipped_ablation_files_read_and_name_only_their_scripts_flags(path):
+    """Each file of examples/ablations: it reads, and every flag of its base and variants is one its script's
+    --help lists (a renamed flag would fail each run hours into an ablation)."""
+    ablation = read_ablation(path)
+    usage = subprocess.run([sys.executable, str(ablation.script), "--help"], capture_output=True, text=True,
+                           check=True).stdout
+    options = {word.strip(",[]") for word in usage.split() if word.startswith("-")}
+    flags = [f for v in ablation.variants for f in (*ablation.base, *v.flags)
+             if f.startswith("--") or f[:1] == "-" and f[1:2].isalpha()]  # not values such as -1
+    assert flags and not [f for f in flags if f not in options]
+
+
 def write_file(folder: Path) -> Path:
     flags = ", ".join(f'"{f}"' for f in TINY)
     path = folder / "tiny.toml"

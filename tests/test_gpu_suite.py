@@ -127,6 +127,11 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
     packed = by["packed"]["figures"]["rows"]  # padded, then packed through the dense mask (no flex on the CPU)
     assert [row["kind"] for row in packed] == ["padded", "packed-sdpa"] and all(row["tok_s"] > 0 for row in packed)
     assert packed[1]["ratio"] > 0 and "| packed-sdpa |" in by["packed"]["table"]
+    ablation = by["ablation"]["figures"]  # the harness's table: the base and one variant, a run each
+    assert [row["variant"] for row in ablation["rows"]] == ["base", "learned positions"] and ablation["runs"] == 2
+    assert all(row["runs"] == 1 and row["mean"] > 0 for row in ablation["rows"])
+    assert ablation["rows"][1]["difference"] == ablation["rows"][1]["mean"] - ablation["rows"][0]["mean"]
+    assert "| learned positions |" in by["ablation"]["table"] and "examples/ablate.py" in by["ablation"]["commands"][0]
     assert "===== tests: python -m pytest" in (out / "log.txt").read_text()
     print(f"smoke run of every stage: {seconds:.0f} s")
 
@@ -148,7 +153,8 @@ def test_missing_data_is_a_skip_with_the_reason(suite, tmp_path):
 
 @pytest.mark.parametrize("stages, message", [
     ("tests,nope", "valid stages: tests, step-small, step-enwik8, step-768, decode, step-moe, decode-latent, "
-                   "decode-hf, enwik8, imdb, imdb-pretrained, memory, long-context, long-context-enwik8, packed; "
+                   "decode-hf, enwik8, imdb, imdb-pretrained, memory, long-context, long-context-enwik8, packed, "
+                   "ablation; "
                    "got 'tests,nope'"),
     ("decode,decode", "each stage once, got 'decode,decode'"),
     (",", "valid stages"),
@@ -187,6 +193,27 @@ def test_a_command_past_the_budget_is_interrupted_and_reported(suite, tmp_path):
     record = {"stage": "demo", "commands": [], "notes": []}
     assert late.run(record, [sys.executable, "-c", "pass"]) == (-1, "")
     assert record["notes"][0].startswith("not run, no time left in --budget")
+
+
+def test_an_interrupted_ablation_reports_the_table_of_the_runs_that_finished(suite, tmp_path):
+    """A stand-in script: the base writes its results at once, the variant would take a minute; the budget ends in
+    between, and the stage's table has the base's row (the harness itself wrote none)."""
+    script = tmp_path / "fake.py"
+    script.write_text("import json, sys, time, pathlib\n"
+                      "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+                      "if '--slow' in sys.argv: time.sleep(60)\n"
+                      "(out / 'results.json').write_text(json.dumps({'bpb': 1.5}))\n")
+    file = tmp_path / "a.toml"
+    file.write_text(f'script = "{script}"\nbase = []\nseeds = [1]\nmetric = "bpb"\n'
+                    f'[[variants]]\nname = "slow"\nflags = ["--slow"]\n')
+    s = suite_with_budget(suite, tmp_path, budget=25.0, smoke=False)  # the harness gets 10 s
+    s.args.ablation = file
+    record = {"stage": "ablation", "status": "ok", "commands": [], "notes": []}
+    table = suite.run_ablation(s, record)  # the stage itself: run_stage would skip it (it asks for 540 s)
+    assert record["timed_out"] and record["status"] == "ok"  # run_stage reports it as interrupted
+    assert "1 of the 2 runs finished in the budget" in record["notes"]
+    assert [row["runs"] for row in record["figures"]["rows"]] == [1, 0] and record["figures"]["runs"] == 1
+    assert "| base | `(the base)` | 1 | 1.5000 |" in table
 
 
 def test_a_stage_that_cannot_finish_in_the_budget_is_skipped(suite, tmp_path):
