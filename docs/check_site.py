@@ -11,11 +11,16 @@ It checks:
 * every page with display formulas ($$ math), at a desktop's width (1280 px) and a phone's (375 px): every formula
   is typeset by MathJax as an SVG, no raw TeX is left on the page, and every display formula is more than 50 px
   wide (below 720 px Material's CSS once squeezed them to 1 px; docs/stylesheets/extra.css is the fix);
-* an API page: ``SelfAttention``'s signature and its "Parameters" table list its constructor's arguments;
+* an API page: ``MultiHeadAttention``'s "Parameters" table lists its constructor's arguments, and
+  ``SelfAttention``'s section (which takes that constructor) has them in its signature and links there;
 * the learner's path: "Your first model" first in the navigation; every figure of the concept pages loaded;
 * the site opened from disk (site/index.html, no server, as the README says): every navigation link leads to an
   HTML file, not a folder, and a page reached by clicking has its formulas typeset;
-* no network: every request the pages make goes to 127.0.0.1 (no Google Fonts, no CDN), and no JavaScript error.
+* no network: every request the pages make goes to 127.0.0.1 (no Google Fonts, no CDN), and no JavaScript error;
+* the layout of every content page (not the generated API pages): at 1280 px no code block, display formula or
+  table is wider than its column (a reader would have to scroll it sideways), and at 375 px (a phone) no display
+  formula is; a phone's column holds about 40 characters of code, so there code blocks and wide tables scroll,
+  and the check reports how many.
 
 It exits 1 with the failed checks named. CI does not run it: CI machines have no browser. Screenshots (the home,
 attention and positions pages at both widths, and a few more) go to docs/screenshots/ (git-ignored).
@@ -144,6 +149,58 @@ def check_formulas(page, url: str, name: str, shots: pathlib.Path) -> list[str]:
         page.screenshot(path=str(shots / f"{name}-{width}.png"))
     return failures
 
+# For every code block, display formula and table of the page: its kind, its rendered width and the width of the
+# column it sits in (the box that would scroll it). A table sits in Material's scrolling wrapper; a code block's
+# <code> scrolls itself; a formula's div.arithmatex scrolls its MathJax SVG.
+OVERFLOWS = """() => {
+  const within = (box) => Math.ceil(box.scrollWidth) > Math.ceil(box.clientWidth) + 1;
+  const found = [];
+  for (const code of document.querySelectorAll('article pre > code')) {
+    if (within(code)) found.push(['code block', code.innerText.split('\\n')
+      .reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 60)]);
+  }
+  for (const formula of document.querySelectorAll('article div.arithmatex')) {
+    if (within(formula)) found.push(['formula', formula.innerText.replace(/\\s+/g, '').slice(0, 60)]);
+  }
+  for (const wrap of document.querySelectorAll('article .md-typeset__scrollwrap')) {
+    if (within(wrap)) found.push(['table', wrap.querySelector('th, td')?.innerText.slice(0, 60) ?? '']);
+  }
+  return found;
+}"""
+# What must fit at each width (the rest is reported, not failed): everything on a desktop, formulas on a phone.
+MUST_FIT = {1280: ("code block", "formula", "table"), 375: ("formula",)}
+
+
+def content_pages(site: pathlib.Path) -> list[str]:
+    """The pages written in docs/*.md (and the repository pages the site includes), not the API reference."""
+    names = []
+    for html in sorted(site.rglob("*.html")):
+        name = html.relative_to(site).with_suffix("").as_posix()
+        if not name.startswith(("api/", "404", "assets/")) and (ROOT / "docs" / f"{name}.md").exists():
+            names.append(name)
+    return names
+
+
+def check_layout(browser, base: str, site: pathlib.Path, errors: list[str], requests: list[str]) -> list[str]:
+    """Every content page at each width: nothing that must fit (MUST_FIT) is wider than its column."""
+    failures = []
+    for viewport in VIEWPORTS:
+        width = viewport[0]
+        tab = open_page(browser, viewport, errors, requests)
+        counts: dict[str, int] = {}
+        for name in content_pages(site):
+            tab.goto(page_url(base, site, name))
+            typeset(tab)  # a formula's width is known once MathJax has drawn it
+            for kind, text in tab.evaluate(OVERFLOWS):
+                counts[kind] = counts.get(kind, 0) + 1
+                if kind in MUST_FIT[width]:
+                    failures.append(f"layout at {width} px: {name}: a {kind} wider than its column: {text!r}")
+        tab.close()
+        print(f"layout at {width} px: wider than their column: "
+              f"{', '.join(f'{n} {kind}(s)' for kind, n in sorted(counts.items())) or 'nothing'}"
+              f" (must fit: {', '.join(MUST_FIT[width])})")
+    return failures
+
 
 def check_from_disk(browser, site: pathlib.Path, requests: list[str]) -> list[str]:
     """Open site/index.html as a file, with no server, and click through: every navigation link must lead to an
@@ -180,7 +237,7 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
     except ImportError:
         raise SystemExit("Playwright is not installed: pip install playwright (it uses the system's Chromium)")
     sys.path.insert(0, str(ROOT / "src"))
-    from torchformer.nn.attention import SelfAttention
+    from torchformer.nn.attention import MultiHeadAttention
 
     failures = []
     errors, requests = [], []  # every page's JavaScript errors, and the URL of every request any page makes
@@ -215,23 +272,29 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
                 failures += check_formulas(tab, page_url(base, site, name), name, shots)
             tab.close()
 
-        # 3. An API page: SelfAttention's section lists every argument of its constructor.
+        # 3. An API page: MultiHeadAttention's section lists every argument of its constructor, and SelfAttention
+        # (which takes that constructor) links to it instead of repeating them.
         page.goto(page_url(base, site, "api/torchformer.nn.attention"))
-        section = page.locator("div.doc-class:has(> h2#torchformer\\.nn\\.attention\\.SelfAttention)")
-        if section.count() != 1:
-            failures.append("API page: no section for torchformer.nn.attention.SelfAttention")
+        section = page.locator("div.doc-class:has(> h2#torchformer\\.nn\\.attention\\.MultiHeadAttention)")
+        subclass = page.locator("div.doc-class:has(> h2#torchformer\\.nn\\.attention\\.SelfAttention)")
+        if section.count() != 1 or subclass.count() != 1:
+            failures.append("API page: no section for MultiHeadAttention or SelfAttention")
         else:
-            names = [n for n in inspect.signature(SelfAttention.__init__).parameters if n != "self"]
+            names = [n for n in inspect.signature(MultiHeadAttention.__init__).parameters if n != "self"]
             # The "Parameters:" table of the class's own docstring (not a nested method's): one row per argument.
             table = section.locator("> div.doc-contents").first.locator("table").first  # Material wraps tables
             listed = [cell.strip() for cell in table.locator("tr.doc-section-item > td:first-child").all_inner_texts()]
             if listed != names:
-                failures.append(f"API page: SelfAttention's parameter table lists {listed}, the signature {names}")
-            signature = section.locator(".doc-signature").first.inner_text()
+                failures.append(f"API page: MultiHeadAttention's parameter table lists {listed}, the signature {names}")
+            signature = subclass.locator(".doc-signature").first.inner_text()
             if not all(name in signature for name in names):
                 failures.append(f"API page: SelfAttention's signature is incomplete: {signature!r}")
-            print(f"API page: SelfAttention's signature and parameter table list its {len(names)} arguments "
-                  f"({', '.join(listed)})")
+            own = subclass.locator("> div.doc-contents").first
+            link = own.locator("a[href*='MultiHeadAttention']").count()
+            if not link:
+                failures.append("API page: SelfAttention's section has no link to MultiHeadAttention's arguments")
+            print(f"API page: MultiHeadAttention's parameter table lists its {len(names)} arguments "
+                  f"({', '.join(listed)}); SelfAttention's signature has them and links there")
             section.locator("h2").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / "api-page.png"))
             table.screenshot(path=str(shots / "api-parameters.png"))
@@ -260,6 +323,8 @@ def check(site: pathlib.Path, shots: pathlib.Path) -> list[str]:
         # 5. The site opened from disk, as the README suggests; then, of all the pages above, no request may have
         # left 127.0.0.1: with no network, a font or script from elsewhere fails (and a reader waits for it).
         failures += check_from_disk(browser, site, requests)
+        # 6. The layout: what a reader would have to scroll sideways.
+        failures += check_layout(browser, base, site, errors, requests)
         outside = external_requests(requests)
         if outside:
             failures.append(f"network: {len(outside)} request(s) to other hosts than 127.0.0.1: {sorted(set(outside))}")

@@ -1,12 +1,16 @@
 """Draw the figures of the docs from the library itself, so that they stay true to the code.
 
-The figures of the concept pages are drawn here; those of the models and of decoding live in ``docs/figures/``
-(``models.py``, ``decoding.py``), and ``docs/figures/canvas.py`` holds what all share (a figure without pyplot,
+The figures of the concept pages are drawn here; those of the models, of decoding, of attention's arithmetic and of
+the package's architecture live in ``docs/figures/`` (``models.py``, ``decoding.py``, ``attention.py``,
+``architecture.py``), and ``docs/figures/canvas.py`` holds what all share (a figure without pyplot,
 saved with no timestamp). Every figure is computed or checked by torchformer's own modules: the masks come from
 ``AttentionMask``, the sinusoids from ``sinusoidal_table``, the tensor shapes of the heads figure from running
 ``SelfAttention``, and the wiring of the block diagram is checked against ``TransformerBlock`` and ``Encoder``
-before it is drawn (the script stops with an error if the code and the picture disagree). The attention map is
-measured on a small model that the script trains, seeded, in a few seconds on one CPU thread.
+before it is drawn (the script stops with an error if the code and the picture disagree). The numbers of the
+attention schematic are ``attention_reference``'s, checked against the formulas the picture writes; the arrows of
+the architecture are the package's imports, read with ``ast``, and its layering (the core imports no experiment
+support, no cycle between boxes) is checked too. The attention map is measured on a small model that the script
+trains, seeded, in a few seconds on one CPU thread.
 
     python docs/make_figures.py                            # every figure, into docs/images/
     python docs/make_figures.py --only masks               # one figure (repeat --only for more)
@@ -39,6 +43,11 @@ from torchformer.train.inspection import capture_attention
 # import docs/figures/ through it.
 import sys  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# The checks of the attention and architecture figures are imported here too, for the tests to call (F401).
+from figures.architecture import draw_architecture  # noqa: E402
+from figures.architecture import box_edges, check_layering, check_picture, module_edges  # noqa: E402, F401
+from figures.attention import draw_attention  # noqa: E402
+from figures.attention import attention_example  # noqa: E402, F401
 from figures.canvas import new_figure, save  # noqa: E402
 from figures.experts import draw_cache_per_token, draw_expert_routing  # noqa: E402
 from figures.long_context import draw_long_context  # noqa: E402
@@ -546,6 +555,7 @@ FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "norm-placement": draw_norm_placement,
     "masks": draw_masks,
     "document-masks": draw_document_masks,
+    "attention": draw_attention,
     "heads": draw_heads,
     "sinusoids": draw_sinusoids,
     "reversal-attention": draw_reversal_attention,
@@ -559,6 +569,7 @@ FIGURES: dict[str, Callable[[pathlib.Path, bool], str]] = {
     "long-context": draw_long_context,
     "expert-routing": draw_expert_routing,
     "cache-per-token": draw_cache_per_token,
+    "architecture": draw_architecture,
 }
 
 

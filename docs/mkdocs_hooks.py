@@ -6,6 +6,8 @@
 * A public name without a docstring is a warning, so ``mkdocs build --strict`` fails on it.
 * ``examples/README.md`` and ``benchmarks/RESULTS.md``, which the pages link to, become pages of the site, and the
   links between them and ``docs/`` are rewritten from repository paths to site paths.
+* Code in table cells gets a line-break opportunity (``<wbr>``) after each ``.``, ``_``, ``=``, ``,``, ``/`` and
+  ``(``, so a long name wraps at its joints instead of widening the table past the page (or breaking mid-word).
 * MathJax is copied into the site from the ``django-static-mathjax`` package (plain MathJax 3 files, no Django
   needed), so the formulas render with no network.
 """
@@ -134,6 +136,24 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
         return match.group(0)
 
     return LINK.sub(rewrite, markdown)
+
+
+TABLE_CELL = re.compile(r"<td\b[^>]*>.*?</td>", re.S)
+INLINE_CODE = re.compile(r"(<code>)(.*?)(</code>)", re.S)
+TAG = re.compile(r"(<[^>]*>)")
+JOINT = re.compile(r"(?<=[._=,/(])(?=[^<\s])")  # after a joint, unless a tag or a space follows anyway
+
+
+def breakable_code(cell: str) -> str:
+    """A table cell whose inline code may wrap after its joints (``torchformer.<wbr>nn.<wbr>masks``)."""
+    def text_only(code: str) -> str:  # the text between tags (a cross-reference is a tag with a dotted name)
+        return "".join(part if part.startswith("<") else JOINT.sub("<wbr>", part) for part in TAG.split(code))
+
+    return INLINE_CODE.sub(lambda m: m.group(1) + text_only(m.group(2)) + m.group(3), cell)
+
+
+def on_page_content(html, page, config, files, **kwargs):
+    return TABLE_CELL.sub(lambda m: breakable_code(m.group(0)), html)
 
 
 def on_post_build(config, **kwargs):

@@ -152,3 +152,40 @@ def test_the_home_pages_module_table_names_every_public_module():
         if relative not in rows and not (folder in rows and f"`{path.name}`" in rows[folder]):
             missing.append(relative)
     assert not missing, f"docs/index.md's module table does not name {missing}"
+
+
+# The width of a code block's column on the site at 1280 px, in characters (docs/check_site.py measures the
+# rendered pages; this is the same rule without a browser).
+CODE_COLUMNS = 84
+FENCE = re.compile(r"^ *(```|~~~)")
+DISPLAY_FORMULA = re.compile(r"\$\$(.*?)\$\$", re.S)
+
+
+def long_code_lines(text: str) -> list[str]:
+    """The lines inside fenced code blocks longer than CODE_COLUMNS."""
+    inside, found = False, []
+    for line in text.splitlines():
+        if FENCE.match(line):
+            inside = not inside
+        elif inside and len(line.rstrip()) > CODE_COLUMNS:
+            found.append(line)
+    return found
+
+
+def side_by_side_formulas(text: str) -> list[str]:
+    """Display formulas that set two formulas side by side on one line (``\\qquad``, ``\\quad``)."""
+    return [f.strip()[:60] for f in DISPLAY_FORMULA.findall(text) if re.search(r"\\q?quad\b", f)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_code_lines_fit_the_column_and_formulas_stand_one_per_line(page):
+    text = page.read_text()
+    assert long_code_lines(text) == [], f"{page.name}: code lines over {CODE_COLUMNS} characters"
+    assert side_by_side_formulas(text) == [], f"{page.name}: formulas side by side (use aligned rows)"
+
+
+def test_the_layout_rules_catch_a_long_line_and_a_formula_pair():
+    text = "```python\nx = 1\n" + "y" * 85 + "\n```\n" + "z" * 120 + "\n$$\na = 1, \\qquad b = 2\n$$\n"
+    assert long_code_lines(text) == ["y" * 85]  # prose lines may be long; code lines may not
+    assert side_by_side_formulas(text) == ["a = 1, \\qquad b = 2"]
+    assert side_by_side_formulas("$$\n\\begin{aligned} a &= 1 \\\\ b &= 2 \\end{aligned}\n$$") == []

@@ -62,7 +62,9 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 # ``public_api.public_objects()`` lists, methods included:
 #
 # * a one-line summary ending in a period, then a blank line before anything else;
-# * ``Args:`` naming every argument (a class: its constructor's), one per entry, and nothing else;
+# * ``Args:`` naming every argument (a class: its constructor's), one per entry, and nothing else; a class that
+#   inherits its constructor from a torchformer class documents the arguments once, where they are defined: it
+#   has no ``Args:`` of its own, or a complete one, and without one it names that class (a link for the reader);
 # * ``Shapes:`` for a module (an ``nn.Module``): what ``forward`` takes and returns, in the letters b, t, u, e, h, s,
 #   c, v (``forward`` itself is not listed, public_api.INHERITED_ROLES: the class's ``Shapes:`` documents it);
 # * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``),
@@ -89,6 +91,14 @@ def sections(doc: str) -> dict[str, str]:
 
 def own_doc(value) -> str:
     return (value.__dict__.get("__doc__") if inspect.isclass(value) else value.__doc__) or ""
+
+
+def constructor_definer(value) -> type | None:
+    """The torchformer class whose ``__init__`` the class ``value`` inherits; ``None`` if it defines its own."""
+    for base in value.__mro__[1:]:
+        if "__init__" in base.__dict__:
+            return base if base.__module__.startswith("torchformer") and "__init__" not in value.__dict__ else None
+    return None
 
 
 def arguments(value) -> list[str]:
@@ -129,7 +139,11 @@ def style_problems(value) -> list[str]:
         return problems
     found = sections(doc)
     expected = arguments(value)
-    if expected:
+    definer = constructor_definer(value) if inspect.isclass(value) else None
+    if expected and definer is not None and "Args" not in found:
+        if definer.__name__ not in doc:
+            problems.append(f"no Args: section and no mention of {definer.__name__}, whose arguments it takes")
+    elif expected:
         documented = ENTRY.findall(found.get("Args", ""))
         if "Args" not in found:
             problems.append(f"no Args: section (arguments {expected})")
@@ -174,3 +188,20 @@ def test_a_docstring_without_its_sections_is_reported(monkeypatch):
                                                                                      "no Returns: section"]
     assert [p.split(" (")[0] for p in problems["torchformer.RMSNorm"]] == [
         "a summary of more than one line", "no Args: section", "no Shapes: section"]
+
+
+def test_a_subclass_documents_its_parents_arguments_by_naming_the_parent(monkeypatch):
+    # SelfAttention takes MultiHeadAttention's constructor: without an Args: section of its own it must name the
+    # class that documents them; an Args: section it does have must still be complete.
+    from torchformer.nn import attention
+
+    monkeypatch.setattr(attention.SelfAttention, "__doc__", "Self-attention.\n\nArguments: as the parent's.\n\n"
+                        "Shapes:\n    x (b, t, e) -> (b, t, e)\n")
+    assert style_problems(attention.SelfAttention) == [
+        "no Args: section and no mention of MultiHeadAttention, whose arguments it takes"]
+    monkeypatch.setattr(attention.SelfAttention, "__doc__", "Self-attention.\n\nArguments: as "
+                        ":class:`MultiHeadAttention`.\n\nShapes:\n    x (b, t, e) -> (b, t, e)\n")
+    assert style_problems(attention.SelfAttention) == []
+    monkeypatch.setattr(attention.SelfAttention, "__doc__", "Self-attention.\n\nArgs:\n    emb: width.\n\n"
+                        "Shapes:\n    x (b, t, e) -> (b, t, e)\n")
+    assert style_problems(attention.SelfAttention)[0].startswith("Args: lists ['emb'], the signature has")

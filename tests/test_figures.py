@@ -94,3 +94,42 @@ def test_the_heads_figure_checks_the_split(figures, monkeypatch):
     monkeypatch.setattr(MultiHeadAttention, "split_heads", interleaved)
     with pytest.raises(AssertionError, match="head 0 does not get piece 0"):
         figures.head_shapes(6, 3, False, 5)
+
+
+def test_the_attention_figure_checks_the_library(figures, monkeypatch):
+    import torch
+    from torchformer.nn import attention
+
+    example = figures.attention_example()  # the code as it is: passes
+    assert example.weights.shape == (4, 4) and example.out.shape == (4, 3)
+    assert torch.equal(example.weights.triu(1), torch.zeros(4, 4, dtype=example.weights.dtype))  # causal: 0 above
+    original = attention.attention_reference
+
+    def unscaled(q, k, v, allowed=None, **kwargs):  # a wrong attention: the dot products not divided by sqrt(s)
+        return original(q, k, v, allowed, scale=1.0)
+
+    monkeypatch.setattr(attention, "attention_reference", unscaled)
+    with pytest.raises(AssertionError, match="weights are not softmax"):
+        figures.attention_example()
+
+
+def test_the_architecture_figure_reads_the_imports(figures):
+    edges = figures.box_edges()
+    assert ("models", "nn") in edges and ("train", "saving") in edges
+    assert ("nn", "models") not in edges
+    # examples/seq2seq.py has `from torchformer import seq2seq_generate`: an import of the module that defines it.
+    assert "torchformer.decoding.generation" in figures.module_edges()["examples.seq2seq"]
+    # Modules are grouped into boxes: an import from nn/attention.py into train/training.py is the edge nn -> train.
+    assert figures.box_edges({"torchformer.nn.attention": {"torchformer.train.training"}}) == {("nn", "train")}
+    figures.check_layering(edges)  # the code as it is: passes
+    figures.check_picture(edges)
+
+
+def test_the_architecture_figure_checks_the_layering(figures):
+    edges = figures.box_edges()
+    with pytest.raises(AssertionError, match="the core imports experiment support: nn -> train"):
+        figures.check_layering(edges | {("nn", "train")})  # an upward edge
+    with pytest.raises(AssertionError, match="cycle between boxes: .*config"):
+        figures.check_layering(edges | {("config", "models")})  # models -> config -> models
+    with pytest.raises(AssertionError, match=r"not drawn: \[\('data', 'config'\)\]"):
+        figures.check_picture(edges | {("data", "config")})  # a new edge the picture does not have

@@ -36,7 +36,8 @@ def memory_visibility(n: int, segment: int, memory: int) -> torch.Tensor:
 
 
 def draw_long_context(path: pathlib.Path, quick: bool = False) -> str:
-    """Four (n, n) visibility matrices side by side, with the number of pairs each keeps."""
+    """Four (n, n) visibility matrices in a 2 x 2 grid, with the number of pairs each keeps: readable at a phone's
+    width as well as a page's."""
     from matplotlib.colors import ListedColormap
 
     positions = torch.arange(N)
@@ -48,18 +49,19 @@ def draw_long_context(path: pathlib.Path, quick: bool = False) -> str:
               (f"strided, stride {L}\n{int(strided.sum())} pairs", strided),
               (f"fixed, block {L}, summary 1\n{int(fixed.sum())} pairs", fixed),
               (f"segment memory\n(segments of {L}, memory {L})", memory)]
-    figure = new_figure(9.6, 3.2)
-    axes = figure.subplots(1, 4)
+    figure = new_figure(6.2, 6.9)
+    axes = figure.subplots(2, 2)
     colours = ListedColormap(["#f2f2f2", "#4c72b0"])
-    for k, (ax, (title, allowed)) in enumerate(zip(axes, panels)):
+    for k, (ax, (title, allowed)) in enumerate(zip(axes.flat, panels)):
         ax.imshow(allowed.int().numpy(), cmap=colours, vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks(range(0, N, L))
         ax.set_yticks(range(0, N, L))
-        ax.tick_params(labelsize=8)
-        ax.set_xlabel("key j", fontsize=9)
-        if k == 0:
-            ax.set_ylabel("query i", fontsize=9)
-        ax.set_title(title, fontsize=9)
-    figure.subplots_adjust(left=0.06, right=0.99, top=0.82, bottom=0.15, wspace=0.3)
+        ax.tick_params(labelsize=11)
+        if k >= 2:  # the bottom row: one axis label per column is enough
+            ax.set_xlabel("key j", fontsize=12.5)
+        if k % 2 == 0:
+            ax.set_ylabel("query i", fontsize=12.5)
+        ax.set_title(title, fontsize=13.5)
+    figure.subplots_adjust(left=0.11, right=0.98, top=0.9, bottom=0.08, wspace=0.22, hspace=0.42)
     save(figure, path)
     return "from AttentionMask.allowed() (patterns) and a RingKVCache's attention weights (memory)"

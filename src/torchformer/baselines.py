@@ -2,8 +2,8 @@
 
 A figure alone says little: 87 % on IMDb is good or poor depending on what a simpler model reaches with the same
 tokens, the same data and the same training budget. A *baseline* is that simpler model, trained by the same loop, so
-that the difference between the two is what the architecture buys. Issue #16 (the project's seed 003) compares
-recurrent networks with attention on IMDb; :class:`LSTMClassifier` is the recurrent side.
+that the difference between the two is what the architecture buys. :class:`LSTMClassifier` is the recurrent side
+of the comparison of recurrent networks with attention on IMDb (``docs/imdb.md``).
 
 It is a drop-in replacement for :class:`~torchformer.models.CTransformer`: the same ``forward(x, mask=None)`` and the
 same output, ``(b, c)`` log-probabilities, so :func:`~torchformer.train.metrics.evaluate_classifier` and the IMDb

@@ -395,14 +395,14 @@ class TransformerConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     relative_shared: bool = False
-    # Training tricks of the speedrun literature (issue 28), off by default.
+    # Training tricks of the speedrun literature, off by default.
     zero_init_residual: bool = False
     logit_cap: Optional[float] = None
-    # Sparse attention (issue 30).
+    # Sparse attention patterns (the sparse transformer's strided and fixed).
     sparse: Optional[str] = None
     sparse_stride: Optional[int] = None
     sparse_summary: int = 1
-    # Typed options of the parts (issue 43).
+    # Typed options of the parts (a variant's own settings, saved with its weights).
     options: tuple = ()
 
     def __post_init__(self) -> None:

@@ -1,1 +1,1 @@
-"""The transformer itself: attention and its KV cache, positions, blocks, stacks, output heads."""
+"""The transformer's parts: attention, masks, positions, caches, norms, feed-forward networks, blocks, stacks, heads."""

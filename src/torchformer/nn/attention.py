@@ -1,39 +1,11 @@
 """Multi-head attention: self-attention and cross-attention.
 
-Attention is a soft lookup table. Every position emits a *query*; every position it may look at offers a
-*key* and a *value*. The output for a query is the average of the values, weighted by how well the query
-matches each key (a softmax over the scaled dot products):
+The formula, the fast and reference paths: ``docs/attention.md``; narrow and wide heads: ``docs/heads.md``. Which
+keys a query may see arrives as one :class:`~torchformer.nn.masks.AttentionMask`; the caches are
+:mod:`torchformer.nn.cache`'s.
 
-    attention(Q, K, V) = softmax(Q K^T / sqrt(s)) V
-
-With several *heads*, this is done ``h`` times in parallel with different projections, and the results are
-concatenated and mixed back to the embedding size by one linear layer (``unifyheads``).
-
-* **Narrow heads** (the default, as in Vaswani et al.): the projected embedding is cut into ``h`` chunks of
-  ``s = e // h`` dimensions, one per head, so multi-head attention costs about as much as a single head.
-* **Wide heads** (``wide=True``): every head sees a full ``e``-dimensional projection (``s = e``), so queries,
-  keys and values map ``e -> h * e``. More parameters, no divisibility constraint.
-
-Two implementations compute the same function:
-
-* the fast path calls :func:`torch.nn.functional.scaled_dot_product_attention`, which dispatches to fused
-  kernels (flash attention, memory-efficient attention) when the hardware allows;
-* the reference path (:func:`attention_reference`) is the formula above as plain matmul-softmax-matmul. It is
-  slower, but it is the readable explanation and it can return the attention weights. The tests prove both
-  paths equal, forwards and backwards.
-
-Which keys a query may see (the causal rule, padding, positions with a KV cache) arrives as one
-:class:`~torchformer.nn.masks.AttentionMask`. The caches are part of a layer's contract
-(:mod:`torchformer.nn.cache`): self-attention with a :class:`~torchformer.nn.cache.KVCache` writes its new keys
-and values into the cache and attends over everything cached; cross-attention computes its context's keys and
-values once, into a :class:`~torchformer.nn.cache.ContextCache` (:meth:`CrossAttention.fill_cache`), and each
-cached step reads them there.
-
-Shapes used in this module:
-    b: batch size          t: number of queries (positions of ``x``)
-    e: embedding size      u: number of keys/values (``t`` for self-attention, the context length for cross)
-    h: number of heads     s: head size (``e // h`` for narrow heads, ``e`` for wide heads)
-    c: slots of a KV cache
+Shapes used in this module: b batch size, t queries (positions of ``x``), u keys/values (``t``, or the context's
+length), e embedding size, h heads, g key/value heads, s head size (``e // h`` narrow, ``e`` wide), c cache slots.
 """
 
 from __future__ import annotations
@@ -57,26 +29,20 @@ from torchformer.nn.relative import ALiBi, AttentionPositions, InterleavedRotary
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, dropout: float = 0.0,
                         bias: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """Plain scaled dot-product attention; returns ``(output, weights)``.
-
-    The weights have rows summing to 1 over the allowed keys and exactly 0 elsewhere. A query with no allowed key
-    gets all-zero weights and hence a zero output. ``dropout`` is applied to the weights used for the output; the
-    returned weights are the ones before dropout.
+    """Plain scaled dot-product attention (matmul, softmax, matmul).
 
     Args:
         q: queries ``(b, h, t, s)``.
         k: keys ``(b, h, u, s)``.
         v: values ``(b, h, u, s)``.
-        allowed: bool, broadcastable to ``(b, h, t, u)``: ``True`` where a query may see a key. ``None``: every
-            query sees every key.
-        dropout: probability of zeroing each weight before the values are mixed; applied whenever it is above 0,
-            so pass 0 when not training.
-        bias: floats added to the scores before the softmax (ALiBi's, a learned relative bias), broadcastable to
-            ``(b, h, t, u)``; ``None``: no bias.
-        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
+        allowed: bool, broadcastable to ``(b, h, t, u)``, ``True`` where a query may see a key; ``None``: every key.
+        dropout: probability of zeroing each weight before the values are mixed, applied whenever above 0.
+        bias: floats added to the scores before the softmax, broadcastable to ``(b, h, t, u)``; ``None``: none.
+        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``.
 
     Returns:
-        ``(output, weights)``: the output ``(b, h, t, s)`` and the weights ``(b, h, t, u)``.
+        ``(output, weights)``: ``(b, h, t, s)`` and the weights before dropout ``(b, h, t, u)``, exactly 0 where not
+        allowed (a query with no allowed key gets zero weights and a zero output).
     """
     scores = q @ k.transpose(-2, -1)  # (b, h, t, s) @ (b, h, s, u) -> (b, h, t, u)
     if scale is None:
@@ -104,29 +70,21 @@ SDPA_SHARES_HEADS = tuple(int(part) for part in torch.__version__.split(".")[:2]
 def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, *, causal: bool = False,
                    dropout: float = 0.0, every_row_has_key: bool = False, bias: Tensor | None = None,
                    scale: float | None = None) -> Tensor:
-    """The same function as :func:`attention_reference`, computed by ``scaled_dot_product_attention``.
-
-    With neither ``allowed`` nor ``bias`` no mask tensor is passed, so PyTorch may pick the flash-attention kernel.
-    A ``bias`` goes to SDPA as a float mask: the bias where allowed, ``-inf`` elsewhere. The weights are not returned
-    (SDPA does not compute them where others can read them): use :func:`attention_reference` for those.
+    """The same function as :func:`attention_reference` by ``scaled_dot_product_attention``, without weights.
 
     Args:
         q: queries ``(b, h, t, s)``.
-        k: keys ``(b, g, u, s)``: ``g`` key/value heads (``g`` divides ``h``), each serving ``h / g`` consecutive
-            query heads; ``g = h`` without grouped-query attention.
+        k: keys ``(b, g, u, s)``, ``g`` dividing ``h``: each serves ``h / g`` consecutive query heads.
         v: values ``(b, g, u, s)``.
-        allowed: bool, broadcastable to ``(b, h, t, u)``: ``True`` where a query may see a key. ``None``: every
-            key, or the causal rule with ``causal``.
-        causal: apply the causal rule (query ``i`` sees keys ``<= i``) through SDPA's ``is_causal``; only used when
-            ``allowed`` and ``bias`` are both ``None`` and ``t == u``, so otherwise ``allowed`` must hold the rule.
-        dropout: probability of zeroing each weight; applied whenever it is above 0, so pass 0 when not training.
-        every_row_has_key: promise that every query has at least one allowed key (no padding), which skips the
-            guard against the NaN that SDPA returns for a query that may see nothing.
-        bias: floats added to the scores before the softmax, broadcastable to ``(b, h, t, u)``; ``None``: no bias.
-        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)`` (SDPA's own default).
+        allowed: bool, broadcastable to ``(b, h, t, u)``; ``None``: every key, or the causal rule with ``causal``.
+        causal: the causal rule by SDPA's ``is_causal``; used only with ``allowed`` and ``bias`` ``None``, ``t == u``.
+        dropout: probability of zeroing each weight, applied whenever above 0.
+        every_row_has_key: promise that every query has an allowed key, skipping the guard against SDPA's NaN rows.
+        bias: floats added to the scores, broadcastable to ``(b, h, t, u)``; ``None``: none.
+        scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``.
 
     Returns:
-        The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key, as on the reference path.
+        The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key.
     """
     t, u = q.size(-2), k.size(-2)
     groups = {}
@@ -153,23 +111,23 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
 
 def attention_flex(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias: Tensor | None = None,
                    scale: float | None = None) -> Tensor:
-    """The same function as :func:`attention_reference`, by ``torch.nn.attention.flex_attention`` with a block mask.
+    """The same function as :func:`attention_reference` by ``flex_attention`` with a block mask; no dropout.
 
-    The block mask records which blocks (128 x 128 by default) of the score matrix hold any allowed pair
-    (:meth:`~torchformer.nn.masks.AttentionMask.mask_mod`); compiled, flex attention computes those blocks only,
-    so a sparse pattern's cost follows its allowed pairs, not ``t * u``. Eager (and on the CPU) it computes the
-    whole matrix, which is how the tests compare it with the other paths. No dropout.
+    Compiled, it computes only the blocks that hold allowed pairs (``docs/long-context.md``, "Sparse patterns").
 
     Args:
         q: queries ``(b, h, t, s)``.
         k: keys ``(b, h, u, s)``.
         v: values ``(b, h, u, s)``.
-        mask: the rule (causal, window, pattern, padding) and the positions; the keys must have positions.
-        bias: floats added to the scores, ``(h, t, u)``; ``None``: no bias.
+        mask: the rule and the positions; the keys must have positions.
+        bias: floats added to the scores, ``(h, t, u)``; ``None``: none.
         scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``.
 
     Returns:
         The output ``(b, h, t, s)``; exactly 0 for a query with no allowed key.
+
+    Raises:
+        ValueError: gradients are required on the CPU (flex attention has no CPU backward).
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -198,35 +156,32 @@ class MultiHeadAttention(nn.Module):
         wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
         causal: if True, query ``i`` attends only to keys ``<= i``.
         dropout: dropout on the attention weights (training only).
-        kqnorm: apply layer normalisation to keys and queries per head, which keeps the logits bounded.
-        impl: ``"sdpa"`` (fast path, default), ``"reference"`` (plain matmul-softmax-matmul) or ``"flex"``
-            (``torch.nn.attention.flex_attention`` with a block mask: a sparse ``pattern`` then skips the blocks of
-            the score matrix it rules out, once compiled; no dropout).
-        positions: a position scheme acting inside attention, ``"rotary"``, ``"alibi"`` or ``"relative"``
-            (:mod:`torchformer.nn.relative`); ``"none"`` (default) when positions are added to the embeddings.
-        kv_heads: ``g``, heads of keys and values (grouped-query attention): each group of ``h / g`` query heads
-            shares one key/value head, and a KV cache stores only ``g`` heads. ``None``: ``h`` (every head its own).
-        window: sliding-window attention: a query sees only keys less than ``window`` positions away (with
-            ``causal``: itself and the ``window - 1`` positions before it). ``None``: no window.
+        kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
+        impl: ``"sdpa"`` (fast path, default), ``"reference"`` (matmul-softmax-matmul) or ``"flex"``
+            (:func:`attention_flex`; no dropout).
+        positions: a scheme acting inside attention, ``"rotary"``, ``"rotary_interleaved"``, ``"alibi"`` or
+            ``"relative"`` (:mod:`torchformer.nn.relative`), or a built
+            :class:`~torchformer.nn.relative.AttentionPositions`; ``"none"`` (default): positions act elsewhere.
+        kv_heads: ``g``, heads of keys and values (grouped-query attention), each shared by ``h / g`` query heads;
+            ``None``: ``h``.
+        window: a query sees only keys less than ``window`` positions away (causal: itself and ``window - 1``
+            before); ``None``: no window.
         qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
         out_bias: a bias in the output projection ``unifyheads`` (``True``; ``False`` as Llama).
-        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``: t5-3b's heads have 128 dimensions at
-            ``e = 1024``, ``h = 32``); the projections then map ``e -> h * s``. ``None``: ``e // h`` (narrow) or
-            ``e`` (wide, which refuses a head size).
+        head_size: ``s`` when it is not ``e // h`` (T5's ``d_kv``), the projections mapping ``e -> h * s``;
+            ``None``: ``e // h`` (narrow) or ``e`` (wide, which refuses a head size).
         scale: the factor the scores ``q . k`` are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
-        pattern: a sparse attention pattern (:class:`~torchformer.nn.masks.StridedPattern`,
-            :class:`~torchformer.nn.masks.FixedPattern`, or a variant's :class:`~torchformer.nn.masks.AttentionPattern`)
-            that the positions of query and key must satisfy, besides ``causal`` and ``window``; ``None``: none.
+        pattern: a sparse :class:`~torchformer.nn.masks.AttentionPattern` (``StridedPattern``, ``FixedPattern``)
+            the positions of query and key must satisfy, besides ``causal`` and ``window``; ``None``: none.
 
-    ``positions`` may also be a built :class:`~torchformer.nn.relative.AttentionPositions` (``Rotary(s,
-    base=500000.0)``, say), used as it is. :meth:`from_config` builds a layer from a
-    :class:`~torchformer.config.TransformerConfig`, and its scheme with the scheme's own ``from_config`` (which reads
-    ``rotary_base``, ``rotary_scaling``); that is how blocks build theirs, so a subclass with the same keyword
-    arguments plugs into every model.
+    Raises:
+        ValueError: a size, probability or choice out of range, ``head_size`` with ``wide``, an absolute
+            ``positions`` scheme, or ``impl="flex"`` with dropout.
+        TypeError: an argument of the wrong type (``pattern`` not an ``AttentionPattern``).
 
     Shapes:
-        Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)`` (``g = kv_heads``), outputs ``(b, t, e)``;
-        :class:`SelfAttention` and :class:`CrossAttention` say what their ``forward`` takes.
+        Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)``, outputs ``(b, t, e)``; :class:`SelfAttention`
+        and :class:`CrossAttention` say what their ``forward`` takes.
     """
 
     # The scheme inside attention for each ``positions`` (:mod:`torchformer.nn.relative`); any other value (the
@@ -295,22 +250,18 @@ class MultiHeadAttention(nn.Module):
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool = False, layer: int = 0,
                     positions: AttentionPositions | None = None) -> MultiHeadAttention:
-        """The self-attention layer a block of ``config`` uses.
+        """The layer a block of ``config`` uses (how blocks build theirs, so a subclass plugs into every model).
 
         Args:
             config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias``, ``head_dim``, ``attention_scale`` and, when it
-                acts inside attention, ``positions`` (whose scheme reads what it needs: rotary ``rotary_base`` and
-                ``rotary_scaling``, the relative bias ``relative_buckets`` and ``relative_max_distance``).
+                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias``, ``head_dim``, ``attention_scale``, ``sparse*`` and
+                ``positions`` (whose scheme reads its own fields).
             causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
-            layer: the index of the block the layer is built for, from 0 at the input: unused here; a variant whose
-                layers differ with depth reads it (differential attention's lambda_init, depth-scaled initialisation).
-            positions: a built position scheme to use, shared with other layers (a stack's one relative bias, with
-                ``relative_shared``); ``None``: the layer builds its own (:meth:`positions_from_config`).
+            layer: the block's index, from 0 at the input; unused here, read by variants that differ with depth.
+            positions: a built scheme shared with other layers (``relative_shared``); ``None``: the layer's own.
 
         Returns:
-            A layer of the class this is called on (``SelfAttention.from_config(config)`` builds a
-            :class:`SelfAttention`).
+            A layer of the class this is called on.
         """
         arguments = cls.arguments_from_config(config, causal=causal, layer=layer, positions=positions)
         return cls(config.emb, config.heads, **arguments)._zero_init_output(config)
@@ -320,21 +271,16 @@ class MultiHeadAttention(nn.Module):
                               positions: AttentionPositions | None) -> dict[str, Any]:
         """The keyword arguments :meth:`from_config` builds ``cls(config.emb, config.heads, **arguments)`` with.
 
-        A subclass with an argument of its own adds it, reading it from the config (a typed option, say)::
-
-            @classmethod
-            def arguments_from_config(cls, config, **where):
-                return {**super().arguments_from_config(config, **where),
-                        "gate_init": config.options_of(GateOptions).init}
+        A subclass with an argument of its own overrides it (``docs/extending.md``).
 
         Args:
-            config: the model's architecture (the fields :meth:`from_config` lists).
+            config: the model's architecture.
             causal: whether the layer is causal.
             layer: the block's index, from 0 at the input.
             positions: a shared position scheme, or ``None`` (:meth:`positions_from_config` builds one).
 
         Returns:
-            ``{name: value}`` for every keyword argument of :class:`MultiHeadAttention`'s constructor.
+            ``{name: value}`` for every keyword argument of the constructor.
         """
         scheme = cls.positions_from_config(config, causal=causal) if positions is None else positions
         return {**cls.projection_arguments(config), "causal": causal, "positions": scheme, "window": config.window,
@@ -342,14 +288,14 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def projection_arguments(cls, config: TransformerConfig) -> dict[str, Any]:
-        """The keyword arguments self- and cross-attention share: the heads, projections, norms and dropout.
+        """The keyword arguments self- and cross-attention share: heads, projections, norms, dropout.
 
         Args:
             config: the model's architecture.
 
         Returns:
-            ``{name: value}`` for ``wide``, ``dropout``, ``kqnorm``, ``impl``, ``kv_heads``, ``qkv_bias``,
-            ``out_bias``, ``head_size`` (``config.head_dim``) and ``scale`` (``config.attention_scale``).
+            ``{name: value}`` for ``wide``, ``dropout``, ``kqnorm``, ``impl``, ``kv_heads``, ``qkv_bias``, ``out_bias``,
+            ``head_size`` and ``scale``.
         """
         return {"wide": config.wide, "dropout": config.dropout, "kqnorm": config.kqnorm, "impl": config.impl,
                 "kv_heads": config.kv_heads, "qkv_bias": config.qkv_bias, "out_bias": config.out_bias,
@@ -363,29 +309,24 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
-        """The position scheme a layer of this class and ``config`` uses inside attention.
-
-        The class ``position_classes`` names for ``config.positions`` (the base :class:`AttentionPositions`, which
-        does nothing, for the absolute schemes), built with its ``from_config``. A stack calls it once when its
-        layers share one scheme (``relative_shared``), and hands the result to every layer's :meth:`from_config`.
+        """The scheme :attr:`position_classes` names for ``config.positions``, built by its ``from_config``.
 
         Args:
             config: the model's architecture.
-            causal: whether the layer is causal (a causal relative bias has buckets for past keys only).
+            causal: whether the layer is causal.
 
         Returns:
-            The scheme, a new module.
+            The scheme, a new module (the base :class:`AttentionPositions`, which does nothing, for absolute schemes).
         """
         scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
         return scheme.from_config(config, causal=causal)
 
     @classmethod
     def pattern_from_config(cls, config: TransformerConfig) -> AttentionPattern | None:
-        """The sparse pattern ``config.sparse`` names (the class :attr:`pattern_classes` gives it), or ``None``.
+        """The sparse pattern ``config.sparse`` names (:attr:`pattern_classes`), or ``None``.
 
         Args:
-            config: the model's architecture: ``sparse``, ``sparse_stride`` and, for ``"fixed"``,
-                ``sparse_summary``.
+            config: the model's architecture: ``sparse``, ``sparse_stride``, ``sparse_summary``.
 
         Returns:
             A new pattern, or ``None`` when ``config.sparse`` is ``None``.
@@ -398,38 +339,33 @@ class MultiHeadAttention(nn.Module):
         return pattern(config.sparse_stride)  # type: ignore[call-arg]
 
     def score_value_widths(self) -> tuple[int, int]:
-        """``(h d_qk, h d_v)``: the widths a query meets the keys with, and the values' (for FLOP counts).
+        """The widths a query meets the keys with, and the values' (for FLOP counts).
 
         Returns:
-            Both ``heads * head_size`` here; a variant with other sizes says its own.
+            ``(h * s, h * s)`` here; a variant with other sizes says its own.
         """
         return self.heads * self.head_size, self.heads * self.head_size
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Split the last dimension into heads: ``(b, t, n * s) -> (b, n, t, s)``.
 
-        Each head becomes its own batch of sequences, so one batched matmul serves all heads.
-
         Args:
-            x: a projection ``(b, t, n * s)``: of queries (``n = h``), or of keys or values (``n = g``, the
-                key/value heads).
+            x: a projection ``(b, t, n * s)``, of queries (``n = h``) or of keys or values (``n = g``).
 
         Returns:
-            ``(b, n, t, s)``, a view of ``x`` (no copy).
+            ``(b, n, t, s)``, a view of ``x``.
         """
         b, t, _ = x.shape
         return x.view(b, t, -1, self.head_size).transpose(1, 2)
 
     def share_kv_heads(self, x: Tensor) -> Tensor:
-        """Repeat each key/value head for the query heads it serves: ``(b, g, u, s) -> (b, h, u, s)``.
-
-        Key/value head ``i`` serves query heads ``i * h/g .. (i + 1) * h/g - 1`` (grouped-query attention).
+        """Repeat each key/value head for its ``h / g`` query heads: ``(b, g, u, s) -> (b, h, u, s)``.
 
         Args:
             x: keys or values ``(b, g, u, s)``.
 
         Returns:
-            ``(b, h, u, s)``: ``x`` itself when ``g = h``, else a copy with each head repeated ``h / g`` times.
+            ``(b, h, u, s)``: ``x`` itself when ``g = h``, else a copy.
         """
         return x if self.kv_heads == self.heads else x.repeat_interleave(self.heads // self.kv_heads, dim=1)
 
@@ -440,15 +376,13 @@ class MultiHeadAttention(nn.Module):
             x: the heads' outputs ``(b, h, t, s)``.
 
         Returns:
-            ``(b, t, h * s)``: ``(b, t, e)`` for narrow heads, ``(b, t, h * e)`` for wide ones.
+            ``(b, t, h * s)``.
         """
         b, h, t, s = x.shape
         return x.transpose(1, 2).reshape(b, t, h * s)
 
     def project_queries(self, x: Tensor) -> Tensor:
-        """The queries of ``x``, split into heads: ``(b, t, e) -> (b, h, t, s)``.
-
-        With ``kqnorm`` each head's query is layer-normalised.
+        """The queries of ``x``, split into heads (and normalised with ``kqnorm``).
 
         Args:
             x: the sequence whose positions ask, ``(b, t, e)``.
@@ -459,14 +393,10 @@ class MultiHeadAttention(nn.Module):
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values of ``y``, split into the key/value heads: ``(b, u, e) -> (b, g, u, s)`` twice.
-
-        ``g = kv_heads``, which is ``h`` without grouped-query attention. With ``kqnorm`` each head's key is
-        layer-normalised (the values are not).
+        """The keys (normalised with ``kqnorm``) and values of ``y``, split into the key/value heads.
 
         Args:
-            y: the sequence looked at, ``(b, u, e)``: ``x`` itself for self-attention, the context for
-                cross-attention.
+            y: the sequence looked at, ``(b, u, e)``: ``x`` for self-attention, the context for cross-attention.
 
         Returns:
             ``(keys, values)``, each ``(b, g, u, s)``.
@@ -477,24 +407,18 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *,
                return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Attention proper: ``q`` ``(b, h, t, s)``, ``k, v`` ``(b, g, u, s)`` -> ``(b, h, t, s)``, weights or None.
-
-        ``mask`` says which keys each query may see (:meth:`AttentionMask.allowed`) and where queries and keys
-        sit (``mask.query_positions``, ``mask.key_positions``, absolute positions, also with a KV cache). Override
-        this in a subclass to try a new attention variant: masking, caching and compiled decoding keep working.
+        """Attention proper; a subclass overrides it to try a variant, and masking and caching keep working.
 
         Args:
             q: queries ``(b, h, t, s)``.
-            k: keys ``(b, g, u, s)``, the ``g`` key/value heads (grouped-query attention; ``g = h`` without it). The
-                fast path lets each serve its query heads without a copy; a variant that computes with them itself
-                repeats them to ``h`` heads first, ``self.share_kv_heads(k)``.
-            v: values ``(b, g, u, s)``, likewise.
-            mask: which keys each query may see, and the positions (for ALiBi's or a learned relative bias).
-            return_weights: also return the attention weights; computes on the reference path.
+            k: keys ``(b, g, u, s)``; a variant computing with them itself repeats them first (:meth:`share_kv_heads`).
+            v: values ``(b, g, u, s)``.
+            mask: which keys each query may see, and the absolute positions of queries and keys.
+            return_weights: also return the attention weights (computed on the reference path).
 
         Returns:
-            ``(output, weights)``: the output ``(b, h, t, s)``, and the weights ``(b, h, t, u)`` (before dropout)
-            with ``return_weights``, else ``None``.
+            ``(output, weights)``: ``(b, h, t, s)``, and the weights before dropout ``(b, h, t, u)`` with
+            ``return_weights``, else ``None``.
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
@@ -512,16 +436,12 @@ class MultiHeadAttention(nn.Module):
                               scale=self.scale), None
 
     def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
-        """Merge the heads, mix them, and zero the queries that saw no real key: ``(b, h, t, s) -> (b, t, e)``.
-
-        The output step: a variant that gates the heads' outputs by the layer's input (a sigmoid gate per head)
-        overrides it, and reads ``x``.
+        """Merge and mix the heads, zeroing the queries that saw no real key.
 
         Args:
             out: the output of :meth:`attend`, ``(b, h, t, s)``.
-            mask: the mask :meth:`attend` used; its :meth:`~torchformer.nn.masks.AttentionMask.query_has_key`
-                says which queries to zero.
-            x: the layer's input ``(b, t, e)`` (padding zeroed), unused here.
+            mask: the mask :meth:`attend` used.
+            x: the layer's input ``(b, t, e)``, unused here (a variant gating the heads reads it).
 
         Returns:
             The layer's output ``(b, t, e)``.
@@ -546,67 +466,24 @@ class MultiHeadAttention(nn.Module):
 
 
 class SelfAttention(MultiHeadAttention):
-    r"""Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
+    """Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
 
-    For one sequence ``x`` ``(t, e)``, one row per position, and ``h`` heads of size ``s``:
-
-    $$
-    \begin{aligned}
-    Q &= x W_q, \qquad K = x W_k, \qquad V = x W_v \\
-    \operatorname{head}_n &= \operatorname{softmax}\left(\frac{Q_n K_n^\top}{\sqrt{s}} + M\right) V_n,
-    \qquad n = 1, \ldots, h \\
-    y &= \left[\operatorname{head}_1, \ldots, \operatorname{head}_h\right] W_o + b_o
-    \end{aligned}
-    $$
-
-    $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias unless ``qkv_bias``, which adds one to
-    each of $Q$, $K$, $V$; ``toqueries(x)`` is $x W_q$, so $W_q$ is ``toqueries.weight.T``), and $W_o$, $b_o$ are
-    ``unifyheads`` (``unifyheads.weight.T``, ``unifyheads.bias``).
-    :meth:`~MultiHeadAttention.split_heads` cuts $Q$, $K$, $V$ into the heads $Q_n$, $K_n$, $V_n$ ``(t, s)``
-    (consecutive blocks of ``s`` columns), :meth:`~MultiHeadAttention.merge_heads` puts them side by side again.
-    $M$ ``(t, u)`` (``u = t``, or the cache's slots) is 0 where query ``i`` may see key ``j`` and $-\infty$ where
-    ``causal``, ``window``, ``mask`` or the cache forbids it. With ``kv_heads=g``, $K$ and $V$ have ``g`` heads,
-    each shared by ``h / g`` consecutive query heads. ``kqnorm`` layer-normalises each $Q_n$ and $K_n$;
-    ``positions="rotary"`` then rotates them, ``"alibi"`` and ``"relative"`` add their bias to the scores,
-    beside $M$ (:mod:`torchformer.nn.relative`). ``dropout`` acts on the softmax's weights. ``scale`` replaces
-    $1/\sqrt{s}$ (T5 multiplies by 1: the factor is in its $W_q$).
+    Arguments: as :class:`MultiHeadAttention`; the formula, and which parameter is which, in ``docs/attention.md``.
 
     ``forward(x, mask=None, *, positions=None, cache=None, documents=None, return_weights=False)``:
 
-    * ``mask``: optional bool ``(b, t)``, ``True`` for real tokens. Padding keys (``False``) get zero weight, so
-      padding never changes the output at real positions. A query whose keys are all masked gets a zero vector.
-    * ``positions``: ``(t,)`` long, the absolute positions of ``x``'s tokens; default ``0 .. t-1``.
-    * ``cache``: a :class:`~torchformer.nn.cache.KVCache` for incremental decoding. ``x`` then holds only
-      the new positions (``positions`` must be given); their keys and values are written into the cache and the
-      queries attend over everything cached. ``mask`` still covers only ``x``; the cache remembers earlier padding.
-    * ``documents``: optional integer ``(b, t)``, for rows that pack several documents
-      (:mod:`torchformer.data.packing`): the document of each token, non-decreasing along a row. A query then sees
-      only its own document's keys, and each document's output is what it gets alone (up to rounding), whatever
-      the position scheme, window or pattern (:class:`~torchformer.nn.masks.AttentionMask`). Not with a cache.
-      Only its shape, dtype and device are checked here; its values (in ``[0, t)``, non-decreasing) by the models
-      (``check_values``): a layer given decreasing documents masks by equality and may join separated tokens.
+    * ``mask``: bool ``(b, t)``, ``True`` at real tokens; padding never changes the output at real positions.
+    * ``positions``: ``(t,)`` long, the absolute positions of ``x``'s tokens; default ``0 .. t-1``, required with
+      a cache.
+    * ``cache``: a :class:`~torchformer.nn.cache.KVCache`; ``x`` holds only the new positions, whose keys and
+      values are written into it, and the queries attend over everything cached.
+    * ``documents``: integer ``(b, t)``, the document of each token of packed rows, non-decreasing along a row;
+      a query sees only its own document (``docs/masks.md``). Not with a cache.
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
-    The shapes and dtypes of ``x``, ``mask`` and ``positions`` are checked at the door (Python integers, no device
-    sync): a wrong width or a mask of another length is a ``ValueError`` naming both. Values (positions beyond a
-    cache) are the models' to check, at their boundary.
-
-    Args:
-        emb: embedding size ``e`` of the inputs and outputs.
-        heads: number of heads ``h``.
-        wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
-        causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder, a generator).
-        dropout: dropout on the attention weights (training only).
-        kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
-        impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
-        positions: ``"rotary"``, ``"alibi"``, ``"relative"`` (positions inside attention) or ``"none"``.
-        kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
-        window: sliding-window attention: a query sees only keys less than ``window`` positions away.
-        qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
-        out_bias: a bias in the output projection (``True``; ``False`` as Llama).
-        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
-        scale: the factor the scores are multiplied by; ``None``: $1/\sqrt{s}$. T5's is ``1.0``.
-        pattern: a sparse :class:`~torchformer.nn.masks.AttentionPattern` the positions must satisfy; ``None``: dense.
+    Raises:
+        ValueError: a shape that does not fit (naming both), ``documents`` with a cache, a cache without positions.
+        TypeError: an input of the wrong dtype.
 
     Shapes:
         ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
@@ -647,10 +524,7 @@ class SelfAttention(MultiHeadAttention):
         return (out, weights) if return_weights else out  # type: ignore[return-value]
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        """The queries of ``x``, projected and rotated by their positions: ``(b, t, e) -> (b, h, t, s)``.
-
-        The position scheme acts here (``self.relative.rotate``: rotary positions rotate, the others pass the
-        queries on), between the projection and attention.
+        """The queries of ``x``, projected and rotated by their positions (``self.relative.rotate``).
 
         Args:
             x: the layer's input ``(b, t, e)``.
@@ -662,28 +536,22 @@ class SelfAttention(MultiHeadAttention):
         return self.relative.rotate(self.project_queries(x), positions)
 
     def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
-        """What the layer keeps of each position of ``x``: what a KV cache stores, and :meth:`keys_values` reads.
+        """What the layer keeps of each position: what a KV cache stores and :meth:`keys_values` reads.
 
-        Here the keys, rotated by their positions (a cached key keeps its position's angle), and the values, each
-        ``(b, g, t, s)``. A variant keeps something else (latent attention: a compressed latent and a rotary key),
-        any tensors ``(b, n, t, d)`` (the cache's slots run along the third dimension), and overrides
-        :meth:`keys_values` to read them back.
+        A variant may keep other tensors ``(b, n, t, d)`` (latent attention), and overrides :meth:`keys_values`.
 
         Args:
             x: the layer's input ``(b, t, e)``, padding zeroed.
             positions: ``(t,)``, the absolute positions of ``x``'s tokens.
 
         Returns:
-            ``(keys, values)``, each ``(b, g, t, s)``.
+            ``(keys, values)``, the keys rotated by their positions, each ``(b, g, t, s)``.
         """
         k, v = self.project_keys_values(x)  # (b, g, t, s) each
         return self.relative.rotate(k, positions), v
 
     def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        """The keys and values attention reads, from the entries of every position it sees.
-
-        Those of this call (without a cache, or for the prompt) or every slot of the cache; here the entries are the
-        keys and values themselves.
+        """The keys and values attention reads, from the entries of this call or every cache slot.
 
         Args:
             entries: what :meth:`entries` made, each ``(b, n, u, d)`` (``u``: the positions, or the cache's slots).
@@ -699,23 +567,20 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
                        like: Tensor | None = None) -> None:
     """The door check of what a cross-attention reads: a ``context`` or a filled cache, never both.
 
-    With a cache, the context's keys, values and padding are in it (filled once by :meth:`CrossAttention.fill_cache`),
-    so neither ``context`` nor ``context_mask`` may be given: a second source of the same facts could only disagree
-    with the first. Shapes only, as Python ints: no device sync. A block and a stack call it at their doors too,
-    before their self-attention writes into its cache.
+    Shapes only, as Python ints (no device sync); blocks and stacks call it at their doors too.
 
     Args:
-        context: the sequence the queries look at, ``(b, u, emb)``: required without a cache, ``None`` with one.
-        context_mask: ``(b, u)``, True at real context tokens; ``None``: all real (and always with a cache).
+        context: the sequence looked at, ``(b, u, emb)``: required without a cache, ``None`` with one.
+        context_mask: ``(b, u)``, True at real context tokens; ``None``: all real (always with a cache).
         cache: the cross-attention's :class:`~torchformer.nn.cache.ContextCache`, or ``None``.
         emb: the embedding size ``e``.
-        batch: the batch size ``b`` of the queries, which the context (or the cache) must have.
+        batch: the batch size ``b`` of the queries.
         like: a parameter of the layer, whose dtype the context must have (unless autocast is on).
 
     Raises:
-        ValueError: the context is missing without a cache, given with one, or of a wrong shape; the cache was
-            never filled, or holds another batch size.
-        TypeError: the context or its mask is of the wrong kind or dtype.
+        ValueError: the context missing without a cache, given with one, or of a wrong shape; the cache unfilled,
+            or of another batch size.
+        TypeError: the context or its mask of the wrong kind or dtype.
     """
     if cache is None:
         if context is None:
@@ -730,48 +595,31 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
 
 
 class CrossAttention(MultiHeadAttention):
-    r"""Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
+    """Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
 
-    For one sequence ``x`` ``(t, e)`` and its context $z$ ``(u, e)``, one row per position, and ``h`` heads of size
-    ``s``:
-
-    $$
-    \begin{aligned}
-    Q &= x W_q, \qquad K = z W_k, \qquad V = z W_v \\
-    \operatorname{head}_n &= \operatorname{softmax}\left(\frac{Q_n K_n^\top}{\sqrt{s}} + M\right) V_n,
-    \qquad n = 1, \ldots, h \\
-    y &= \left[\operatorname{head}_1, \ldots, \operatorname{head}_h\right] W_o + b_o
-    \end{aligned}
-    $$
-
-    As in :class:`SelfAttention`: $W_q$, $W_k$, $W_v$ are ``toqueries``, ``tokeys``, ``tovalues`` (no bias unless
-    ``qkv_bias``; ``toqueries(x)`` is $x W_q$), $W_o$, $b_o$ are ``unifyheads``, and the heads $Q_n$ ``(t, s)``,
-    $K_n$, $V_n$ ``(u, s)`` are consecutive blocks of ``s`` columns. $M$ ``(t, u)`` is 0 for real context tokens and
-    $-\infty$ where ``context_mask`` marks padding; there is no causal rule, no window and no position scheme.
-
-    This is how a decoder reads the encoder's output: ``forward(x, context, context_mask=None, *, positions=None,
-    cache=None, return_weights=False, documents=None, context_documents=None)``, never causal (``causal`` is not an
-    argument). Packed rows: ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` number the documents of
-    the queries' and of the context's rows (the same documents in the same order: a target row and its source
-    row), and query document ``d`` reads only context document ``d``; both or neither, not with a cache.
-
-    The context does not change while a decoder generates, so incremental decoding computes its keys and values
-    once: :meth:`fill_cache` stores them, with the context's padding, in a :class:`~torchformer.nn.cache.ContextCache`,
-    and each step is then ``forward(x, cache=cache, positions=...)``, with no context (giving one as well is an
-    error, as is a cache that was never filled).
+    As :class:`SelfAttention` (``docs/encoder-decoder.md``), but the keys are the context's: never causal, no window,
+    no position scheme. ``forward(x, context, context_mask=None, *, positions=None, cache=None,
+    return_weights=False, documents=None, context_documents=None)``: ``context_mask`` ``(b, u)`` is ``True`` at real
+    context tokens; ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` (both or neither, not with a
+    cache) let query document ``d`` read only context document ``d``. With a cache filled by :meth:`fill_cache`,
+    each step is ``forward(x, cache=cache, positions=...)``, without a context.
 
     Args:
         emb: embedding size ``e`` of the inputs, the context and the outputs.
         heads: number of heads ``h``.
         wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
         dropout: dropout on the attention weights (training only).
-        kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
-        impl: ``"sdpa"`` (fast path, default) or ``"reference"`` (plain matmul-softmax-matmul).
+        kqnorm: layer normalisation of keys and queries per head.
+        impl: ``"sdpa"`` (default), ``"reference"`` or ``"flex"``, as in :class:`MultiHeadAttention`.
         kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
         qkv_bias: a bias in the query, key and value projections; ``False``: none.
         out_bias: a bias in the output projection (``True``; ``False`` as Llama).
-        head_size: ``s``, when it is not ``e // h`` (T5's ``d_kv``); ``None``: ``e // h`` (narrow) or ``e`` (wide).
-        scale: the factor the scores are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
+        head_size: ``s`` when it is not ``e // h``; ``None``: ``e // h`` (narrow) or ``e`` (wide).
+        scale: the factor the scores are multiplied by; ``None``: ``1 / sqrt(s)``.
+
+    Raises:
+        ValueError: a context with a cache or none without, an unfilled cache, a shape that does not fit,
+            ``documents`` without ``context_documents`` (or with a cache).
 
     Shapes:
         ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
@@ -789,15 +637,16 @@ class CrossAttention(MultiHeadAttention):
         """The cross-attention layer of a decoder block of ``config``: never causal, no window, no positions.
 
         Args:
-            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``qkv_bias``, ``out_bias``, ``head_dim`` and ``attention_scale`` are used.
-            causal: accepted for the same signature as :meth:`MultiHeadAttention.from_config`, and ignored.
-            layer: the block's index, from 0 at the input: unused here, as in :meth:`MultiHeadAttention.from_config`.
-            positions: accepted for the same signature, and refused unless ``None``: the context's keys have no
-                positions in the queries' sequence.
+            config: the model's architecture (the fields of :meth:`MultiHeadAttention.projection_arguments`).
+            causal: ignored (the signature of :meth:`MultiHeadAttention.from_config`).
+            layer: the block's index, from 0 at the input; unused.
+            positions: refused unless ``None``: the context's keys have no positions in the queries' sequence.
 
         Returns:
-            A layer of the class this is called on (a :class:`CrossAttention`).
+            A layer of the class this is called on.
+
+        Raises:
+            ValueError: ``positions`` is given.
         """
         if positions is not None:
             raise ValueError("cross-attention takes no position scheme: the context's keys have no positions in the "
@@ -807,7 +656,7 @@ class CrossAttention(MultiHeadAttention):
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
                               positions: AttentionPositions | None) -> dict[str, Any]:
-        """The keyword arguments of a cross-attention: :meth:`MultiHeadAttention.projection_arguments` alone.
+        """As :meth:`MultiHeadAttention.arguments_from_config`: the projection arguments alone.
 
         Args:
             config: the model's architecture.
@@ -816,33 +665,31 @@ class CrossAttention(MultiHeadAttention):
             positions: unused (no position scheme).
 
         Returns:
-            ``{name: value}`` for every keyword argument of :class:`CrossAttention`'s constructor.
+            ``{name: value}`` for every keyword argument of the constructor.
         """
         return cls.projection_arguments(config)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The keys and values of ``context``, its padding zeroed first: ``(b, u, e) -> (b, g, u, s)`` twice.
+        """The keys and values of ``context``, its padding zeroed first.
 
         Args:
             context: the sequence the queries look at, ``(b, u, e)``.
             context_mask: ``(b, u)``, True at real context tokens; ``None``: all real.
 
         Returns:
-            ``(keys, values)``, each ``(b, g, u, s)`` (``g = kv_heads``).
+            ``(keys, values)``, each ``(b, g, u, s)``.
         """
         if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
             context = context.masked_fill(~context_mask[:, :, None], 0.0)
         return self.project_keys_values(context)  # (b, u, e) -> (b, g, u, s) each
 
     def fill_cache(self, cache: ContextCache, context: Tensor, context_mask: Tensor | None = None) -> None:
-        """Compute the keys and values of ``context`` once, into ``cache``, for every later decoding step.
-
-        Call it once per context, before the first step; the steps then take no context (see the class docstring).
+        """Compute the keys and values of ``context`` once, into ``cache``, before the first decoding step.
 
         Args:
             cache: an empty :class:`~torchformer.nn.cache.ContextCache` (a block's ``cache.cross_attention``).
-            context: the sequence the queries will look at, ``(b, u, e)`` (the encoder's output).
-            context_mask: ``(b, u)``, True at real context tokens; ``None``: all real. The cache keeps it.
+            context: the sequence the queries will look at, ``(b, u, e)``.
+            context_mask: ``(b, u)``, True at real context tokens, kept by the cache; ``None``: all real.
 
         Raises:
             ValueError: ``context`` or ``context_mask`` has a wrong shape, or ``cache`` is already filled.

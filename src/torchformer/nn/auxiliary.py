@@ -1,23 +1,8 @@
 """Auxiliary losses: what a part adds to the training loss besides the model's prediction.
 
-A mixture of experts learns to spread its tokens over its experts only if the loss says so (a balance loss), and
-keeps its router's logits small with a z-loss; another part may want a penalty of its own. None of it is the
-model's output, so it travels beside it: a part that has such a loss owns an :class:`AuxiliaryLosses` record and,
-in its ``forward``, :meth:`~AuxiliaryLosses.record`\\ s each term with its weight (and may
-:meth:`~AuxiliaryLosses.note` statistics to log, an expert's load). After the forward pass the training loop
-collects them from the whole model::
-
-    logp = model(x, mask)
-    loss = F.nll_loss(...) + auxiliary_loss(model)        # 0 when no part recorded anything
-    log.update(auxiliary_terms(model))                    # {"balance": 1.02, "router_z": 3.1, ...}
-
-A record holds the terms of its part's *latest* call, replacing those before: activation checkpointing runs a
-block's forward pass again in the backward pass, which records the same numbers again and changes nothing. A part
-chooses when it records: the mixture's router only in training mode, so after an evaluation or decoding pass the
-records still hold the latest training step's terms. Under DDP, FSDP2 and
-``torch.compile`` the terms are ordinary tensors of the forward pass, so their gradients flow as the main loss's.
-The records are found by walking the modules (wrappers included: DDP's and ``torch.compile``'s hold the model as a
-submodule), as parameters are; a model without any costs one walk and nothing else.
+A part owns (or is) an :class:`AuxiliaryLosses` record and records each term with its weight in its ``forward``;
+the training loop adds :func:`auxiliary_loss` to its loss and logs :func:`auxiliary_terms`. A record keeps its
+part's latest call only (``docs/extending.md``, "Example 7").
 """
 
 from __future__ import annotations
@@ -31,12 +16,10 @@ from torchformer._checks import is_number
 
 
 class AuxiliaryLosses(nn.Module):
-    """The auxiliary loss terms, and statistics, of one part's latest forward pass.
+    """The auxiliary loss terms, and statistics, of one part's latest forward pass (not in the ``state_dict``).
 
-    A part either owns one (``self.auxiliary = AuxiliaryLosses()``, a record that holds no parameters and is
-    never called) and records into it in its ``forward``, or is one: a subclass (a mixture of experts' router) is
-    a layer like any other, which records into itself, and may override :meth:`after_step`. The records are not
-    in the ``state_dict``.
+    A part owns one (``self.auxiliary = AuxiliaryLosses()``, never called), or is a subclass that records into itself
+    (a mixture of experts' router) and may override :meth:`after_step`.
 
     Shapes:
         Each recorded loss is a scalar; a noted statistic any shape.
@@ -51,8 +34,7 @@ class AuxiliaryLosses(nn.Module):
         """Set the term ``name`` of this part's latest call: ``weight * value`` joins the loss.
 
         Args:
-            name: the term's name, shared by the parts that add the same kind of term (their weighted values are
-                summed, and their values averaged for the log).
+            name: the term's name; the parts' terms of one name are summed in the loss and averaged in the log.
             value: a scalar tensor, part of the forward pass's graph.
             weight: its weight in the loss; 0 logs the term without training on it.
 
@@ -76,14 +58,10 @@ class AuxiliaryLosses(nn.Module):
         self.statistics[name] = value.detach()
 
     def after_step(self, reduce: Callable[[Tensor], Tensor]) -> None:
-        """What the part does after each optimizer step (nothing here); a part that needs it assigns its own.
-
-        A mixture of experts moves its selection bias towards the experts that got too few tokens
-        (:func:`step_parts` calls this once per optimizer step).
+        """What the part does after each optimizer step (nothing here; :func:`step_parts` calls it).
 
         Args:
-            reduce: sums a tensor over the processes of a data-parallel run (the identity for one process), so that
-                every process updates alike.
+            reduce: sums a tensor over the processes of a data-parallel run (the identity for one process).
         """
 
 
@@ -99,7 +77,7 @@ def auxiliary_loss(model: nn.Module) -> Union[Tensor, float]:
         model: the model (or a DDP or ``torch.compile`` wrapper of it), after its forward pass.
 
     Returns:
-        A scalar tensor, or ``0.0`` when no part recorded a term (adding it changes nothing).
+        A scalar tensor, or ``0.0`` when no part recorded a term.
     """
     total: Union[Tensor, float] = 0.0
     for record in _records(model):
@@ -110,9 +88,7 @@ def auxiliary_loss(model: nn.Module) -> Union[Tensor, float]:
 
 
 def auxiliary_terms(model: nn.Module) -> dict[str, float]:
-    """Each term's value, averaged over the parts that recorded it, for the log: ``{"balance": 1.02, ...}``.
-
-    One read of the device for all of them.
+    """Each term's value, averaged over the parts that recorded it, for the log (one read of the device).
 
     Args:
         model: the model (or a wrapper), after its forward pass.
@@ -151,8 +127,7 @@ def step_parts(model: nn.Module, reduce: Optional[Callable[[Tensor], Tensor]] = 
 
     Args:
         model: the model (or a wrapper).
-        reduce: sums a tensor over the processes (``torchformer.train.distributed.all_reduce_sum``); ``None``:
-            one process, the identity.
+        reduce: sums a tensor over the processes (``torchformer.train.distributed.all_reduce_sum``); ``None``: one.
     """
     for record in _records(model):
         record.after_step(reduce if reduce is not None else (lambda t: t))

@@ -1,31 +1,6 @@
-"""The transformer block: attention, then a position-wise feed-forward network.
+"""The transformer block: attention, then a position-wise feed-forward network, each in a residual and a norm.
 
-Each of the two is wrapped in a residual connection and a normalisation. Attention is the only place where positions
-exchange information; the feed-forward network then transforms each position on its own. The residual connections
-(``x + f(x)``) let gradients flow straight through deep stacks, and normalisation keeps the activations at a stable
-scale. ``config.norm`` picks LayerNorm or RMSNorm (:mod:`torchformer.nn.norms`) and ``config.activation`` the
-feed-forward network (:mod:`torchformer.nn.feedforward`).
-
-Two orderings are in use:
-
-* **post-norm** (default; Vaswani et al. and ``former``): ``x = norm(x + f(x))``.
-* **pre-norm** (``prenorm=True``; GPT-2 and most large models): ``x = x + f(norm(x))``. It trains more stably at
-  depth, and the stack then needs one final normalisation after its last block (see :mod:`torchformer.nn.stacks`).
-
-Two kinds of block:
-
-* :class:`TransformerBlock`: self-attention and feed-forward. Bidirectional in a classifier's encoder, causal
-  (``causal=True``) in a generator: a GPT-style "decoder-only" model is a stack of causal ``TransformerBlock``\\ s.
-* :class:`DecoderBlock`: causal self-attention, cross-attention to a ``context`` (the encoder's output), and the
-  feed-forward network: the decoder block of an encoder-decoder model.
-
-Both are built from a :class:`~torchformer.config.TransformerConfig` and their index in the stack (``layer``, from 0),
-which reaches every part's ``from_config``. The classes of their parts are class attributes (``attention_class``,
-``cross_attention_class``, and ``feedforward_classes`` by ``activation``, per block through ``feedforward_for``), so a
-variant is a subclass that names another class; the sublayers are methods (``self_attend``, ``cross_attend``,
-``feed_forward``, ``sublayer``), so a block wired another way overrides only ``forward``, and ``needs_final_norm``
-tells the stack whether to end with a norm. The feed-forward network gets the padding mask (a mixture of experts
-routes only real tokens). See ``docs/extending.md``.
+Post-norm or pre-norm: ``docs/blocks.md``; a variant is a subclass naming other parts: ``docs/extending.md``.
 
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
@@ -46,24 +21,22 @@ from torchformer.nn.relative import AttentionPositions
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention and feed-forward.
-
-    ``forward(x, mask=None, *, positions=None, cache=None, documents=None)``: ``mask`` marks real tokens,
-    ``positions`` their absolute positions, ``cache`` a :class:`~torchformer.nn.cache.BlockCache` for incremental
-    decoding (:class:`SelfAttention`), ``documents`` ``(b, t)`` the document of each token of packed rows.
+    """Self-attention and feed-forward: an encoder's block, or with ``causal`` a generator's.
 
     Args:
-        config: the architecture (``emb``, ``heads``, ``wide``, ``dropout``, ``prenorm``, ``norm``, ``ff_mult``,
-            ``activation``, and what the attention reads: ``kqnorm``, ``impl``, ``positions``, ``kv_heads``,
-            ``window``).
+        config: the architecture (``emb``, ``prenorm``, ``norm``, ``dropout``, and what the parts read).
         causal: self-attention only looks backwards (generators).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
-        positions: a position scheme the self-attention shares with the other blocks of its stack (T5's one
-            relative bias, ``relative_shared``: :meth:`stack_positions` builds it, the stack hands it to every
-            block); ``None``: the attention builds its own.
+        positions: a scheme the self-attention shares with the stack's other blocks (:meth:`stack_positions`);
+            ``None``: the attention builds its own.
+
+    Raises:
+        TypeError: (at class creation) a subclass sets ``feedforward_class``, no longer read.
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``.
+        ``forward(x, mask=None, *, positions=None, cache=None, documents=None)``: ``x`` ``(b, t, e)``, ``mask``
+        ``(b, t)`` (True at real tokens), ``positions`` ``(t,)``, ``documents`` ``(b, t)`` (each token's document in
+        packed rows), ``cache`` a :class:`~torchformer.nn.cache.BlockCache` -> ``(b, t, e)``.
     """
 
     attention_class: type[MultiHeadAttention] = SelfAttention
@@ -80,7 +53,7 @@ class TransformerBlock(nn.Module):
         self.emb, self.prenorm = config.emb, config.prenorm
         self.layer = layer  # which block of the stack this is, from 0: a variant may depend on its depth
         # A shared scheme is passed on only when there is one, so that an attention variant whose from_config
-        # predates the argument still builds every model that does not share.
+        # lacks the argument still builds every model that does not share.
         shared = {} if positions is None else {"positions": positions}
         self.attention = self.attention_class.from_config(config, causal=causal, layer=layer, **shared)
         self.norm1 = make_norm(config.norm, config.emb, eps=config.norm_eps)
@@ -91,7 +64,7 @@ class TransformerBlock(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "feedforward_class" in vars(cls):  # the attribute of torchformer < 0.5 would now be silently ignored
+        if "feedforward_class" in vars(cls):  # an attribute no longer read would be silently ignored
             raise TypeError(f"{cls.__name__}.feedforward_class is no longer read: name the network per activation, "
                             f"e.g. feedforward_classes = dict.fromkeys(ACTIVATIONS, "
                             f"{vars(cls)['feedforward_class'].__name__}) (ACTIVATIONS from torchformer.config), or "
@@ -99,18 +72,14 @@ class TransformerBlock(nn.Module):
 
     @classmethod
     def stack_positions(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions | None:
-        """The one position scheme all blocks of a stack share, or ``None`` when each attention builds its own.
-
-        T5 learns one relative-position table per stack (``relative_shared``): the stack calls this once and
-        passes the result to every block as ``positions``, so each self-attention adds the bias of the same table.
+        """The one scheme all blocks of a stack share (T5's ``relative_shared``), or ``None``.
 
         Args:
             config: the architecture of the blocks.
-            causal: whether the blocks' self-attention is causal (a decoder's: one-sided buckets).
+            causal: whether the blocks' self-attention is causal.
 
         Returns:
-            The scheme :attr:`attention_class` builds for ``config``, with ``config.relative_shared``; else
-            ``None``.
+            The scheme :attr:`attention_class` builds for ``config`` with ``config.relative_shared``, else ``None``.
         """
         if not config.relative_shared:
             return None
@@ -120,26 +89,19 @@ class TransformerBlock(nn.Module):
     def needs_final_norm(cls, config: TransformerConfig) -> bool:
         """Whether a stack of these blocks ends with a norm.
 
-        With pre-norm, a block leaves its output unnormalised (the residual stream), so the stack normalises it once
-        at the end.
-
         Args:
             config: the architecture of the blocks.
 
         Returns:
-            ``config.prenorm`` here; a variant whose output is unnormalised in another way (a parallel block)
-            says so by overriding this.
+            ``config.prenorm`` here (a pre-norm block leaves its output unnormalised); a variant may override it.
         """
         return config.prenorm
 
     def feedforward_for(self, config: TransformerConfig) -> type[nn.Module]:
-        """The class of this block's feed-forward network: the one :attr:`feedforward_classes` names.
-
-        ``self.layer`` is set, so a variant whose networks differ with depth (a mixture of experts after some
-        dense blocks) overrides this.
+        """The class of this block's feed-forward network, from :attr:`feedforward_classes`.
 
         Args:
-            config: the architecture; ``config.activation`` picks the class.
+            config: the architecture; ``config.activation`` picks the class (a variant may read ``self.layer`` too).
 
         Returns:
             A class with ``from_config(config, layer=...)``.
@@ -153,11 +115,7 @@ class TransformerBlock(nn.Module):
         return self.feedforward_classes[config.activation]
 
     def build_middle(self, config: TransformerConfig) -> None:
-        """Build the sublayers between self-attention and feed-forward: none here.
-
-        The constructor calls it after the self-attention and before the feed-forward network, so the parameters are
-        created (and listed) in the order they run; ``self.layer`` is already set. A :class:`DecoderBlock` adds its
-        cross-attention here.
+        """Build the sublayers between self-attention and feed-forward (none here; see :class:`DecoderBlock`).
 
         Args:
             config: the architecture the block is built from.
@@ -165,30 +123,24 @@ class TransformerBlock(nn.Module):
 
     @staticmethod
     def zero_padding(x: Tensor, mask: Tensor | None) -> Tensor:
-        """``x`` with its padded rows set to zero, so that padding never reaches real positions, not even backwards.
-
-        Attention already gives padded keys no weight, so real outputs never read padded rows. But the norms and
-        the feed-forward network still run on them, and their weight gradients sum over every row: a padded row
-        holding NaN or inf (what a caller's embeddings may leave there) would make ``0 * NaN = NaN`` gradients.
+        """``x`` with its padded rows zeroed, so padding (even NaN) never reaches real positions or gradients.
 
         Args:
             x: activations ``(b, t, e)``.
-            mask: ``(b, t)``, True for real tokens; ``None``: every position is real.
+            mask: ``(b, t)``, True for real tokens; ``None``: all real.
 
         Returns:
-            ``(b, t, e)``: ``x`` where ``mask`` is True, zero elsewhere.
+            ``(b, t, e)``.
         """
         return x if mask is None else x.masked_fill(~mask[..., None], 0.0)
 
     def sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
-        """Residual connection around ``f``, with the normalisation before (pre-norm) or after (post-norm).
-
-        Pre-norm: ``x + dropout(f(norm(x)))``; post-norm: ``norm(x + dropout(f(x)))``.
+        """``x + dropout(f(norm(x)))`` (pre-norm) or ``norm(x + dropout(f(x)))`` (post-norm).
 
         Args:
             x: the block's running activations ``(b, t, e)``.
             norm: this sublayer's normalisation (``norm1``, ``norm_cross`` or ``norm2``).
-            f: the sublayer, ``(b, t, e) -> (b, t, e)``: attention or the feed-forward network.
+            f: the sublayer, ``(b, t, e) -> (b, t, e)``.
 
         Returns:
             The new activations ``(b, t, e)``.
@@ -211,35 +163,30 @@ class TransformerBlock(nn.Module):
         return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
 
     def feed_forward(self, y: Tensor, mask: Tensor | None) -> Tensor:
-        """The feed-forward sublayer alone, ``(b, t, e) -> (b, t, e)``: ``self.ff(y, mask)``.
-
-        The network sees the padding mask, so that a mixture of experts routes, and counts, only real tokens.
+        """The feed-forward sublayer alone: ``self.ff(y, mask)`` (a mixture of experts routes real tokens only).
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens; ``None``: all real.
 
         Returns:
-            The network's output ``(b, t, e)`` (before dropout and the residual).
+            The network's output ``(b, t, e)``, before dropout and the residual.
         """
         return self.ff(y, mask)
 
     def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None,
                     documents: Tensor | None = None) -> Tensor:
-        """The self-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
-
-        A block wired another way (a parallel block: ``x + attention(norm(x)) + ff(norm(x))``) reuses it.
+        """The self-attention sublayer alone, with its part of the block's cache.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens; ``None``: all real.
             positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
-            documents: ``(b, t)``, the document of each token of packed rows (attention stays within each);
-                ``None``: one document per row.
+            documents: ``(b, t)``, the document of each token of packed rows; ``None``: one per row.
 
         Returns:
-            Self-attention's output ``(b, t, e)`` (before dropout and the residual).
+            Self-attention's output ``(b, t, e)``, before dropout and the residual.
         """
         packed = {} if documents is None else {"documents": documents}  # (see forward)
         return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention,
@@ -249,23 +196,18 @@ class TransformerBlock(nn.Module):
 class DecoderBlock(TransformerBlock):
     """Causal self-attention, cross-attention to ``context``, feed-forward: the block of a decoder.
 
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None, documents=None,
-    context_documents=None)``: ``mask`` and ``context_mask`` mark real target and context tokens; ``cache`` is a
-    :class:`~torchformer.nn.cache.BlockCache` for incremental decoding, whose cross-attention part
-    :meth:`fill_cache` fills once from the context: the cached steps then take no ``context`` (``None``).
-    ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)``: packed target and source rows (both or neither;
-    :class:`~torchformer.nn.attention.CrossAttention`): self-attention stays within each target document, which
-    reads only its own source document.
-
     Args:
         config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
-        layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
-        positions: the self-attention's position scheme, shared with the stack's other blocks (as for
-            :class:`TransformerBlock`); the cross-attention has none. ``None``: the attention builds its own.
+        layer: the block's index in its stack, from 0 at the input.
+        positions: the self-attention's shared scheme, as for :class:`TransformerBlock`; ``None``: its own.
+
+    Raises:
+        ValueError: a context with a filled cache or none without, or a shape that does not fit.
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)``,
-        ``positions`` ``(t,)`` -> ``(b, t, e)``.
+        ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None, documents=None,
+        context_documents=None)``: as :class:`TransformerBlock`, plus ``context`` ``(b, u, e)`` (``None`` with a cache
+        filled by :meth:`fill_cache`), ``context_mask`` and ``context_documents`` ``(b, u)`` -> ``(b, t, e)``.
     """
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
@@ -275,10 +217,10 @@ class DecoderBlock(TransformerBlock):
         super().__init__(config, causal=True, layer=layer, positions=positions)
 
     def build_middle(self, config: TransformerConfig) -> None:
-        """Build the cross-attention and its norm, between self-attention and feed-forward.
+        """Build the cross-attention (``cross_attention_class``) and its norm.
 
         Args:
-            config: the architecture; ``cross_attention_class.from_config(config)`` builds the cross-attention.
+            config: the architecture.
         """
         self.cross_attention = self.cross_attention_class.from_config(config, layer=self.layer)
         self.norm_cross = make_norm(config.norm, config.emb, eps=config.norm_eps)
@@ -286,13 +228,10 @@ class DecoderBlock(TransformerBlock):
     def fill_cache(self, cache: BlockCache, context: Tensor, context_mask: Tensor | None = None) -> None:
         """Compute the cross-attention's keys and values of ``context`` once, into ``cache.cross_attention``.
 
-        Call it once per context, before the first cached step (see
-        :meth:`~torchformer.nn.attention.CrossAttention.fill_cache`).
-
         Args:
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, its cross-attention part empty.
             context: the encoder's output ``(b, u, e)``.
-            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real. The cache keeps it.
+            context_mask: ``(b, u)``, True for real context tokens, kept by the cache; ``None``: all real.
 
         Raises:
             ValueError: the cache's cross-attention part is already filled, or a shape is wrong.
@@ -320,11 +259,11 @@ class DecoderBlock(TransformerBlock):
     def cross_attend(self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
                      cache: BlockCache | None, documents: Tensor | None = None,
                      context_documents: Tensor | None = None) -> Tensor:
-        """The cross-attention sublayer alone, ``(b, t, e) -> (b, t, e)``, with its part of the block's cache.
+        """The cross-attention sublayer alone, with its part of the block's cache.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
-            context: the encoder's output ``(b, u, e)``; ``None`` with a cache (filled by :meth:`fill_cache`).
+            context: the encoder's output ``(b, u, e)``; ``None`` with a filled cache.
             context_mask: ``(b, u)``, True for real context tokens; ``None``: all real (and with a cache).
             positions: ``(t,)``, the absolute positions of the queries; ``None``: ``0 .. t-1``.
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
@@ -332,7 +271,7 @@ class DecoderBlock(TransformerBlock):
             context_documents: ``(b, u)``, each context token's document (with ``documents``).
 
         Returns:
-            Cross-attention's output ``(b, t, e)`` (before dropout and the residual).
+            Cross-attention's output ``(b, t, e)``, before dropout and the residual.
         """
         kv = None if cache is None else cache.cross_attention
         packed = ({} if documents is None and context_documents is None else

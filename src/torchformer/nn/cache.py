@@ -1,36 +1,6 @@
-"""The KV caches: the keys and values an attention layer has computed, kept for incremental decoding.
+"""The KV caches: what attention layers have computed, kept for incremental decoding and segment memory.
 
-A generator predicts one token at a time. Attention is causal, so when a token is appended the keys and values of
-the earlier positions do not change; we keep them instead of recomputing them, and each step feeds only the new
-token. One :class:`KVCache` per attention layer holds them in buffers allocated once, ``(b, h, capacity, s)``:
-**slot ``p`` holds the key and value of absolute position ``p``**. A step writes its new keys and values into the
-slots of its positions, given as a tensor, and attention reads the buffer (up to a horizon, below), with a mask:
-the causal rule (a query at position ``i`` sees keys at positions ``<= i``), and the cache's record of which slots
-were written and which held padding.
-
-Because the buffers never change shape and the positions are data rather than Python ints, every decoding step
-runs the same operations on the same memory. That is what ``torch.compile`` needs to compile the one-token step
-once for every position, and what a CUDA graph needs to replay it (see :mod:`torchformer.decoding.compiled`). The
-same cache serves eager decoding and beam search (:meth:`KVCache.reorder`).
-
-Attention reads only the slots a call can use: its *horizon*, the first ``n`` slots (:attr:`KVCache.horizon`),
-where ``n`` is one past the last query position (a causal query sees no later key). The model sets it at its
-door for the length of one call (``model(..., horizon=n)``, or ``n`` read from the positions) and clears it
-afterwards; ``None`` reads every slot. A step at position 40 of a 1,024-slot cache thus reads 41 slots, not 1,024.
-A compiled step rounds ``n`` up to a power of two, so a handful of graphs serve every position.
-
-An encoder-decoder's cross-attention looks at a context (the encoder's output) that does not change while the
-decoder generates, so its keys and values are computed once per sequence, before the first decoding step, by
-:meth:`~torchformer.nn.attention.CrossAttention.fill_cache`, into a
-:class:`ContextCache`; every step then reads them there. A decoder block holds one cache of each kind, a
-:class:`BlockCache`, and :func:`check_caches` checks a model's list of them at its door.
-
-A :class:`RingKVCache` is Transformer-XL's segment memory (Dai et al. 2019) on the same buffers: slot ``p mod c``
-holds position ``p``, so it keeps the last ``c`` positions of an endless stream (``GTransformer.new_memory``).
-
-The caches are part of attention's contract, so they live beside it in :mod:`torchformer.nn`; decoding
-(:mod:`torchformer.decoding`) only drives them.
-
+See ``docs/generation.md`` (slots, horizon, compiled steps) and ``docs/long-context.md`` (:class:`RingKVCache`).
 Shapes: b batch size, h heads, s head size, t new positions, c capacity (slots), u context length.
 """
 
@@ -45,13 +15,10 @@ from torchformer._checks import check_positive_int, is_int
 
 
 def mark_static_address(*tensors: Tensor) -> None:
-    """Tell ``torch.compile`` that these tensors keep their memory across calls.
-
-    A CUDA graph then reads and writes them where they are, instead of copying them in (and mutated ones out) at
-    every replay. No effect in eager mode, nor on a torch without ``torch._dynamo``.
+    """Tell ``torch.compile`` that these tensors keep their memory across calls (CUDA graphs use them in place).
 
     Args:
-        *tensors: buffers that stay at the same address for as long as compiled code uses them (a cache's).
+        *tensors: buffers that stay at one address while compiled code uses them; no effect without ``torch._dynamo``.
     """
     mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
     if mark is not None:
@@ -62,18 +29,11 @@ def mark_static_address(*tensors: Tensor) -> None:
 class KVCache:
     """What one attention layer keeps of each position, in preallocated buffers, slot ``p`` for position ``p``.
 
-    A layer keeps *entries* per position, tensors ``(b, n, t, d)`` (``n`` heads, or 1, of ``d`` numbers): a plain
-    attention layer its rotated keys and its values (``keys`` and ``values`` name them), a variant what it
-    chooses (latent attention its compressed latent and its rotary key;
-    :meth:`~torchformer.nn.attention.SelfAttention.entries`). The buffers, one per entry, ``(b, n, c, d)``, are
-    allocated by the first :meth:`write`, with its batch size, layout, dtypes and device. Later writes must match
-    them (another batch size or model is a clear error); :meth:`reorder` selects or repeats batch rows (beam
-    search); :meth:`reset` forgets the contents but keeps the memory. A cache with nothing written is *empty*
-    (:attr:`empty`). This is a self-attention's cache; a cross-attention's is a :class:`ContextCache`.
+    *Entries* per position are tensors ``(b, n, t, d)`` (:meth:`~torchformer.nn.attention.SelfAttention.entries`),
+    in buffers ``(b, n, c, d)`` the first :meth:`write` allocates. A cross-attention's is a :class:`ContextCache`.
 
     Args:
-        capacity: the number of slots ``c``, the most positions the cache can hold (a generator's
-            ``seq_length``).
+        capacity: the number of slots ``c``, the most positions the cache holds (a generator's ``seq_length``).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -97,17 +57,12 @@ class KVCache:
 
     @property
     def empty(self) -> bool:
-        """True until the first :meth:`update` and after :meth:`reset`.
-
-        A host-side flag: reading it never waits for the device.
-        """
+        """True until the first write and after :meth:`reset` (a host-side flag: reading it never waits)."""
         return not self._any_written
 
     def update(self, keys: Tensor, values: Tensor, positions: Tensor,
                mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Write new keys and values into the slots of their positions; return the buffers up to the horizon.
-
-        :meth:`write` with the two entries of a plain attention layer.
+        """:meth:`write` with the two entries of a plain attention layer, its keys and values.
 
         Args:
             keys: the new keys ``(b, g, t, s)`` (``g``: the key/value heads the layer stores).
@@ -123,28 +78,20 @@ class KVCache:
 
     def write(self, entries: tuple[Tensor, ...], positions: Tensor,
               mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
-        """Write new entries into the slots of their positions; return the buffers up to the horizon.
-
-        A usable slot has been written (by this call or an earlier one) and holds a real token: ``mask``
-        ``(b, t)`` marks the new positions' real tokens (False = padding), and the cache remembers it for later
-        steps. Positions are not checked against the capacity here (reading them would wait for the device):
-        the model checks them at its boundary.
+        """Write new entries into the slots of their positions; return the buffers up to the :attr:`horizon`.
 
         Args:
             entries: the new positions' entries, each ``(b, n, t, d)`` (a plain layer's keys and values).
-            positions: ``(t,)`` long, the absolute positions of the new entries, hence the slots they go to; each
-                below the capacity.
-            mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding; ``None``: all real.
+            positions: ``(t,)`` long, the absolute positions, hence the slots; below the capacity (the model checks).
+            mask: ``(b, t)`` bool, ``True`` at real tokens and ``False`` at padding (remembered); ``None``: all real.
 
         Returns:
-            ``(buffers, usable)``: the buffers ``(b, n, c, d)`` (views, not copies; only the first
-            :attr:`horizon` slots when it is set, ``c`` below means that many), one per entry, and which slots
-            attention may use: ``(b, c)`` bool, or ``(1, c)`` while no padding was ever written.
+            ``(buffers, usable)``: views ``(b, n, c, d)`` up to the horizon, and the written, real slots ``(b, c)``
+            bool (``(1, c)`` while none was padding).
 
         Raises:
-            ValueError: the new entries have another number, batch size or layout than the buffers, or the first
-                write holds more positions than the capacity.
-            TypeError: they have another dtype or device than the buffers.
+            ValueError: entries of another number, batch size or layout than the buffers, or more than ``c`` at first.
+            TypeError: entries of another dtype or device than the buffers.
         """
         if self.entries is None:
             self._allocate(entries)
@@ -179,10 +126,7 @@ class KVCache:
         return self.slots[: self.horizon]
 
     def set_horizon(self, horizon: Optional[int]) -> None:
-        """Let the next reads cover only slots ``0 .. horizon-1``: every slot a causal query below ``horizon`` sees.
-
-        The model's door calls it on every call with caches (``model(..., horizon=)``); a step that writes a
-        position at or past the horizon would not see its own key, so the door checks the positions against it.
+        """Let the next reads cover only slots ``0 .. horizon-1`` (the model's door sets it on every call).
 
         Args:
             horizon: an int in ``[1, capacity]``; ``None``: every slot.
@@ -218,8 +162,7 @@ class KVCache:
             device: where the tensors go (``"cpu"`` to save them); ``None``: the buffers themselves, not copies.
 
         Returns:
-            ``{"entries", "real", "slots", "written", "any_written"}``: the buffers (a list, ``None`` before the
-            first write) and the host-side flag.
+            ``{"entries", "real", "slots", "written", "any_written"}``: the buffers (``entries``: ``None`` unwritten).
         """
         move = (lambda t: t) if device is None else (lambda t: None if t is None else t.to(device))  # noqa: E731
         return {"entries": None if self.entries is None else [move(t) for t in self.entries], "real": move(self.real),
@@ -229,7 +172,7 @@ class KVCache:
         """Hold what :meth:`state_dict` returned (of a cache of the same capacity), on ``device``.
 
         Args:
-            state: a :meth:`state_dict` (or one of torchformer before 0.6, with ``"keys"`` and ``"values"``).
+            state: a :meth:`state_dict` (the older form, with ``"keys"`` and ``"values"``, too).
             device: where the buffers go; ``None``: where they are.
 
         Raises:
@@ -273,14 +216,10 @@ class KVCache:
                                 f"the same autocast setting and device")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` ``(n,)`` (in that order), e.g. the surviving hypotheses of a beam search.
-
-        With as many rows as before the buffers are rewritten in place (their memory stays, for compiled steps);
-        with another number (e.g. each prompt repeated for its beams) new buffers are allocated. An empty cache with
-        no buffers yet is left as it is.
+        """Keep the batch rows ``index`` in that order (beam search), in place when their number is unchanged.
 
         Args:
-            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
+            index: ``(n,)`` long, the rows to keep, in order, a row maybe several times (no buffers yet: ignored).
         """
         if self.entries is None:
             return
@@ -299,22 +238,9 @@ class KVCache:
 class RingKVCache(KVCache):
     """A KV cache that keeps the last ``capacity`` positions of an endless stream: Transformer-XL's memory.
 
-    Slot ``p mod c`` holds position ``p`` (``slots`` records which position each slot holds), so a write of ``t``
-    new positions replaces the ``t`` oldest, and the queries see the ``c - t`` positions before theirs as well as
-    their own (the causal rule, on absolute positions, keeps the order). Positions grow without bound: only
-    schemes that see distances (rotary, ALiBi, the relative bias) make sense, and rotary computes its angles in
-    float64, so a key at position 10**7 is rotated as exactly as one at 10.
-
-    What earlier calls wrote is *memory*: it is detached at each write, so the gradient of a training step reaches
-    the keys and values of its own segment only (Transformer-XL's stop-gradient). While gradients are recorded the
-    buffers are copied before each write, so a graph keeps the buffers it read: the losses of several segments may
-    be summed and backpropagated at once. Positions must go on where the last call stopped (a jump would leave
-    slots of older positions in view as memory): a stream that jumps starts again with
-    :meth:`~KVCache.reset`.
-
-    Args:
-        capacity: the slots ``c``: the memory plus the longest call (``GTransformer.new_memory`` uses the model's
-            ``seq_length`` plus ``memory``).
+    Slot ``p mod c`` holds position ``p`` (``slots`` records which); earlier writes are detached. Positions go on where
+    the last call stopped, or the stream starts again with :meth:`~KVCache.reset` (``docs/long-context.md``).
+    Arguments: as :class:`KVCache`; ``capacity`` is the memory plus the longest call (``GTransformer.new_memory``).
     """
 
     @property
@@ -323,7 +249,7 @@ class RingKVCache(KVCache):
         return None
 
     def set_horizon(self, horizon: Optional[int]) -> None:
-        """A ring reads every slot (its slots hold positions ``mod c``, not a prefix): only ``None`` is taken.
+        """As :meth:`KVCache.set_horizon`, but a ring reads every slot: only ``None`` is taken.
 
         Args:
             horizon: ``None``.
@@ -337,10 +263,7 @@ class RingKVCache(KVCache):
 
     def write(self, entries: tuple[Tensor, ...], positions: Tensor,
               mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
-        """Write the new entries into the slots ``positions mod c``; return the whole buffers.
-
-        As :meth:`KVCache.write`, but any positions, at most ``c`` of them per call; what earlier calls wrote is
-        detached first.
+        """As :meth:`KVCache.write`, into slots ``positions mod c`` (earlier entries detached), returning whole buffers.
 
         Args:
             entries: the new positions' entries, each ``(b, n, t, d)``, ``t <= c``.
@@ -367,12 +290,9 @@ class RingKVCache(KVCache):
 
 
 class ContextCache:
-    """The keys and values of a cross-attention's context, computed once per sequence, and the context's padding.
+    """The keys, values and padding of a cross-attention's context, computed once per sequence.
 
-    :meth:`~torchformer.nn.attention.CrossAttention.fill_cache` fills it once, before the first decoding step (a
-    model: ``model.fill_caches(caches, memory, src_mask)``); every step then reads ``keys``, ``values`` and
-    ``mask`` here instead of projecting the context again, and takes no context. A cache is filled once:
-    :meth:`reset` empties it for another context. :meth:`reorder` selects or repeats batch rows (beam search).
+    :meth:`~torchformer.nn.attention.CrossAttention.fill_cache` (``model.fill_caches``) fills it before the first step.
     """
 
     def __init__(self) -> None:
@@ -394,8 +314,7 @@ class ContextCache:
             mask: ``(b, u)`` bool, ``True`` at real context tokens; ``None``: all real.
 
         Raises:
-            ValueError: the cache is already filled (each context's keys are computed once: :meth:`reset` it, or
-                take fresh caches, for another context).
+            ValueError: the cache is already filled (:meth:`reset` it, or take fresh caches, for another context).
         """
         if self.keys is not None:
             raise ValueError(f"this cross-attention cache is already filled, with a context of {self.keys.size(2)} "
@@ -423,12 +342,10 @@ class ContextCache:
                              f"to its rows")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` ``(n,)`` (in that order), as :meth:`KVCache.reorder` does.
-
-        An empty cache is left as it is.
+        """Keep the batch rows ``index`` as :meth:`KVCache.reorder` does; an empty cache is left as it is.
 
         Args:
-            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
+            index: ``(n,)`` long, the rows to keep, in order (repeats allowed).
         """
         if self.keys is None or self.values is None:
             return
@@ -442,17 +359,11 @@ class ContextCache:
 
 
 class BlockCache:
-    """The caches of one transformer block: its self-attention's and, in a decoder block, its cross-attention's.
-
-    ``self_attention`` is a :class:`KVCache` of ``capacity`` slots, written one position at a time;
-    ``cross_attention`` a :class:`ContextCache`, filled once per context (``DecoderBlock.fill_cache``) and unused in
-    a block without cross-attention.
+    """One block's caches: ``self_attention``, a :class:`KVCache`, and ``cross_attention``, a :class:`ContextCache`.
 
     Args:
-        capacity: slots of the self-attention cache: the most positions it holds (what the model's
-            ``new_caches`` was asked for, else its ``seq_length``).
-        ring: the self-attention cache is a :class:`RingKVCache` (a segment memory) instead of a
-            :class:`KVCache`.
+        capacity: slots of the self-attention cache (what the model's ``new_caches`` got, else ``seq_length``).
+        ring: the self-attention cache is a :class:`RingKVCache` (a segment memory) instead of a :class:`KVCache`.
     """
 
     def __init__(self, capacity: int, *, ring: bool = False) -> None:
@@ -472,7 +383,7 @@ class BlockCache:
         return self.self_attention.position_limit
 
     def set_horizon(self, horizon: Optional[int]) -> None:
-        """Let the self-attention's next reads cover slots ``0 .. horizon-1`` only (:meth:`KVCache.set_horizon`).
+        """As :meth:`KVCache.set_horizon`, for the self-attention cache.
 
         Args:
             horizon: an int in ``[1, capacity]``; ``None``: every slot.
@@ -480,7 +391,7 @@ class BlockCache:
         self.self_attention.set_horizon(horizon)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` ``(n,)`` of both caches, as :meth:`KVCache.reorder` does.
+        """Keep the batch rows ``index`` of both caches, as :meth:`KVCache.reorder` does.
 
         Args:
             index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
@@ -495,22 +406,17 @@ class BlockCache:
 
 
 def check_caches(caches: Optional[Sequence[BlockCache]], depth: int) -> Optional[int]:
-    """Check that ``caches`` holds one :class:`BlockCache` per block, all of one kind; return their position limit.
-
-    A model calls it at its door, before any block writes into a cache: a wrong list fails here with a message
-    that names it, not inside a block.
+    r"""Check, at a model's door, that ``caches`` holds one :class:`BlockCache` per block, all of one kind.
 
     Args:
         caches: what the model's ``new_caches()`` made, one :class:`BlockCache` per block; ``None``: no caches.
         depth: the number of blocks.
 
     Returns:
-        The first position the caches cannot hold (:attr:`BlockCache.position_limit`: the capacity, ``None`` for
-        ring caches), or ``None`` when ``caches`` is ``None``.
+        The caches' :attr:`BlockCache.position_limit` (the capacity; ``None`` for rings), or ``None`` without caches.
 
     Raises:
-        ValueError: ``caches`` is not a list (or tuple) of ``depth`` entries, one of them is not a
-            :class:`BlockCache`, or their capacities or kinds differ.
+        ValueError: ``caches`` is not a list (or tuple) of ``depth`` :class:`BlockCache`\ s of one capacity and kind.
     """
     if caches is None:
         return None

@@ -1,24 +1,10 @@
 """From the input to vectors: the embedding, then the position encoding, then dropout.
 
-Token ids go through a lookup table, feature vectors through a linear projection.
+Token ids go through a lookup table (:class:`TokenEmbedding`), feature vectors through a linear projection
+(:class:`VectorEmbedding`, chosen by ``config.input_dim``). BERT's token types and norm of the sum are optional.
+See ``docs/tokens.md`` and ``docs/dense-inputs.md``.
 
-* :class:`TokenEmbedding`: the embedding of token ``i`` is row ``i`` of a ``(v, e)`` matrix, which is the same as
-  multiplying a one-hot vector by that matrix, done without building the one-hot vector.
-* :class:`VectorEmbedding`: inputs that already are vectors (audio frames, sensor readings, image patches) of
-  ``d`` features each. A linear layer ``W x + b`` maps each to ``e`` dimensions: the dense counterpart of the
-  lookup, which multiplies by a one-hot vector. Chosen by ``config.input_dim = d``.
-
-Both take the absolute positions of their inputs ``(t,)`` and add the same position encoding. Two more parts are
-off unless the config asks for them, both BERT's:
-
-* token-type (segment) vectors (``num_token_types``): a second lookup table, indexed by each position's type
-  (BERT's sentence A or B of a pair), added to the token's vector; a :class:`TokenEmbedding` then also takes
-  ``token_types`` ``(b, t)``, all type 0 when left out;
-* a norm of the sum (``embedding_norm``), before the dropout. BERT's blocks are post-norm, so the first block's
-  input is otherwise the raw sum, whose scale the tables set; the norm gives it the scale every later block's input
-  has (each block ends with a norm).
-
-Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size.
+Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size, k token types.
 """
 
 from __future__ import annotations
@@ -35,12 +21,10 @@ from torchformer.nn.positions import LearnedPositions, NoPositions, SinusoidalPo
 
 
 class EmbeddingPositions:
-    """What an embedding adds for each value of the config's ``positions``.
+    """What an embedding adds for each value of the config's ``positions``: the class ``position_classes`` names.
 
-    The class attribute ``position_classes`` names the scheme's class; a variant replaces it to try another scheme
-    (its classes build themselves with ``from_sizes(emb, max_len)``). The schemes that act inside attention
-    (``"rotary"``, ``"alibi"``, ``"relative"``) and ``"none"`` add nothing here:
-    :class:`~torchformer.nn.positions.NoPositions`.
+    A variant replaces ``position_classes`` to try another scheme. The schemes inside attention and ``"none"`` add
+    nothing here (:class:`~torchformer.nn.positions.NoPositions`).
     """
 
     position_classes: dict[str, type[nn.Module]] = {
@@ -73,8 +57,7 @@ class EmbeddingPositions:
             eps: added before the square root (``config.norm_eps``).
 
         Returns:
-            The norm, ``(..., e) -> (..., e)``, or ``None`` (no module at all: the parameters and the printed
-            model of an embedding without one are those from before the option existed).
+            The norm, ``(..., e) -> (..., e)``, or ``None`` (no module: the parameters stay those without the norm).
 
         Raises:
             ValueError: ``norm`` is neither ``None`` nor one of the norms, or ``eps`` is not a positive float.
@@ -85,26 +68,29 @@ class EmbeddingPositions:
 
 
 class TokenEmbedding(EmbeddingPositions, nn.Module):
-    """Token ids ``(b, t)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
+    """Token ids and their positions -> the token's vector, plus its type's, plus the position encoding.
 
-    The token's vector, plus its token type's (if ``num_token_types``), plus the position encoding; then the norm
-    (if ``norm``), then dropout.
+    Then the norm (if ``norm``), then dropout.
 
     Args:
         num_tokens: vocabulary size ``v``.
         emb: embedding size ``e``.
         max_len: positions a learned position table holds (``seq_length``).
         positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
-        dropout: dropout on the sum of token and position vectors.
-        num_token_types: token types ``k`` (BERT's segments: 2), each a learned vector ``types.weight[i]``
-            ``(k, e)`` added to the tokens of that type; ``None`` (the default): none.
-        norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout (BERT: LayerNorm); ``None`` (the
-            default): no norm.
-        norm_eps: that norm's ``eps`` (``config.norm_eps``; BERT's is ``1e-12``).
+        dropout: dropout on the sum, in ``[0, 1)``.
+        num_token_types: token types ``k`` (BERT's segments: 2), a learned table ``types.weight`` ``(k, e)``;
+            ``None`` (the default): none.
+        norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout (BERT: LayerNorm); ``None``: no norm.
+        norm_eps: that norm's ``eps`` (BERT's is ``1e-12``).
+
+    Raises:
+        ValueError: a size is not a positive int, ``positions`` or ``norm`` is unknown, or ``dropout`` not in
+            ``[0, 1)``.
 
     Shapes:
         ``forward(x, positions=None, *, token_types=None)``: ids ``x`` ``(b, t)``, ``positions`` ``(t,)`` (default
-        ``0 .. t-1``), ``token_types`` ``(b, t)`` ids in ``[0, k)`` (default: all 0) -> ``(b, t, e)``.
+        ``0 .. t-1``), ``token_types`` ``(b, t)`` ids in ``[0, k)`` (default: all 0) -> ``(b, t, e)``. Raises
+        :class:`ValueError` for ``token_types`` without token types, and as :func:`check_token_types`.
     """
 
     def __init__(self, num_tokens: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0,
@@ -124,9 +110,7 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         """An embedding of ``num_tokens`` tokens (default ``config.num_tokens``; a decoder's is ``tgt_tokens``).
 
         Args:
-            config: gives ``emb``, ``seq_length`` (the size of a learned position table), ``positions``,
-                ``dropout``, ``num_token_types``, the norm (``embedding_norm``, ``norm``, ``norm_eps``), and the
-                vocabulary size unless ``num_tokens`` does.
+            config: gives the constructor's arguments (the norm if ``embedding_norm``).
             num_tokens: the vocabulary size ``v``; ``None``: ``config.num_tokens``.
 
         Returns:
@@ -176,22 +160,21 @@ def check_token_types(token_types: object, shape: tuple[int, ...]) -> None:
 
 
 class VectorEmbedding(EmbeddingPositions, nn.Module):
-    """Feature vectors ``(b, t, d)`` and their positions ``(t,)`` -> vectors ``(b, t, e)``.
+    """Feature vectors and their positions -> ``W x + b``, plus the position encoding, then norm and dropout.
 
-    ``W x + b``, plus the position encoding, then the norm (if ``norm``), then dropout.
+    The features are used as they come: normalise them beforehand (``docs/dense-inputs.md``).
 
     Args:
         input_dim: features per input vector ``d``.
         emb: embedding size ``e``.
         max_len: positions a learned position table holds (``seq_length``).
-        positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``, as for :class:`TokenEmbedding`.
-        dropout: dropout on the sum of projected and position vectors.
-        norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout, as :class:`TokenEmbedding`'s;
-            ``None`` (the default): no norm.
-        norm_eps: that norm's ``eps`` (``config.norm_eps``).
+        positions: as for :class:`TokenEmbedding`.
+        dropout: as for :class:`TokenEmbedding`.
+        norm: as for :class:`TokenEmbedding`.
+        norm_eps: that norm's ``eps``.
 
-    The features are used as they come: normalise them beforehand (per feature, over the training set) as for
-    any linear model, or the largest feature dominates the first steps of training.
+    Raises:
+        ValueError: as :class:`TokenEmbedding`.
 
     Shapes:
         ``forward(x, positions=None)``: ``x`` ``(b, t, d)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
@@ -212,8 +195,7 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
         """An embedding of ``config.input_dim``-dimensional feature vectors, with ``config``'s positions and dropout.
 
         Args:
-            config: gives ``input_dim`` (``d``), ``emb``, ``seq_length`` (the size of a learned position table),
-                ``positions``, ``dropout`` and the norm (``embedding_norm``, ``norm``, ``norm_eps``).
+            config: gives the constructor's arguments (the norm if ``embedding_norm``).
 
         Returns:
             The embedding, ``(b, t, d) -> (b, t, e)``.
@@ -231,16 +213,13 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
 
 
 def input_embedding(config: TransformerConfig) -> Union[TokenEmbedding, VectorEmbedding]:
-    """The embedding of a model's input: token ids or feature vectors, as ``config`` says.
-
-    :class:`VectorEmbedding` when ``config.input_dim`` is set, else :class:`TokenEmbedding` of ``config.num_tokens``
-    tokens.
+    """The embedding of a model's input: :class:`VectorEmbedding` if ``config.input_dim`` is set, else tokens.
 
     Args:
         config: the model's configuration.
 
     Returns:
-        The embedding, ``(b, t, d) -> (b, t, e)`` for vectors, ``(b, t) -> (b, t, e)`` for token ids.
+        The embedding, a :class:`VectorEmbedding` or :class:`TokenEmbedding` of ``config.num_tokens`` tokens.
 
     Raises:
         ValueError: a field the embedding needs (``num_tokens`` or ``input_dim``, ``seq_length``) is ``None``.

@@ -1,18 +1,6 @@
-"""Output heads: from the last block's vectors to predictions.
+"""Output heads: from the last block's vectors to log-probabilities (``log_softmax``, at least float32).
 
-* :class:`ClassifierHead` pools the sequence into one vector (max, mean, or the first token), then maps it to
-  class log-probabilities, optionally through BERT's pooler (a dense layer and a tanh) first. With a padding mask it
-  pools over real tokens only, so padding cannot change the result.
-* :class:`GeneratorHead` maps every position to log-probabilities over the vocabulary (the next token). Its weight
-  matrix can be *tied* to the token embedding (Press & Wolf 2017): the same vectors read tokens in and write them out.
-* :class:`MaskedLMHead` predicts the hidden token at every position of a masked-language model (BERT): a small
-  transform, then a generator head tied to the embedding.
-
-Both return log-probabilities (``log_softmax``), as ``former`` does; train with :func:`torch.nn.functional.nll_loss`.
-The log-probabilities are at least float32, also for a half-precision model or under autocast on any device: in
-bfloat16 (8 bits of mantissa) a log-probability near -10 is off by up to 0.03, which a loss or a bits-per-byte figure
-adds up over every token.
-
+Train with :func:`torch.nn.functional.nll_loss`. See ``docs/models.md`` and ``docs/tokens.md`` (weight tying).
 Shapes: b batch size, t sequence length, e embedding size, c number of classes, v vocabulary size.
 """
 
@@ -29,33 +17,23 @@ from torchformer.nn.masks import document_positions
 
 
 class ClassifierHead(nn.Module):
-    """The output head of a classifier: pool the positions, then class log-probabilities.
-
-    ``forward(x, mask=None)`` pools the vectors of the real positions (``mask``: True for real tokens) into one and
-    maps it to ``c`` log-probabilities. With ``"max"`` or ``"mean"``, a sequence with no real token at all pools to
-    the zero vector.
-
-    With ``pooler=True`` the pooled vector ``p`` first goes through BERT's *pooler*, ``tanh(W p + b)``, and dropout:
-    ``log_softmax(W_c dropout(tanh(W p + b)) + b_c)``. BERT's pretraining trained the pooler on the ``[CLS]`` token
-    (``pool="first"``) for next-sentence prediction, and ``BertForSequenceClassification`` keeps it between the
-    encoder and its linear layer; the tanh bounds every entry of the vector the classifier reads to (-1, 1).
+    """The output head of a classifier: pool the real positions into one vector, then class log-probabilities.
 
     Args:
         emb: the embedding size ``e``.
         num_classes: the number of classes ``c``.
-        pool: ``"max"`` takes the element-wise maximum over positions, ``"mean"`` the average, ``"first"`` the
-            vector at position 0 (a ``[CLS]``-style token; position 0 must then be a real token).
-        pooler: a dense layer ``(e, e)`` and a tanh on the pooled vector (BERT's); ``False`` (the default): the
-            linear layer reads the pooled vector itself.
-        dropout: the dropout probability on the pooler's output, in training (BERT's classifier drops the pooled
-            vector before its linear layer); only with ``pooler=True``, whose output it drops.
+        pool: ``"max"`` (the element-wise maximum), ``"mean"``, or ``"first"`` (position 0, which must be real; a
+            ``[CLS]``-style token); with no real token, ``"max"`` and ``"mean"`` pool to the zero vector.
+        pooler: a dense layer ``(e, e)`` and a tanh on the pooled vector (BERT's); ``False`` (the default): none.
+        dropout: the dropout probability on the pooler's output, in training; only with ``pooler=True``.
 
-    ``forward(x, mask=None, documents=None)``: with ``documents`` ``(b, t)`` (packed rows, each token's document in
-    ``[0, t)``), each document is pooled alone: the output ``(b, t, c)`` holds row ``r``'s document ``d`` at
-    ``[r, d]`` (entries of numbers no document has are meaningless; "first" pools each document's first token).
+    Raises:
+        ValueError: ``dropout`` above 0 without ``pooler``.
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` -> ``(b, c)`` log-probabilities; with ``documents``, ``(b, t, c)``.
+        ``forward(x, mask=None, documents=None)``: ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` (True at real tokens) ->
+        ``(b, c)``; with ``documents`` ``(b, t)`` (packed rows), each document pooled alone: ``(b, t, c)``, row ``r``'s
+        document ``d`` at ``[r, d]`` (:meth:`pooled_documents`).
     """
 
     def __init__(self, emb: int, num_classes: int, pool: str = "max", *, pooler: bool = False,
@@ -68,7 +46,7 @@ class ClassifierHead(nn.Module):
         if dropout > 0 and not pooler:
             raise ValueError(f"dropout={dropout!r} drops the pooler's output, but pooler is False: leave dropout out, "
                              f"or set pooler=True")
-        # None without a pooler: the head, its parameters and its printout stay as they were before the option.
+        # None without a pooler: no parameters or printout lines for an option that is off.
         self.pooler = nn.Linear(emb, emb) if pooler else None
         self.dropout = nn.Dropout(dropout) if pooler else None
         self.toprobs = nn.Linear(emb, num_classes)
@@ -78,12 +56,10 @@ class ClassifierHead(nn.Module):
 
         Args:
             x: the last block's vectors ``(b, t, e)``.
-            mask: ``(b, t)``, True for real tokens, False for padding (left out of the pool). ``None``: every
-                position is real.
+            mask: ``(b, t)``, True for real tokens (padding is left out); ``None``: every position is real.
 
         Returns:
-            One vector per sequence ``(b, e)``, pooled as ``self.pool`` says; the zero vector for a sequence with no
-            real token (``"max"`` and ``"mean"``).
+            One vector per sequence ``(b, e)``, pooled as ``self.pool`` says (zero without a real token).
         """
         if self.pool == "first":
             return x[:, 0]
@@ -97,9 +73,7 @@ class ClassifierHead(nn.Module):
         return x.masked_fill(~real, 0.0).sum(dim=1) / count  # masked_fill, not x * real: padding may hold NaN
 
     def pooled_documents(self, x: Tensor, mask: Tensor | None, documents: Tensor) -> Tensor:
-        """Each document of packed rows pooled alone, ``(b, t, e) -> (b, t, e)``.
-
-        Row ``r``'s document ``d`` goes to ``[r, d]``, pooled as ``self.pool`` says over its real tokens.
+        """Each document of packed rows pooled alone over its real tokens, ``(b, t, e) -> (b, t, e)``.
 
         Args:
             x: the last block's vectors ``(b, t, e)``.
@@ -107,7 +81,7 @@ class ClassifierHead(nn.Module):
             documents: ``(b, t)`` integer, each token's document, in ``[0, t)`` and non-decreasing along a row.
 
         Returns:
-            ``(b, t, e)``: the pooled vector of each document number, zero for numbers no real token has.
+            ``(b, t, e)``: row ``r``'s document ``d`` at ``[r, d]``; zero for numbers no real token has.
         """
         b, t, e = x.shape
         documents = documents.long()  # scatter's indices (a no-op for long)
@@ -172,15 +146,11 @@ class GeneratorHead(nn.Module):
     Args:
         emb: the embedding size ``e``.
         num_tokens: the vocabulary size ``v``.
-        tie_to: an :class:`~torch.nn.Embedding` with ``v`` rows of size ``e`` whose weight this layer shares (weight
-            tying); the shared matrix is then re-initialised with standard deviation ``e ** -0.5`` so the first
-            logits have unit scale (unless ``scale``, which does that instead). ``None``: a weight of its own.
-        bias: a bias per token added to the logits (the default); ``False``: none, as GPT-2's output layer, which is
-            the tied embedding alone (config field ``head_bias``).
-        scale: multiply each input vector by ``e ** -0.5`` before the output layer, as T5 does before its tied
-            output layer (config field ``head_scale``); ``False`` (the default): no factor.
-        cap: soft-cap the logits, ``z -> cap * tanh(z / cap)``, before the log-softmax (config field
-            ``logit_cap``): each stays below ``cap`` in size, and near zero it is unchanged. ``None``: no cap.
+        tie_to: an :class:`~torch.nn.Embedding` ``(v, e)`` whose weight this layer shares, re-initialised with standard
+            deviation ``e ** -0.5`` (unless ``scale``); ``None``: a weight of its own.
+        bias: a bias per token added to the logits (the default); ``False``: none, as GPT-2 (``head_bias``).
+        scale: multiply each input vector by ``e ** -0.5`` first, as T5 (``head_scale``); ``False`` (the default): not.
+        cap: soft-cap the logits, ``z -> cap * tanh(z / cap)``, before the log-softmax (``logit_cap``); ``None``: none.
 
     Shapes:
         ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities.
@@ -217,32 +187,18 @@ class GeneratorHead(nn.Module):
 class MaskedLMHead(nn.Module):
     """The output head of a masked-language model (BERT): at every position, log-probabilities of the original token.
 
-    A linear layer, GELU and LayerNorm transform each vector first; then the logits are its dot products with the
-    rows of the token embedding (when tied), scaled by ``e ** -0.5``, plus a bias per token. The transform gives the
-    prediction room of its own: the encoder's last vectors are what a classifier fine-tuned later reads, and need
-    not lie in the embedding's space; it is discarded with the head when the encoder is fine-tuned. Tying means that
-    every masked prediction trains the embedding rows of the whole vocabulary, not only of the tokens in the batch.
-
-    Why the scale, when :class:`GeneratorHead` instead re-initialises a tied embedding with small entries: the
-    LayerNorm's output and the embedding rows both have unit-variance entries, so their dot product has variance
-    ``e``, and ``e ** -0.5`` brings the first logits to unit scale. Shrinking the embedding would do the same for the
-    logits, but the input would then be a small token vector next to unit-variance learned position vectors: the
-    tiny model of ``tests/test_masked_lm.py``'s learning test, given a tied embedding shrunk to ``e ** -0.5``
-    instead, stayed at the loss of uniform guessing (``log 20``) for 300 steps (measured once, 2026-11-24), where
-    with the scale it learns the task. BERT has no scale (``scale=False``, the config's ``mlm_scale``): its embedding
-    starts with entries of standard deviation 0.02, and its logits are the plain dot products, plus the bias.
+    Linear, GELU, LayerNorm, then dot products with the output matrix (times ``e ** -0.5`` with ``scale``) plus a bias.
 
     Args:
         emb: the embedding size ``e``.
         num_tokens: the vocabulary size ``v``.
-        tie_to: the :class:`~torch.nn.Embedding` (``v`` rows of size ``e``) whose weight is also the output matrix
-            (kept as it is). ``None``: an output matrix of its own, initialised as an embedding (unit variance).
+        tie_to: the :class:`~torch.nn.Embedding` ``(v, e)`` whose weight is also the output matrix (kept as it is);
+            ``None``: an output matrix of its own, initialised as an embedding (unit variance).
         eps: the transform's LayerNorm's ``eps`` (``config.norm_eps``; BERT's is ``1e-12``).
         scale: multiply the logits by ``e ** -0.5`` (the default); ``False``: the plain dot products, as BERT.
 
     Shapes:
-        ``forward(x)``: ``x`` ``(b, t, e)`` -> ``(b, t, v)`` log-probabilities (or ``(n, e) -> (n, v)``: any
-        leading dimensions).
+        ``forward(x)``: ``x`` ``(..., e)``, typically ``(b, t, e)`` -> ``(..., v)`` log-probabilities.
     """
 
     def __init__(self, emb: int, num_tokens: int, *, tie_to: nn.Embedding | None = None, eps: float = 1e-5,

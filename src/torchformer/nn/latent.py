@@ -1,31 +1,7 @@
 """Multi-head latent attention (DeepSeek-V2, DeepSeek-V3): a KV cache of one small latent per position.
 
-Grouped-query attention shrinks the cache by sharing keys and values between heads. Latent attention (DeepSeek-AI
-2024) instead compresses each position into a latent ``c`` of ``R`` numbers, from which every head's key and value
-are projected up again, and keeps only ``c`` in the cache, with a small key ``k_r`` of ``r`` numbers that carries the
-rotary position (rotations do not commute with the up-projection, so they get dimensions of their own, shared by
-all heads). For one position ``x``:
-
-$$
-\\begin{aligned}
-c &= \\operatorname{RMSNorm}((W_{dkv} x)_{:R}), \\qquad k_r = \\operatorname{rotate}((W_{dkv} x)_{R:}) \\\\
-[k_n^{(i)}; v^{(i)}] &= W_{ukv}^{(i)} c, \\qquad k^{(i)} = [k_n^{(i)}; k_r] \\\\
-q^{(i)} &= [q_n^{(i)}; \\operatorname{rotate}(q_r^{(i)})] = W_{uq}^{(i)} \\operatorname{RMSNorm}(W_{dq} x)
-\\end{aligned}
-$$
-
-for each head ``i`` (queries compressed too when ``q_rank`` is set, else ``W_q x``), then ordinary attention with
-the scale ``1 / sqrt(n + r)`` and the output projection of the heads' values.
-
-**Absorbed decoding.** The score ``q_n^T k_n = q_n^T W_{uk} c = (W_{uk}^T q_n)^T c``: the up-projection of the keys
-can be absorbed into the query, and likewise that of the values into the output (``sum_j a_j W_{uv} c_j = W_{uv}
-sum_j a_j c_j``). With ``absorb`` on, attention runs on the latents themselves, as multi-query attention whose one
-key head is ``[c; k_r]`` and value head ``c``: no per-head key or value is made, which is what makes a cached
-decoding step cheap. Both ways compute the same function (the tests prove it).
-
-The layer keeps, and caches, the entries ``(c, k_r)`` (:meth:`LatentAttention.entries`), ``R + r`` numbers per
-position and layer, against ``2 g s`` for grouped-query attention.
-
+The layer caches, per position, a latent ``c`` and a rotary key ``k_r`` shared by all heads; see
+``docs/experts-and-latents.md``, "Latent attention" (the formulas, and the absorbed decoding path).
 Shapes: b batch size, t queries, u keys, e embedding size, h heads, n the heads' non-rotary query/key size, r the
 rotary size, v the value size, R the latent size, Q the query latent size.
 """
@@ -55,8 +31,7 @@ class LatentOptions(PartOptions):
         kv_rank: ``R``, the latent's size (DeepSeek-V3's ``kv_lora_rank``, 512).
         rope_dim: ``r``, the rotary part of each query and key (``qk_rope_head_dim``, 64); even.
         q_rank: ``Q``, the queries' latent size (``q_lora_rank``, 1536); ``None``: queries projected directly.
-        nope_dim: ``n``, the non-rotary part of each query and key (``qk_nope_head_dim``); ``None``: the config's
-            head size.
+        nope_dim: ``n``, the non-rotary part of each query and key (``qk_nope_head_dim``); ``None``: the head size.
         value_dim: ``v``, each head's value size (``v_head_dim``); ``None``: the config's head size.
 
     Raises:
@@ -80,11 +55,11 @@ class LatentOptions(PartOptions):
 
 
 class LatentAttention(SelfAttention):
-    """Multi-head latent attention: keys and values projected up from a cached latent (see the module docstring).
+    """Multi-head latent attention: keys and values projected up from a cached latent, scale ``1 / sqrt(n + r)``.
 
     Parameters: ``q_down`` ``(Q, e)``, ``q_norm`` and ``q_up`` ``(h (n + r), Q)`` with ``q_rank``, else
     ``toqueries`` ``(h (n + r), e)``; ``kv_down`` ``(R + r, e)``, ``kv_norm``, ``kv_up`` ``(h (n + v), R)``;
-    ``unifyheads`` ``(e, h v)``. No biases but ``unifyheads``'s, as ``out_bias`` says (DeepSeek has none).
+    ``unifyheads`` ``(e, h v)``, the only one with a bias (``out_bias``).
 
     Args:
         emb: the embedding size ``e``.
@@ -95,11 +70,13 @@ class LatentAttention(SelfAttention):
         value_dim: ``v``.
         q_rank: ``Q``, or ``None``.
         norm_eps: the ``eps`` of the latents' RMSNorms.
-        absorb: compute attention on the latents (the decoding path); ``False``: on per-head keys and values. The
-            same function; a plain attribute, set it on a built layer.
+        absorb: attention on the latents (the decoding path, same result; settable); ``False``: per-head keys, values.
         **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s ``causal``, ``dropout``, ``impl``,
-            ``positions`` (a scheme, or its name, for the ``rope_dim`` rotary coordinates), ``window``, ``pattern``,
-            ``out_bias``.
+            ``positions`` (a scheme, or its name, for the rotary coordinates), ``window``, ``pattern``, ``out_bias``.
+
+    Raises:
+        ValueError: ``kv_heads``, ``wide``, ``kqnorm``, ``qkv_bias``, ``head_size`` or ``scale`` given, or a size
+            that is not a positive int (and as :class:`~torchformer.nn.attention.MultiHeadAttention`).
 
     Shapes:
         As :class:`~torchformer.nn.attention.SelfAttention`: ``x`` ``(b, t, e)`` -> ``(b, t, e)``; a KV cache holds
@@ -142,9 +119,7 @@ class LatentAttention(SelfAttention):
         """The keyword arguments of a latent attention of ``config``, its sizes ``config.options_of(LatentOptions)``.
 
         Args:
-            config: the architecture (``dropout``, ``impl``, ``window``, ``out_bias``, ``norm_eps``, rotary
-                ``positions`` and the options); ``kv_heads``, ``wide``, ``kqnorm``, ``qkv_bias`` or
-                ``attention_scale`` set is refused by the constructor, by name.
+            config: the architecture (attention fields, ``norm_eps``, rotary ``positions`` and the options).
             causal: whether the layer is causal.
             layer: the block's index.
             positions: a shared scheme, or ``None``.
@@ -164,8 +139,7 @@ class LatentAttention(SelfAttention):
         """The rotary scheme for the ``rope_dim`` rotary coordinates of each query and key.
 
         Args:
-            config: the architecture; its ``positions`` (rotary, either layout), ``rotary_base`` and
-                ``rotary_scaling``.
+            config: the architecture; its ``positions`` (rotary), ``rotary_base`` and ``rotary_scaling``.
             causal: whether the layer is causal.
 
         Returns:
@@ -175,10 +149,7 @@ class LatentAttention(SelfAttention):
         return super().positions_from_config(config.replace(head_dim=rope), causal=causal)
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        """The queries, their rotary part rotated: ``(b, t, e) -> (b, h, t, n + r)``.
-
-        With ``absorb``, ``(b, h, t, R + r)``: the non-rotary part taken into the latent space by the keys'
-        up-projection.
+        """The queries, their rotary part rotated: ``(b, t, e) -> (b, h, t, n + r)``; ``(b, h, t, R + r)`` absorbed.
 
         Args:
             x: the layer's input ``(b, t, e)``.
@@ -210,15 +181,13 @@ class LatentAttention(SelfAttention):
         return self.kv_norm(latent)[:, None], k_rope
 
     def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        """Keys and values from the latents: per head ``(b, h, u, n + r)`` and ``(b, h, u, v)``.
-
-        With ``absorb``, the latents themselves, one head: ``(b, 1, u, R + r)`` and ``(b, 1, u, R)``.
+        """Keys and values: per head ``(b, h, u, n + r)`` and ``(b, h, u, v)``; with ``absorb`` the latents, one head.
 
         Args:
             entries: ``(latent, rotary_key)``, ``(b, 1, u, R)`` and ``(b, 1, u, r)``.
 
         Returns:
-            ``(keys, values)``.
+            ``(keys, values)``; with ``absorb`` ``(b, 1, u, R + r)`` and ``(b, 1, u, R)``.
         """
         latent, k_rope = entries
         if self.absorb:

@@ -1,33 +1,7 @@
-"""Which keys each query may attend to: positions, the causal rule and padding, in one object.
+"""Which keys each query may attend to: positions, the causal rule, windows, patterns, documents and padding.
 
-Every attention call gets an :class:`AttentionMask`. It records
-
-* ``query_positions`` ``(t,)``: the absolute position of each query (``0 .. t-1`` for a whole sequence; the new
-  positions when decoding with a cache);
-* ``key_positions`` ``(u,)``: the absolute position of each key (the same tensor as the queries' without a cache;
-  the cache's slots ``0 .. c-1`` with one; ``None`` for cross-attention, whose keys come from another sequence);
-* ``key_mask`` ``(b, u)``: True for keys that may be used, False for padding (and, with a cache, for slots not
-  written yet); ``None``: all may be used;
-* ``causal``: a query at position ``i`` may only see keys at positions ``<= i``;
-* ``window``: a query sees only keys less than ``window`` positions away (sliding-window, local attention);
-* ``pattern``: an :class:`AttentionPattern`, a rule on the two positions alone: the sparse transformer's
-  :class:`StridedPattern` and :class:`FixedPattern` (Child et al. 2019), under which a query sees about
-  ``2 * sqrt(n)`` of ``n`` keys instead of all of them;
-* ``documents`` ``(b, t)``: for a packed row of several documents (:mod:`torchformer.data.packing`), the document
-  of each token: a query sees only keys of its own document, and a pattern applies to the positions within each
-  document (:func:`document_positions`). The other rules need nothing more: within a document the distance
-  between two tokens is the same as in the document alone, so causality, windows and the relative position schemes
-  (rotary, ALiBi, the relative bias, which see only distances) give each document what it gets alone. In
-  cross-attention, ``key_documents`` ``(b, u)`` numbers the context's documents: query document ``d`` reads
-  context document ``d`` of its row (a packed source row and its packed target row).
-
-Every rule is a condition that must hold, so they compose by "and": a pattern with the causal rule and padding is
-all three at once. From these, :meth:`AttentionMask.allowed` builds the boolean matrix attention needs, and
-:meth:`AttentionMask.mask_mod` the same rule one pair at a time, for ``torch.nn.attention.flex_attention``. Because
-positions are absolute, the same rule is right with and without a cache. An attention variant that needs distances
-(ALiBi, relative position biases) reads them from the same positions: see ``docs/extending.md``.
-
-Shapes: b batch size, t queries, u keys.
+:class:`AttentionMask` holds them for one call, composed by "and" on absolute positions (``docs/masks.md``;
+patterns: ``docs/long-context.md``). Shapes: b batch size, t queries, u keys.
 """
 
 from __future__ import annotations
@@ -43,9 +17,7 @@ from torchformer._checks import check_positive_int, is_int
 class AttentionPattern:
     """A rule on positions alone, whether a query at position ``i`` may see a key at position ``j``.
 
-    A variant subclasses it and writes :meth:`rule`, element-wise on broadcastable tensors (so that the same code
-    serves a whole ``(t, u)`` matrix and flex attention's one pair at a time). The causal rule, windows and
-    padding are applied besides it, by :class:`AttentionMask`.
+    A variant subclasses it and writes :meth:`rule`, element-wise on broadcastable tensors (a matrix, or flex's pairs).
     """
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
@@ -76,11 +48,6 @@ class AttentionPattern:
 class StridedPattern(AttentionPattern):
     """The sparse transformer's strided pattern: the last ``stride`` positions, and every ``stride``-th before.
 
-    Query ``i`` sees key ``j`` when ``|i - j| < stride`` (a local window) or ``i - j`` is a multiple of
-    ``stride`` (a column every ``stride`` positions). With ``stride`` near ``sqrt(n)`` each query sees about
-    ``2 sqrt(n)`` keys, and any position reaches any earlier one in two layers: first along its column, then
-    within a window. Suits data with a period (image rows, a table): Child et al. used it for images.
-
     Args:
         stride: ``l``, the window and the distance between columns, ``>= 1``.
     """
@@ -108,11 +75,6 @@ class StridedPattern(AttentionPattern):
 class FixedPattern(AttentionPattern):
     """The sparse transformer's fixed pattern: the query's own block, and the last ``summary`` positions of each.
 
-    Positions fall into blocks of ``stride``; query ``i`` sees key ``j`` when both lie in one block
-    (``i // stride == j // stride``) or ``j`` is among the last ``summary`` positions of its block
-    (``j mod stride >= stride - summary``): those positions summarise their block for every later query. Suits
-    text, which has no period: Child et al. used it for enwik8.
-
     Args:
         stride: ``l``, the block length, ``>= 1``.
         summary: ``c``, the summary positions at the end of each block, in ``[1, stride]``.
@@ -124,7 +86,7 @@ class FixedPattern(AttentionPattern):
             raise ValueError(f"summary must be an int in [1, stride={stride}], got {summary!r}")
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
-        """``i`` and ``j`` in one block, or ``j`` among the last ``summary`` positions of its block, element-wise.
+        """``i // stride == j // stride`` or ``j mod stride >= stride - summary``, element-wise.
 
         Args:
             i: query positions, a long tensor.
@@ -141,26 +103,27 @@ class FixedPattern(AttentionPattern):
 
 
 class AttentionMask:
-    """Positions of queries and keys, the causal rule and the padding of the keys (see the module docstring).
+    """The positions of queries and keys, and the rules on them, for one attention call (``docs/masks.md``).
 
     Args:
         query_positions: ``(t,)`` long, absolute positions of the queries.
-        key_positions: ``(u,)`` long, absolute positions of the keys, or ``None`` when keys and queries belong to
-            different sequences (cross-attention).
-        key_mask: ``(b, u)`` bool, True for real keys; ``None`` when every key is real.
+        key_positions: ``(u,)`` long, absolute positions of the keys (a cache's slots); ``None`` in cross-attention.
+        key_mask: ``(b, u)`` bool, True for real keys (and written slots); ``None`` when every key is real.
         causal: queries see only keys at or before their own position.
-        window: queries see only keys less than ``window`` positions away (``|i - j| < window``; with ``causal``,
-            the last ``window`` positions up to the query's own). ``None``: no window.
+        window: queries see only keys less than ``window`` positions away (``|i - j| < window``); ``None``: no window.
         pattern: an :class:`AttentionPattern` the positions must satisfy too; ``None``: none.
-        padded: whether ``key_mask`` can leave a query without any key (it marks padding); default: whenever a
-            ``key_mask`` is given. A cache's mask of written slots cannot: each query's own slot was just written.
-        aligned: the keys are exactly the queries, in the same order (self-attention over one call's tokens,
-            whose positions increase one by one). Then plain causal attention needs no mask tensor, which keeps the
-            fused flash-attention kernels available.
+        padded: whether ``key_mask`` can leave a query without any key; ``None``: whenever a ``key_mask`` (or
+            ``key_documents``) is given.
+        aligned: the keys are the queries, in order (self-attention over one call's tokens; no mask tensor needed).
         documents: ``(b, t)`` long, the document of each token of a packed row (non-decreasing along the row), for
-            self-attention over one call's tokens (``aligned``, ``u = t``); ``None``: one document per row.
+            aligned self-attention; ``None``: one document per row.
         key_documents: ``(b, u)`` long, the document of each key, for cross-attention between packed rows (query
-            document ``d`` reads key document ``d``); ``None``: the keys are the queries (``documents``' own).
+            document ``d`` reads key document ``d``); ``None``: ``documents``.
+
+    Raises:
+        ValueError: a ``window`` that is not a positive int, a ``pattern`` without key positions, ``key_documents``
+            without ``documents``, or ``documents`` neither ``aligned`` nor with ``key_documents``.
+        TypeError: a ``key_mask`` that is not bool.
     """
 
     def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
@@ -201,10 +164,7 @@ class AttentionMask:
 
     @property
     def rows(self) -> Optional[int]:
-        """``b`` when the rule differs from one row of the batch to another (padding, documents), else ``None``.
-
-        What a block mask is built for: one per row, or one for all (a cache's ``(1, c)`` mask of written slots).
-        """
+        """``b`` when the rule differs between rows (padding, documents): a block mask per row; else ``None``."""
         for per_row in (self.key_mask, self.documents, self.key_documents):
             if per_row is not None and per_row.size(0) > 1:
                 return per_row.size(0)
@@ -224,13 +184,10 @@ class AttentionMask:
         return self.query_positions[:, None] - self.key_positions[None, :]
 
     def allowed(self) -> Optional[Tensor]:
-        """Bool, broadcastable to ``(b, 1, t, u)``: may query ``i`` see key ``j``? ``None`` when all may.
-
-        Built once per call and kept: attention asks for it on the fast path, for the zeroing of queries that see
-        no real key, and a variant may ask again.
+        """Bool, broadcastable to ``(b, 1, t, u)``: may query ``i`` see key ``j``? Built once per call and kept.
 
         Returns:
-            ``(t, u)`` from the causal rule and the window alone, ``(b, 1, t, u)`` with a ``key_mask``; ``None``
+            ``(t, u)`` from the positions' rules alone, ``(b, 1, t, u)`` with a ``key_mask`` or documents; ``None``
             when every query may see every key.
         """
         if not self._built:
@@ -266,11 +223,11 @@ class AttentionMask:
     def mask_mod(self) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
         """The same rule as :meth:`allowed`, one (batch, head, query, key) index at a time: flex attention's form.
 
-        ``torch.nn.attention.flex_attention.create_block_mask`` calls it on index tensors and skips the blocks
-        of the score matrix where it is False everywhere: a sparse pattern then costs only its blocks.
-
         Returns:
-            ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``.
+            ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``, for ``flex_attention.create_block_mask``.
+
+        Raises:
+            ValueError: the keys have no positions (cross-attention).
         """
         qp, kp, key_mask = self.query_positions, self.key_positions, self.key_mask
         if kp is None:
@@ -295,9 +252,7 @@ class AttentionMask:
         return mask_mod
 
     def block_mask(self, device: torch.device) -> Any:
-        """This rule as flex attention's ``BlockMask``: which blocks of the score matrix hold allowed pairs.
-
-        One block mask per row when the rule differs between rows (:attr:`rows`), else one for all.
+        """This rule as flex attention's ``BlockMask``, one per row when :attr:`rows` says so, else one for all.
 
         Args:
             device: where the block mask is built (the queries').
@@ -317,10 +272,8 @@ class AttentionMask:
     def query_has_key(self) -> Optional[Tensor]:
         """``(b, 1, t, 1)`` bool: False for a query that may see no real key at all (it gets a zero output).
 
-        ``None`` without padding: then every query sees at least its own position (causal) or every key.
-
         Returns:
-            ``(b, 1, t, 1)`` bool, or ``None`` when the mask is not ``padded``.
+            ``(b, 1, t, 1)`` bool, or ``None`` when the mask is not ``padded`` (every query then sees a key).
         """
         if not self.padded:
             return None
@@ -347,8 +300,6 @@ def document_positions(documents: Tensor) -> Tensor:
 
 def causal_mask(t: int, u: Optional[int] = None, *, device: Optional[torch.device] = None) -> Tensor:
     """``(t, u)`` bool, the explicit causal mask when the ``t`` queries are the last ``t`` of ``u`` positions.
-
-    Written out for reading and for tests; attention builds the same matrix from positions.
 
     Args:
         t: number of queries.

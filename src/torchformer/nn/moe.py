@@ -1,37 +1,8 @@
 """A sparse mixture of experts: a feed-forward network of ``E`` experts, each token sent to ``k`` of them.
 
-A dense feed-forward network applies all its weights to every token. A mixture of experts (Shazeer et al. 2017;
-Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024) holds ``E`` networks, the *experts*, and a *router* that
-picks ``k`` of them for each token: the model has ``E`` networks' parameters but computes with ``k`` of them per
-token. The output of a token ``x`` is the weighted sum of its experts' outputs, plus the optional *shared* experts'
-that every token passes through (DeepSeek):
-
-$$
-y = \\sum_{j \\in \\operatorname{top}_k(s(x))} w_j(x)\\, E_j(x) \\; + \\; S(x)
-$$
-
-**Routing** (:class:`Router`): the scores ``s(x)`` are a softmax (Mixtral, Qwen3-MoE, OLMoE) or a sigmoid
-(DeepSeek-V3) of the router's logits ``W_r x``; the ``k`` highest pick the experts (plus a selection bias, for
-DeepSeek-V3's loss-free balancing, which moves the choice but not the weights; and, with groups, only experts of
-the ``top_groups`` best of ``groups`` groups), their scores are the weights, renormalised to sum to 1 if asked
-(``normalize``) and multiplied by ``routed_scaling``.
-
-**Dispatch**: the fast path (:meth:`MoEFeedForward.forward`) sorts the ``n k`` (token, expert) assignments by
-expert, so that each expert's tokens lie side by side, and runs each expert on its tokens only: one grouped matrix
-product per weight (``torch._grouped_mm``, the offsets of the groups on the device), or a loop over the experts
-where that is not available. No expert sees a token not sent to it, and none is dropped unless a capacity is set
-(``capacity_factor``: in training each expert takes at most ``ceil(f * n * k / E)`` tokens, the earliest first;
-evaluation and decoding drop none, so a row's output never depends on the other rows). The readable
-path (:meth:`MoEFeedForward.reference`) is the formula: every expert on every token, weighted by a matrix that is
-zero where an expert was not picked. The tests prove the two equal.
-
-**Balance**: left alone, a router sends most tokens to a few experts. The Switch/Mixtral balance loss
-``E sum_j f_j P_j`` (``f_j`` the fraction of the assignments to expert ``j``, summing to ``k``; ``P_j`` its mean
-router probability) is smallest when both are uniform; the router z-loss ``mean(logsumexp(logits)^2)`` keeps the
-logits small. Both are recorded in the router's :class:`~torchformer.nn.auxiliary.AuxiliaryLosses`, with their
-weights, for the training loop to add. DeepSeek-V3's loss-free balancing instead nudges a per-expert bias after each
-optimizer step: up for the experts that got fewer tokens than the mean, down for the others
-(:meth:`Router.after_step`). Padding (``mask``) is neither routed nor counted.
+:class:`Router` picks a token's experts and weights and records the balance losses; :class:`MoEFeedForward` sums
+the picked experts' weighted outputs, plus the shared experts' (DeepSeek); :class:`MoEBlock` uses it in a block.
+Routing, dispatch and balance: ``docs/experts-and-latents.md``.
 
 Shapes: b batch size, t sequence length, e embedding size, n = b t tokens, E experts, k experts per token, h an
 expert's hidden size.
@@ -68,19 +39,16 @@ class MoEOptions(PartOptions):
         top_k: ``k``, the experts each token goes to, at most ``experts``.
         expert_hidden: each expert's hidden size ``h``; ``None``: the dense network's (``ff_hidden``, or the gated
             size of ``ff_mult``).
-        shared_experts: experts every token goes to, computed as one gated network of ``shared_experts * h``
-            units (DeepSeek's); 0: none.
+        shared_experts: experts every token goes to, one gated network of ``shared_experts * h`` units; 0: none.
         score: ``"softmax"`` or ``"sigmoid"`` of the router's logits.
         normalize: renormalise the ``k`` weights of a token to sum to 1.
         routed_scaling: the factor the routed experts' weights are multiplied by (DeepSeek-V3: 2.5).
-        groups: the experts fall into this many groups (``E`` divisible by it); with ``top_groups`` below it, a
-            token's experts come from its ``top_groups`` best groups (each scored by the sum of its two best
-            experts' scores), as DeepSeek-V3.
+        groups: the experts fall into this many groups (dividing ``E``); with ``top_groups`` below it, a token's
+            experts come from its ``top_groups`` best groups (each scored by its two best experts), as DeepSeek-V3.
         top_groups: see ``groups``.
         dense_layers: the first blocks keep a dense feed-forward network (DeepSeek's ``first_k_dense_replace``).
-        capacity_factor: ``None`` drops no token; a number ``f`` lets each expert take at most
-            ``ceil(f * n * k / E)`` of a training batch's ``n k`` assignments, earliest tokens first (in evaluation
-            mode none is dropped).
+        capacity_factor: ``None`` drops no token; a number ``f`` lets each expert take at most ``ceil(f * n * k / E)``
+            of a training batch's ``n k`` assignments, earliest tokens first (evaluation drops none).
         balance_loss: the weight of the balance loss in the training loss (0 records it for the log only).
         z_loss: the weight of the router z-loss.
         selection_bias: a per-expert bias added to the scores to choose the experts, not to weigh them (DeepSeek-V3's
@@ -244,8 +212,7 @@ class Router(AuxiliaryLosses):
     def after_step(self, reduce: Callable[[Tensor], Tensor]) -> None:
         """Loss-free balancing: move the selection bias by ``bias_update_rate`` towards the starved experts.
 
-        The experts that got fewer assignments than the mean since the last step (summed over the processes by
-        ``reduce``) go up by the rate, the others down (DeepSeek-V3's rule); the count then starts again.
+        Experts with fewer assignments than the mean since the last step go up by the rate, the others down.
 
         Args:
             reduce: sums the counts over the processes.
@@ -264,11 +231,10 @@ class Router(AuxiliaryLosses):
 
 
 class MoEFeedForward(nn.Module):
-    """A mixture of ``E`` gated experts, ``k`` per token, and optional shared experts (see the module docstring).
+    """A mixture of ``E`` gated experts, ``k`` per token, and optional shared experts.
 
-    Each expert is a gated unit ``W2 (act(W1 x) * (V x))`` of hidden size ``h``; their weights are stacked, in the
-    layout a matrix product takes them: ``w1`` and ``v`` ``(E, e, h)``, ``w2`` ``(E, h, e)`` (``x @ w1[j]`` is
-    expert ``j``'s ``W1 x``).
+    Expert ``j`` is a gated unit ``W2 (act(W1 x) * (V x))``; the weights are stacked for matrix products: ``w1`` and
+    ``v`` ``(E, e, h)``, ``w2`` ``(E, h, e)`` (``x @ w1[j]`` is expert ``j``'s ``W1 x``).
 
     Args:
         emb: the embedding size ``e``.
@@ -280,6 +246,9 @@ class MoEFeedForward(nn.Module):
         dropout: dropout on each expert's hidden layer.
         capacity_factor: ``None``: no token dropped; else each expert's capacity, as :class:`MoEOptions` says.
         **routing: the :class:`Router`'s keyword arguments (``score``, ``normalize``, ``groups``, ...).
+
+    Raises:
+        ValueError, TypeError: a non-gated ``activation``, or a value :class:`MoEOptions` refuses.
 
     Shapes:
         ``forward(x, mask=None)``: ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` (True at real tokens) -> ``(b, t, e)``;
@@ -369,7 +338,7 @@ class MoEFeedForward(nn.Module):
     def reference(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """The readable path: every expert on every token, weighted by zero where it was not picked.
 
-        The same function as :meth:`forward` (the tests compare them), at ``E / k`` times the cost.
+        Equal to :meth:`forward` (the tests compare them), at ``E / k`` times the cost.
 
         Args:
             x: ``(b, t, e)``.
@@ -451,11 +420,8 @@ class MoEFeedForward(nn.Module):
     def experts_apply(self, rows: Tensor, counts: Tensor, valid: Tensor) -> Tensor:
         """The experts on their rows, ``rows`` sorted by expert with ``counts`` ``(E,)`` of each (then the rest).
 
-        One grouped matrix product per weight where torch has one for the inputs (float32, bfloat16 or float16 in
-        eager mode, bfloat16 under ``torch.compile``, sizes of whole 16-byte rows; under autocast in its dtype);
-        else a loop over the experts, which reads the counts on the host (one wait for the device). The grouped
-        product leaves the rows past the last group unwritten (uninitialised memory), so every step selects
-        ``valid`` rows, in both directions.
+        One grouped matrix product per weight where torch has one for the dtype and sizes; else a loop over the experts,
+        which reads the counts on the host (one wait for the device).
 
         Args:
             rows: ``(m, e)``.

@@ -1,14 +1,4 @@
-"""Normalisation layers: LayerNorm and RMSNorm, chosen by ``config.norm``.
-
-A block normalises the vector of each position on its own, across its ``e`` components, so that the activations
-keep a stable scale from block to block (see ``docs/blocks.md`` and ``docs/modern-blocks.md``).
-
-* **LayerNorm** (Ba et al. 2016; :class:`torch.nn.LayerNorm`): subtract the mean, divide by the standard
-  deviation, then apply a learned gain and bias: ``y = (x - mean(x)) / sqrt(var(x) + eps) * g + b``.
-* **RMSNorm** (Zhang & Sennrich 2019; :class:`RMSNorm`): only divide by the root mean square, then apply a learned
-  gain: ``y = x / sqrt(mean(x^2) + eps) * g``. No centering and no bias. Zhang & Sennrich found that the
-  re-scaling, not the re-centering, is what makes LayerNorm work; dropping the mean saves one reduction over ``e``
-  per normalisation and trains as well. LLaMA, T5 and most recent models use it.
+"""Normalisation layers: LayerNorm and RMSNorm, chosen by ``config.norm`` (``docs/modern-blocks.md``, "RMSNorm").
 
 Shapes: b batch size, t sequence length, e embedding size.
 """
@@ -37,9 +27,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact_gain_gradient: bool
         x: ``(..., e)``.
         weight: the gain ``g`` ``(e,)``.
         eps: added to ``mean(x^2)`` inside the square root.
-        exact_gain_gradient: the gain's gradient from x-hat in float32 (as :class:`RMSNormFunction`'s), not from
-            x-hat rounded to a half-precision ``x``'s dtype, which costs three digits of a sum over every position;
-            the output is the same. ``RMSNorm`` uses it under ``torch.compile``.
+        exact_gain_gradient: the gain's gradient from x-hat in float32, as :class:`RMSNormFunction`'s; same output.
 
     Returns:
         ``(..., e)``: ``x / sqrt(mean(x^2) + eps)`` in ``x``'s dtype, times ``weight``.
@@ -57,14 +45,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact_gain_gradient: bool
 
 
 def _full_precision(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast off on ``device`` while it is on there (it would run matrix products in bf16 or float16).
-
-    Args:
-        device: where the computation runs.
-
-    Returns:
-        A context manager.
-    """
+    """A context manager turning autocast off on ``device`` while it is on there (it would take products to bf16)."""
     on = device.type in ("cpu", "cuda") and autocast_enabled(device.type)
     return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
 
@@ -72,27 +53,8 @@ def _full_precision(device: torch.device) -> contextlib.AbstractContextManager:
 class RMSNormFunction(torch.autograd.Function):
     r"""RMSNorm with its gradient written by hand: the same numbers as :func:`rms_norm`, in fewer passes.
 
-    Written out, RMSNorm is five element-wise operations, and autograd differentiates each on its own: about a dozen
-    passes over ``(..., e)`` tensors in the backward pass, each a trip through memory on the CPU (a fused LayerNorm
-    makes two). With $\hat{x} = x r$, $r = (\operatorname{mean}(x^2) + \epsilon)^{-1/2}$ and $y = \hat{x} \odot g$,
-    the chain rule gives, for the gradient $\bar{y}$ of the output:
-
-    $$
-    \bar{g} = \sum_{\text{positions}} \bar{y} \odot \hat{x},
-    \qquad
-    \bar{x} = r \left(\bar{y} \odot g - \hat{x} \operatorname{mean}(\bar{y} \odot g \odot \hat{x})\right)
-    $$
-
-    (the second term because every component of $x$ moves $r$: $\partial r / \partial x_k = -r^3 x_k / e$). ``x``,
-    ``weight`` and ``r`` ``(..., 1)`` are kept for the backward pass, which runs LayerNorm's fused gradient kernel:
-    given a mean of 0 and $r$ as its reciprocal standard deviation, LayerNorm's $\hat{x}$ is this one, its
-    $\bar{g}$ is the one above, and its $\bar{x}$ has one more term, $-r \operatorname{mean}(\bar{y} \odot g)$, from
-    the mean LayerNorm subtracts (it moves with every $x_k$ too), which is added back: about six passes over
-    ``(..., e)`` tensors (each tensor read or written counted once) where the formulas above, written as tensor
-    operations, take twelve. ``apply(x, weight, eps)``
-    returns ``(y, r)``: ``y`` is RMSNorm's output. Forward-mode derivatives (``jvp``, ``torch.func.jacfwd``),
-    ``torch.func.grad``, ``jacrev``, ``hessian`` and ``vmap`` work too. The tests compare both directions with
-    :func:`rms_norm` under autograd, and with ``gradcheck``.
+    ``apply(x, weight, eps)`` returns ``(y, r)``, ``r = (mean(x^2) + eps)^(-1/2)`` ``(..., 1)``; the backward pass runs
+    LayerNorm's fused kernel (``docs/modern-blocks.md``, "What they cost"); forward mode and ``torch.func`` work too.
     """
 
     generate_vmap_rule = True  # torch.func.vmap (and per-example gradients) batch the forward pass's operations
@@ -191,30 +153,12 @@ class RMSNormFunction(torch.autograd.Function):
 class RMSNorm(nn.Module):
     r"""Root-mean-square normalisation: ``y = x / sqrt(mean(x^2) + eps) * g``, over the last dimension.
 
-    For each vector $x$ of ``e`` components (the last dimension):
-
-    $$
-    \operatorname{RMSNorm}(x) = \frac{x}{\sqrt{\frac{1}{e} \sum_{k=1}^{e} x_k^2 + \epsilon}} \odot g
-    $$
-
-    with $\epsilon$ = ``eps``, inside the square root, and $g$ = ``weight``.
-
-    ``(..., e) -> (..., e)``; typically ``(b, t, e)``. ``g`` (``weight``, shape ``(e,)``) is a learned gain that
-    starts at 1, so a fresh layer returns vectors of root mean square 1. There is no bias and no centering: the
-    mean of ``x`` passes through, scaled.
-
-    The forward pass is :func:`rms_norm`'s formula. In eager mode the gradient is written by hand
-    (:class:`RMSNormFunction`, which runs LayerNorm's fused kernel for it), fewer passes through memory; without
-    gradients (decoding) PyTorch's ``F.rms_norm`` kernel runs in float32 and float64 (the formula in half
-    precision), and under ``torch.compile`` the formula itself (the compiler traces and fuses it; a custom
-    ``autograd.Function`` would cut the graph). ``python benchmarks/parts.py`` has the eager times
-    (``benchmarks/RESULTS.md``: 1.9 to 2.7 ms forward and backward against autograd's 5.7 ms and LayerNorm's 1.2 to
-    2.1 ms at ``(16, 256, 256)``, 1 thread of a 2-core AMD EPYC, torch 2.13.0+cpu, 2026-11-27).
+    ``weight``: the gain ``g`` ``(e,)``, from 1; no bias. Eager training runs :class:`RMSNormFunction`, no-grad calls
+    ``F.rms_norm`` (in half precision), ``torch.compile`` :func:`rms_norm` (with ``exact_gain_gradient``).
 
     Args:
         emb: the size ``e`` of the last dimension.
-        eps: added to ``mean(x^2)`` so a zero vector gives zeros instead of 0/0. ``1e-5``, as
-            :class:`torch.nn.LayerNorm`'s default, so that switching ``norm`` changes one thing only.
+        eps: added to ``mean(x^2)`` (a zero vector gives zeros); ``1e-5``, as :class:`torch.nn.LayerNorm`'s default.
 
     Shapes:
         ``forward(x)``: ``(..., e)`` -> ``(..., e)``, typically ``(b, t, e)``.
@@ -246,8 +190,7 @@ def make_norm(kind: str, emb: int, *, eps: float = 1e-5) -> nn.Module:
     """The normalisation ``config.norm`` names, over vectors of size ``emb``.
 
     Args:
-        kind: ``"layer"`` for :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` for :class:`RMSNorm` (gain
-            only).
+        kind: ``"layer"`` for :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` for :class:`RMSNorm` (gain only).
         emb: the size ``e`` of the vectors normalised (the last dimension).
         eps: added before the square root (``config.norm_eps``).
 

@@ -1,18 +1,4 @@
-"""Position encodings.
-
-Self-attention is *permutation equivariant*: shuffle the input vectors and the output vectors are shuffled the
-same way, nothing else changes. A model that should care about word order must therefore be told where each token
-is. We do that by adding a position vector to each token embedding before the first block.
-
-* :class:`SinusoidalPositions` (Vaswani et al. 2017) uses fixed waves of geometrically increasing wavelength:
-  ``PE[p, 2i] = sin(p / 10000^(2i/e))`` and ``PE[p, 2i+1] = cos(p / 10000^(2i/e))``. No parameters, any length.
-* :class:`LearnedPositions` learns one vector per position, as ``former`` and GPT-2 do. Simple and effective, but
-  it knows only the ``max_len`` positions it was built with.
-
-Both take ``x`` ``(b, t, e)`` and the absolute positions of its tokens, ``positions`` ``(t,)`` (default
-``0 .. t-1``; the new positions when decoding with a KV cache), and return ``x`` plus their position vectors.
-Positions are a tensor, so a compiled decoding step reads them from device memory and one compiled graph serves
-every position.
+"""Position encodings added to the token embeddings before the first block (``docs/positions.md``).
 
 Shapes: b batch size, t sequence length, e embedding size.
 """
@@ -28,18 +14,16 @@ from torchformer._checks import check_embeddings, check_positive_int
 
 
 def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None = None) -> Tensor:
-    """The sinusoidal position vectors of ``positions`` ``(t,)`` (or ``(b, t)``), shape ``(t, emb)`` (``(b, t, emb)``).
-
-    The angles are computed in float64, so positions in the thousands keep their digits, then converted.
+    """The sinusoidal position vectors of ``positions``, computed in float64, then converted.
 
     Args:
-        positions: ``(t,)`` integer, the absolute positions.
+        positions: ``(t,)`` (or ``(b, t)``) integer, the absolute positions.
         emb: the embedding size ``e``.
-        dtype: the dtype of the result; ``None``: torch's default dtype (float32 unless changed).
+        dtype: the dtype of the result; ``None``: torch's default dtype.
 
     Returns:
-        ``(t, e)``: row ``p`` holds ``sin(p / 10000^(2i/e))`` in column ``2i`` and ``cos(p / 10000^(2i/e))`` in
-        column ``2i + 1``, on the device of ``positions``.
+        ``(t, e)`` (or ``(b, t, e)``) on the device of ``positions``: ``sin(p / 10000^(2i/e))`` in column ``2i``,
+        ``cos`` of the same in column ``2i + 1``.
     """
     p = positions.to(torch.float64)[..., None]  # (t, 1), or (b, t, 1) for each row's own positions
     pair = torch.arange(emb, device=positions.device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
@@ -56,31 +40,20 @@ def default_positions(x: Tensor) -> Tensor:
         x: a batch of sequences ``(b, t, ...)``.
 
     Returns:
-        ``(t,)`` long: the positions of a whole sequence, starting at 0.
+        ``(t,)`` long.
     """
     return torch.arange(x.size(1), device=x.device)
 
 
 class SinusoidalPositions(nn.Module):
-    r"""Adds the fixed sinusoidal position encoding of Vaswani et al.; no parameters, works for any length.
-
-    Dimensions ``2i`` and ``2i + 1`` of position ``p`` get ``sin(p / 10000^(2i/e))`` and ``cos(p / 10000^(2i/e))``
-    (:func:`sinusoidal_table`):
-
-    $$
-    \mathrm{PE}_{p,\,2i} = \sin\left(\frac{p}{10000^{2i/e}}\right),
-    \qquad
-    \mathrm{PE}_{p,\,2i+1} = \cos\left(\frac{p}{10000^{2i/e}}\right)
-    $$
-
-    and the vector $x_p$ of position $p$ becomes $x_p + \mathrm{PE}_p$.
+    """Adds the fixed sinusoidal encoding of Vaswani et al. (:func:`sinusoidal_table`); no parameters, any length.
 
     Args:
         emb: the embedding size ``e``.
 
     Shapes:
         ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``, ``x`` plus the encoding of each position.
+        ``(b, t, e)``.
     """
 
     def __init__(self, emb: int) -> None:
@@ -89,14 +62,11 @@ class SinusoidalPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, emb: int, max_len: int) -> SinusoidalPositions:
-        """The scheme of an embedding of size ``emb`` (``max_len`` is not needed: every position has a vector).
-
-        Every scheme of the embedding side has this constructor, so an embedding builds whichever its
-        ``position_classes`` names for the config's ``positions``.
+        """The scheme of an embedding of size ``emb``: the constructor every embedding-side scheme has.
 
         Args:
             emb: the embedding size ``e``.
-            max_len: the positions the model takes (its ``seq_length``).
+            max_len: the positions the model takes (unused: every position has a vector).
 
         Returns:
             A module of the class this is called on.
@@ -113,22 +83,18 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """Adds a learned vector per position; knows the positions ``0 .. max_len - 1`` only.
-
-    The vector $x_p$ of position $p$ becomes $x_p + P_p$, where $P$ ``(max_len, e)`` is ``embedding.weight``, one
-    learned row per position.
-
-    Given ``positions`` are not read here (on a GPU that would wait for the device): the models check them at their
-    boundary and raise a ``ValueError`` for positions at or beyond ``max_len``. Without them, ``x`` longer than
-    ``max_len`` is a ``ValueError`` here (its length is a Python int: no wait).
+    """Adds a learned vector per position (``embedding.weight``, ``(max_len, e)``), for ``0 .. max_len - 1`` only.
 
     Args:
         emb: the embedding size ``e``.
         max_len: how many positions have a vector (a model's ``seq_length``).
 
+    Raises:
+        ValueError: ``x`` longer than ``max_len`` without ``positions`` (given positions the models check).
+
     Shapes:
         ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``, ``x`` plus the vector of each position.
+        ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, max_len: int) -> None:
@@ -139,11 +105,11 @@ class LearnedPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, emb: int, max_len: int) -> LearnedPositions:
-        """A table of ``max_len`` learned vectors of size ``emb`` (see :meth:`SinusoidalPositions.from_sizes`).
+        """As :meth:`SinusoidalPositions.from_sizes`: a table of ``max_len`` vectors of size ``emb``.
 
         Args:
             emb: the embedding size ``e``.
-            max_len: how many positions have a vector (the model's ``seq_length``).
+            max_len: how many positions have a vector.
 
         Returns:
             A module of the class this is called on.
@@ -165,10 +131,7 @@ class LearnedPositions(nn.Module):
 
 
 class NoPositions(nn.Module):
-    """Adds nothing: the model sees its input as a set. Useful to demonstrate permutation equivariance.
-
-    The embeddings use it for ``"none"`` and for the schemes that act inside attention
-    (:mod:`torchformer.nn.relative`), which add nothing to the embeddings.
+    """Adds nothing, for ``"none"`` and the schemes that act inside attention (:mod:`torchformer.nn.relative`).
 
     Shapes:
         ``forward(x, positions=None)``: ``x`` ``(b, t, e)`` -> ``x`` itself; ``positions`` is ignored.
@@ -176,11 +139,11 @@ class NoPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, emb: int, max_len: int) -> NoPositions:
-        """Nothing to size (see :meth:`SinusoidalPositions.from_sizes`).
+        """As :meth:`SinusoidalPositions.from_sizes`; nothing to size.
 
         Args:
-            emb: the embedding size ``e`` (unused).
-            max_len: the positions the model takes (unused).
+            emb: unused.
+            max_len: unused.
 
         Returns:
             A module of the class this is called on.

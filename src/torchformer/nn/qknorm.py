@@ -1,19 +1,8 @@
-"""Query-key normalisation with RMSNorm, as the 2025 families do it, and a sigmoid gate on each head's output.
+"""Query-key normalisation with RMSNorm, and a sigmoid gate on each head's output.
 
-``kqnorm=True`` normalises each head's query and key with a LayerNorm before rotary positions (the base
-:class:`~torchformer.nn.attention.SelfAttention`): the attention logits then stay bounded however large the
-projections grow. Two small variants of it, and one of the output step:
-
-* :class:`HeadRMSNormAttention`: an RMSNorm (gain, no bias) over each head's ``s`` numbers, one gain of ``s`` shared
-  by the heads: Qwen3's and OLMo 2's ``q_norm`` and ``k_norm``.
-* :class:`ProjectionRMSNormAttention`: an RMSNorm over the whole query projection (``h s`` numbers) and the whole
-  key projection (``g s``), before they are cut into heads: OLMoE's.
-* :class:`GatedHeadsAttention`: each head's output times ``sigmoid(w_n . x)``, a gate computed from the layer's input
-  (Qiu et al. 2025, Qwen3-Next): a head can switch itself off where it has nothing to add.
-
-Each overrides one step of attention's pipeline, so caches, masks and compiled decoding work unchanged.
-
-Shapes: b batch size, t sequence length, e embedding size, h heads, g key/value heads, s head size.
+Each class overrides one step of :class:`~torchformer.nn.attention.SelfAttention`, so caches, masks and compiled
+decoding work unchanged (``docs/pretrained.md``, ``docs/extending.md``). Shapes: b batch size, t queries, u keys,
+e embedding size, h heads, g key/value heads, s head size.
 """
 
 from __future__ import annotations
@@ -32,12 +21,12 @@ from torchformer.nn.relative import AttentionPositions
 
 
 class HeadRMSNormAttention(SelfAttention):
-    """Self-attention whose queries and keys are RMS-normalised per head (``qnorm``, ``knorm``: ``RMSNorm(s)``).
+    """Self-attention whose queries and keys are RMS-normalised per head: ``RMSNorm(s)`` (Qwen3, OLMo 2).
 
     Args:
         emb: embedding size ``e``.
         heads: heads ``h``.
-        qk_eps: the norms' ``eps`` (``config.norm_eps`` when built from a config).
+        qk_eps: the norms' ``eps`` (``config.norm_eps`` from a config).
         **options: :class:`~torchformer.nn.attention.SelfAttention`'s (``kqnorm`` is implied).
 
     Shapes:
@@ -70,9 +59,7 @@ class HeadRMSNormAttention(SelfAttention):
 
 
 class ProjectionRMSNormAttention(HeadRMSNormAttention):
-    """Self-attention whose whole query and key projections are RMS-normalised before they are cut into heads.
-
-    ``qnorm`` is ``RMSNorm(h s)``, ``knorm`` ``RMSNorm(g s)`` (OLMoE's ``q_norm``, ``k_norm``).
+    """Self-attention with ``RMSNorm(h s)`` on the query and ``RMSNorm(g s)`` on the key projections (OLMoE).
 
     Args:
         emb: embedding size ``e``.
@@ -90,7 +77,7 @@ class ProjectionRMSNormAttention(HeadRMSNormAttention):
         self.knorm = RMSNorm(self.kv_heads * self.head_size, eps=qk_eps)
 
     def project_queries(self, x: Tensor) -> Tensor:
-        """The queries, normalised over the whole projection, then split: ``(b, t, e) -> (b, h, t, s)``.
+        """The queries, normalised over the whole projection, then split into heads.
 
         Args:
             x: ``(b, t, e)``.
@@ -101,7 +88,7 @@ class ProjectionRMSNormAttention(HeadRMSNormAttention):
         return self.split_heads(self.qnorm(self.toqueries(x)))
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys, normalised over the whole projection, and the values, split: ``(b, u, e) -> (b, g, u, s)``.
+        """The keys, normalised over the whole projection, and the values, split.
 
         Args:
             y: ``(b, u, e)``.
@@ -113,10 +100,7 @@ class ProjectionRMSNormAttention(HeadRMSNormAttention):
 
 
 class GatedHeadsAttention(SelfAttention):
-    """Self-attention whose heads' outputs are each multiplied by a sigmoid gate of the layer's input.
-
-    ``gate`` ``(h, e)``, no bias: head ``n``'s output at a position is multiplied by ``sigmoid(gate.weight[n] . x)``
-    before the heads are mixed (``unifyheads``).
+    """Self-attention whose head ``n`` is multiplied by ``sigmoid(gate.weight[n] . x)`` (Qwen3-Next).
 
     Args:
         emb: embedding size ``e``.
@@ -132,7 +116,7 @@ class GatedHeadsAttention(SelfAttention):
         self.gate = nn.Linear(emb, heads, bias=False)
 
     def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
-        """Gate each head's output by the input, then the parent's merge and mix.
+        """Gate each head's output by the input, then as :meth:`SelfAttention.finish`.
 
         Args:
             out: ``(b, h, t, s)``.

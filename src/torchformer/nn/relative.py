@@ -1,30 +1,10 @@
-"""Position schemes that act inside attention: rotary embeddings, ALiBi, and a learned relative bias.
+"""Position schemes that act inside attention, on the distance ``i - j``: rotary, ALiBi, a learned bias.
 
-Absolute schemes (:mod:`torchformer.nn.positions`) add a vector for position ``p`` to the token's embedding once,
-before the first block. The schemes here instead act in every attention layer, on the relation between a query at
-position ``i`` and a key at position ``j``, and all three make the attention score depend on ``i - j`` rather than
-on ``i`` and ``j`` themselves:
+Each is an :class:`AttentionPositions` (:class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias`). Positions are
+absolute (:class:`~torchformer.nn.masks.AttentionMask`), so all work with the KV cache and on inputs longer than
+those trained on. See ``docs/relative-positions.md``.
 
-* :class:`Rotary` (RoPE, Su et al. 2021) rotates pairs of coordinates of queries and keys by the angle
-  ``p * theta_m`` with ``theta_m = 10000^(-2m/s)``. A rotation by ``i`` on the query and by ``j`` on the key leaves
-  their dot product a function of ``i - j`` only: ``R(i)q · R(j)k = q · R(j - i)k``. Pair ``m`` is
-  ``(x_m, x_m+s/2)``, the first half against the second (GPT-NeoX's and Llama's layout, in every Hugging Face
-  checkpoint); :class:`InterleavedRotary` pairs adjacent coordinates ``(x_2m, x_2m+1)`` as the paper writes it
-  (GPT-J's layout, and torchformer's before 0.5).
-* :class:`ALiBi` (Press et al., 2022) adds ``-m_h |i - j|`` to the scores of head ``h``, a linear penalty with a
-  fixed slope per head (steep heads look locally, flat ones far).
-* :class:`RelativeBias` (Raffel et al. 2020, T5) adds a learned scalar per head and *bucket* of ``i - j``: one
-  bucket per distance up close, logarithmically wider buckets further away, all distances beyond ``max_distance``
-  sharing the last bucket.
-
-Each is an :class:`AttentionPositions`, built by ``from_sizes(heads=, head_size=, causal=)``: an attention layer
-builds the class its ``position_classes`` names for the config's ``positions``, so a variant replaces a scheme by
-subclassing it and naming the subclass there. Attention calls ``rotate(x, positions)`` on its queries and keys (before a
-key is cached, so a cached key is stored rotated) and adds ``bias(mask)`` to its scores. Positions are absolute
-(see :class:`~torchformer.nn.masks.AttentionMask`), so all three work with the KV cache and in a compiled decoding
-step, and none has a largest position: they accept inputs longer than those trained on.
-
-Shapes: b batch size, h heads, t queries, u keys, s head size.
+Shapes: b batch size, h heads, g key/value heads, t queries, u keys, s head size.
 """
 
 from __future__ import annotations
@@ -43,8 +23,7 @@ from torchformer.nn.masks import AttentionMask
 class AttentionPositions(nn.Module):
     """No position information inside attention: the base class, and the choice for absolute schemes.
 
-    It has no ``forward``: attention calls :meth:`rotate` on its queries and keys and adds :meth:`bias` to its
-    scores. A subclass overrides one or both.
+    It has no ``forward``; a subclass overrides :meth:`rotate`, :meth:`bias` or both.
 
     Shapes:
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``;
@@ -53,15 +32,12 @@ class AttentionPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
-        """The scheme of an attention layer of ``heads`` heads of size ``head_size``.
-
-        Every scheme has this constructor, so an attention layer builds whichever class its ``position_classes``
-        names; each takes what it needs (rotary the head size, ALiBi and the relative bias the heads).
+        """The scheme of an attention layer of ``heads`` heads of size ``head_size``; every scheme has it.
 
         Args:
             heads: the number of heads ``h``.
             head_size: the head size ``s``.
-            causal: whether the layer is causal (a causal layer's relative bias has buckets for past keys only).
+            causal: whether the layer is causal.
 
         Returns:
             A module of the class this is called on.
@@ -71,8 +47,6 @@ class AttentionPositions(nn.Module):
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
         """The scheme of an attention layer of ``config``: :meth:`from_sizes` with its heads and head size.
-
-        A scheme with fields of its own in the config (rotary's ``rotary_base``) overrides this to read them.
 
         Args:
             config: the model's architecture.
@@ -84,7 +58,7 @@ class AttentionPositions(nn.Module):
         return cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Queries or keys ``(b, h, t, s)`` at ``positions`` ``(t,)`` -> ``(b, h, t, s)``: unchanged here.
+        """Queries or keys at ``positions``, rotated: unchanged here.
 
         Args:
             x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)`` (one per key/value head).
@@ -96,7 +70,7 @@ class AttentionPositions(nn.Module):
         return x
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """A float bias ``(h, t, u)`` added to the scores, or ``None``: none here.
+        """The float bias added to the scores, or ``None``: none here.
 
         Args:
             mask: the query and key positions of this attention call.
@@ -110,8 +84,7 @@ class AttentionPositions(nn.Module):
 def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pair ``m`` of each vector, ``(x[..., m], x[..., m + s/2])``, by the angle of ``cos[m]`` and ``sin[m]``.
 
-    The formula as it reads, for autograd to differentiate; :class:`RotateHalves` computes the same numbers faster
-    (for finite inputs: see :meth:`RotateHalves.rotate_rows`).
+    The formula, for autograd; :class:`RotateHalves` computes the same numbers faster.
 
     Args:
         x: ``(..., t, s)``.
@@ -128,15 +101,7 @@ def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class RotateHalves(torch.autograd.Function):
     """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
 
-    Three things make it faster than autograd on the formula (forward and backward of the queries of one layer of the
-    presets' CPU model: about 55 % less time, ``python benchmarks/parts.py``; ``benchmarks/RESULTS.md`` has the
-    figures, the machine and the date). The forward pass writes straight into the output, in ``x``'s memory layout:
-    no concatenation, and no copy when the queries are a transposed view. When they are (the heads of a position side
-    by side in memory, as attention's ``split_heads`` leaves them) and many (a training batch), it works on whole
-    rows of ``h * s`` numbers rather than on halves of ``s`` (:meth:`rotate_rows`). And a rotation is linear and
-    orthogonal, so the gradient with respect to its input is the output's gradient rotated back, ``rotate(grad, cos,
-    -sin)``: the same two multiplications per pair, where autograd keeps and multiplies each product separately. The
-    angles get no gradient here: :class:`Rotary` uses the formula when they need one.
+    The angles get no gradient (:class:`Rotary` uses the formula when they need one).
 
     Shapes:
         ``apply(x, cos, sin)``: ``x`` ``(b, h, t, s)``, ``cos`` and ``sin`` ``(t, s/2)`` -> ``(b, h, t, s)``.
@@ -148,7 +113,7 @@ class RotateHalves(torch.autograd.Function):
 
         Args:
             x: ``(..., t, s)``.
-            cos: ``(t, s/2)``, or any shape that broadcasts against a half of ``x``.
+            cos: as for :func:`rotate_halves`.
             sin: as ``cos``.
 
         Returns:
@@ -159,9 +124,8 @@ class RotateHalves(torch.autograd.Function):
             return RotateHalves.rotate_rows(x, cos, sin)
         return RotateHalves.by_halves(x, cos, sin)
 
-    # The rows path from this many numbers on (a batch of 8 sequences of 256 positions at emb 256). Below it, in a
-    # decoding step's one position or a small batch, the queries fit in a core's cache, where the halves' gaps cost
-    # little, and building the rows of angles costs more than it saves (`python benchmarks/rotary_layouts.py --rows`).
+    # The rows path from this many numbers on: below it the queries fit in a core's cache, where the halves' gaps
+    # cost little, and building the rows of angles costs more than it saves.
     rows_from = 2**19
 
     @staticmethod
@@ -170,7 +134,7 @@ class RotateHalves(torch.autograd.Function):
 
         Args:
             x: ``(..., t, s)``.
-            cos: ``(t, s/2)``, or any shape that broadcasts against a half of ``x``.
+            cos: as for :func:`rotate_halves`.
             sin: as ``cos``.
 
         Returns:
@@ -199,15 +163,7 @@ class RotateHalves(torch.autograd.Function):
     def rotate_rows(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """:meth:`rotate` of an ``x`` whose heads sit side by side, by operations along whole ``(b, t, h * s)`` rows.
 
-        On halves, each operation works on runs of ``s/2`` numbers (16 in the presets' heads of 32) with gaps
-        between them; along whole rows it streams through memory, which a CPU does faster. Every coordinate takes
-        ``x cos`` (``C``: each pair's cosine at both its coordinates). The cross terms pair each coordinate with the
-        one ``s/2`` further along the row, so they are two products of the row with itself shifted by ``s/2``, times
-        a row of sines ``T`` that is zero where a coordinate takes no cross term from that side. For two heads of four
-        (pairs ``(0, 2)`` and ``(1, 3)`` in each), ``T = (sin_0, sin_1, 0, 0, sin_0, sin_1)``: coordinate ``j`` gets
-        ``-x[j + 2] T[j]`` (the first halves) and coordinate ``j + 2`` gets ``+x[j] T[j]`` (the second). A zero of
-        ``T`` multiplies a coordinate of the neighbouring head, and ``0 * inf`` is NaN: an infinite or NaN coordinate
-        also makes NaN of one half of a neighbouring head, which the formula leaves alone.
+        For finite inputs only: an infinite or NaN coordinate also makes NaN of half a neighbouring head.
 
         Args:
             x: ``(b, h, t, s)``, its heads side by side (:meth:`heads_side_by_side`).
@@ -305,39 +261,19 @@ class RotateHalves(torch.autograd.Function):
 
 
 class Rotary(AttentionPositions):
-    r"""Rotary position embedding: rotate coordinate pairs of queries and keys by position-dependent angles.
+    """Rotary position embedding (RoPE): rotate pair ``(x_m, x_m+s/2)`` of queries and keys by ``p * theta_m``.
 
-    Pair ``m`` (``m = 0 .. s/2 - 1``) of a query or key $x$ ``(s,)`` of one head, at position ``p``, is coordinate
-    ``m`` of the first half with coordinate ``m`` of the second, rotated by ``p * theta_m``:
-
-    $$
-    \begin{pmatrix} x_{m} \\ x_{m + s/2} \end{pmatrix}
-    \mapsto
-    \begin{pmatrix} \cos p\theta_m & -\sin p\theta_m \\ \sin p\theta_m & \cos p\theta_m \end{pmatrix}
-    \begin{pmatrix} x_{m} \\ x_{m + s/2} \end{pmatrix},
-    \qquad
-    \theta_m = \mathrm{base}^{-2m/s}
-    $$
-
-    ``base`` is 10000 unless given; there are no parameters. Attention rotates its queries and keys after ``kqnorm``
-    and before the scores, so that $R(i)q \cdot R(j)k = q \cdot R(j - i)k$ depends on ``i - j`` only.
-
-    ``scaling`` is Llama-3.1's rescaling of the frequencies for contexts longer than the
-    ``original_max_position_embeddings`` ``L`` the model was first trained on. A pair of wavelength
-    ``w = 2 pi / theta_m`` shorter than ``L / high_freq_factor`` (it turns many times within the old context) keeps
-    its frequency; one longer than ``L / low_freq_factor`` is slowed down ``factor`` times; in between, the frequency
-    moves linearly (in ``L / w``) from one to the other.
-
-    Which coordinates form a pair does not matter to what a model can learn (the query and key projections learn
-    either order), but it does to a model's weights: this is the layout of GPT-NeoX, Llama and every Hugging Face
-    checkpoint, and computing it takes two contiguous halves rather than strided pairs.
-    :class:`InterleavedRotary` is the paper's layout of adjacent pairs (GPT-J's).
+    ``theta_m = base^(-2m/s)``; no parameters. The halves are the layout of GPT-NeoX, Llama and Hugging Face
+    checkpoints; :class:`InterleavedRotary` pairs adjacent coordinates. See ``docs/relative-positions.md``.
 
     Args:
-        head_size: ``s``, even (the coordinates are rotated in pairs).
-        base: the base of the frequencies (10000, as the paper and the sinusoidal encoding; Llama-3: 500000).
-        scaling: ``None``, or Llama-3.1's ``{"factor", "low_freq_factor", "high_freq_factor",
-            "original_max_position_embeddings"}`` (``config.rotary_scaling``).
+        head_size: ``s``, even.
+        base: the base of the frequencies (10000; Llama-3: 500000).
+        scaling: ``None``, or Llama-3.1's rescaling for longer contexts, ``{"factor", "low_freq_factor",
+            "high_freq_factor", "original_max_position_embeddings"}`` (``config.rotary_scaling``).
+
+    Raises:
+        ValueError: ``head_size`` is odd, ``base`` is not a positive float, or ``scaling`` is malformed.
 
     Shapes:
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
@@ -353,11 +289,11 @@ class Rotary(AttentionPositions):
         self.scaling = check_rotary_scaling(scaling)
 
     def __getstate__(self) -> dict:
-        # Computed on demand: the frequencies and the last angles are not worth a pickle's bytes.
+        # The frequencies and the last angles are recomputed on demand: not worth a pickle's bytes.
         return {**self.__dict__, "_theta": {}, "_last": None}
 
     def __setstate__(self, state: dict) -> None:
-        # A Rotary pickled before the frequencies were kept had base and scaling as plain attributes.
+        # An older pickle may hold base and scaling as plain attributes.
         state = dict(state)
         state.setdefault("_base", state.pop("base", 10000.0))
         state.setdefault("_scaling", state.pop("scaling", None))
@@ -389,7 +325,7 @@ class Rotary(AttentionPositions):
         """Rotary positions for heads of size ``head_size`` (see :meth:`AttentionPositions.from_sizes`).
 
         Args:
-            heads: the number of heads (unused: every head rotates alike).
+            heads: the number of heads (unused).
             head_size: the head size ``s``, even.
             causal: whether the layer is causal (unused).
 
@@ -409,8 +345,7 @@ class Rotary(AttentionPositions):
         Returns:
             A module of the class this is called on.
         """
-        # Built by from_sizes, the constructor a variant overrides (one that rotates part of each head, say); the
-        # config's frequencies are then set on whatever it built.
+        # Built by from_sizes, which a variant overrides; the config's frequencies are set on what it built.
         rotary = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
         rotary.base = check_positive_float(config.rotary_base, "rotary_base")
         rotary.scaling = check_rotary_scaling(config.rotary_scaling)
@@ -453,10 +388,7 @@ class Rotary(AttentionPositions):
         return keep * theta + (1 - keep) * theta / factor
 
     def angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """``cos`` and ``sin`` of ``p * theta_m``, for every position ``p`` and pair ``m``.
-
-        The angles are computed in float64 (``p * theta`` loses digits in float32 once ``p`` is in the thousands),
-        then converted.
+        """``cos`` and ``sin`` of ``p * theta_m``, for every position ``p`` and pair ``m``, computed in float64.
 
         Args:
             positions: ``(t,)`` long, the absolute positions.
@@ -465,10 +397,8 @@ class Rotary(AttentionPositions):
         Returns:
             ``(cos, sin)``, each ``(t, s/2)``.
         """
-        # The queries and then the keys of a layer rotate at the same positions: the second call reuses the
-        # first's angles. Only for the very same tensors, unchanged (their version counters move with every
-        # in-place write; inference tensors have none), in the same grad and inference modes (angles made under
-        # inference_mode cannot be saved for a backward pass); never learned frequencies, nor while compiling.
+        # The keys rotate at the queries' positions: reuse the last angles, only for the very same unchanged
+        # tensors (version counters; inference tensors have none) in the same grad and inference modes.
         theta = self.frequencies(positions.device)  # (s/2,)
         remember = not (torch.compiler.is_compiling() or positions.is_inference() or theta.is_inference()
                         or theta.requires_grad)
@@ -496,9 +426,8 @@ class Rotary(AttentionPositions):
             The rotated vectors, shaped and typed as ``x``.
         """
         cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
-        # The formula itself when compiling (the compiler fuses it into one kernel, and cannot trace out= into
-        # strided memory), for a variant that learns its angles (autograd's gradient reaches them), or for angles
-        # of more positions than x has (the formula broadcasts; out= would not).
+        # The formula when compiling (the compiler cannot trace out= into strided memory), for learned angles, or
+        # for angles that broadcast wider than x (out= would not).
         half = x.shape[:-1] + (x.size(-1) // 2,)
         if (torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad
                 or _widens(cos.shape, half) or _widens(sin.shape, half)):  # angles that widen x: broadcast
@@ -519,16 +448,9 @@ def _widens(shape: torch.Size, into: tuple[int, ...]) -> bool:
 
 
 class InterleavedRotary(Rotary):
-    r"""Rotary positions with the paper's pairs: adjacent coordinates ``(x_2m, x_2m+1)``, rotated by ``p * theta_m``.
+    """Rotary positions with the paper's pairs: adjacent coordinates ``(x_2m, x_2m+1)`` (GPT-J's layout).
 
-    The same rotation as :class:`Rotary` on another pairing of the coordinates (GPT-J's layout, and torchformer's
-    before 0.5: its checkpoints name ``positions="rotary"`` and are read as ``"rotary_interleaved"``). A model of
-    either is a model of the other with the rows of its query and key projections permuted within each head.
-
-    Args:
-        head_size: ``s``, even.
-        base: the base of the frequencies (10000).
-        scaling: ``None``, or Llama-3.1's rescaling (see :class:`Rotary`).
+    Arguments: as :class:`Rotary`.
 
     Shapes:
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
@@ -551,11 +473,9 @@ class InterleavedRotary(Rotary):
 
 
 def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Tensor:
-    """The paper's slopes ``(h,)``, one per head.
+    """The paper's slopes ``(h,)``, one per head: ``2^(-8/h), ..., 2^(-8)`` for ``h`` a power of two.
 
-    For ``h`` a power of two, ``2^(-8/h), 2^(-16/h), ..., 2^(-8)``; otherwise those of the next lower power of two
-    ``n``, followed by every other slope of ``2n`` heads (Press et al., appendix). Computed on ``device`` by tensor
-    operations (no copy from the host, nothing for ``torch.compile`` to break on), in float64, then rounded.
+    Otherwise those of the next lower power of two ``n``, then every other slope of ``2n`` heads.
 
     Args:
         heads: the number of heads ``h``.
@@ -572,25 +492,15 @@ def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Ten
 
 
 class ALiBi(AttentionPositions):
-    r"""Attention with linear biases: ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
+    """Attention with linear biases (ALiBi): ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
 
-    The score of the query at position $i$ and the key at position $j$, in a head of slope $m_h$:
-
-    $$
-    \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} - m_h \, |i - j|
-    $$
-
-    The slopes ``(h,)`` (:func:`alibi_slopes`; ``slopes``, on the CPU) are computed from ``heads`` at the first use
-    on a device (and kept, outside the module's buffers): :meth:`bias` returns $-m_h |i - j|$ for every head, and
-    attention adds it to the scaled scores, before the mask and the softmax.
-
-    Causal attention only ever sees ``j <= i``, so the penalty is ``-m_h (i - j)`` as in the paper; without the
-    causal rule the same formula penalises both directions alike. Cross-attention keys have no position in the
-    queries' sequence: no bias there. There are no parameters and no buffers: nothing is saved in checkpoints, and
-    a model built on the ``meta`` device (as the loaders build one) has the same slopes as any other.
+    No parameters and no buffers: nothing goes into checkpoints. See ``docs/relative-positions.md``.
 
     Args:
         heads: the number of heads ``h``; head ``k`` gets slope ``alibi_slopes(h)[k]``.
+
+    Raises:
+        ValueError: ``heads`` is not a positive int.
 
     Shapes:
         ``bias(mask)`` -> ``(h, t, u)``, or ``None`` for cross-attention; ``rotate`` returns its input unchanged.
@@ -621,7 +531,7 @@ class ALiBi(AttentionPositions):
         return cls(heads)
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """ALiBi's bias ``-m_h |i - j|`` ``(h, t, u)`` for the mask's query and key positions.
+        """ALiBi's bias ``-m_h |i - j|`` for the mask's query and key positions.
 
         Args:
             mask: the query positions ``i`` and key positions ``j`` of this attention call.
@@ -641,18 +551,14 @@ class ALiBi(AttentionPositions):
 
 
 def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """T5's bucket of each query-minus-key distance ``i - j`` (any shape, integer) -> same shape, in ``[0, buckets)``.
-
-    Bidirectional: half the buckets for keys before the query, half for keys after it. Within a half, the first
-    ``n / 2`` buckets hold one distance each (0, 1, 2, ...); the rest cover distances up to ``max_distance``
-    logarithmically; larger distances share the last bucket. Causal: all buckets for keys at or before the query.
+    """T5's bucket of each query-minus-key distance ``i - j``: one per distance up close, then logarithmic.
 
     Args:
         distance: query position minus key position, an integer tensor of any shape (``(t, u)`` from
             :meth:`~torchformer.nn.masks.AttentionMask.distance`).
         bidirectional: separate buckets for keys after the query (negative distances); if False, those all fall in
             bucket 0 (a causal layer never sees them).
-        num_buckets: the number of buckets ``n`` in all (both halves together when bidirectional).
+        num_buckets: the number of buckets in all (both halves together when bidirectional).
         max_distance: the distance from which on every distance shares the last bucket (of its half).
 
     Returns:
@@ -674,29 +580,19 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
 
 
 class RelativeBias(AttentionPositions):
-    r"""A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
+    """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
 
-    The score of the query at position $i$ and the key at position $j$, in head $h$:
-
-    $$
-    \mathrm{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{s}} + B_{\operatorname{bucket}(i - j),\,h}
-    $$
-
-    $B$ is ``table.weight`` ``(num_buckets, heads)``, one learned column per head, and $\operatorname{bucket}$ is
-    :func:`relative_bucket` (with this layer's ``bidirectional``, ``num_buckets`` and ``max_distance``);
-    :meth:`bias` returns $B_{\operatorname{bucket}(i - j),\,h}$ for every head, ``(h, t, u)``.
-
-    By default every attention layer learns its own table. T5 learns one per stack, stored in its first block and
-    used by all of its layers: with the config's ``relative_shared``, a stack builds one ``RelativeBias`` and hands
-    the same module to each of its self-attention layers (``MultiHeadAttention.from_config(config,
-    positions=...)``), so every layer adds the bias of the same table. The table starts at zero, so a fresh layer
-    attends as if there were no bias.
+    The table ``table.weight`` ``(num_buckets, h)`` starts at zero; buckets are :func:`relative_bucket`'s. With
+    ``relative_shared`` a stack hands one table to all its layers. See ``docs/relative-positions.md``.
 
     Args:
         heads: ``h``.
         bidirectional: separate buckets for keys before and after the query (encoders); False for causal layers.
-        num_buckets: how many buckets of distances; T5's default, 32.
-        max_distance: distances from this one on share the last bucket; T5's default, 128.
+        num_buckets: how many buckets of distances, at least 4; T5's default, 32.
+        max_distance: distances from this one on share the last bucket, above ``num_buckets // 2``; T5's, 128.
+
+    Raises:
+        ValueError: ``num_buckets`` or ``max_distance`` is too small.
 
     Shapes:
         ``bias(mask)`` -> ``(h, t, u)``, or ``None`` for cross-attention; ``rotate`` returns its input unchanged.
@@ -715,9 +611,9 @@ class RelativeBias(AttentionPositions):
         """A learned bias table for ``heads`` heads, one-sided if causal (see :meth:`AttentionPositions.from_sizes`).
 
         Args:
-            heads: the number of heads ``h``: one scalar per bucket each.
+            heads: the number of heads ``h``.
             head_size: the head size (unused).
-            causal: a causal layer sees only past keys: its buckets are for ``i - j >= 0`` only.
+            causal: whether the layer is causal (buckets for ``i - j >= 0`` only).
 
         Returns:
             A module of the class this is called on.
@@ -730,12 +626,12 @@ class RelativeBias(AttentionPositions):
 
         Args:
             config: the model's architecture.
-            causal: a causal layer sees only past keys: its buckets are for ``i - j >= 0`` only.
+            causal: whether the layer is causal.
 
         Returns:
             A module of the class this is called on.
         """
-        # Built by from_sizes, as Rotary's; the config's numbers are set on what it built (a new table if they differ).
+        # Built by from_sizes, as Rotary's; the config's numbers are set on it (a new table if they differ).
         bias = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
         if (bias.num_buckets, bias.max_distance) != (config.relative_buckets, config.relative_max_distance):
             bias.num_buckets, bias.max_distance = config.relative_buckets, config.relative_max_distance
@@ -744,7 +640,7 @@ class RelativeBias(AttentionPositions):
         return bias
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """The learned bias of each head for the bucket of ``i - j``: ``(h, t, u)``.
+        """The learned bias of each head for the bucket of ``i - j``.
 
         Args:
             mask: the query positions ``i`` and key positions ``j`` of this attention call.

@@ -1,29 +1,7 @@
-"""Stacks of transformer blocks: the encoder and the decoder.
+"""Stacks of transformer blocks: the encoder (bidirectional, or causal for a generator) and the decoder.
 
-* :class:`Encoder`: ``depth`` :class:`~torchformer.nn.blocks.TransformerBlock`\\ s. Bidirectional by default (every
-  position sees every real position): a classifier, or the first half of an encoder-decoder model. With
-  ``causal=True`` it is the stack of a GPT-style generator, which the literature calls "decoder-only"; torchformer
-  keeps the name :class:`Decoder` for the stack that also reads an encoder's output.
-* :class:`Decoder`: ``depth`` :class:`~torchformer.nn.blocks.DecoderBlock`\\ s: causal self-attention and
-  cross-attention to the ``context`` (the encoder's output).
-
-With ``config.relative_shared`` (T5), a stack builds one relative-position table and every block's self-attention
-adds its bias (:func:`shared_positions`); otherwise each attention layer has its own.
-
-With pre-norm blocks, the residual stream leaving the last block was never normalised, so the stack ends with a
-final normalisation (as GPT-2 does), of the blocks' kind (``config.norm``: LayerNorm or RMSNorm). With post-norm
-blocks the last block already normalised it.
-
-Both are built from a :class:`~torchformer.config.TransformerConfig`; ``block_class`` picks the block (a subclass
-for a variant, see ``docs/extending.md``).
-
-With ``config.checkpoint_blocks`` (activation checkpointing) each block's call goes through
-``torch.utils.checkpoint`` while training: the forward pass keeps only the block's inputs, and the backward pass runs
-the block again to get the activations it needs. Non-reentrant checkpointing replays the random number generator, so
-dropout draws the same masks both times and the gradients are those of the plain model. It is skipped when nothing
-needs gradients (evaluation, ``torch.no_grad``) and with KV caches: decoding writes the caches, and a recomputation
-would write them twice.
-
+A stack of pre-norm blocks ends with a final norm (``docs/blocks.md``); ``config.checkpoint_blocks`` checkpoints
+each block in training (``docs/going-big.md``).
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
@@ -44,15 +22,12 @@ from torchformer.nn.norms import make_norm
 
 
 def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCache | None, **kwargs: Any) -> Tensor:
-    """Call ``block(*args, cache=cache, **kwargs)``, through activation checkpointing when asked and allowed.
-
-    Only in a training step without a KV cache, as the module docstring says; otherwise the block is called directly.
+    """Call ``block(*args, cache=cache, **kwargs)``, checkpointed when asked, training, with gradients and no cache.
 
     Args:
         block: the transformer block to run.
         checkpointed: whether the stack checkpoints its blocks (``config.checkpoint_blocks``).
-        *args: the block's positional arguments: ``x`` ``(b, t, e)``, and then what the block takes (``mask``, or
-            ``context``, ``mask``, ``context_mask`` for a decoder block).
+        *args: ``x`` ``(b, t, e)``, then ``mask`` (a decoder block: ``context``, ``mask``, ``context_mask``).
         cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
         **kwargs: the block's keyword arguments (``positions``).
 
@@ -65,20 +40,15 @@ def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCach
 
 
 def shared_positions(block_class: type[TransformerBlock], config: TransformerConfig, *, causal: bool) -> dict:
-    """The keyword argument that hands every block of a stack the same position scheme, or none.
-
-    With ``config.relative_shared`` (T5), the stack builds one relative-position table
-    (:meth:`~torchformer.nn.blocks.TransformerBlock.stack_positions`) and every block's self-attention uses it;
-    the parameters then appear once, under the first block's name. Otherwise each attention builds its own, and the
-    blocks are built as always (a block variant without the argument still works).
+    """The keyword argument that hands every block of a stack one position scheme (T5's ``relative_shared``), or none.
 
     Args:
-        block_class: the stack's block class.
+        block_class: the stack's block class (its :meth:`~torchformer.nn.blocks.TransformerBlock.stack_positions`).
         config: the architecture.
         causal: whether the blocks' self-attention is causal.
 
     Returns:
-        ``{"positions": scheme}``, or ``{}``.
+        ``{"positions": scheme}``, or ``{}`` (the blocks are then built without the argument).
     """
     scheme = block_class.stack_positions(config, causal=causal)
     return {} if scheme is None else {"positions": scheme}
@@ -87,17 +57,14 @@ def shared_positions(block_class: type[TransformerBlock], config: TransformerCon
 class Encoder(nn.Module):
     """``depth`` transformer blocks, then a final norm with pre-norm blocks.
 
-    ``forward(x, mask=None, *, positions=None, caches=None, documents=None)``: ``mask`` marks real tokens,
-    ``positions`` their absolute positions, ``documents`` ``(b, t)`` the document of each token of packed rows
-    (attention stays within each; see :class:`~torchformer.nn.attention.SelfAttention`).
-
     Args:
         config: the architecture; ``config.depth`` blocks.
         causal: causal self-attention (a generator's stack).
         block_class: the block to stack (default :class:`~torchformer.nn.blocks.TransformerBlock`).
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)``, ``positions`` ``(t,)`` -> ``(b, t, e)``; ``caches`` holds one
+        ``forward(x, mask=None, *, positions=None, caches=None, documents=None)``: as
+        :class:`~torchformer.nn.blocks.TransformerBlock`, ``x`` ``(b, t, e)`` -> ``(b, t, e)``; ``caches`` one
         :class:`~torchformer.nn.cache.BlockCache` per block.
     """
 
@@ -127,22 +94,16 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """``depth`` decoder blocks (causal self-attention and cross-attention).
-
-    ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None, documents=None,
-    context_documents=None)``: ``mask`` marks real target tokens, ``context_mask`` real context tokens;
-    ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` number the documents of packed target and source
-    rows (both or neither, :class:`~torchformer.nn.blocks.DecoderBlock`). With ``caches`` (one
-    :class:`~torchformer.nn.cache.BlockCache` per block), :meth:`fill_caches` computes every block's cross-attention
-    keys and values of the context once, and the cached steps then take no ``context`` (``None``).
+    """``depth`` decoder blocks (causal self-attention and cross-attention), then a final norm with pre-norm blocks.
 
     Args:
         config: the architecture; ``config.decoder_depth`` blocks (``config.depth`` if that is None).
         block_class: the block to stack (default :class:`~torchformer.nn.blocks.DecoderBlock`).
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``mask`` ``(b, t)``, ``context_mask`` ``(b, u)`` ->
-        ``(b, t, e)``.
+        ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None, documents=None,
+        context_documents=None)``: as :class:`~torchformer.nn.blocks.DecoderBlock`, ``x`` ``(b, t, e)``, ``context``
+        ``(b, u, e)`` (``None`` after :meth:`fill_caches`) -> ``(b, t, e)``; ``caches`` one per block.
     """
 
     def __init__(self, config: TransformerConfig, *, block_class: type[DecoderBlock] = DecoderBlock) -> None:
@@ -156,15 +117,12 @@ class Decoder(nn.Module):
         self.checkpoint_blocks = config.checkpoint_blocks
 
     def fill_caches(self, caches: list[BlockCache], context: Tensor, context_mask: Tensor | None = None) -> None:
-        """Compute every block's cross-attention keys and values of ``context`` once, into ``caches``.
-
-        Call it once per context, before the first cached step (see
-        :meth:`~torchformer.nn.blocks.DecoderBlock.fill_cache`).
+        """Compute every block's cross-attention keys and values of ``context`` once, before the first cached step.
 
         Args:
             caches: one :class:`~torchformer.nn.cache.BlockCache` per block, their cross-attention parts empty.
             context: the encoder's output ``(b, u, e)``.
-            context_mask: ``(b, u)``, True for real context tokens; ``None``: all real. The caches keep it.
+            context_mask: ``(b, u)``, True for real context tokens (the caches keep it); ``None``: all real.
 
         Raises:
             ValueError: ``caches`` is not one BlockCache per block, one is already filled, or a shape is wrong.
