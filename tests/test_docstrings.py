@@ -95,10 +95,10 @@ def own_doc(value) -> str:
 
 def constructor_definer(value) -> type | None:
     """The torchformer class whose ``__init__`` the class ``value`` inherits; ``None`` if it defines its own."""
-    for base in value.__mro__[1:]:
-        if "__init__" in base.__dict__:
-            return base if base.__module__.startswith("torchformer") and "__init__" not in value.__dict__ else None
-    return None
+    if "__init__" in value.__dict__:
+        return None
+    definer = next(base for base in value.__mro__ if "__init__" in base.__dict__)  # object at the latest
+    return definer if definer.__module__.startswith("torchformer") else None
 
 
 def arguments(value) -> list[str]:
