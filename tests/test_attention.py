@@ -351,6 +351,18 @@ def test_mask_from_positions_is_the_causal_mask_in_absolute_positions():
     assert AttentionMask(torch.arange(4), torch.arange(4), causal=True, aligned=True).needs_tensor is False
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_query_at_the_last_key_needs_no_mask_tensor_and_its_rule_allows_every_key(causal):
+    last = AttentionMask(torch.tensor([5]), torch.arange(6), causal=causal, ends_aligned=True)
+    assert last.needs_tensor is False
+    assert last.allowed() is None or bool(last.allowed().all())  # the rule itself: every key
+    # Two queries (the causal rule hides slot 5 from the first), a window, or a key mask still need a tensor.
+    assert AttentionMask(torch.tensor([4, 5]), torch.arange(6), causal=True, ends_aligned=True).needs_tensor
+    assert AttentionMask(torch.tensor([5]), torch.arange(6), causal=causal, window=3, ends_aligned=True).needs_tensor
+    assert AttentionMask(torch.tensor([5]), torch.arange(6), torch.ones(1, 6, dtype=torch.bool), causal=causal,
+                         ends_aligned=True).needs_tensor
+
+
 def test_attention_functions_agree_directly():
     q, k, v = (torch.randn(2, 3, 4, 8, dtype=torch.float64) for _ in range(3))
     allowed = torch.rand(2, 1, 4, 4) > 0.5

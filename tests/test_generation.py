@@ -16,6 +16,7 @@ from torchformer import TransformerBlock, TransformerConfig
 from torchformer.nn.attention import SelfAttention
 from torchformer.decoding.generation import EagerStep, beam_search, generate, sample_next, seq2seq_generate
 from torchformer.models import GTransformer, Seq2SeqTransformer
+from torchformer.nn.cache import KVCache, RingKVCache
 
 
 class TableModel(nn.Module):
@@ -537,6 +538,69 @@ def test_a_horizon_lasts_one_call_so_the_blocks_called_directly_read_every_slot(
     caches[0].set_horizon(3)
     caches[0].reset()
     assert caches[0].self_attention.horizon is None
+
+
+def test_a_cache_is_dense_only_while_every_slot_it_reads_was_written_without_a_gap_or_padding():
+    k = torch.randn(1, 2, 3, 4)
+    cache = KVCache(8)
+    cache.set_horizon(3, span=(0, 3))
+    cache.write((k, k), torch.arange(3))
+    assert cache.dense and cache.filled == 3
+    cache.set_horizon(None)  # the door clears it after the call: what the host knew was of that call
+    assert not cache.dense
+    cache.set_horizon(5, span=(3, 4))  # a horizon past the call's last position reads a slot not written yet
+    cache.write((k[:, :, :1], k[:, :, :1]), torch.tensor([3]))
+    assert not cache.dense and cache.filled == 4
+    cache.set_horizon(7, span=(6, 7))  # slot 4 and 5 skipped: a gap
+    cache.write((k[:, :, :1], k[:, :, :1]), torch.tensor([6]))
+    assert not cache.dense and cache.filled == 4
+    cache.set_horizon(5, span=(4, 5))  # the gap's first slot: the prefix grows, the read ends at the call
+    cache.write((k[:, :, :1], k[:, :, :1]), torch.tensor([4]))
+    assert cache.dense and cache.filled == 5
+    state = cache.state_dict()
+    loaded = KVCache(8)
+    loaded.load_state_dict(state)
+    assert loaded.filled == 5  # slots 0 .. 4 (slot 6 lies past the gap)
+    cache.set_horizon(6, span=(5, 6))
+    cache.write((k[:, :, :1], k[:, :, :1]), torch.tensor([5]), torch.tensor([[False]]))  # padding: masks for good
+    assert not cache.dense
+    cache.reset()
+    assert cache.filled == 0 and not cache.dense
+    ring = RingKVCache(4)
+    ring.set_horizon(None, span=(0, 3))
+    ring.write((k, k), torch.arange(3))
+    assert not ring.dense  # a ring's slots are not its positions
+
+
+@pytest.mark.parametrize("positions", ["rotary", "alibi", "learned"])
+def test_generation_steps_read_dense_caches_and_a_gap_keeps_the_mask(positions, monkeypatch):
+    import torchformer.nn.attention as attention
+
+    seen = []
+
+    class Spy(attention.AttentionMask):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.ends_aligned)
+
+    monkeypatch.setattr(attention, "AttentionMask", Spy)
+    model = small_lm(positions, seq_length=16)
+    prompt = torch.randint(0, 13, (1, 4), generator=torch.Generator().manual_seed(3))
+    recomputed = generate(model, prompt, 5, temperature=0, use_cache=False)
+    seen.clear()
+    assert torch.equal(generate(model, prompt, 5, temperature=0), recomputed)
+    assert seen == [False] * 2 + [True] * 2 * 4  # the prompt (2 layers), then 4 steps read dense caches
+    seen.clear()
+    x = torch.randint(0, 13, (1, 8), generator=torch.Generator().manual_seed(4))
+    caches = model.new_caches()
+    model(x[:, :3], caches=caches, positions=torch.arange(3))
+    gap = model(x[:, 5:6], caches=caches, positions=torch.tensor([5]))  # slots 3 and 4 never written
+    assert seen == [False] * 4
+    # Slots 3 and 4 stay hidden: the last token sees the tokens at positions 0, 1, 2 and 5, as in one uncached
+    # pass over them (whose door refuses positions with a gap unless it is told not to read them).
+    model.check_values = False
+    expected = model(torch.cat([x[:, :3], x[:, 5:6]], dim=1), positions=torch.tensor([0, 1, 2, 5]))[:, -1:]
+    torch.testing.assert_close(gap, expected, atol=1e-12, rtol=0)
 
 
 # ---- what a call allocates and computes: the slots it will use, the last position's head -------------------------

@@ -288,15 +288,20 @@ def _check_values_of_positions(positions: Tensor, limit: int | None, capacity: i
 
 
 def check_cached_positions(positions: object, t: int, device: torch.device, *, limit: int | None,
-                           capacity: int | None, horizon: object, values: bool = True) -> tuple[Tensor, int | None]:
-    """:func:`check_positions` with caches, and the horizon of the call: the slots its queries read.
+                           capacity: int | None, horizon: object,
+                           values: bool = True) -> tuple[Tensor, int | None, tuple[int, int] | None]:
+    """:func:`check_positions` with caches, the horizon of the call (the slots its queries read) and its span.
 
     ``horizon`` given: an int in ``[1, capacity]`` that every position must be below (checked when the positions are
     read). ``None``: one past the last position when they are read (the host then knows it for free), else ``None``
     (every slot). Ring caches (``capacity`` ``None``) take no horizon.
 
+    Under :func:`values_checked` (the caller vouches for the values) a CPU tensor's last position is still read:
+    there is no device to wait for, and the caches then know which slots the call fills.
+
     Returns:
-        ``(positions, horizon)``: the positions as ``torch.long`` and the horizon to give the caches.
+        ``(positions, horizon, span)``: the positions as ``torch.long``, the horizon to give the caches, and
+        ``(first, end)``, the positions ``first .. end-1`` the call writes, when the host knows them (else ``None``).
     """
     if horizon is not None:
         if capacity is None:
@@ -308,13 +313,17 @@ def check_cached_positions(positions: object, t: int, device: torch.device, *, l
     if positions is None:
         check_positions(None, t, device, limit=limit, capacity=capacity, cached=True)  # raises: caches need them
     positions = check_position_shape(positions, t, device)
-    if not (values and values_checkable(positions)):
-        return positions, horizon  # type: ignore[return-value]
-    hi = _check_values_of_positions(positions, limit, capacity)
-    if horizon is not None and hi >= horizon:
-        raise ValueError(f"the input reaches position {hi}, but horizon={horizon} reads slots 0 .. {horizon - 1} "
-                         f"only: a query would not see its own key; give horizon > {hi} (or None)")
-    return positions, (hi + 1 if horizon is None and capacity is not None else horizon)
+    if values and values_checkable(positions):
+        hi = _check_values_of_positions(positions, limit, capacity)
+        if horizon is not None and hi >= horizon:
+            raise ValueError(f"the input reaches position {hi}, but horizon={horizon} reads slots 0 .. {horizon - 1} "
+                             f"only: a query would not see its own key; give horizon > {hi} (or None)")
+    elif values and positions.device.type == "cpu" and not _is_compiling():  # vouched for: read the last, for free
+        hi = int(positions[-1])
+    else:  # no reads asked for, a device to wait for, or a graph being traced: the host knows nothing more
+        return positions, horizon, None  # type: ignore[return-value]
+    horizon = hi + 1 if horizon is None and capacity is not None else horizon
+    return positions, horizon, (hi + 1 - t, hi + 1)  # type: ignore[return-value]
 
 
 def require_method(obj: object, method: str, needed_for: str) -> Any:

@@ -279,11 +279,11 @@ class TransformerModel(nn.Module):
                 raise ValueError(f"horizon ({horizon!r}) says which cache slots a call reads: give it with caches")
             return check_positions(positions, x.size(1), x.device, limit=self.config.position_limit, cached=False,
                                    values=self.check_values)
-        positions, horizon = check_cached_positions(positions, x.size(1), x.device,
-                                                    limit=self.config.position_limit, capacity=capacity,
-                                                    horizon=horizon, values=self.check_values)
+        positions, horizon, span = check_cached_positions(positions, x.size(1), x.device,
+                                                          limit=self.config.position_limit, capacity=capacity,
+                                                          horizon=horizon, values=self.check_values)
         for cache in caches:  # for this call (the forward clears them after it): every block reads the same slots
-            cache.set_horizon(horizon)
+            cache.set_horizon(horizon, span=span)
         return positions
 
     @classmethod

@@ -516,8 +516,11 @@ class SelfAttention(MultiHeadAttention):
             # Every slot's entries up to the horizon: (b, g, c, s); which are usable, (b or 1, c).
             entries, usable = cache.write(entries, positions, mask)
             # Slot p holds position p, so the keys' positions are the slots; those not written yet are not usable.
-            attention_mask = AttentionMask(positions, cache.key_positions, usable, causal=self.causal,
-                                           window=self.window, padded=cache.padded, pattern=self.pattern)
+            # A dense read (every slot real, the last one this call's) needs no usable mask: the host knows.
+            dense = cache.dense
+            attention_mask = AttentionMask(positions, cache.key_positions, None if dense else usable,
+                                           causal=self.causal, window=self.window, padded=cache.padded,
+                                           pattern=self.pattern, ends_aligned=dense)
         k, v = self.keys_values(entries)  # (b, g, u, s) each: attend shares them between the query heads
         out, weights = self.attend(q, k, v, attention_mask, return_weights=return_weights)
         out = self.finish(out, attention_mask, x)

@@ -44,6 +44,8 @@ class KVCache:
         self.written: Optional[Tensor] = None  # (c,) bool: which slots hold a key and value
         self._any_written = False  # the same, summarised on the host (reading `written` would wait for a GPU)
         self.horizon: Optional[int] = None  # reads cover slots 0 .. horizon-1; None: all (set by the model's door)
+        self.span: Optional[tuple[int, int]] = None  # the positions this call writes, when the host knows them
+        self.filled = 0  # slots 0 .. filled-1 are known, on the host, to hold real tokens' entries (see dense)
 
     @property
     def keys(self) -> Optional[Tensor]:
@@ -103,6 +105,8 @@ class KVCache:
         self.written.index_fill_(0, positions, True)  # type: ignore[union-attr]
         if not self._any_written:  # only the first write changes it (a compiled step then has nothing to record)
             self._any_written = True
+        if self.span is not None and mask is None and self.span[0] <= self.filled:  # no gap: the filled prefix grows
+            self.filled = max(self.filled, self.span[1])
         b, t = entries[0].size(0), entries[0].size(2)
         if mask is not None and self.real is None:  # the first padding: until now every slot was real
             self.real = torch.ones(b, self.capacity, dtype=torch.bool, device=entries[0].device)  # (b, c)
@@ -119,17 +123,30 @@ class KVCache:
         return tuple(buffer[:, :, :n] for buffer in self.entries), usable[:, :n]  # type: ignore[union-attr]
 
     @property
+    def dense(self) -> bool:
+        """Whether this call reads only written, real slots, up to its own last position (a host-side flag).
+
+        True after a :meth:`write` whose positions the model's door knew (:meth:`set_horizon`'s ``span``), when
+        every slot from 0 to the horizon has been written without a gap or padding and the horizon is one past the
+        call's last position. A single query at the last slot then sees every slot read: no mask is needed.
+        """
+        return (self.real is None and self.span is not None and self.horizon == self.span[1]
+                and self.filled >= self.span[1])
+
+    @property
     def key_positions(self) -> Optional[Tensor]:
         """``(u,)``: the position each slot a read covers holds (``slots``, its first :attr:`horizon` ones)."""
         if self.slots is None or self.horizon is None:
             return self.slots
         return self.slots[: self.horizon]
 
-    def set_horizon(self, horizon: Optional[int]) -> None:
+    def set_horizon(self, horizon: Optional[int], *, span: Optional[tuple[int, int]] = None) -> None:
         """Let the next reads cover only slots ``0 .. horizon-1`` (the model's door sets it on every call).
 
         Args:
             horizon: an int in ``[1, capacity]``; ``None``: every slot.
+            span: ``(first, end)``, the positions ``first .. end-1`` the call writes, when the host knows them
+                (it then keeps track of the filled slots, :attr:`dense`); ``None``: unknown.
 
         Raises:
             ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``.
@@ -137,7 +154,7 @@ class KVCache:
         if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= self.capacity):
             raise ValueError(f"horizon must be an int in [1, {self.capacity}] (the cache's capacity) or None, got "
                              f"{horizon!r}")
-        self.horizon = horizon
+        self.horizon, self.span = horizon, span
 
     @property
     def position_limit(self) -> Optional[int]:
@@ -153,7 +170,7 @@ class KVCache:
         """Forget what was written; the buffers (and their memory) stay for the next sequence."""
         if self.written is not None:
             self.written.fill_(False)
-        self.real, self._any_written, self.horizon = None, False, None
+        self.real, self._any_written, self.horizon, self.span, self.filled = None, False, None, None, 0
 
     def state_dict(self, *, device: Optional[torch.device | str] = None) -> dict:
         """What the cache holds, as plain data and tensors: to save a training run's segment memory with it.
@@ -186,6 +203,8 @@ class KVCache:
         self.entries = None if entries is None else tuple(move(t) for t in entries)
         self.real, self.slots, self.written = move(state["real"]), move(state["slots"]), move(state["written"])
         self._any_written = bool(state["any_written"])
+        # The filled prefix, read once here (a load may wait for a device; decoding steps never do).
+        self.filled = 0 if self.written is None else int(self.written.long().cumprod(0).sum())
 
     def _allocate(self, entries: tuple[Tensor, ...]) -> None:
         first = entries[0]
@@ -248,11 +267,12 @@ class RingKVCache(KVCache):
         """``None``: a ring takes any position."""
         return None
 
-    def set_horizon(self, horizon: Optional[int]) -> None:
+    def set_horizon(self, horizon: Optional[int], *, span: Optional[tuple[int, int]] = None) -> None:
         """As :meth:`KVCache.set_horizon`, but a ring reads every slot: only ``None`` is taken.
 
         Args:
             horizon: ``None``.
+            span: ignored: a ring's slots are not its positions, and it is never :attr:`~KVCache.dense`.
 
         Raises:
             ValueError: ``horizon`` is not ``None``.
@@ -382,13 +402,14 @@ class BlockCache:
         """The first position the self-attention cache cannot hold (``None`` for a ring)."""
         return self.self_attention.position_limit
 
-    def set_horizon(self, horizon: Optional[int]) -> None:
+    def set_horizon(self, horizon: Optional[int], *, span: Optional[tuple[int, int]] = None) -> None:
         """As :meth:`KVCache.set_horizon`, for the self-attention cache.
 
         Args:
             horizon: an int in ``[1, capacity]``; ``None``: every slot.
+            span: ``(first, end)``, the positions the call writes, when the host knows them; ``None``: unknown.
         """
-        self.self_attention.set_horizon(horizon)
+        self.self_attention.set_horizon(horizon, span=span)
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` of both caches, as :meth:`KVCache.reorder` does.

@@ -115,6 +115,8 @@ class AttentionMask:
         padded: whether ``key_mask`` can leave a query without any key; ``None``: whenever a ``key_mask`` (or
             ``key_documents``) is given.
         aligned: the keys are the queries, in order (self-attention over one call's tokens; no mask tensor needed).
+        ends_aligned: the queries are the last keys, in order (a cache read up to the call's last position): a
+            single query then sees every key its rules allow (no mask tensor needed without a window or pattern).
         documents: ``(b, t)`` long, the document of each token of a packed row (non-decreasing along the row), for
             aligned self-attention; ``None``: one document per row.
         key_documents: ``(b, u)`` long, the document of each key, for cross-attention between packed rows (query
@@ -129,7 +131,8 @@ class AttentionMask:
     def __init__(self, query_positions: Tensor, key_positions: Optional[Tensor], key_mask: Optional[Tensor] = None, *,
                  causal: bool = False, window: Optional[int] = None, padded: Optional[bool] = None,
                  aligned: bool = False, pattern: Optional[AttentionPattern] = None,
-                 documents: Optional[Tensor] = None, key_documents: Optional[Tensor] = None) -> None:
+                 documents: Optional[Tensor] = None, key_documents: Optional[Tensor] = None,
+                 ends_aligned: bool = False) -> None:
         # Cheap checks of the Python arguments (tensors are checked at the models' boundary): a window of 0 or a
         # non-bool mask would silently hide every key.
         if window is not None and (not is_int(window) or window <= 0):
@@ -137,7 +140,7 @@ class AttentionMask:
         if key_mask is not None and key_mask.dtype != torch.bool:
             raise TypeError(f"key_mask must have dtype torch.bool (True = real key), got {key_mask.dtype}")
         self.query_positions, self.key_positions, self.key_mask = query_positions, key_positions, key_mask
-        self.causal, self.window, self.aligned = causal, window, aligned
+        self.causal, self.window, self.aligned, self.ends_aligned = causal, window, aligned, ends_aligned
         if pattern is not None and key_positions is None:
             raise ValueError("an attention pattern needs the keys' positions; cross-attention's keys have none")
         self.pattern = pattern
@@ -155,11 +158,13 @@ class AttentionMask:
 
     @property
     def needs_tensor(self) -> bool:
-        """False when the mask is "everything" or "plain causal, keys = queries": SDPA then needs no mask tensor."""
+        """False for "everything", "plain causal, keys = queries" or one query at the last key: SDPA needs no tensor."""
         if (self.window is not None or self.pattern is not None) and self.key_positions is not None:
             return True
         if self.documents is not None:
             return True
+        if self.ends_aligned and self.key_mask is None and self.query_positions.size(0) == 1:
+            return False  # one query at the last key: causal or not, it sees every key
         return self.key_mask is not None or (self.key_positions is not None and not self.aligned)
 
     @property
