@@ -17,6 +17,7 @@ import torch
 
 import torchformer
 import torchformer.data
+import torchformer.nn.relative
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 spec = importlib.util.spec_from_file_location("public_api", DOCS / "public_api.py")
@@ -68,7 +69,10 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 # * ``Shapes:`` for a module (an ``nn.Module``): what ``forward`` takes and returns, in the letters b, t, u, e, h, s,
 #   c, v (``forward`` itself is not listed, public_api.INHERITED_ROLES: the class's ``Shapes:`` documents it);
 # * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``),
-#   not beginning with "word:", which the site would read as the name of the returned value.
+#   not beginning with "word:", which the site would read as the name of the returned value;
+# * a method that overrides a torchformer class's method with the same arguments may, likewise, leave out
+#   ``Args:`` and ``Returns:`` when it names that class ("As :meth:`Parent.method`, ..."): its contract is the
+#   parent's, documented once.
 #
 # Exempt, and why:
 #
@@ -99,6 +103,23 @@ def constructor_definer(value) -> type | None:
         return None
     definer = next(base for base in value.__mro__ if "__init__" in base.__dict__)  # object at the latest
     return definer if definer.__module__.startswith("torchformer") else None
+
+
+def overridden_definer(value) -> type | None:
+    """The torchformer class a method ``value`` overrides with the same arguments; ``None`` for any other value."""
+    if not inspect.isfunction(value) or "." not in value.__qualname__ or "<locals>" in value.__qualname__:
+        return None
+    owner = getattr(inspect.getmodule(value), value.__qualname__.split(".")[0], None)
+    if not inspect.isclass(owner):
+        return None
+    name = value.__name__
+    for base in owner.__mro__[1:]:
+        if name in vars(base) and base.__module__.startswith("torchformer"):
+            parent = vars(base)[name]
+            parent = parent.__func__ if isinstance(parent, (staticmethod, classmethod)) else parent
+            same = inspect.isfunction(parent) and arguments(parent) == arguments(value)
+            return base if same else None
+    return None
 
 
 def arguments(value) -> list[str]:
@@ -139,6 +160,10 @@ def style_problems(value) -> list[str]:
         return problems
     found = sections(doc)
     expected = arguments(value)
+    parent = overridden_definer(value)
+    if parent is not None and "Args" not in found and "Returns" not in found:  # the parent's contract
+        return problems if parent.__name__ in doc else [
+            *problems, f"no Args: or Returns: section and no mention of {parent.__name__}, whose method it overrides"]
     definer = constructor_definer(value) if inspect.isclass(value) else None
     if expected and definer is not None and "Args" not in found:
         if definer.__name__ not in doc:
@@ -205,3 +230,29 @@ def test_a_subclass_documents_its_parents_arguments_by_naming_the_parent(monkeyp
     monkeypatch.setattr(attention.SelfAttention, "__doc__", "Self-attention.\n\nArgs:\n    emb: width.\n\n"
                         "Shapes:\n    x (b, t, e) -> (b, t, e)\n")
     assert style_problems(attention.SelfAttention)[0].startswith("Args: lists ['emb'], the signature has")
+
+
+def test_an_overriding_method_documents_its_arguments_by_naming_the_parent(monkeypatch):
+    # Rotary.rotate overrides AttentionPositions.rotate with the same arguments: without Args: and Returns: it must
+    # name the class whose method documents them. A method with other arguments than its parent's documents them.
+    from torchformer.nn import attention, latent, relative
+
+    monkeypatch.setattr(relative.Rotary.rotate, "__doc__", "Rotate the pairs.\n\nAs the parent's.")
+    assert style_problems(relative.Rotary.rotate) == [
+        "no Args: or Returns: section and no mention of AttentionPositions, whose method it overrides"]
+    monkeypatch.setattr(relative.Rotary.rotate, "__doc__", "Rotate the pairs.\n\nAs "
+                        ":meth:`AttentionPositions.rotate`.")
+    assert style_problems(relative.Rotary.rotate) == []
+    assert overridden_definer(relative.Rotary.rotate) is relative.AttentionPositions
+    assert overridden_definer(relative.rotate_halves) is None  # a function, not a method
+    assert overridden_definer(relative.AttentionPositions.rotate) is None  # defines it
+    assert overridden_definer(latent.LatentAttention.arguments_from_config.__func__) is attention.MultiHeadAttention
+    assert overridden_definer(WiderRotation.rotate) is None  # an argument of its own: documented here
+
+
+class WiderRotation(torchformer.nn.relative.AttentionPositions):
+    """A rotation with an argument its parent's lacks (for the test above)."""
+
+    def rotate(self, x, positions, scale):
+        """Rotate, then scale."""
+        return x * scale
