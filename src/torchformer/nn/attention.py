@@ -1,11 +1,8 @@
 """Multi-head attention: self-attention and cross-attention.
 
-The formula, the fast and reference paths: ``docs/attention.md``; narrow and wide heads: ``docs/heads.md``. Which
-keys a query may see arrives as one :class:`~torchformer.nn.masks.AttentionMask`; the caches are
-:mod:`torchformer.nn.cache`'s.
-
-Shapes used in this module: b batch size, t queries (positions of ``x``), u keys/values (``t``, or the context's
-length), e embedding size, h heads, g key/value heads, s head size (``e // h`` narrow, ``e`` wide), c cache slots.
+The formula and its paths: ``docs/attention.md``; heads: ``docs/heads.md``; what a query may see arrives as one
+:class:`~torchformer.nn.masks.AttentionMask`. Shapes: b batch, t queries (``x``'s positions), u keys (``t``, or the
+context's length), e embedding, h heads, g key/value heads, s head size (``e // h`` narrow, ``e`` wide), c slots.
 """
 
 from __future__ import annotations
@@ -111,9 +108,7 @@ def attention_fast(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = Non
 
 def attention_flex(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, *, bias: Tensor | None = None,
                    scale: float | None = None) -> Tensor:
-    """The same function as :func:`attention_reference` by ``flex_attention`` with a block mask; no dropout.
-
-    Compiled, it computes only the blocks that hold allowed pairs (``docs/long-context.md``, "Sparse patterns").
+    """The same function as :func:`attention_reference` by ``flex_attention`` (``docs/long-context.md``); no dropout.
 
     Args:
         q: queries ``(b, h, t, s)``.
@@ -153,26 +148,21 @@ class MultiHeadAttention(nn.Module):
     Args:
         emb: embedding size ``e`` of the inputs and outputs.
         heads: number of heads ``h``.
-        wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
-        causal: if True, query ``i`` attends only to keys ``<= i``.
+        wide: every head works on a full ``e``-dimensional projection; ``False``: on a chunk of ``e // h``.
+        causal: query ``i`` attends only to keys ``<= i``.
         dropout: dropout on the attention weights (training only).
         kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
         impl: ``"sdpa"`` (fast path, default), ``"reference"`` (matmul-softmax-matmul) or ``"flex"``
             (:func:`attention_flex`; no dropout).
-        positions: a scheme acting inside attention, ``"rotary"``, ``"rotary_interleaved"``, ``"alibi"`` or
-            ``"relative"`` (:mod:`torchformer.nn.relative`), or a built
-            :class:`~torchformer.nn.relative.AttentionPositions`; ``"none"`` (default): positions act elsewhere.
-        kv_heads: ``g``, heads of keys and values (grouped-query attention), each shared by ``h / g`` query heads;
-            ``None``: ``h``.
-        window: a query sees only keys less than ``window`` positions away (causal: itself and ``window - 1``
-            before); ``None``: no window.
-        qkv_bias: a bias in the query, key and value projections (GPT-2, BERT); ``False``: none.
-        out_bias: a bias in the output projection ``unifyheads`` (``True``; ``False`` as Llama).
-        head_size: ``s`` when it is not ``e // h`` (T5's ``d_kv``), the projections mapping ``e -> h * s``;
-            ``None``: ``e // h`` (narrow) or ``e`` (wide, which refuses a head size).
-        scale: the factor the scores ``q . k`` are multiplied by; ``None``: ``1 / sqrt(s)``. T5's is ``1.0``.
-        pattern: a sparse :class:`~torchformer.nn.masks.AttentionPattern` (``StridedPattern``, ``FixedPattern``)
-            the positions of query and key must satisfy, besides ``causal`` and ``window``; ``None``: none.
+        positions: the scheme inside attention, ``"rotary"``, ``"rotary_interleaved"``, ``"alibi"``, ``"relative"``
+            (:mod:`torchformer.nn.relative`) or a built :class:`AttentionPositions`; ``"none"``: they act elsewhere.
+        kv_heads: ``g`` key/value heads (grouped-query attention), each serving ``h / g`` query heads; ``None``: ``h``.
+        window: keys less than ``window`` positions away (causal: itself and ``window - 1`` before); ``None``: all.
+        qkv_bias: a bias in the query, key and value projections (GPT-2, BERT).
+        out_bias: a bias in the output projection ``unifyheads`` (``False`` as Llama).
+        head_size: ``s`` (T5's ``d_kv``), the projections mapping ``e -> h * s``; ``None``: ``e // h``, or ``e`` wide.
+        scale: the factor the scores ``q . k`` are multiplied by (T5: ``1.0``); ``None``: ``1 / sqrt(s)``.
+        pattern: a sparse :class:`~torchformer.nn.masks.AttentionPattern` the positions must satisfy too.
 
     Raises:
         ValueError: a size, probability or choice out of range, ``head_size`` with ``wide``, an absolute
@@ -180,8 +170,7 @@ class MultiHeadAttention(nn.Module):
         TypeError: an argument of the wrong type (``pattern`` not an ``AttentionPattern``).
 
     Shapes:
-        Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)``, outputs ``(b, t, e)``; :class:`SelfAttention`
-        and :class:`CrossAttention` say what their ``forward`` takes.
+        Queries ``(b, h, t, s)``, keys and values ``(b, g, u, s)``, outputs ``(b, t, e)``; ``forward``: the subclasses'.
     """
 
     # The scheme inside attention for each ``positions`` (:mod:`torchformer.nn.relative`); any other value (the
@@ -253,10 +242,8 @@ class MultiHeadAttention(nn.Module):
         """The layer a block of ``config`` uses (how blocks build theirs, so a subclass plugs into every model).
 
         Args:
-            config: the model's architecture: ``emb``, ``heads``, ``wide``, ``dropout``, ``kqnorm``, ``impl``,
-                ``kv_heads``, ``window``, ``qkv_bias``, ``out_bias``, ``head_dim``, ``attention_scale``, ``sparse*`` and
-                ``positions`` (whose scheme reads its own fields).
-            causal: if True, query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
+            config: the model's architecture (the fields :meth:`arguments_from_config` reads, ``emb`` and ``heads``).
+            causal: query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
             layer: the block's index, from 0 at the input; unused here, read by variants that differ with depth.
             positions: a built scheme shared with other layers (``relative_shared``); ``None``: the layer's own.
 
@@ -271,10 +258,8 @@ class MultiHeadAttention(nn.Module):
                               positions: AttentionPositions | None) -> dict[str, Any]:
         """The keyword arguments :meth:`from_config` builds ``cls(config.emb, config.heads, **arguments)`` with.
 
-        A subclass with an argument of its own overrides it (``docs/extending.md``).
-
         Args:
-            config: the model's architecture.
+            config: the model's architecture (:meth:`projection_arguments`, ``window``, ``sparse*``, ``positions``).
             causal: whether the layer is causal.
             layer: the block's index, from 0 at the input.
             positions: a shared position scheme, or ``None`` (:meth:`positions_from_config` builds one).
@@ -295,7 +280,7 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             ``{name: value}`` for ``wide``, ``dropout``, ``kqnorm``, ``impl``, ``kv_heads``, ``qkv_bias``, ``out_bias``,
-            ``head_size`` and ``scale``.
+            ``head_size`` (``config.head_dim``) and ``scale`` (``config.attention_scale``).
         """
         return {"wide": config.wide, "dropout": config.dropout, "kqnorm": config.kqnorm, "impl": config.impl,
                 "kv_heads": config.kv_heads, "qkv_bias": config.qkv_bias, "out_bias": config.out_bias,
@@ -417,8 +402,8 @@ class MultiHeadAttention(nn.Module):
             return_weights: also return the attention weights (computed on the reference path).
 
         Returns:
-            ``(output, weights)``: ``(b, h, t, s)``, and the weights before dropout ``(b, h, t, u)`` with
-            ``return_weights``, else ``None``.
+            ``(output, weights)``: ``(b, h, t, s)``, and with ``return_weights`` the weights before dropout
+            ``(b, h, t, u)``, else ``None``.
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
@@ -468,17 +453,13 @@ class MultiHeadAttention(nn.Module):
 class SelfAttention(MultiHeadAttention):
     """Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
 
-    Arguments: as :class:`MultiHeadAttention`; the formula, and which parameter is which, in ``docs/attention.md``.
+    Arguments: as :class:`MultiHeadAttention` (``docs/attention.md``). ``forward(x, mask=None, *, positions=None,
+    cache=None, documents=None, return_weights=False)``:
 
-    ``forward(x, mask=None, *, positions=None, cache=None, documents=None, return_weights=False)``:
-
-    * ``mask``: bool ``(b, t)``, ``True`` at real tokens; padding never changes the output at real positions.
-    * ``positions``: ``(t,)`` long, the absolute positions of ``x``'s tokens; default ``0 .. t-1``, required with
-      a cache.
-    * ``cache``: a :class:`~torchformer.nn.cache.KVCache`; ``x`` holds only the new positions, whose keys and
-      values are written into it, and the queries attend over everything cached.
-    * ``documents``: integer ``(b, t)``, the document of each token of packed rows, non-decreasing along a row;
-      a query sees only its own document (``docs/masks.md``). Not with a cache.
+    * ``mask``: ``True`` at real tokens; padding never changes the output at real positions.
+    * ``positions``: the absolute positions of ``x``'s tokens; default ``0 .. t-1``, required with a cache.
+    * ``cache``: a :class:`~torchformer.nn.cache.KVCache` that ``x``'s new keys and values join; queries read it all.
+    * ``documents``: each token's document in packed rows, non-decreasing; a query sees its own (``docs/masks.md``).
     * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
     Raises:
@@ -486,8 +467,8 @@ class SelfAttention(MultiHeadAttention):
         TypeError: an input of the wrong dtype.
 
     Shapes:
-        ``x`` ``(b, t, e)`` -> ``(b, t, e)``; with ``return_weights``, also the weights ``(b, h, t, u)`` (``u = t``,
-        or the cache's slots up to the horizon).
+        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` bool, ``positions`` ``(t,)`` long, ``documents`` ``(b, t)`` int ->
+        ``(b, t, e)``; the weights ``(b, h, t, u)`` (``u = t``, or the cache's slots up to the horizon).
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
@@ -541,8 +522,6 @@ class SelfAttention(MultiHeadAttention):
     def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
         """What the layer keeps of each position: what a KV cache stores and :meth:`keys_values` reads.
 
-        A variant may keep other tensors ``(b, n, t, d)`` (latent attention), and overrides :meth:`keys_values`.
-
         Args:
             x: the layer's input ``(b, t, e)``, padding zeroed.
             positions: ``(t,)``, the absolute positions of ``x``'s tokens.
@@ -568,9 +547,7 @@ class SelfAttention(MultiHeadAttention):
 
 def check_cross_inputs(context: object, context_mask: object, cache: ContextCache | None, emb: int, batch: int, *,
                        like: Tensor | None = None) -> None:
-    """The door check of what a cross-attention reads: a ``context`` or a filled cache, never both.
-
-    Shapes only, as Python ints (no device sync); blocks and stacks call it at their doors too.
+    """The door check of what a cross-attention reads, a ``context`` or a filled cache: shapes only (no device sync).
 
     Args:
         context: the sequence looked at, ``(b, u, emb)``: required without a cache, ``None`` with one.
@@ -581,8 +558,8 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
         like: a parameter of the layer, whose dtype the context must have (unless autocast is on).
 
     Raises:
-        ValueError: the context missing without a cache, given with one, or of a wrong shape; the cache unfilled,
-            or of another batch size.
+        ValueError: the context missing without a cache, given with one, or of a wrong shape; the cache unfilled or
+            of another batch size.
         TypeError: the context or its mask of the wrong kind or dtype.
     """
     if cache is None:
@@ -600,12 +577,11 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
 class CrossAttention(MultiHeadAttention):
     """Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
 
-    As :class:`SelfAttention` (``docs/encoder-decoder.md``), but the keys are the context's: never causal, no window,
-    no position scheme. ``forward(x, context, context_mask=None, *, positions=None, cache=None,
-    return_weights=False, documents=None, context_documents=None)``: ``context_mask`` ``(b, u)`` is ``True`` at real
-    context tokens; ``documents`` ``(b, t)`` and ``context_documents`` ``(b, u)`` (both or neither, not with a
-    cache) let query document ``d`` read only context document ``d``. With a cache filled by :meth:`fill_cache`,
-    each step is ``forward(x, cache=cache, positions=...)``, without a context.
+    As :class:`SelfAttention` (``docs/encoder-decoder.md``), but never causal, no window, no position scheme.
+    ``forward(x, context, context_mask=None, *, positions=None, cache=None, return_weights=False, documents=None,
+    context_documents=None)``: ``context_mask`` is ``True`` at real context tokens; ``documents`` and
+    ``context_documents`` (both or neither, not with a cache) let query document ``d`` read only context document
+    ``d``. With a cache filled by :meth:`fill_cache`, each step is ``forward(x, cache=cache, positions=...)``.
 
     Args:
         emb: embedding size ``e`` of the inputs, the context and the outputs.
@@ -625,7 +601,8 @@ class CrossAttention(MultiHeadAttention):
             ``documents`` without ``context_documents`` (or with a cache).
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)`` -> ``(b, t, e)``.
+        ``x`` ``(b, t, e)``, ``context`` ``(b, u, e)``, ``context_mask`` ``(b, u)``, ``documents`` ``(b, t)``,
+        ``context_documents`` ``(b, u)`` -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, heads: int = 8, *, wide: bool = False, dropout: float = 0.0, kqnorm: bool = False,
@@ -639,14 +616,7 @@ class CrossAttention(MultiHeadAttention):
                     positions: AttentionPositions | None = None) -> MultiHeadAttention:
         """The cross-attention layer of a decoder block of ``config``: never causal, no window, no positions.
 
-        Args:
-            config: the model's architecture (the fields of :meth:`MultiHeadAttention.projection_arguments`).
-            causal: ignored (the signature of :meth:`MultiHeadAttention.from_config`).
-            layer: the block's index, from 0 at the input; unused.
-            positions: refused unless ``None``: the context's keys have no positions in the queries' sequence.
-
-        Returns:
-            A layer of the class this is called on.
+        As :meth:`MultiHeadAttention.from_config`; ``causal`` is ignored, ``config`` read for its projections.
 
         Raises:
             ValueError: ``positions`` is given.
@@ -659,17 +629,7 @@ class CrossAttention(MultiHeadAttention):
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
                               positions: AttentionPositions | None) -> dict[str, Any]:
-        """As :meth:`MultiHeadAttention.arguments_from_config`: the projection arguments alone.
-
-        Args:
-            config: the model's architecture.
-            causal: unused (never causal).
-            layer: the block's index, from 0 at the input.
-            positions: unused (no position scheme).
-
-        Returns:
-            ``{name: value}`` for every keyword argument of the constructor.
-        """
+        """As :meth:`MultiHeadAttention.arguments_from_config`: the projection arguments alone."""
         return cls.projection_arguments(config)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:

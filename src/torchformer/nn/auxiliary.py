@@ -1,8 +1,7 @@
 """Auxiliary losses: what a part adds to the training loss besides the model's prediction.
 
-A part owns (or is) an :class:`AuxiliaryLosses` record and records each term with its weight in its ``forward``;
-the training loop adds :func:`auxiliary_loss` to its loss and logs :func:`auxiliary_terms`. A record keeps its
-part's latest call only (``docs/extending.md``, "Example 7").
+A part records each term with its weight into an :class:`AuxiliaryLosses` in its ``forward``; the training loop
+adds :func:`auxiliary_loss` to its loss and logs :func:`auxiliary_terms` (``docs/extending.md``, "Example 7").
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from torchformer._checks import is_number
 class AuxiliaryLosses(nn.Module):
     """The auxiliary loss terms, and statistics, of one part's latest forward pass (not in the ``state_dict``).
 
-    A part owns one (``self.auxiliary = AuxiliaryLosses()``, never called), or is a subclass that records into itself
-    (a mixture of experts' router) and may override :meth:`after_step`.
+    A part owns one (``self.auxiliary = AuxiliaryLosses()``, never called) or is a subclass recording into itself.
 
     Shapes:
         Each recorded loss is a scalar; a noted statistic any shape.

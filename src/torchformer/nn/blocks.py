@@ -1,7 +1,6 @@
 """The transformer block: attention, then a position-wise feed-forward network, each in a residual and a norm.
 
 Post-norm or pre-norm: ``docs/blocks.md``; a variant is a subclass naming other parts: ``docs/extending.md``.
-
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
@@ -27,16 +26,14 @@ class TransformerBlock(nn.Module):
         config: the architecture (``emb``, ``prenorm``, ``norm``, ``dropout``, and what the parts read).
         causal: self-attention only looks backwards (generators).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
-        positions: a scheme the self-attention shares with the stack's other blocks (:meth:`stack_positions`);
-            ``None``: the attention builds its own.
+        positions: a scheme the stack's blocks share (:meth:`stack_positions`); ``None``: the attention builds its own.
 
     Raises:
         TypeError: (at class creation) a subclass sets ``feedforward_class``, no longer read.
 
     Shapes:
-        ``forward(x, mask=None, *, positions=None, cache=None, documents=None)``: ``x`` ``(b, t, e)``, ``mask``
-        ``(b, t)`` (True at real tokens), ``positions`` ``(t,)``, ``documents`` ``(b, t)`` (each token's document in
-        packed rows), ``cache`` a :class:`~torchformer.nn.cache.BlockCache` -> ``(b, t, e)``.
+        ``forward(x, mask=None, *, positions=None, cache=None, documents=None)``: ``x`` ``(b, t, e)`` -> ``(b, t, e)``;
+        the other arguments as :meth:`self_attend` takes them.
     """
 
     attention_class: type[MultiHeadAttention] = SelfAttention
@@ -205,9 +202,8 @@ class DecoderBlock(TransformerBlock):
         ValueError: a context with a filled cache or none without, or a shape that does not fit.
 
     Shapes:
-        ``forward(x, context, mask=None, context_mask=None, *, positions=None, cache=None, documents=None,
-        context_documents=None)``: as :class:`TransformerBlock`, plus ``context`` ``(b, u, e)`` (``None`` with a cache
-        filled by :meth:`fill_cache`), ``context_mask`` and ``context_documents`` ``(b, u)`` -> ``(b, t, e)``.
+        ``forward(x, context=None, mask=None, context_mask=None, *, positions=None, cache=None, documents=None,
+        context_documents=None)``: as :class:`TransformerBlock`; the context's as :meth:`cross_attend` takes them.
     """
 
     cross_attention_class: type[MultiHeadAttention] = CrossAttention
@@ -217,11 +213,7 @@ class DecoderBlock(TransformerBlock):
         super().__init__(config, causal=True, layer=layer, positions=positions)
 
     def build_middle(self, config: TransformerConfig) -> None:
-        """Build the cross-attention (``cross_attention_class``) and its norm.
-
-        Args:
-            config: the architecture.
-        """
+        """As :meth:`TransformerBlock.build_middle`: build the cross-attention and its norm (``norm_cross``)."""
         self.cross_attention = self.cross_attention_class.from_config(config, layer=self.layer)
         self.norm_cross = make_norm(config.norm, config.emb, eps=config.norm_eps)
 

@@ -124,12 +124,7 @@ class KVCache:
 
     @property
     def dense(self) -> bool:
-        """Whether this call reads only written, real slots, up to its own last position (a host-side flag).
-
-        True after a :meth:`write` whose positions the model's door knew (:meth:`set_horizon`'s ``span``), when
-        every slot from 0 to the horizon has been written without a gap or padding and the horizon is one past the
-        call's last position. A single query at the last slot then sees every slot read: no mask is needed.
-        """
+        """Whether the call reads only written, real slots, to its last position (host-side; ``docs/generation.md``)."""
         return (self.real is None and self.span is not None and self.horizon == self.span[1]
                 and self.filled >= self.span[1])
 
@@ -145,8 +140,7 @@ class KVCache:
 
         Args:
             horizon: an int in ``[1, capacity]``; ``None``: every slot.
-            span: ``(first, end)``, the positions ``first .. end-1`` the call writes, when the host knows them
-                (it then keeps track of the filled slots, :attr:`dense`); ``None``: unknown.
+            span: ``(first, end)``: the call writes positions ``first .. end-1`` (:attr:`dense`); ``None``: unknown.
 
         Raises:
             ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``.
@@ -257,8 +251,7 @@ class KVCache:
 class RingKVCache(KVCache):
     """A KV cache that keeps the last ``capacity`` positions of an endless stream: Transformer-XL's memory.
 
-    Slot ``p mod c`` holds position ``p`` (``slots`` records which); earlier writes are detached. Positions go on where
-    the last call stopped, or the stream starts again with :meth:`~KVCache.reset` (``docs/long-context.md``).
+    Positions go on where the last call stopped, or start again after :meth:`~KVCache.reset` (``docs/long-context.md``).
     Arguments: as :class:`KVCache`; ``capacity`` is the memory plus the longest call (``GTransformer.new_memory``).
     """
 
@@ -268,11 +261,7 @@ class RingKVCache(KVCache):
         return None
 
     def set_horizon(self, horizon: Optional[int], *, span: Optional[tuple[int, int]] = None) -> None:
-        """As :meth:`KVCache.set_horizon`, but a ring reads every slot: only ``None`` is taken.
-
-        Args:
-            horizon: ``None``.
-            span: ignored: a ring's slots are not its positions, and it is never :attr:`~KVCache.dense`.
+        """As :meth:`KVCache.set_horizon`, but a ring reads every slot: only ``horizon=None``; ``span`` is ignored.
 
         Raises:
             ValueError: ``horizon`` is not ``None``.
@@ -285,13 +274,7 @@ class RingKVCache(KVCache):
               mask: Optional[Tensor] = None) -> tuple[tuple[Tensor, ...], Tensor]:
         """As :meth:`KVCache.write`, into slots ``positions mod c`` (earlier entries detached), returning whole buffers.
 
-        Args:
-            entries: the new positions' entries, each ``(b, n, t, d)``, ``t <= c``.
-            positions: ``(t,)`` long, the absolute positions of the new entries (any size).
-            mask: ``(b, t)`` bool, ``True`` at real tokens; ``None``: all real.
-
-        Returns:
-            ``(buffers, usable)`` as :meth:`KVCache.write`; ``slots`` then holds each slot's position.
+        ``positions`` may pass the capacity; ``slots`` then holds each slot's position.
 
         Raises:
             ValueError: more than ``c`` positions at once, or entries of another shape than the buffers'.

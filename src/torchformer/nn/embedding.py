@@ -1,8 +1,7 @@
 """From the input to vectors: the embedding, then the position encoding, then dropout.
 
 Token ids go through a lookup table (:class:`TokenEmbedding`), feature vectors through a linear projection
-(:class:`VectorEmbedding`, chosen by ``config.input_dim``). BERT's token types and norm of the sum are optional.
-See ``docs/tokens.md`` and ``docs/dense-inputs.md``.
+(:class:`VectorEmbedding`). See ``docs/tokens.md`` and ``docs/dense-inputs.md``.
 
 Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size, k token types.
 """
@@ -68,9 +67,7 @@ class EmbeddingPositions:
 
 
 class TokenEmbedding(EmbeddingPositions, nn.Module):
-    """Token ids and their positions -> the token's vector, plus its type's, plus the position encoding.
-
-    Then the norm (if ``norm``), then dropout.
+    """Token ids -> their vector, plus their type's and the position encoding; then the norm, then dropout.
 
     Args:
         num_tokens: vocabulary size ``v``.
@@ -78,14 +75,12 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         max_len: positions a learned position table holds (``seq_length``).
         positions: ``"learned"``, ``"sinusoidal"`` or ``"none"``.
         dropout: dropout on the sum, in ``[0, 1)``.
-        num_token_types: token types ``k`` (BERT's segments: 2), a learned table ``types.weight`` ``(k, e)``;
-            ``None`` (the default): none.
+        num_token_types: ``k`` (BERT's segments: 2), a learned table ``types.weight`` ``(k, e)``; ``None``: no types.
         norm: ``"layer"`` or ``"rms"``: normalise the sum before the dropout (BERT: LayerNorm); ``None``: no norm.
         norm_eps: that norm's ``eps`` (BERT's is ``1e-12``).
 
     Raises:
-        ValueError: a size is not a positive int, ``positions`` or ``norm`` is unknown, or ``dropout`` not in
-            ``[0, 1)``.
+        ValueError: a size is not a positive int, ``positions`` or ``norm`` is unknown, ``dropout`` not in ``[0, 1)``.
 
     Shapes:
         ``forward(x, positions=None, *, token_types=None)``: ids ``x`` ``(b, t)``, ``positions`` ``(t,)`` (default
@@ -162,10 +157,8 @@ def check_token_types(token_types: object, shape: tuple[int, ...]) -> None:
 class VectorEmbedding(EmbeddingPositions, nn.Module):
     """Feature vectors and their positions -> ``W x + b``, plus the position encoding, then norm and dropout.
 
-    The features are used as they come: normalise them beforehand (``docs/dense-inputs.md``).
-
     Args:
-        input_dim: features per input vector ``d``.
+        input_dim: features per input vector ``d``, used as they come (normalise them: ``docs/dense-inputs.md``).
         emb: embedding size ``e``.
         max_len: positions a learned position table holds (``seq_length``).
         positions: as for :class:`TokenEmbedding`.
@@ -177,8 +170,7 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
         ValueError: as :class:`TokenEmbedding`.
 
     Shapes:
-        ``forward(x, positions=None)``: ``x`` ``(b, t, d)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``.
+        ``forward(x, positions=None)``: ``(b, t, d)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) -> ``(b, t, e)``.
     """
 
     def __init__(self, input_dim: int, emb: int, max_len: int, *, positions: str = "learned", dropout: float = 0.0,

@@ -22,8 +22,7 @@ class ClassifierHead(nn.Module):
     Args:
         emb: the embedding size ``e``.
         num_classes: the number of classes ``c``.
-        pool: ``"max"`` (the element-wise maximum), ``"mean"``, or ``"first"`` (position 0, which must be real; a
-            ``[CLS]``-style token); with no real token, ``"max"`` and ``"mean"`` pool to the zero vector.
+        pool: ``"max"`` (element-wise), ``"mean"``, or ``"first"`` (position 0, which must be real: a ``[CLS]`` token).
         pooler: a dense layer ``(e, e)`` and a tanh on the pooled vector (BERT's); ``False`` (the default): none.
         dropout: the dropout probability on the pooler's output, in training; only with ``pooler=True``.
 
@@ -31,9 +30,8 @@ class ClassifierHead(nn.Module):
         ValueError: ``dropout`` above 0 without ``pooler``.
 
     Shapes:
-        ``forward(x, mask=None, documents=None)``: ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` (True at real tokens) ->
-        ``(b, c)``; with ``documents`` ``(b, t)`` (packed rows), each document pooled alone: ``(b, t, c)``, row ``r``'s
-        document ``d`` at ``[r, d]`` (:meth:`pooled_documents`).
+        ``forward(x, mask=None, documents=None)``: ``x`` ``(b, t, e)`` -> ``(b, c)`` (:meth:`pooled`); with
+        ``documents`` ``(b, t)``, each document pooled alone -> ``(b, t, c)`` (:meth:`pooled_documents`).
     """
 
     def __init__(self, emb: int, num_classes: int, pool: str = "max", *, pooler: bool = False,

@@ -1,9 +1,8 @@
 """Multi-head latent attention (DeepSeek-V2, DeepSeek-V3): a KV cache of one small latent per position.
 
-The layer caches, per position, a latent ``c`` and a rotary key ``k_r`` shared by all heads; see
-``docs/experts-and-latents.md``, "Latent attention" (the formulas, and the absorbed decoding path).
-Shapes: b batch size, t queries, u keys, e embedding size, h heads, n the heads' non-rotary query/key size, r the
-rotary size, v the value size, R the latent size, Q the query latent size.
+The formulas, the parameters and the absorbed decoding path: ``docs/experts-and-latents.md``, "Latent attention".
+Shapes: b batch, t queries, u keys, e embedding, h heads, n and r the non-rotary and rotary query/key size of a
+head, v its value size, R the latent size, Q the query latent size.
 """
 
 from __future__ import annotations
@@ -57,10 +56,6 @@ class LatentOptions(PartOptions):
 class LatentAttention(SelfAttention):
     """Multi-head latent attention: keys and values projected up from a cached latent, scale ``1 / sqrt(n + r)``.
 
-    Parameters: ``q_down`` ``(Q, e)``, ``q_norm`` and ``q_up`` ``(h (n + r), Q)`` with ``q_rank``, else
-    ``toqueries`` ``(h (n + r), e)``; ``kv_down`` ``(R + r, e)``, ``kv_norm``, ``kv_up`` ``(h (n + v), R)``;
-    ``unifyheads`` ``(e, h v)``, the only one with a bias (``out_bias``).
-
     Args:
         emb: the embedding size ``e``.
         heads: ``h``.
@@ -68,7 +63,7 @@ class LatentAttention(SelfAttention):
         rope_dim: ``r``.
         nope_dim: ``n``.
         value_dim: ``v``.
-        q_rank: ``Q``, or ``None``.
+        q_rank: ``Q``; ``None``: queries projected directly.
         norm_eps: the ``eps`` of the latents' RMSNorms.
         absorb: attention on the latents (the decoding path, same result; settable); ``False``: per-head keys, values.
         **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s ``causal``, ``dropout``, ``impl``,
@@ -116,17 +111,7 @@ class LatentAttention(SelfAttention):
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
                               positions: AttentionPositions | None) -> dict[str, Any]:
-        """The keyword arguments of a latent attention of ``config``, its sizes ``config.options_of(LatentOptions)``.
-
-        Args:
-            config: the architecture (attention fields, ``norm_eps``, rotary ``positions`` and the options).
-            causal: whether the layer is causal.
-            layer: the block's index.
-            positions: a shared scheme, or ``None``.
-
-        Returns:
-            ``{name: value}``.
-        """
+        """As :meth:`MultiHeadAttention.arguments_from_config`, with the :class:`LatentOptions` and ``norm_eps``."""
         o = config.options_of(LatentOptions)
         base = super().arguments_from_config(config, causal=causal, layer=layer, positions=positions)
         base.pop("head_size")  # the config's head size is the default of nope_dim and value_dim, not a head size here
@@ -136,27 +121,14 @@ class LatentAttention(SelfAttention):
 
     @classmethod
     def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
-        """The rotary scheme for the ``rope_dim`` rotary coordinates of each query and key.
-
-        Args:
-            config: the architecture; its ``positions`` (rotary), ``rotary_base`` and ``rotary_scaling``.
-            causal: whether the layer is causal.
-
-        Returns:
-            The scheme, for heads of ``rope_dim``.
-        """
+        """As :meth:`MultiHeadAttention.positions_from_config`, for the ``rope_dim`` rotary coordinates of a head."""
         rope = config.options_of(LatentOptions).rope_dim
         return super().positions_from_config(config.replace(head_dim=rope), causal=causal)
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        """The queries, their rotary part rotated: ``(b, t, e) -> (b, h, t, n + r)``; ``(b, h, t, R + r)`` absorbed.
+        """The queries, their rotary part rotated: ``(b, h, t, n + r)``; ``(b, h, t, R + r)`` absorbed.
 
-        Args:
-            x: the layer's input ``(b, t, e)``.
-            positions: ``(t,)``.
-
-        Returns:
-            The queries.
+        As :meth:`SelfAttention.queries`.
         """
         q = self.q_up(self.q_norm(self.q_down(x))) if self.q_rank is not None else self.toqueries(x)
         q_nope, q_rope = self.split_heads(q).split([self.nope_dim, self.rope_dim], dim=-1)  # (b, h, t, n), (.., r)
@@ -167,27 +139,19 @@ class LatentAttention(SelfAttention):
         return torch.cat([q_nope, q_rope], dim=-1)
 
     def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
-        """What the layer keeps of each position: its normalised latent and its rotated rotary key.
+        """What is kept of a position: its normalised latent ``(b, 1, t, R)`` and rotated rotary key ``(b, 1, t, r)``.
 
-        Args:
-            x: the layer's input ``(b, t, e)``.
-            positions: ``(t,)``.
-
-        Returns:
-            ``(latent, rotary_key)``: ``(b, 1, t, R)`` and ``(b, 1, t, r)``.
+        As :meth:`SelfAttention.entries`.
         """
         latent, k_rope = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)  # (b, t, R), (b, t, r)
         k_rope = self.relative.rotate(k_rope[:, None], positions)  # (b, 1, t, r): one rotary key for all heads
         return self.kv_norm(latent)[:, None], k_rope
 
     def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        """Keys and values: per head ``(b, h, u, n + r)`` and ``(b, h, u, v)``; with ``absorb`` the latents, one head.
+        """Keys and values, per head; with ``absorb`` the latents themselves, one head.
 
-        Args:
-            entries: ``(latent, rotary_key)``, ``(b, 1, u, R)`` and ``(b, 1, u, r)``.
-
-        Returns:
-            ``(keys, values)``; with ``absorb`` ``(b, 1, u, R + r)`` and ``(b, 1, u, R)``.
+        As :meth:`SelfAttention.keys_values`: ``(b, h, u, n + r)`` and ``(b, h, u, v)``; absorbed ``(b, 1, u, R + r)``
+        and ``(b, 1, u, R)``.
         """
         latent, k_rope = entries
         if self.absorb:
@@ -198,26 +162,13 @@ class LatentAttention(SelfAttention):
         return torch.cat([k_nope, k_rope.expand(b, self.heads, u, self.rope_dim)], dim=-1), v
 
     def share_kv_heads(self, x: Tensor) -> Tensor:
-        """The per-head keys and values as they are; with ``absorb``, the one latent head seen by every head.
-
-        Args:
-            x: ``(b, h, u, d)``, or ``(b, 1, u, d)`` with ``absorb``.
-
-        Returns:
-            ``(b, h, u, d)``: ``x``, or a view of it (no copy).
-        """
+        """As :meth:`MultiHeadAttention.share_kv_heads`, but never a copy (absorbed: a view of the one latent head)."""
         return x.expand(x.size(0), self.heads, *x.shape[2:]) if x.size(1) == 1 and self.heads > 1 else x
 
     def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
-        """With ``absorb``, the values' up-projection applied to the attended latents first; then the parent's.
+        """With ``absorb``, the values' up-projection of the attended latents ``(b, h, t, R)`` first.
 
-        Args:
-            out: ``(b, h, t, v)``, or ``(b, h, t, R)`` with ``absorb``.
-            mask: the mask attention used.
-            x: the layer's input.
-
-        Returns:
-            ``(b, t, e)``.
+        Then as :meth:`MultiHeadAttention.finish`.
         """
         if self.absorb:
             _, w_uv = self._up_weights()  # (h, v, R)
@@ -230,11 +181,7 @@ class LatentAttention(SelfAttention):
         return w[:, :self.nope_dim], w[:, self.nope_dim:]
 
     def score_value_widths(self) -> tuple[int, int]:
-        """``(h (n + r), h v)``: the per-head keys' and values' widths of the plain path (for FLOP counts).
-
-        Returns:
-            The two widths.
-        """
+        """As :meth:`MultiHeadAttention.score_value_widths`: ``(h (n + r), h v)``, the plain path's."""
         return self.heads * (self.nope_dim + self.rope_dim), self.heads * self.value_dim
 
     def extra_repr(self) -> str:

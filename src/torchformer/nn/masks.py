@@ -56,15 +56,7 @@ class StridedPattern(AttentionPattern):
         self.stride = check_positive_int(stride, "stride")
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
-        """``|i - j| < stride`` or ``i - j`` a multiple of ``stride``, element-wise.
-
-        Args:
-            i: query positions, a long tensor.
-            j: key positions, broadcastable with ``i``.
-
-        Returns:
-            Bool, of the broadcast shape.
-        """
+        """As :meth:`AttentionPattern.rule`: ``|i - j| < stride`` or ``i - j`` a multiple of ``stride``."""
         d = i - j
         return (d.abs() < self.stride) | (d.remainder(self.stride) == 0)
 
@@ -86,15 +78,7 @@ class FixedPattern(AttentionPattern):
             raise ValueError(f"summary must be an int in [1, stride={stride}], got {summary!r}")
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
-        """``i // stride == j // stride`` or ``j mod stride >= stride - summary``, element-wise.
-
-        Args:
-            i: query positions, a long tensor.
-            j: key positions, broadcastable with ``i``.
-
-        Returns:
-            Bool, of the broadcast shape.
-        """
+        """As :meth:`AttentionPattern.rule`: ``i // stride == j // stride`` or ``j mod stride >= stride - summary``."""
         same_block = i.div(self.stride, rounding_mode="floor") == j.div(self.stride, rounding_mode="floor")
         return same_block | (j.remainder(self.stride) >= self.stride - self.summary)
 
@@ -112,15 +96,14 @@ class AttentionMask:
         causal: queries see only keys at or before their own position.
         window: queries see only keys less than ``window`` positions away (``|i - j| < window``); ``None``: no window.
         pattern: an :class:`AttentionPattern` the positions must satisfy too; ``None``: none.
-        padded: whether ``key_mask`` can leave a query without any key; ``None``: whenever a ``key_mask`` (or
-            ``key_documents``) is given.
+        padded: whether ``key_mask`` can leave a query without a key; ``None``: if ``key_mask`` or ``key_documents``.
         aligned: the keys are the queries, in order (self-attention over one call's tokens; no mask tensor needed).
         ends_aligned: the queries are the last keys, in order (a cache read up to the call's last position): a
             single query then sees every key its rules allow (no mask tensor needed without a window or pattern).
-        documents: ``(b, t)`` long, the document of each token of a packed row (non-decreasing along the row), for
-            aligned self-attention; ``None``: one document per row.
-        key_documents: ``(b, u)`` long, the document of each key, for cross-attention between packed rows (query
-            document ``d`` reads key document ``d``); ``None``: ``documents``.
+        documents: ``(b, t)`` long, the document of each token of packed rows (non-decreasing), for aligned
+            self-attention; ``None``: one document per row.
+        key_documents: ``(b, u)`` long, each key's document, for cross-attention (query document ``d`` reads key
+            document ``d``); ``None``: ``documents``.
 
     Raises:
         ValueError: a ``window`` that is not a positive int, a ``pattern`` without key positions, ``key_documents``

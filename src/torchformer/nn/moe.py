@@ -1,11 +1,9 @@
 """A sparse mixture of experts: a feed-forward network of ``E`` experts, each token sent to ``k`` of them.
 
 :class:`Router` picks a token's experts and weights and records the balance losses; :class:`MoEFeedForward` sums
-the picked experts' weighted outputs, plus the shared experts' (DeepSeek); :class:`MoEBlock` uses it in a block.
-Routing, dispatch and balance: ``docs/experts-and-latents.md``.
-
-Shapes: b batch size, t sequence length, e embedding size, n = b t tokens, E experts, k experts per token, h an
-expert's hidden size.
+the picked experts' weighted outputs, plus the shared experts' (DeepSeek); :class:`MoEBlock` uses it in a block
+(``docs/experts-and-latents.md``). Shapes: b batch, t sequence length, e embedding, n = b t tokens, E experts, k
+experts per token, h an expert's hidden size.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ class MoEOptions(PartOptions):
         score: ``"softmax"`` or ``"sigmoid"`` of the router's logits.
         normalize: renormalise the ``k`` weights of a token to sum to 1.
         routed_scaling: the factor the routed experts' weights are multiplied by (DeepSeek-V3: 2.5).
-        groups: the experts fall into this many groups (dividing ``E``); with ``top_groups`` below it, a token's
-            experts come from its ``top_groups`` best groups (each scored by its two best experts), as DeepSeek-V3.
-        top_groups: see ``groups``.
+        groups: the experts fall into this many groups (dividing ``E``), for group-limited routing (DeepSeek-V3).
+        top_groups: how many of the best groups a token's experts come from, each scored by its two best experts.
         dense_layers: the first blocks keep a dense feed-forward network (DeepSeek's ``first_k_dense_replace``).
         capacity_factor: ``None`` drops no token; a number ``f`` lets each expert take at most ``ceil(f * n * k / E)``
             of a training batch's ``n k`` assignments, earliest tokens first (evaluation drops none).
@@ -212,10 +209,8 @@ class Router(AuxiliaryLosses):
     def after_step(self, reduce: Callable[[Tensor], Tensor]) -> None:
         """Loss-free balancing: move the selection bias by ``bias_update_rate`` towards the starved experts.
 
-        Experts with fewer assignments than the mean since the last step go up by the rate, the others down.
-
-        Args:
-            reduce: sums the counts over the processes.
+        As :meth:`AuxiliaryLosses.after_step`: the experts with fewer assignments than the mean since the last step
+        (summed over the processes by ``reduce``) go up by the rate, the others down.
         """
         if self.pending_load is None or self.selection_bias is None:
             return
@@ -232,9 +227,6 @@ class Router(AuxiliaryLosses):
 
 class MoEFeedForward(nn.Module):
     """A mixture of ``E`` gated experts, ``k`` per token, and optional shared experts.
-
-    Expert ``j`` is a gated unit ``W2 (act(W1 x) * (V x))``; the weights are stacked for matrix products: ``w1`` and
-    ``v`` ``(E, e, h)``, ``w2`` ``(E, h, e)`` (``x @ w1[j]`` is expert ``j``'s ``W1 x``).
 
     Args:
         emb: the embedding size ``e``.
@@ -420,9 +412,6 @@ class MoEFeedForward(nn.Module):
     def experts_apply(self, rows: Tensor, counts: Tensor, valid: Tensor) -> Tensor:
         """The experts on their rows, ``rows`` sorted by expert with ``counts`` ``(E,)`` of each (then the rest).
 
-        One grouped matrix product per weight where torch has one for the dtype and sizes; else a loop over the experts,
-        which reads the counts on the host (one wait for the device).
-
         Args:
             rows: ``(m, e)``.
             counts: ``(E,)`` long, summing to at most ``m``.
@@ -463,11 +452,7 @@ class MoEFeedForward(nn.Module):
 class MoEBlock(TransformerBlock):
     """A transformer block whose feed-forward network is a :class:`MoEFeedForward`, after ``dense_layers`` dense ones.
 
-    Args:
-        config: the architecture, with its :class:`MoEOptions`; the rest as :class:`TransformerBlock`'s.
-        causal: as :class:`TransformerBlock`'s.
-        layer: the block's index; blocks below ``dense_layers`` keep the dense network.
-        positions: as :class:`TransformerBlock`'s.
+    Arguments: as :class:`TransformerBlock`, ``config`` with its :class:`MoEOptions`.
 
     Shapes:
         As :class:`TransformerBlock`.
@@ -476,11 +461,7 @@ class MoEBlock(TransformerBlock):
     def feedforward_for(self, config: TransformerConfig) -> type[nn.Module]:
         """:class:`MoEFeedForward`, or the dense network in the first ``dense_layers`` blocks.
 
-        Args:
-            config: the architecture.
-
-        Returns:
-            The class.
+        As :meth:`TransformerBlock.feedforward_for`.
         """
         if self.layer < config.options_of(MoEOptions).dense_layers:
             return super().feedforward_for(config)

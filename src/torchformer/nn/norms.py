@@ -153,8 +153,7 @@ class RMSNormFunction(torch.autograd.Function):
 class RMSNorm(nn.Module):
     r"""Root-mean-square normalisation: ``y = x / sqrt(mean(x^2) + eps) * g``, over the last dimension.
 
-    ``weight``: the gain ``g`` ``(e,)``, from 1; no bias. Eager training runs :class:`RMSNormFunction`, no-grad calls
-    ``F.rms_norm`` (in half precision), ``torch.compile`` :func:`rms_norm` (with ``exact_gain_gradient``).
+    ``weight``: the gain ``g`` ``(e,)``, from 1; no bias. Which computation runs when: ``docs/modern-blocks.md``.
 
     Args:
         emb: the size ``e`` of the last dimension.

@@ -22,8 +22,8 @@ def sinusoidal_table(positions: Tensor, emb: int, *, dtype: torch.dtype | None =
         dtype: the dtype of the result; ``None``: torch's default dtype.
 
     Returns:
-        ``(t, e)`` (or ``(b, t, e)``) on the device of ``positions``: ``sin(p / 10000^(2i/e))`` in column ``2i``,
-        ``cos`` of the same in column ``2i + 1``.
+        ``(t, e)`` (or ``(b, t, e)``) on ``positions``' device: ``sin(p / 10000^(2i/e))`` in column ``2i``, ``cos``
+        in ``2i + 1``.
     """
     p = positions.to(torch.float64)[..., None]  # (t, 1), or (b, t, 1) for each row's own positions
     pair = torch.arange(emb, device=positions.device) // 2  # dimensions 2i and 2i+1 share the frequency of pair i
@@ -52,8 +52,7 @@ class SinusoidalPositions(nn.Module):
         emb: the embedding size ``e``.
 
     Shapes:
-        ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``.
+        ``forward(x, positions=None)``: ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int) -> None:
@@ -93,8 +92,7 @@ class LearnedPositions(nn.Module):
         ValueError: ``x`` longer than ``max_len`` without ``positions`` (given positions the models check).
 
     Shapes:
-        ``forward(x, positions=None)``: ``x`` ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) ->
-        ``(b, t, e)``.
+        ``forward(x, positions=None)``: ``(b, t, e)``, ``positions`` ``(t,)`` (default ``0 .. t-1``) -> ``(b, t, e)``.
     """
 
     def __init__(self, emb: int, max_len: int) -> None:

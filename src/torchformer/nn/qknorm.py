@@ -1,8 +1,7 @@
 """Query-key normalisation with RMSNorm, and a sigmoid gate on each head's output.
 
-Each class overrides one step of :class:`~torchformer.nn.attention.SelfAttention`, so caches, masks and compiled
-decoding work unchanged (``docs/pretrained.md``, ``docs/extending.md``). Shapes: b batch size, t queries, u keys,
-e embedding size, h heads, g key/value heads, s head size.
+Each class overrides one step of :class:`~torchformer.nn.attention.SelfAttention` (``docs/extending.md``,
+``docs/pretrained.md``). Shapes: b batch, t queries, u keys, e embedding, h heads, g key/value heads, s head size.
 """
 
 from __future__ import annotations
@@ -43,17 +42,7 @@ class HeadRMSNormAttention(SelfAttention):
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, causal: bool, layer: int,
                               positions: AttentionPositions | None) -> dict[str, Any]:
-        """The parent's arguments and ``qk_eps``, the config's ``norm_eps``.
-
-        Args:
-            config: the architecture.
-            causal: whether the layer is causal.
-            layer: the block's index.
-            positions: a shared scheme, or ``None``.
-
-        Returns:
-            ``{name: value}``.
-        """
+        """As :meth:`MultiHeadAttention.arguments_from_config`, and ``qk_eps``, the config's ``norm_eps``."""
         base = super().arguments_from_config(config, causal=causal, layer=layer, positions=positions)
         return {**base, "qk_eps": config.norm_eps}
 
@@ -77,25 +66,11 @@ class ProjectionRMSNormAttention(HeadRMSNormAttention):
         self.knorm = RMSNorm(self.kv_heads * self.head_size, eps=qk_eps)
 
     def project_queries(self, x: Tensor) -> Tensor:
-        """The queries, normalised over the whole projection, then split into heads.
-
-        Args:
-            x: ``(b, t, e)``.
-
-        Returns:
-            ``(b, h, t, s)``.
-        """
+        """As :meth:`MultiHeadAttention.project_queries`, normalised over the whole projection before the split."""
         return self.split_heads(self.qnorm(self.toqueries(x)))
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys, normalised over the whole projection, and the values, split.
-
-        Args:
-            y: ``(b, u, e)``.
-
-        Returns:
-            ``(keys, values)``, each ``(b, g, u, s)``.
-        """
+        """As :meth:`MultiHeadAttention.project_keys_values`, the keys normalised over the whole projection."""
         return self.split_heads(self.knorm(self.tokeys(y))), self.split_heads(self.tovalues(y))
 
 
@@ -116,15 +91,6 @@ class GatedHeadsAttention(SelfAttention):
         self.gate = nn.Linear(emb, heads, bias=False)
 
     def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
-        """Gate each head's output by the input, then as :meth:`SelfAttention.finish`.
-
-        Args:
-            out: ``(b, h, t, s)``.
-            mask: the mask attention used.
-            x: the layer's input ``(b, t, e)``.
-
-        Returns:
-            ``(b, t, e)``.
-        """
+        """Gate each head's output ``(b, h, t, s)`` by the input ``x``, then as :meth:`MultiHeadAttention.finish`."""
         gate = torch.sigmoid(self.gate(x)).transpose(1, 2)[..., None]  # (b, t, h) -> (b, h, t, 1)
         return super().finish(out * gate.to(out.dtype), mask, x)

@@ -1,8 +1,7 @@
 """Position schemes that act inside attention, on the distance ``i - j``: rotary, ALiBi, a learned bias.
 
-Each is an :class:`AttentionPositions` (:class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias`). Positions are
-absolute (:class:`~torchformer.nn.masks.AttentionMask`), so all work with the KV cache and on inputs longer than
-those trained on. See ``docs/relative-positions.md``.
+Each is an :class:`AttentionPositions` (:class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias`). They see absolute
+positions, so all work with the KV cache and beyond the trained length. See ``docs/relative-positions.md``.
 
 Shapes: b batch size, h heads, g key/value heads, t queries, u keys, s head size.
 """
@@ -65,7 +64,7 @@ class AttentionPositions(nn.Module):
             positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
 
         Returns:
-            ``x`` itself.
+            The rotated vectors, shaped and typed as ``x`` (here ``x`` itself).
         """
         return x
 
@@ -73,18 +72,16 @@ class AttentionPositions(nn.Module):
         """The float bias added to the scores, or ``None``: none here.
 
         Args:
-            mask: the query and key positions of this attention call.
+            mask: the query positions ``i`` and key positions ``j`` of this attention call.
 
         Returns:
-            ``None``.
+            ``(h, t, u)``, or ``None`` for no bias: always here, and for keys without positions (cross-attention).
         """
         return None
 
 
 def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pair ``m`` of each vector, ``(x[..., m], x[..., m + s/2])``, by the angle of ``cos[m]`` and ``sin[m]``.
-
-    The formula, for autograd; :class:`RotateHalves` computes the same numbers faster.
 
     Args:
         x: ``(..., t, s)``.
@@ -263,12 +260,12 @@ class RotateHalves(torch.autograd.Function):
 class Rotary(AttentionPositions):
     """Rotary position embedding (RoPE): rotate pair ``(x_m, x_m+s/2)`` of queries and keys by ``p * theta_m``.
 
-    ``theta_m = base^(-2m/s)``; no parameters. The halves are the layout of GPT-NeoX, Llama and Hugging Face
-    checkpoints; :class:`InterleavedRotary` pairs adjacent coordinates. See ``docs/relative-positions.md``.
+    No parameters. The halves are GPT-NeoX's, Llama's and Hugging Face's layout (:class:`InterleavedRotary`: adjacent
+    pairs). See ``docs/relative-positions.md``.
 
     Args:
         head_size: ``s``, even.
-        base: the base of the frequencies (10000; Llama-3: 500000).
+        base: the base of the frequencies, ``theta_m = base^(-2m/s)`` (10000; Llama-3: 500000).
         scaling: ``None``, or Llama-3.1's rescaling for longer contexts, ``{"factor", "low_freq_factor",
             "high_freq_factor", "original_max_position_embeddings"}`` (``config.rotary_scaling``).
 
@@ -322,29 +319,12 @@ class Rotary(AttentionPositions):
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> Rotary:
-        """Rotary positions for heads of size ``head_size`` (see :meth:`AttentionPositions.from_sizes`).
-
-        Args:
-            heads: the number of heads (unused).
-            head_size: the head size ``s``, even.
-            causal: whether the layer is causal (unused).
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`AttentionPositions.from_sizes`: rotary positions for heads of size ``head_size`` (even)."""
         return cls(head_size)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool) -> Rotary:
-        """Rotary positions of ``config``'s head size, ``rotary_base`` and ``rotary_scaling``.
-
-        Args:
-            config: the model's architecture.
-            causal: whether the layer is causal (unused).
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`AttentionPositions.from_config`, with ``config.rotary_base`` and ``config.rotary_scaling``."""
         # Built by from_sizes, which a variant overrides; the config's frequencies are set on what it built.
         rotary = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
         rotary.base = check_positive_float(config.rotary_base, "rotary_base")
@@ -416,15 +396,7 @@ class Rotary(AttentionPositions):
         return cos, sin
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate each pair of coordinates by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
-
-        Args:
-            x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)`` (one per key/value head).
-            positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
-
-        Returns:
-            The rotated vectors, shaped and typed as ``x``.
-        """
+        """As :meth:`AttentionPositions.rotate`: each pair of coordinates rotated by its position's angle."""
         cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
         # The formula when compiling (the compiler cannot trace out= into strided memory), for learned angles, or
         # for angles that broadcast wider than x (out= would not).
@@ -457,15 +429,7 @@ class InterleavedRotary(Rotary):
     """
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate each adjacent pair by its position's angle: ``(b, h, t, s) -> (b, h, t, s)``.
-
-        Args:
-            x: queries ``(b, h, t, s)``, or keys ``(b, g, t, s)``.
-            positions: ``(t,)`` long, the absolute positions of the ``t`` vectors.
-
-        Returns:
-            The rotated vectors, shaped and typed as ``x``.
-        """
+        """As :meth:`Rotary.rotate`, on adjacent pairs ``(x_2m, x_2m+1)``."""
         cos, sin = self.angles(positions, x.dtype)  # (t, s/2) each
         even, odd = x[..., 0::2], x[..., 1::2]  # (b, h, t, s/2) each
         rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (b, h, t, s/2, 2)
@@ -518,27 +482,11 @@ class ALiBi(AttentionPositions):
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> ALiBi:
-        """ALiBi's slopes for ``heads`` heads (see :meth:`AttentionPositions.from_sizes`).
-
-        Args:
-            heads: the number of heads ``h``: one slope each.
-            head_size: the head size (unused).
-            causal: whether the layer is causal (unused: the penalty is on ``|i - j|``).
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`AttentionPositions.from_sizes`: one slope per head (a penalty on ``|i - j|``, causal or not)."""
         return cls(heads)
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """ALiBi's bias ``-m_h |i - j|`` for the mask's query and key positions.
-
-        Args:
-            mask: the query positions ``i`` and key positions ``j`` of this attention call.
-
-        Returns:
-            ``(h, t, u)`` float32, or ``None`` when the keys have no positions (cross-attention).
-        """
+        """As :meth:`AttentionPositions.bias`: ALiBi's ``-m_h |i - j|``, float32."""
         if mask.key_positions is None:
             return None
         distance = mask.distance().abs().float()  # (t, u)
@@ -556,8 +504,7 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
     Args:
         distance: query position minus key position, an integer tensor of any shape (``(t, u)`` from
             :meth:`~torchformer.nn.masks.AttentionMask.distance`).
-        bidirectional: separate buckets for keys after the query (negative distances); if False, those all fall in
-            bucket 0 (a causal layer never sees them).
+        bidirectional: separate buckets for keys after the query (``i - j < 0``); if False, those fall in bucket 0.
         num_buckets: the number of buckets in all (both halves together when bidirectional).
         max_distance: the distance from which on every distance shares the last bucket (of its half).
 
@@ -582,8 +529,8 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
 class RelativeBias(AttentionPositions):
     """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
 
-    The table ``table.weight`` ``(num_buckets, h)`` starts at zero; buckets are :func:`relative_bucket`'s. With
-    ``relative_shared`` a stack hands one table to all its layers. See ``docs/relative-positions.md``.
+    The table ``table.weight`` ``(num_buckets, h)`` starts at zero; buckets are :func:`relative_bucket`'s. See
+    ``docs/relative-positions.md`` (one table per stack: ``relative_shared``).
 
     Args:
         heads: ``h``.
@@ -608,29 +555,12 @@ class RelativeBias(AttentionPositions):
 
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> RelativeBias:
-        """A learned bias table for ``heads`` heads, one-sided if causal (see :meth:`AttentionPositions.from_sizes`).
-
-        Args:
-            heads: the number of heads ``h``.
-            head_size: the head size (unused).
-            causal: whether the layer is causal (buckets for ``i - j >= 0`` only).
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`AttentionPositions.from_sizes`: a table for ``heads`` heads, one-sided if ``causal``."""
         return cls(heads, bidirectional=not causal)
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, causal: bool) -> RelativeBias:
-        """A table for ``config``'s heads, ``relative_buckets`` and ``relative_max_distance``, one-sided if causal.
-
-        Args:
-            config: the model's architecture.
-            causal: whether the layer is causal.
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`AttentionPositions.from_config`, with ``config.relative_buckets`` and ``relative_max_distance``."""
         # Built by from_sizes, as Rotary's; the config's numbers are set on it (a new table if they differ).
         bias = cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
         if (bias.num_buckets, bias.max_distance) != (config.relative_buckets, config.relative_max_distance):
@@ -640,14 +570,7 @@ class RelativeBias(AttentionPositions):
         return bias
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """The learned bias of each head for the bucket of ``i - j``.
-
-        Args:
-            mask: the query positions ``i`` and key positions ``j`` of this attention call.
-
-        Returns:
-            ``(h, t, u)`` in the table's dtype, or ``None`` when the keys have no positions (cross-attention).
-        """
+        """As :meth:`AttentionPositions.bias`: each head's learned bias for the bucket of ``i - j`` (table's dtype)."""
         if mask.key_positions is None:
             return None
         bucket = relative_bucket(mask.distance(), bidirectional=self.bidirectional, num_buckets=self.num_buckets,

@@ -1,7 +1,6 @@
 """Stacks of transformer blocks: the encoder (bidirectional, or causal for a generator) and the decoder.
 
-A stack of pre-norm blocks ends with a final norm (``docs/blocks.md``); ``config.checkpoint_blocks`` checkpoints
-each block in training (``docs/going-big.md``).
+The final norm of pre-norm stacks: ``docs/blocks.md``; checkpointing (``checkpoint_blocks``): ``docs/going-big.md``.
 Shapes: b batch size, t sequence length, u context length, e embedding size.
 """
 
@@ -64,8 +63,7 @@ class Encoder(nn.Module):
 
     Shapes:
         ``forward(x, mask=None, *, positions=None, caches=None, documents=None)``: as
-        :class:`~torchformer.nn.blocks.TransformerBlock`, ``x`` ``(b, t, e)`` -> ``(b, t, e)``; ``caches`` one
-        :class:`~torchformer.nn.cache.BlockCache` per block.
+        :class:`~torchformer.nn.blocks.TransformerBlock`, with ``caches`` one ``BlockCache`` per block.
     """
 
     def __init__(self, config: TransformerConfig, *, causal: bool = False,
@@ -101,9 +99,8 @@ class Decoder(nn.Module):
         block_class: the block to stack (default :class:`~torchformer.nn.blocks.DecoderBlock`).
 
     Shapes:
-        ``forward(x, context, mask=None, context_mask=None, *, positions=None, caches=None, documents=None,
-        context_documents=None)``: as :class:`~torchformer.nn.blocks.DecoderBlock`, ``x`` ``(b, t, e)``, ``context``
-        ``(b, u, e)`` (``None`` after :meth:`fill_caches`) -> ``(b, t, e)``; ``caches`` one per block.
+        ``forward(x, context=None, mask=None, context_mask=None, *, positions=None, caches=None, documents=None,
+        context_documents=None)``: as :class:`~torchformer.nn.blocks.DecoderBlock`, with ``caches`` one per block.
     """
 
     def __init__(self, config: TransformerConfig, *, block_class: type[DecoderBlock] = DecoderBlock) -> None:
