@@ -167,7 +167,9 @@ def run_tests(suite: Suite, record: dict) -> str:
         record["figures"][name] = counts
         if counts["failed"] or counts["errors"] or status not in (0, 5):  # 5: nothing selected
             record["status"] = "failed"
-        failing = ", ".join(counts["failing"][:10]) + (" ..." if len(counts["failing"]) > 10 else "")
+        # As code, which the site lets wrap at its joints (a test's name is one long word).
+        failing = ", ".join(f"`{name}`" for name in counts["failing"][:10]) + (" ..." if len(counts["failing"]) > 10
+                                                                               else "")
         lines.append(f"| {name} | {counts['passed']} | {counts['failed']} | {counts['errors']} | "
                      f"{counts['skipped']} | {counts['seconds']} | {failing or '-'} |")
     return "\n".join(lines)
@@ -633,6 +635,18 @@ def environment() -> dict:
             "commit": commit}
 
 
+def wrapped(command: str, width: int = 84) -> list[str]:
+    """A shell command as lines of at most ``width`` characters where its words allow, joined by `` \\``."""
+    lines, line = [], ""
+    for word in command.split(" "):  # the words shlex quoted: a quoted word holds no space
+        if line and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "    " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + [line]
+
+
 def markdown(record: dict) -> str:
     """One stage's section of the report."""
     head = f"## {record['stage']}: {record['status']}"
@@ -642,7 +656,7 @@ def markdown(record: dict) -> str:
              f" (CUDA {record['cuda']}); commit {record['commit']}"
              + ("; **smoke run (toy sizes, CPU): not GPU figures**" if record["smoke"] else "")]
     if record["commands"]:
-        lines += ["", "Commands:", "", *[f"    {c}" for c in record["commands"]]]
+        lines += ["", "Commands:", "", *[f"    {line}" for c in record["commands"] for line in wrapped(c)]]
     lines += ["", *[f"Note: {n}" for n in record["notes"]]] if record["notes"] else []
     if record.get("table"):
         lines += ["", record["table"]]

@@ -7,7 +7,7 @@
 * ``examples/README.md`` and ``benchmarks/RESULTS.md``, which the pages link to, become pages of the site, and the
   links between them and ``docs/`` are rewritten from repository paths to site paths.
 * Code in table cells gets a line-break opportunity (``<wbr>``) after each ``.``, ``_``, ``=``, ``,``, ``/`` and
-  ``(``, so a long name wraps at its joints instead of widening the table past the page (or breaking mid-word).
+  ``(``, and between the words of a CamelCase name, so a long name wraps at its joints instead of widening the table past the page (or breaking mid-word).
 * MathJax is copied into the site from the ``django-static-mathjax`` package (plain MathJax 3 files, no Django
   needed), so the formulas render with no network.
 """
@@ -141,7 +141,8 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
 TABLE_CELL = re.compile(r"<td\b[^>]*>.*?</td>", re.S)
 INLINE_CODE = re.compile(r"(<code>)(.*?)(</code>)", re.S)
 TAG = re.compile(r"(<[^>]*>)")
-JOINT = re.compile(r"(?<=[._=,/(])(?=[^<\s])")  # after a joint, unless a tag or a space follows anyway
+# After a joint, or inside a CamelCase name before its next word, unless a tag or a space follows anyway.
+JOINT = re.compile(r"(?:(?<=[._=,/(])|(?<=[a-z])(?=[A-Z]))(?=[^<\s])")
 
 
 def breakable_code(cell: str) -> str:

@@ -161,14 +161,32 @@ FENCE = re.compile(r"^ *(```|~~~)")
 DISPLAY_FORMULA = re.compile(r"\$\$(.*?)\$\$", re.S)
 
 
+LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
+
+
 def long_code_lines(text: str) -> list[str]:
-    """The lines inside fenced code blocks longer than CODE_COLUMNS."""
-    inside, found = False, []
+    """The lines of code blocks longer than CODE_COLUMNS: fenced blocks (not ``text`` ones, program output, which
+    the page wraps), and blocks indented by 4 spaces after a blank line (8 inside a list item)."""
+    fenced, output, in_code, in_list, after_blank, found = False, False, False, False, True, []
     for line in text.splitlines():
         if FENCE.match(line):
-            inside = not inside
-        elif inside and len(line.rstrip()) > CODE_COLUMNS:
-            found.append(line)
+            fenced = not fenced
+            output = fenced and line.strip().strip("`~").strip() == "text"  # program output wraps on the page
+        elif fenced:
+            if not output and len(line.rstrip()) > CODE_COLUMNS:
+                found.append(line)
+        elif not line.strip():
+            after_blank = True
+        else:
+            indent = len(line) - len(line.lstrip())
+            if indent == 0:
+                in_code, in_list = False, bool(LIST_ITEM.match(line))
+            else:
+                block = 8 if in_list else 4
+                in_code = indent >= block and (after_blank or in_code)
+                if in_code and len(line.rstrip()) - block > CODE_COLUMNS:
+                    found.append(line)
+            after_blank = False
     return found
 
 
@@ -187,5 +205,17 @@ def test_code_lines_fit_the_column_and_formulas_stand_one_per_line(page):
 def test_the_layout_rules_catch_a_long_line_and_a_formula_pair():
     text = "```python\nx = 1\n" + "y" * 85 + "\n```\n" + "z" * 120 + "\n$$\na = 1, \\qquad b = 2\n$$\n"
     assert long_code_lines(text) == ["y" * 85]  # prose lines may be long; code lines may not
+    indented = "Text\n\n    " + "a" * 85 + "\n\n- an item\n  " + "b" * 120 + "\n\n        " + "c" * 85 + "\n"
+    assert long_code_lines(indented) == ["    " + "a" * 85, "        " + "c" * 85]  # blocks, not the item's text
+    assert long_code_lines("```text\n" + "d" * 90 + "\n```\n") == []  # output, which wraps
     assert side_by_side_formulas(text) == ["a = 1, \\qquad b = 2"]
     assert side_by_side_formulas("$$\n\\begin{aligned} a &= 1 \\\\ b &= 2 \\end{aligned}\n$$") == []
+
+
+def test_code_in_table_cells_may_wrap_at_its_joints_and_between_camel_case_words():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", DOCS / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    cell = '<td><code>torchformer.nn</code> and <code>BertForSequence</code>, <code><a href="x.html">a_b</a></code></td>'
+    assert hooks.breakable_code(cell) == ('<td><code>torchformer.<wbr>nn</code> and <code>Bert<wbr>For<wbr>Sequence'
+                                          '</code>, <code><a href="x.html">a_<wbr>b</a></code></td>')

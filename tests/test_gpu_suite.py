@@ -302,3 +302,12 @@ def test_batch_search_leaves_out_what_cannot_finish_before_the_deadline(step, mo
     rows = step.search("fast", 256, [1, 2, 4], deadline=time.monotonic() + 0.5)  # time for one, not two
     assert [r["batch"] for r in rows] == [1, 2] and rows[0]["best"]
     assert rows[1]["error"].startswith("skipped: not enough time left in --time-limit")
+
+
+def test_a_long_command_is_shown_in_lines_that_fit_the_page_and_join_back_to_it(suite):
+    command = "python benchmarks/step.py " + " ".join(f"--flag-{i} value-{i}" for i in range(12)) + " --json /tmp/x.json"
+    lines = suite.wrapped(command)
+    assert len(lines) > 1 and all(len(line) <= 84 for line in lines)
+    assert all(line.endswith(" \\") for line in lines[:-1]) and all(line.startswith("    ") for line in lines[1:])
+    assert " ".join(line.removesuffix(" \\").strip() for line in lines) == command  # the same words, in order
+    assert suite.wrapped("python short.py") == ["python short.py"]
