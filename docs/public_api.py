@@ -13,8 +13,9 @@ import inspect
 import pkgutil
 from collections.abc import Iterator
 
-# Methods every torch.nn.Module may override; the class docstring says what they do (forward's shapes included).
-INHERITED_ROLES = {"forward", "extra_repr", "reset_parameters"}
+# Methods every torch.nn.Module, or every torch.autograd.Function, may override, which torch calls with arguments of
+# its own: their contract is torch's, and the class docstring says what they do (forward's shapes included).
+INHERITED_ROLES = {"forward", "extra_repr", "reset_parameters", "setup_context", "backward", "jvp", "vmap"}
 
 
 def modules(package: str = "torchformer") -> list[str]:

@@ -69,13 +69,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
-        """Keep what the derivatives need: ``x``, ``weight``, ``r`` and ``eps``.
-
-        Args:
-            ctx: the context the derivatives receive.
-            inputs: ``(x, weight, eps)``.
-            output: ``(y, r)``.
-        """
+        """Keep what the derivatives need: ``x``, ``weight``, ``r`` and ``eps``."""
         (x, weight, eps), (_, r) = inputs, output
         ctx.save_for_backward(x, weight, r)
         ctx.save_for_forward(x, weight, r)
@@ -86,17 +80,7 @@ class RMSNormFunction(torch.autograd.Function):
     def jvp(  # type: ignore[override]
         ctx: Any, x_dot: Optional[Tensor], weight_dot: Optional[Tensor], eps_dot: None
     ) -> tuple[Tensor, None]:
-        """Forward-mode derivative: the output's tangent from the tangents of ``x`` and ``weight``.
-
-        Args:
-            ctx: what :meth:`setup_context` kept.
-            x_dot: the tangent of ``x`` ``(..., e)``, or ``None``.
-            weight_dot: the tangent of ``weight`` ``(e,)``, or ``None``.
-            eps_dot: ``eps``'s (none: a number).
-
-        Returns:
-            ``(y_dot, None)``: ``r`` has no tangent.
-        """
+        """Forward-mode derivative: the output's tangent from the tangents of ``x`` and ``weight``."""
         x, weight, r = ctx.saved_tensors
         normalised = x.to(r.dtype) * r
         y_dot = torch.zeros_like(normalised * weight)
@@ -112,16 +96,7 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: Any, grad: Tensor, grad_r: Optional[Tensor]
     ) -> tuple[Optional[Tensor], Optional[Tensor], None]:
-        """The gradients of ``x`` and ``weight`` from the output's, by the formulas above.
-
-        Args:
-            ctx: what :meth:`setup_context` kept: ``x``, ``weight``, ``r`` and ``eps``.
-            grad: the gradient of the output, ``(..., e)``.
-            grad_r: the gradient of ``r`` (none: it is not differentiable).
-
-        Returns:
-            ``(grad_x, grad_weight, None)``: ``(..., e)`` and ``(e,)``, each ``None`` where no gradient is needed.
-        """
+        """The gradients of ``x`` and ``weight`` from the output's, by the formulas above."""
         x, weight, r = ctx.saved_tensors
         if torch.is_grad_enabled():  # a second derivative (create_graph=True, torch.func.jacrev): the formulas above
             # in differentiable operations, r recomputed from x so that its dependence on x is part of the graph

@@ -186,30 +186,14 @@ class RotateHalves(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:  # type: ignore[override]
-        """Keep the angles: the derivatives in both directions are rotations by them.
-
-        Args:
-            ctx: the context the derivatives receive.
-            inputs: ``(x, cos, sin)``.
-            output: the rotated ``x``.
-        """
+        """Keep the angles: the derivatives in both directions are rotations by them."""
         _, cos, sin = inputs
         ctx.save_for_backward(cos, sin)
         ctx.save_for_forward(cos, sin)
 
     @staticmethod
     def jvp(ctx: Any, x_dot: Tensor, cos_dot: None, sin_dot: None) -> Tensor:  # type: ignore[override]
-        """Forward-mode derivative: a rotation is linear, so the tangent is rotated as ``x`` is.
-
-        Args:
-            ctx: what :meth:`setup_context` kept.
-            x_dot: the tangent of ``x``.
-            cos_dot: the angles' tangent (none: they get no derivative here).
-            sin_dot: as ``cos_dot``.
-
-        Returns:
-            The output's tangent.
-        """
+        """Forward-mode derivative: a rotation is linear, so the tangent is rotated as ``x`` is."""
         cos, sin = ctx.saved_tensors
         return rotate_halves(x_dot, cos, sin)
 
@@ -217,18 +201,7 @@ class RotateHalves(torch.autograd.Function):
     def vmap(  # type: ignore[override]
         info: Any, in_dims: tuple, x: Tensor, cos: Tensor, sin: Tensor
     ) -> tuple[Tensor, int]:
-        """``torch.func.vmap``'s rule: the batch dimension of ``x`` in front, where the rotation ignores it.
-
-        Args:
-            info: vmap's batch size and randomness (unused).
-            in_dims: the batch dimension of ``x``, ``cos`` and ``sin`` (``None``: not batched).
-            x: ``x`` with its batch dimension.
-            cos: ``cos``, with its batch dimension if batched.
-            sin: as ``cos``.
-
-        Returns:
-            ``(out, 0)``: the rotated batch, batched in dimension 0.
-        """
+        """``torch.func.vmap``'s rule: the batch dimension of ``x`` in front, where the rotation ignores it."""
         x_dim, cos_dim, sin_dim = in_dims
         x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(info.batch_size, *x.shape)
         if cos_dim is None and sin_dim is None:  # the angles of every batch element alike: broadcast as they are
@@ -242,15 +215,7 @@ class RotateHalves(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        """The input's gradient: the output's, rotated back by the same angles.
-
-        Args:
-            ctx: what the forward pass kept: ``cos`` and ``sin``.
-            grad: the gradient of the output, ``(b, h, t, s)``.
-
-        Returns:
-            ``(grad_x, None, None)``: ``(b, h, t, s)``; the angles get none.
-        """
+        """The input's gradient: the output's, rotated back by the same angles."""
         cos, sin = ctx.saved_tensors
         if torch.is_grad_enabled():  # a second derivative (create_graph=True): the formula, which autograd follows
             return rotate_halves(grad, cos, -sin), None, None
