@@ -71,7 +71,8 @@ def test_smoke_runs_every_stage_and_reports_its_figures(suite, data, tmp_path, c
         assert record["date"] in section and torch.__version__ in section and record["device"] in section
         assert section in printed  # the report is printed too: it survives in the terminal's output
         for command in record["commands"]:
-            assert command.startswith("python ") and command in section
+            assert command.startswith("python ")
+            assert all(f"    {line}" in section for line in suite.wrapped(command))  # as the page shows it
     by = {r["stage"]: r for r in records}
 
     # tests: both pytest runs, with counts from their JUnit XML
