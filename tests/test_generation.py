@@ -566,6 +566,9 @@ def test_a_cache_is_dense_only_while_every_slot_it_reads_was_written_without_a_g
     assert not cache.dense
     cache.reset()
     assert cache.filled == 0 and not cache.dense
+    for bad in [(3, 3), (-1, 2), (0, 9), (0.0, 2), [0, 2]]:
+        with pytest.raises(ValueError, match="span must be"):
+            cache.set_horizon(2, span=bad)
     ring = RingKVCache(4)
     ring.set_horizon(None, span=(0, 3))
     ring.write((k, k), torch.arange(3))

@@ -143,11 +143,16 @@ class KVCache:
             span: ``(first, end)``: the call writes positions ``first .. end-1`` (:attr:`dense`); ``None``: unknown.
 
         Raises:
-            ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``.
+            ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``, or ``span`` is not
+                ``(first, end)`` with ``0 <= first < end <= capacity``.
         """
         if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= self.capacity):
             raise ValueError(f"horizon must be an int in [1, {self.capacity}] (the cache's capacity) or None, got "
                              f"{horizon!r}")
+        if span is not None and not (isinstance(span, tuple) and len(span) == 2 and all(is_int(p) for p in span)
+                                     and 0 <= span[0] < span[1] <= self.capacity):
+            raise ValueError(f"span must be (first, end), ints with 0 <= first < end <= {self.capacity} (the "
+                             f"positions the call writes), or None; got {span!r}")
         self.horizon, self.span = horizon, span
 
     @property
