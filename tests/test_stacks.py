@@ -103,3 +103,92 @@ def test_a_cached_decoder_projects_the_context_once():
         dec(x[:, :1], ctx, positions=torch.tensor([5]), caches=caches)
     with pytest.raises(ValueError, match=r"caches must be a list of one BlockCache per block \(2\), got 1"):
         dec.fill_caches(caches[:1], ctx)
+
+
+@pytest.mark.parametrize("positions", ["rotary", "rotary_interleaved", "alibi"])
+def test_a_stack_builds_one_parameter_free_scheme_for_all_its_blocks(positions):
+    # Rotary positions and ALiBi have no parameters and compute the same in every layer: one scheme serves the
+    # stack (a decoding step computes the angles once), and the model equals one whose blocks built their own.
+    from torchformer.nn.blocks import TransformerBlock
+
+    config = TransformerConfig(16, 4, 3, positions=positions, prenorm=True)
+    torch.manual_seed(0)
+    enc = Encoder(config).double()
+    schemes = [block.attention.relative for block in enc.blocks]
+    assert all(scheme is schemes[0] for scheme in schemes)
+
+    class OwnSchemes(TransformerBlock):
+        @classmethod
+        def stack_positions(cls, config, *, causal):
+            return None
+
+    torch.manual_seed(0)
+    own = Encoder(config, block_class=OwnSchemes).double()
+    assert own.blocks[0].attention.relative is not own.blocks[1].attention.relative
+    assert enc.state_dict().keys() == own.state_dict().keys()
+    own.load_state_dict(enc.state_dict())
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(enc(x), own(x), atol=1e-12, rtol=0)
+
+
+def test_a_scheme_with_parameters_stays_one_per_block_and_is_never_built_for_nothing():
+    # The relative bias learns a table per layer (unless relative_shared): the stack decides from its class, so
+    # the random stream that initialises the model is the one it always was.
+    from torchformer.nn.blocks import TransformerBlock
+
+    config = TransformerConfig(16, 4, 3, positions="relative")
+    torch.manual_seed(0)
+    enc = Encoder(config)
+    tables = [block.attention.relative for block in enc.blocks]
+    assert len({id(table) for table in tables}) == 3
+
+    class Unshared(TransformerBlock):
+        @classmethod
+        def stack_positions(cls, config, *, causal):
+            return None
+
+    torch.manual_seed(0)
+    expected = Encoder(config, block_class=Unshared)
+    for (name, value), (_, other) in zip(enc.state_dict().items(), expected.state_dict().items()):
+        assert torch.equal(value, other), name
+
+
+def test_a_block_whose_constructor_takes_no_positions_still_shares_the_parameter_free_scheme():
+    # The stack hands a scheme without parameters to the built blocks (share_positions), not to their constructor,
+    # so a variant written with __init__(config, *, causal, layer) builds rotary models and shares one scheme.
+    from torchformer.nn.blocks import TransformerBlock
+
+    class Plain(TransformerBlock):
+        def __init__(self, config, *, causal=False, layer=0):
+            super().__init__(config, causal=causal, layer=layer)
+
+    enc = Encoder(TransformerConfig(16, 4, 3, positions="rotary"), block_class=Plain)
+    assert len({id(block.attention.relative) for block in enc.blocks}) == 1
+
+
+def test_a_shared_scheme_must_equal_each_layers_own():
+    # A layer whose scheme differs by depth cannot take the stack's: the error names the way out, and a block class
+    # that says so (stack_positions returning None) keeps one scheme per layer.
+    from torchformer.nn.attention import SelfAttention
+    from torchformer.nn.blocks import TransformerBlock
+
+    class BaseByDepth(SelfAttention):
+        @classmethod
+        def from_config(cls, config, *, causal=False, layer=0, positions=None):
+            layer_config = config.replace(rotary_base=10000.0 * (layer + 1))
+            return super().from_config(layer_config, causal=causal, layer=layer, positions=positions)
+
+    class ByDepth(TransformerBlock):
+        attention_class = BaseByDepth
+
+    config = TransformerConfig(16, 4, 3, positions="rotary")
+    with pytest.raises(ValueError, match=r"share_positions: .*must be a shareable scheme equal to this layer's own"):
+        Encoder(config, block_class=ByDepth)
+
+    class OwnByDepth(ByDepth):
+        @classmethod
+        def stack_positions(cls, config, *, causal):
+            return None
+
+    enc = Encoder(config, block_class=OwnByDepth)
+    assert [block.attention.relative.base for block in enc.blocks] == [10000.0, 20000.0, 30000.0]

@@ -306,6 +306,22 @@ class MultiHeadAttention(nn.Module):
         scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
         return scheme.from_config(config, causal=causal)
 
+    def share_positions(self, scheme: AttentionPositions) -> None:
+        """Use ``scheme``, built once for the whole stack, in place of this layer's own equal one.
+
+        Args:
+            scheme: a ``shareable`` scheme of the class and settings this layer built (its ``repr``).
+
+        Raises:
+            ValueError: ``scheme`` is not ``shareable``, or differs from this layer's own scheme.
+        """
+        own = self.relative
+        if not scheme.shareable or type(scheme) is not type(own) or scheme.extra_repr() != own.extra_repr():
+            raise ValueError(f"share_positions: the stack's scheme {scheme!r} (shareable={scheme.shareable}) must be "
+                             f"a shareable scheme equal to this layer's own, {own!r}: a block whose layers differ "
+                             f"returns None from stack_positions")
+        self.relative = scheme
+
     @classmethod
     def pattern_from_config(cls, config: TransformerConfig) -> AttentionPattern | None:
         """The sparse pattern ``config.sparse`` names (:attr:`pattern_classes`), or ``None``.

@@ -26,7 +26,8 @@ class TransformerBlock(nn.Module):
         config: the architecture (``emb``, ``prenorm``, ``norm``, ``dropout``, and what the parts read).
         causal: self-attention only looks backwards (generators).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
-        positions: a scheme the stack's blocks share (:meth:`stack_positions`); ``None``: the attention builds its own.
+        positions: a scheme with parameters the stack's blocks share (T5's table, :meth:`stack_positions`); ``None``:
+            the attention builds its own.
 
     Raises:
         TypeError: (at class creation) a subclass sets ``feedforward_class``, no longer read.
@@ -69,18 +70,29 @@ class TransformerBlock(nn.Module):
 
     @classmethod
     def stack_positions(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions | None:
-        """The one scheme all blocks of a stack share (T5's ``relative_shared``), or ``None``.
+        """The one scheme all blocks of a stack share, or ``None`` (each block's attention builds its own).
 
         Args:
             config: the architecture of the blocks.
             causal: whether the blocks' self-attention is causal.
 
         Returns:
-            The scheme :attr:`attention_class` builds for ``config`` with ``config.relative_shared``, else ``None``.
+            The scheme :attr:`attention_class` builds for ``config``, with ``config.relative_shared`` (T5's table)
+            or when its class in ``position_classes`` is ``shareable`` (rotary, ALiBi: no parameters); else ``None``.
         """
-        if not config.relative_shared:
-            return None
-        return cls.attention_class.positions_from_config(config, causal=causal)
+        named = cls.attention_class.position_classes.get(config.positions)
+        if not (config.relative_shared or (named is not None and named.shareable)):
+            return None  # decided from the class, so a scheme with parameters is never built for nothing
+        scheme = cls.attention_class.positions_from_config(config, causal=causal)
+        return scheme if config.relative_shared or scheme.shareable else None
+
+    def share_positions(self, scheme: AttentionPositions) -> None:
+        """Use the stack's parameter-free ``scheme`` in the self-attention (as :meth:`MultiHeadAttention.share_positions`).
+
+        Args:
+            scheme: the scheme :meth:`stack_positions` built.
+        """
+        self.attention.share_positions(scheme)
 
     @classmethod
     def needs_final_norm(cls, config: TransformerConfig) -> bool:

@@ -29,6 +29,10 @@ class AttentionPositions(nn.Module):
         ``bias(mask)`` -> ``(h, t, u)`` or ``None``.
     """
 
+    # A scheme without parameters that computes the same in every layer: a stack builds one for all its blocks
+    # (TransformerBlock.stack_positions), so a decoding step computes rotary angles once, not once per layer.
+    shareable: bool = False
+
     @classmethod
     def from_sizes(cls, *, heads: int, head_size: int, causal: bool) -> AttentionPositions:
         """The scheme of an attention layer of ``heads`` heads of size ``head_size``; every scheme has it.
@@ -241,6 +245,8 @@ class Rotary(AttentionPositions):
         ``rotate(x, positions)``: ``x`` ``(b, h, t, s)``, ``positions`` ``(t,)`` -> ``(b, h, t, s)``; no bias.
     """
 
+    shareable = True
+
     def __init__(self, head_size: int, *, base: float = 10000.0, scaling: Optional[dict] = None) -> None:
         super().__init__()
         if head_size % 2 != 0:
@@ -434,6 +440,8 @@ class ALiBi(AttentionPositions):
     Shapes:
         ``bias(mask)`` -> ``(h, t, u)``, or ``None`` for cross-attention; ``rotate`` returns its input unchanged.
     """
+
+    shareable = True
 
     def __init__(self, heads: int) -> None:
         super().__init__()

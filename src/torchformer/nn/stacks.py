@@ -38,19 +38,33 @@ def run_block(block: nn.Module, checkpointed: bool, *args: Any, cache: BlockCach
     return block(*args, cache=cache, **kwargs)
 
 
-def shared_positions(block_class: type[TransformerBlock], config: TransformerConfig, *, causal: bool) -> dict:
-    """The keyword argument that hands every block of a stack one position scheme (T5's ``relative_shared``), or none.
+def build_blocks(block_class: type[TransformerBlock], config: TransformerConfig, depth: int, *, causal: bool,
+                 options: dict[str, Any] | None = None) -> nn.ModuleList:
+    """``depth`` blocks of ``block_class``, sharing the scheme its :meth:`~TransformerBlock.stack_positions` gives.
+
+    A scheme with parameters (T5's ``relative_shared`` table) is built once and handed to every block's constructor
+    as ``positions``. A scheme without them (``shareable``: rotary, ALiBi) replaces each built block's own through
+    :meth:`~torchformer.nn.blocks.TransformerBlock.share_positions`, so a block variant whose ``__init__`` takes no
+    ``positions`` still builds.
 
     Args:
-        block_class: the stack's block class (its :meth:`~torchformer.nn.blocks.TransformerBlock.stack_positions`).
+        block_class: the block to stack.
         config: the architecture.
-        causal: whether the blocks' self-attention is causal.
+        depth: the number of blocks.
+        causal: whether the blocks' self-attention is causal (passed to ``stack_positions``).
+        options: the blocks' keyword arguments besides ``layer`` and ``positions`` (the encoder's ``causal``).
 
     Returns:
-        ``{"positions": scheme}``, or ``{}`` (the blocks are then built without the argument).
+        The blocks, ``layer`` 0 first.
     """
     scheme = block_class.stack_positions(config, causal=causal)
-    return {} if scheme is None else {"positions": scheme}
+    after = scheme is not None and scheme.shareable
+    at_init = {} if scheme is None or after else {"positions": scheme}
+    blocks = nn.ModuleList(block_class(config, layer=i, **(options or {}), **at_init) for i in range(depth))
+    if after:
+        for block in blocks:
+            block.share_positions(scheme)
+    return blocks
 
 
 class Encoder(nn.Module):
@@ -70,8 +84,7 @@ class Encoder(nn.Module):
                  block_class: type[TransformerBlock] = TransformerBlock) -> None:
         super().__init__()
         self.emb = config.emb
-        shared = shared_positions(block_class, config, causal=causal)
-        self.blocks = nn.ModuleList(block_class(config, causal=causal, layer=i, **shared) for i in range(config.depth))
+        self.blocks = build_blocks(block_class, config, config.depth, causal=causal, options={"causal": causal})
         self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
                      else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
@@ -107,8 +120,8 @@ class Decoder(nn.Module):
         super().__init__()
         depth = config.depth if config.decoder_depth is None else config.decoder_depth
         self.emb = config.emb
-        shared = shared_positions(block_class, config, causal=True)  # the decoder's own table: one-sided buckets
-        self.blocks = nn.ModuleList(block_class(config, layer=i, **shared) for i in range(depth))
+        # causal=True: the decoder's own scheme (T5's table with one-sided buckets); its blocks are always causal
+        self.blocks = build_blocks(block_class, config, depth, causal=True)
         self.norm = (make_norm(config.norm, config.emb, eps=config.norm_eps) if block_class.needs_final_norm(config)
                      else nn.Identity())
         self.checkpoint_blocks = config.checkpoint_blocks
