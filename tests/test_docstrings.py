@@ -6,11 +6,13 @@ methods defined by every non-private module. ``mkdocs build --strict`` fails on 
 test says so without MkDocs installed, and checks the style of each (see "The house style" below).
 """
 
+import ast
 import importlib
 import importlib.util
 import inspect
 import pathlib
 import re
+import textwrap
 
 import pytest
 import torch
@@ -66,6 +68,9 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 # * ``Args:`` naming every argument (a class: its constructor's), one per entry, and nothing else; a class that
 #   inherits its constructor from a torchformer class documents the arguments once, where they are defined: it
 #   has no ``Args:`` of its own, or a complete one, and without one it names that class (a link for the reader);
+#   likewise a class whose own ``__init__`` passes arguments to a torchformer base class's (``super().__init__(...)``
+#   with arguments) may list only the arguments that base's constructor lacks (and those it means otherwise), when
+#   it names that base class ("Other arguments as :class:`MultiHeadAttention`."): no ``Args:`` if there are none;
 # * ``Shapes:`` for a module (an ``nn.Module``): what ``forward`` takes and returns, in the letters b, t, u, e, h, s,
 #   c, v (``forward`` itself is not listed, public_api.INHERITED_ROLES: the class's ``Shapes:`` documents it);
 # * ``Returns:`` (or ``Yields:``) for a function or method that returns something (annotated other than ``None``),
@@ -103,6 +108,30 @@ def constructor_definer(value) -> type | None:
         return None
     definer = next(base for base in value.__mro__ if "__init__" in base.__dict__)  # object at the latest
     return definer if definer.__module__.startswith("torchformer") else None
+
+
+def passing_base(value) -> type | None:
+    """The torchformer base class whose constructor the class ``value``'s own ``__init__`` passes arguments to.
+
+    ``None`` when ``value`` defines no ``__init__``, when the next constructor up the MRO is not a torchformer class's
+    or takes no arguments, or when ``__init__`` calls ``super().__init__()`` without arguments (or not at all).
+    """
+    init = value.__dict__.get("__init__")
+    if not inspect.isfunction(init):
+        return None
+    base = next(base for base in value.__mro__[1:] if "__init__" in base.__dict__)
+    if not base.__module__.startswith("torchformer") or not arguments(base):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except OSError:  # generated (a dataclass's): it calls no base constructor with arguments
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+                and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+                and node.func.value.func.id == "super" and (node.args or node.keywords)):
+            return base
+    return None
 
 
 def overridden_definer(value) -> type | None:
@@ -168,6 +197,14 @@ def style_problems(value) -> list[str]:
     if expected and definer is not None and "Args" not in found:
         if definer.__name__ not in doc:
             problems.append(f"no Args: section and no mention of {definer.__name__}, whose arguments it takes")
+    elif expected and (base := passing_base(value) if inspect.isclass(value) else None) is not None \
+            and base.__name__ in doc:  # only the arguments the base's constructor lacks must be listed
+        documented = ENTRY.findall(found.get("Args", ""))
+        inherited = arguments(base)
+        own = [name for name in expected if name not in inherited]
+        if [name for name in own if name not in documented] or [name for name in documented if name not in expected]:
+            problems.append(f"Args: lists {documented}, the signature has {expected}, of which {base.__name__}'s "
+                            f"constructor lacks {own}")
     elif expected:
         documented = ENTRY.findall(found.get("Args", ""))
         if "Args" not in found:
@@ -230,6 +267,40 @@ def test_a_subclass_documents_its_parents_arguments_by_naming_the_parent(monkeyp
     monkeypatch.setattr(attention.SelfAttention, "__doc__", "Self-attention.\n\nArgs:\n    emb: width.\n\n"
                         "Shapes:\n    x (b, t, e) -> (b, t, e)\n")
     assert style_problems(attention.SelfAttention)[0].startswith("Args: lists ['emb'], the signature has")
+
+
+def test_a_subclass_passing_arguments_to_its_base_lists_only_the_ones_the_base_lacks(monkeypatch):
+    # HeadRMSNormAttention's __init__ passes emb, heads and **options on to MultiHeadAttention's constructor, which
+    # lacks qk_eps and **options. Naming MultiHeadAttention, its Args: may leave out emb and heads, but not qk_eps; an
+    # entry the signature lacks is reported too, and without the name of the base every argument is due.
+    from torchformer.nn import attention, blocks, moe, norms, qknorm
+
+    cls = qknorm.HeadRMSNormAttention
+    signature = "['emb', 'heads', 'qk_eps', '**options']"
+    shapes = "\n\nShapes:\n    As :class:`SelfAttention`.\n"
+    monkeypatch.setattr(cls, "__doc__", "Normalised.\n\nArgs:\n    qk_eps: eps.\n    **options: "
+                        ":class:`MultiHeadAttention`'s." + shapes)
+    assert style_problems(cls) == []
+    monkeypatch.setattr(cls, "__doc__", "Normalised.\n\nArgs:\n    **options: :class:`MultiHeadAttention`'s." + shapes)
+    assert style_problems(cls) == [(f"Args: lists ['**options'], the signature has {signature}, of which "
+                                    f"MultiHeadAttention's constructor lacks ['qk_eps', '**options']")]
+    monkeypatch.setattr(cls, "__doc__", "Normalised.\n\nArgs:\n    qk_eps: eps.\n    eps: none.\n    **options: "
+                        ":class:`MultiHeadAttention`'s." + shapes)
+    assert style_problems(cls)[0].startswith("Args: lists ['qk_eps', 'eps', '**options'], the signature has")
+    monkeypatch.setattr(cls, "__doc__", "Normalised.\n\nArgs:\n    qk_eps: eps.\n    **options: the rest." + shapes)
+    assert style_problems(cls) == [f"Args: lists ['qk_eps', '**options'], the signature has {signature}"]
+    # A class whose arguments are all its base's needs no Args: when it names the base.
+    monkeypatch.setattr(attention.CrossAttention, "__doc__", "Cross.\n\nArguments: :class:`MultiHeadAttention`'s."
+                        + shapes)
+    assert style_problems(attention.CrossAttention) == []
+    monkeypatch.setattr(attention.CrossAttention, "__doc__", "Cross.\n\nArguments: the parent's." + shapes)
+    assert style_problems(attention.CrossAttention)[0].startswith("no Args: section")
+    assert passing_base(cls) is attention.MultiHeadAttention
+    assert passing_base(qknorm.ProjectionRMSNormAttention) is qknorm.HeadRMSNormAttention
+    assert passing_base(blocks.DecoderBlock) is blocks.TransformerBlock
+    assert passing_base(attention.SelfAttention) is None  # no __init__ of its own
+    assert passing_base(norms.RMSNorm) is None  # its base is torch's
+    assert passing_base(moe.Router) is None  # AuxiliaryLosses' constructor takes no arguments
 
 
 def test_an_overriding_method_documents_its_arguments_by_naming_the_parent(monkeypatch):

@@ -1,8 +1,7 @@
 """Multi-head attention: self-attention and cross-attention.
 
-The formula and its paths: ``docs/attention.md``; heads: ``docs/heads.md``; what a query may see arrives as one
-:class:`~torchformer.nn.masks.AttentionMask`. Shapes: b batch, t queries (``x``'s positions), u keys (``t``, or the
-context's length), e embedding, h heads, g key/value heads, s head size (``e // h`` narrow, ``e`` wide), c slots.
+The formula and its paths: ``docs/attention.md``; heads: ``docs/heads.md``. Shapes: b batch, t queries, u keys (``t``,
+or the context's length), e embedding, h heads, g key/value heads, s head size (``e // h`` narrow, ``e`` wide), c slots.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None 
         scale: the factor the dot products are multiplied by; ``None``: ``1 / sqrt(s)``.
 
     Returns:
-        ``(output, weights)``: ``(b, h, t, s)`` and the weights before dropout ``(b, h, t, u)``, exactly 0 where not
-        allowed (a query with no allowed key gets zero weights and a zero output).
+        ``(output, weights)``: ``(b, h, t, s)``, and the weights before dropout ``(b, h, t, u)``, 0 where not allowed
+        (a query with no allowed key: zero weights and a zero output).
     """
     scores = q @ k.transpose(-2, -1)  # (b, h, t, s) @ (b, h, s, u) -> (b, h, t, u)
     if scale is None:
@@ -152,8 +151,7 @@ class MultiHeadAttention(nn.Module):
         causal: query ``i`` attends only to keys ``<= i``.
         dropout: dropout on the attention weights (training only).
         kqnorm: layer normalisation of keys and queries per head, which keeps the logits bounded.
-        impl: ``"sdpa"`` (fast path, default), ``"reference"`` (matmul-softmax-matmul) or ``"flex"``
-            (:func:`attention_flex`; no dropout).
+        impl: ``"sdpa"`` (default), ``"reference"`` (matmul-softmax-matmul) or ``"flex"`` (:func:`attention_flex`).
         positions: the scheme inside attention, ``"rotary"``, ``"rotary_interleaved"``, ``"alibi"``, ``"relative"``
             (:mod:`torchformer.nn.relative`) or a built :class:`AttentionPositions`; ``"none"``: they act elsewhere.
         kv_heads: ``g`` key/value heads (grouped-query attention), each serving ``h / g`` query heads; ``None``: ``h``.
@@ -418,8 +416,7 @@ class MultiHeadAttention(nn.Module):
             return_weights: also return the attention weights (computed on the reference path).
 
         Returns:
-            ``(output, weights)``: ``(b, h, t, s)``, and with ``return_weights`` the weights before dropout
-            ``(b, h, t, u)``, else ``None``.
+            ``(output, weights)``: ``(b, h, t, s)``, and the weights before dropout ``(b, h, t, u)`` or ``None``.
         """
         p = self.dropout if self.training else 0.0
         bias = self.relative.bias(mask)  # (h, t, u) or None: ALiBi, relative bias
@@ -470,21 +467,18 @@ class SelfAttention(MultiHeadAttention):
     """Multi-head self-attention: every position of ``x`` attends to the positions of ``x``.
 
     Arguments: as :class:`MultiHeadAttention` (``docs/attention.md``). ``forward(x, mask=None, *, positions=None,
-    cache=None, documents=None, return_weights=False)``:
-
-    * ``mask``: ``True`` at real tokens; padding never changes the output at real positions.
-    * ``positions``: the absolute positions of ``x``'s tokens; default ``0 .. t-1``, required with a cache.
-    * ``cache``: a :class:`~torchformer.nn.cache.KVCache` that ``x``'s new keys and values join; queries read it all.
-    * ``documents``: each token's document in packed rows, non-decreasing; a query sees its own (``docs/masks.md``).
-    * ``return_weights=True`` returns ``(out, weights)`` (the reference path).
+    cache=None, documents=None, return_weights=False)``: ``mask`` ``(b, t)`` bool, ``True`` at real tokens (padding
+    never changes the output at real positions); ``positions`` ``(t,)`` long, the tokens' absolute positions, default
+    ``0 .. t-1``, required with a ``cache``, a :class:`~torchformer.nn.cache.KVCache` the new keys and values join
+    (queries read it all); ``documents`` ``(b, t)`` int, each token's document in packed rows, non-decreasing, so a
+    query sees its own (``docs/masks.md``); ``return_weights=True`` returns ``(out, weights)`` (the reference path).
 
     Raises:
         ValueError: a shape that does not fit (naming both), ``documents`` with a cache, a cache without positions.
         TypeError: an input of the wrong dtype.
 
     Shapes:
-        ``x`` ``(b, t, e)``, ``mask`` ``(b, t)`` bool, ``positions`` ``(t,)`` long, ``documents`` ``(b, t)`` int ->
-        ``(b, t, e)``; the weights ``(b, h, t, u)`` (``u = t``, or the cache's slots up to the horizon).
+        ``x`` ``(b, t, e)`` -> ``(b, t, e)``; the weights ``(b, h, t, u)`` (``u = t``, or the cache slots read).
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
@@ -574,8 +568,7 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
         like: a parameter of the layer, whose dtype the context must have (unless autocast is on).
 
     Raises:
-        ValueError: the context missing without a cache, given with one, or of a wrong shape; the cache unfilled or
-            of another batch size.
+        ValueError: no context without a cache or one with it, a wrong shape, an unfilled cache or another batch size.
         TypeError: the context or its mask of the wrong kind or dtype.
     """
     if cache is None:
@@ -593,24 +586,12 @@ def check_cross_inputs(context: object, context_mask: object, cache: ContextCach
 class CrossAttention(MultiHeadAttention):
     """Multi-head cross-attention: queries from ``x``, keys and values from another sequence, ``context``.
 
-    As :class:`SelfAttention` (``docs/encoder-decoder.md``), but never causal, no window, no position scheme.
-    ``forward(x, context, context_mask=None, *, positions=None, cache=None, return_weights=False, documents=None,
-    context_documents=None)``: ``context_mask`` is ``True`` at real context tokens; ``documents`` and
-    ``context_documents`` (both or neither, not with a cache) let query document ``d`` read only context document
-    ``d``. With a cache filled by :meth:`fill_cache`, each step is ``forward(x, cache=cache, positions=...)``.
-
-    Args:
-        emb: embedding size ``e`` of the inputs, the context and the outputs.
-        heads: number of heads ``h``.
-        wide: if True every head works on a full ``e``-dimensional projection, else on a chunk of ``e // h``.
-        dropout: dropout on the attention weights (training only).
-        kqnorm: layer normalisation of keys and queries per head.
-        impl: ``"sdpa"`` (default), ``"reference"`` or ``"flex"``, as in :class:`MultiHeadAttention`.
-        kv_heads: heads of keys and values ``g`` (grouped-query attention); ``None``: ``h``.
-        qkv_bias: a bias in the query, key and value projections; ``False``: none.
-        out_bias: a bias in the output projection (``True``; ``False`` as Llama).
-        head_size: ``s`` when it is not ``e // h``; ``None``: ``e // h`` (narrow) or ``e`` (wide).
-        scale: the factor the scores are multiplied by; ``None``: ``1 / sqrt(s)``.
+    As :class:`SelfAttention` (``docs/encoder-decoder.md``), but never causal, with no window, position scheme or
+    pattern: its arguments are :class:`MultiHeadAttention`'s others. ``forward(x, context, context_mask=None, *,
+    positions=None, cache=None, return_weights=False, documents=None, context_documents=None)``: ``context_mask`` is
+    ``True`` at real context tokens; ``documents`` and ``context_documents`` (both or neither, not with a cache) let
+    query document ``d`` read only context document ``d``. With a cache filled by :meth:`fill_cache`, each step is
+    ``forward(x, cache=cache, positions=...)``.
 
     Raises:
         ValueError: a context with a cache or none without, an unfilled cache, a shape that does not fit,

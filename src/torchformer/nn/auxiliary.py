@@ -17,8 +17,6 @@ from torchformer._checks import is_number
 class AuxiliaryLosses(nn.Module):
     """The auxiliary loss terms, and statistics, of one part's latest forward pass (not in the ``state_dict``).
 
-    A part owns one (``self.auxiliary = AuxiliaryLosses()``, never called) or is a subclass recording into itself.
-
     Shapes:
         Each recorded loss is a scalar; a noted statistic any shape.
     """

@@ -26,8 +26,7 @@ class TransformerBlock(nn.Module):
         config: the architecture (``emb``, ``prenorm``, ``norm``, ``dropout``, and what the parts read).
         causal: self-attention only looks backwards (generators).
         layer: the block's index in its stack, from 0 at the input; every part's ``from_config`` receives it.
-        positions: a scheme with parameters the stack's blocks share (T5's table, :meth:`stack_positions`); ``None``:
-            the attention builds its own.
+        positions: the stack's shared scheme (T5's table, :meth:`stack_positions`); ``None``: the attention's own.
 
     Raises:
         TypeError: (at class creation) a subclass sets ``feedforward_class``, no longer read.
@@ -205,10 +204,7 @@ class TransformerBlock(nn.Module):
 class DecoderBlock(TransformerBlock):
     """Causal self-attention, cross-attention to ``context``, feed-forward: the block of a decoder.
 
-    Args:
-        config: the architecture, as for :class:`TransformerBlock` (the self-attention is always causal).
-        layer: the block's index in its stack, from 0 at the input.
-        positions: the self-attention's shared scheme, as for :class:`TransformerBlock`; ``None``: its own.
+    Arguments: as :class:`TransformerBlock`'s, the self-attention always causal.
 
     Raises:
         ValueError: a context with a filled cache or none without, or a shape that does not fit.

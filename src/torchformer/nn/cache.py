@@ -143,8 +143,7 @@ class KVCache:
             span: ``(first, end)``: the call writes positions ``first .. end-1`` (:attr:`dense`); ``None``: unknown.
 
         Raises:
-            ValueError: ``horizon`` is not an int in ``[1, capacity]`` or ``None``, or ``span`` is not
-                ``(first, end)`` with ``0 <= first < end <= capacity``.
+            ValueError: ``horizon`` or ``span`` is neither ``None`` nor in range (``0 <= first < end <= capacity``).
         """
         if horizon is not None and (not is_int(horizon) or not 1 <= horizon <= self.capacity):
             raise ValueError(f"horizon must be an int in [1, {self.capacity}] (the cache's capacity) or None, got "

@@ -1,7 +1,6 @@
 """From the input to vectors: the embedding, then the position encoding, then dropout.
 
-Token ids go through a lookup table (:class:`TokenEmbedding`), feature vectors through a linear projection
-(:class:`VectorEmbedding`). See ``docs/tokens.md`` and ``docs/dense-inputs.md``.
+Token ids: :class:`TokenEmbedding` (``docs/tokens.md``); vectors: :class:`VectorEmbedding` (``docs/dense-inputs.md``).
 
 Shapes: b batch size, t sequence length, d input features, e embedding size, v vocabulary size, k token types.
 """

@@ -57,8 +57,6 @@ class LatentAttention(SelfAttention):
     """Multi-head latent attention: keys and values projected up from a cached latent, scale ``1 / sqrt(n + r)``.
 
     Args:
-        emb: the embedding size ``e``.
-        heads: ``h``.
         kv_rank: ``R``.
         rope_dim: ``r``.
         nope_dim: ``n``.
@@ -67,7 +65,8 @@ class LatentAttention(SelfAttention):
         norm_eps: the ``eps`` of the latents' RMSNorms.
         absorb: attention on the latents (the decoding path, same result; settable); ``False``: per-head keys, values.
         **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s ``causal``, ``dropout``, ``impl``,
-            ``positions`` (a scheme, or its name, for the rotary coordinates), ``window``, ``pattern``, ``out_bias``.
+            ``positions`` (a scheme, or its name, for the rotary coordinates), ``window``, ``pattern``, ``out_bias``;
+            ``emb`` and ``heads`` are its too.
 
     Raises:
         ValueError: ``kv_heads``, ``wide``, ``kqnorm``, ``qkv_bias``, ``head_size`` or ``scale`` given, or a size
@@ -139,10 +138,7 @@ class LatentAttention(SelfAttention):
         return torch.cat([q_nope, q_rope], dim=-1)
 
     def entries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
-        """What is kept of a position: its normalised latent ``(b, 1, t, R)`` and rotated rotary key ``(b, 1, t, r)``.
-
-        As :meth:`SelfAttention.entries`.
-        """
+        """As :meth:`SelfAttention.entries`: the normalised latent ``(b, 1, t, R)``, the rotary key ``(b, 1, t, r)``."""
         latent, k_rope = self.kv_down(x).split([self.kv_rank, self.rope_dim], dim=-1)  # (b, t, R), (b, t, r)
         k_rope = self.relative.rotate(k_rope[:, None], positions)  # (b, 1, t, r): one rotary key for all heads
         return self.kv_norm(latent)[:, None], k_rope
@@ -166,10 +162,7 @@ class LatentAttention(SelfAttention):
         return x.expand(x.size(0), self.heads, *x.shape[2:]) if x.size(1) == 1 and self.heads > 1 else x
 
     def finish(self, out: Tensor, mask: AttentionMask, x: Tensor) -> Tensor:
-        """With ``absorb``, the values' up-projection of the attended latents ``(b, h, t, R)`` first.
-
-        Then as :meth:`MultiHeadAttention.finish`.
-        """
+        """As :meth:`MultiHeadAttention.finish`; absorbed, the latents ``(b, h, t, R)`` are projected up first."""
         if self.absorb:
             _, w_uv = self._up_weights()  # (h, v, R)
             out = out @ w_uv.transpose(1, 2).to(out.dtype)  # (b, h, t, R) @ (h, R, v) -> (b, h, t, v)

@@ -15,13 +15,10 @@ from torchformer._checks import check_positive_int, is_int
 
 
 class AttentionPattern:
-    """A rule on positions alone, whether a query at position ``i`` may see a key at position ``j``.
-
-    A variant subclasses it and writes :meth:`rule`, element-wise on broadcastable tensors (a matrix, or flex's pairs).
-    """
+    """A rule on positions alone, whether query ``i`` may see key ``j``; a subclass writes :meth:`rule`."""
 
     def rule(self, i: Tensor, j: Tensor) -> Tensor:
-        """Whether query position ``i`` may see key position ``j``, element-wise.
+        """Whether query position ``i`` may see key position ``j``, element-wise (on a matrix, or flex's pairs).
 
         Args:
             i: query positions, a long tensor.
@@ -98,8 +95,7 @@ class AttentionMask:
         pattern: an :class:`AttentionPattern` the positions must satisfy too; ``None``: none.
         padded: whether ``key_mask`` can leave a query without a key; ``None``: if ``key_mask`` or ``key_documents``.
         aligned: the keys are the queries, in order (self-attention over one call's tokens; no mask tensor needed).
-        ends_aligned: the queries are the last keys, in order (a cache read up to the call's last position): a
-            single query then sees every key its rules allow (no mask tensor needed without a window or pattern).
+        ends_aligned: the queries are the last keys, in order (a cache read up to the call's last position).
         documents: ``(b, t)`` long, the document of each token of packed rows (non-decreasing), for aligned
             self-attention; ``None``: one document per row.
         key_documents: ``(b, u)`` long, each key's document, for cross-attention (query document ``d`` reads key

@@ -1,8 +1,6 @@
 """A sparse mixture of experts: a feed-forward network of ``E`` experts, each token sent to ``k`` of them.
 
-:class:`Router` picks a token's experts and weights and records the balance losses; :class:`MoEFeedForward` sums
-the picked experts' weighted outputs, plus the shared experts' (DeepSeek); :class:`MoEBlock` uses it in a block
-(``docs/experts-and-latents.md``). Shapes: b batch, t sequence length, e embedding, n = b t tokens, E experts, k
+See ``docs/experts-and-latents.md``. Shapes: b batch, t sequence length, e embedding, n = b t tokens, E experts, k
 experts per token, h an expert's hidden size.
 """
 
@@ -328,9 +326,7 @@ class MoEFeedForward(nn.Module):
         return self._finish(routed, tokens, x.shape)
 
     def reference(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """The readable path: every expert on every token, weighted by zero where it was not picked.
-
-        Equal to :meth:`forward` (the tests compare them), at ``E / k`` times the cost.
+        """The readable path, equal to :meth:`forward` at ``E / k`` times the cost: every expert on every token.
 
         Args:
             x: ``(b, t, e)``.
@@ -459,10 +455,7 @@ class MoEBlock(TransformerBlock):
     """
 
     def feedforward_for(self, config: TransformerConfig) -> type[nn.Module]:
-        """:class:`MoEFeedForward`, or the dense network in the first ``dense_layers`` blocks.
-
-        As :meth:`TransformerBlock.feedforward_for`.
-        """
+        """As :meth:`TransformerBlock.feedforward_for`: :class:`MoEFeedForward`, dense in the first ``dense_layers``."""
         if self.layer < config.options_of(MoEOptions).dense_layers:
             return super().feedforward_for(config)
         return MoEFeedForward

@@ -23,10 +23,8 @@ class HeadRMSNormAttention(SelfAttention):
     """Self-attention whose queries and keys are RMS-normalised per head: ``RMSNorm(s)`` (Qwen3, OLMo 2).
 
     Args:
-        emb: embedding size ``e``.
-        heads: heads ``h``.
         qk_eps: the norms' ``eps`` (``config.norm_eps`` from a config).
-        **options: :class:`~torchformer.nn.attention.SelfAttention`'s (``kqnorm`` is implied).
+        **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s like ``emb``, ``heads`` (``kqnorm`` implied).
 
     Shapes:
         As :class:`~torchformer.nn.attention.SelfAttention`.
@@ -50,11 +48,7 @@ class HeadRMSNormAttention(SelfAttention):
 class ProjectionRMSNormAttention(HeadRMSNormAttention):
     """Self-attention with ``RMSNorm(h s)`` on the query and ``RMSNorm(g s)`` on the key projections (OLMoE).
 
-    Args:
-        emb: embedding size ``e``.
-        heads: heads ``h``.
-        qk_eps: the norms' ``eps``.
-        **options: :class:`~torchformer.nn.attention.SelfAttention`'s.
+    Arguments: as :class:`HeadRMSNormAttention`.
 
     Shapes:
         As :class:`~torchformer.nn.attention.SelfAttention`.
@@ -78,9 +72,7 @@ class GatedHeadsAttention(SelfAttention):
     """Self-attention whose head ``n`` is multiplied by ``sigmoid(gate.weight[n] . x)`` (Qwen3-Next).
 
     Args:
-        emb: embedding size ``e``.
-        heads: heads ``h``.
-        **options: :class:`~torchformer.nn.attention.SelfAttention`'s.
+        **options: :class:`~torchformer.nn.attention.MultiHeadAttention`'s like ``emb``, ``heads``.
 
     Shapes:
         As :class:`~torchformer.nn.attention.SelfAttention`.

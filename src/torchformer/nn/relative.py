@@ -1,7 +1,6 @@
 """Position schemes that act inside attention, on the distance ``i - j``: rotary, ALiBi, a learned bias.
 
-Each is an :class:`AttentionPositions` (:class:`Rotary`, :class:`ALiBi`, :class:`RelativeBias`). They see absolute
-positions, so all work with the KV cache and beyond the trained length. See ``docs/relative-positions.md``.
+Each, an :class:`AttentionPositions`, works with a KV cache and past ``seq_length`` (``docs/relative-positions.md``).
 
 Shapes: b batch size, h heads, g key/value heads, t queries, u keys, s head size.
 """
@@ -100,9 +99,7 @@ def rotate_halves(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class RotateHalves(torch.autograd.Function):
-    """:func:`rotate_halves`, written into one new tensor, with the opposite rotation as its gradient.
-
-    The angles get no gradient (:class:`Rotary` uses the formula when they need one).
+    """:func:`rotate_halves` into one new tensor, with the opposite rotation as the gradient (the angles get none).
 
     Shapes:
         ``apply(x, cos, sin)``: ``x`` ``(b, h, t, s)``, ``cos`` and ``sin`` ``(t, s/2)`` -> ``(b, h, t, s)``.
@@ -229,8 +226,7 @@ class RotateHalves(torch.autograd.Function):
 class Rotary(AttentionPositions):
     """Rotary position embedding (RoPE): rotate pair ``(x_m, x_m+s/2)`` of queries and keys by ``p * theta_m``.
 
-    No parameters. The halves are GPT-NeoX's, Llama's and Hugging Face's layout (:class:`InterleavedRotary`: adjacent
-    pairs). See ``docs/relative-positions.md``.
+    No parameters; the halves are GPT-NeoX's and Llama's layout (:class:`InterleavedRotary`: adjacent pairs).
 
     Args:
         head_size: ``s``, even.
@@ -429,8 +425,6 @@ def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Ten
 class ALiBi(AttentionPositions):
     """Attention with linear biases (ALiBi): ``score_ij += -m_h |i - j|``, one fixed slope ``m_h`` per head.
 
-    No parameters and no buffers: nothing goes into checkpoints. See ``docs/relative-positions.md``.
-
     Args:
         heads: the number of heads ``h``; head ``k`` gets slope ``alibi_slopes(h)[k]``.
 
@@ -502,8 +496,7 @@ def relative_bucket(distance: Tensor, *, bidirectional: bool, num_buckets: int =
 class RelativeBias(AttentionPositions):
     """A learned bias per head and bucket of ``i - j`` (T5), added to the scores.
 
-    The table ``table.weight`` ``(num_buckets, h)`` starts at zero; buckets are :func:`relative_bucket`'s. See
-    ``docs/relative-positions.md`` (one table per stack: ``relative_shared``).
+    The table ``table.weight`` ``(num_buckets, h)`` starts at zero; the buckets are :func:`relative_bucket`'s.
 
     Args:
         heads: ``h``.

@@ -42,10 +42,8 @@ def build_blocks(block_class: type[TransformerBlock], config: TransformerConfig,
                  options: dict[str, Any] | None = None) -> nn.ModuleList:
     """``depth`` blocks of ``block_class``, sharing the scheme its :meth:`~TransformerBlock.stack_positions` gives.
 
-    A scheme with parameters (T5's ``relative_shared`` table) is built once and handed to every block's constructor
-    as ``positions``. A scheme without them (``shareable``: rotary, ALiBi) replaces each built block's own through
-    :meth:`~torchformer.nn.blocks.TransformerBlock.share_positions`, so a block variant whose ``__init__`` takes no
-    ``positions`` still builds.
+    A scheme with parameters goes to every block's constructor as ``positions``; a ``shareable`` one replaces each
+    built block's own (:meth:`~torchformer.nn.blocks.TransformerBlock.share_positions`; ``docs/relative-positions.md``).
 
     Args:
         block_class: the block to stack.
