@@ -86,7 +86,7 @@ class TransformerBlock(nn.Module):
         return scheme if config.relative_shared or scheme.shareable else None
 
     def share_positions(self, scheme: AttentionPositions) -> None:
-        """Use the stack's parameter-free ``scheme`` in the self-attention (as :meth:`MultiHeadAttention.share_positions`).
+        """Use the stack's parameter-free ``scheme`` in the self-attention (:meth:`MultiHeadAttention.share_positions`).
 
         Args:
             scheme: the scheme :meth:`stack_positions` built.
