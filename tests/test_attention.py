@@ -682,3 +682,21 @@ def test_grouped_heads_are_shared_without_a_copy_and_equal_the_reference_path(kv
     with torch.no_grad():
         cached = run_in_chunks(fast, x.detach(), [4, 1, 1], KVCache(8))
     torch.testing.assert_close(cached, reference(x.detach()), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_one_query_per_head_attends_as_rows_of_its_key_head(kv_heads):
+    # A decoding step's single query per head, every key allowed: the fast path attends the h / g query heads of a
+    # key head as h / g rows against it. Equal to the reference with the keys repeated per query head, also for
+    # values of another head size than the queries' and for a cache's strided slice of keys.
+    torch.manual_seed(0)
+    q = torch.randn(3, 8, 1, 6, dtype=torch.float64)
+    buffer = torch.randn(3, kv_heads, 9, 6, dtype=torch.float64)
+    values = torch.randn(3, kv_heads, 9, 5, dtype=torch.float64)
+    k, v = buffer[:, :, :7], values[:, :, :7]  # (b, g, u, s): the filled prefix of a preallocated cache
+    repeated = [x.repeat_interleave(8 // kv_heads, dim=1) for x in (k, v)]
+    for scale in (None, 0.5):
+        expected, _ = attention_reference(q, *repeated, scale=scale)
+        out = attention_fast(q, k, v, causal=True, scale=scale)
+        assert out.shape == (3, 8, 1, 5)
+        torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
