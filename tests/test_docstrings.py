@@ -7,6 +7,7 @@ test says so without MkDocs installed, and checks the style of each (see "The ho
 """
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -77,7 +78,15 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 #   not beginning with "word:", which the site would read as the name of the returned value;
 # * a method that overrides a torchformer class's method with the same arguments may, likewise, leave out
 #   ``Args:`` and ``Returns:`` when it names that class ("As :meth:`Parent.method`, ..."): its contract is the
-#   parent's, documented once.
+#   parent's, documented once;
+# * so may a method whose docstring names, in a ``:meth:`` reference, the method of the same name of another
+#   torchformer class with the same arguments, which documents them ("As :meth:`FeedForward.from_config`, ..."):
+#   a sibling's contract, documented once (sibling_definer); what the sibling's does not say stays, in a line;
+# * ``Returns:`` may be left out when the summary is the return value: a noun phrase of what is returned ("The ...",
+#   "A ...", "An ...", "Whether ...") or a sentence beginning "Return"/"Returns", as the Google Python Style Guide
+#   (section 3.8.3) allows when "the opening sentence is sufficient to describe the return value"
+#   (summary_describes_return). A test cannot judge that part: a Returns: that states a shape, a dtype, a device,
+#   a layout, the None cases or any other fact of the contract beyond the summary and the annotation stays.
 #
 # Exempt, and why:
 #
@@ -136,10 +145,8 @@ def passing_base(value) -> type | None:
 
 def overridden_definer(value) -> type | None:
     """The torchformer class a method ``value`` overrides with the same arguments; ``None`` for any other value."""
-    if not inspect.isfunction(value) or "." not in value.__qualname__ or "<locals>" in value.__qualname__:
-        return None
-    owner = getattr(inspect.getmodule(value), value.__qualname__.split(".")[0], None)
-    if not inspect.isclass(owner):
+    owner = method_owner(value)
+    if owner is None:
         return None
     name = value.__name__
     for base in owner.__mro__[1:]:
@@ -149,6 +156,83 @@ def overridden_definer(value) -> type | None:
             same = inspect.isfunction(parent) and arguments(parent) == arguments(value)
             return base if same else None
     return None
+
+
+# A reference to a method in a docstring: ``:meth:`Cls.name``` or its qualified forms (``~torchformer.nn.x.Cls.name``).
+METHOD_REFERENCE = re.compile(r":meth:`~?((?:\w+\.)*\w+)\.(\w+)`")
+
+
+@functools.cache
+def public_classes() -> dict[str, list[type]]:
+    """The public torchformer classes (``public_api.public_objects()``) by name."""
+    found: dict[str, list[type]] = {}
+    for _, value in public_api.public_objects():
+        if inspect.isclass(value) and value not in found.setdefault(value.__name__, []):
+            found[value.__name__].append(value)
+    return found
+
+
+def referenced_class(path: str, module) -> type | None:
+    """The torchformer class ``path`` (``Cls`` or ``package.module.Cls``) names, seen from ``module``; else ``None``."""
+    if "." in path:
+        module_name, _, name = path.rpartition(".")
+        try:
+            value = getattr(importlib.import_module(module_name), name, None)
+        except ImportError:
+            return None
+    else:
+        value = getattr(module, path, None)  # the method's own module first (its classes, and those it imports)
+        if value is None:
+            candidates = public_classes().get(path, [])
+            value = candidates[0] if len(candidates) == 1 else None  # a name two classes share resolves to neither
+    if not inspect.isclass(value) or not value.__module__.startswith("torchformer"):
+        return None
+    return value
+
+
+def method_owner(value) -> type | None:
+    """The class a method ``value`` is defined in, found by its qualified name; ``None`` for any other value."""
+    if not inspect.isfunction(value) or "." not in value.__qualname__ or "<locals>" in value.__qualname__:
+        return None
+    owner = getattr(inspect.getmodule(value), value.__qualname__.split(".")[0], None)
+    return owner if inspect.isclass(owner) else None
+
+
+def sibling_references(value) -> list[str]:
+    """The ``:meth:`` references of ``value``'s docstring to a method of its own name (``Cls.name``, as written)."""
+    return [f"{path}.{name}" for path, name in METHOD_REFERENCE.findall(own_doc(value))
+            if name == getattr(value, "__name__", None)]
+
+
+def sibling_definer(value) -> type | None:
+    """The other torchformer class whose method of the same name and arguments ``value``'s docstring references.
+
+    A method's docstring that names ``:meth:`Cls.name``` (``name`` its own) defers to that method's contract when
+    ``Cls`` is a torchformer class other than its own that defines ``name`` itself, with the same argument list, and
+    documents them there (``Args:`` when there are some, and what it returns: a chain of deferring methods documents
+    nothing). ``None`` when no reference resolves so.
+    """
+    return next(filter(None, (resolved_sibling(value, reference) for reference in sibling_references(value))), None)
+
+
+def resolved_sibling(value, reference: str) -> type | None:
+    """The class of ``reference`` (``Cls.name``, in ``value``'s docstring) if its method can stand for ``value``."""
+    owner = method_owner(value)
+    path, _, name = reference.rpartition(".")
+    cls = None if owner is None else referenced_class(path, inspect.getmodule(value))
+    if cls is None or cls is owner or name not in vars(cls):
+        return None
+    sibling = vars(cls)[name]
+    sibling = sibling.__func__ if isinstance(sibling, (staticmethod, classmethod)) else sibling
+    if not inspect.isfunction(sibling) or arguments(sibling) != arguments(value):
+        return None
+    documented = sections(own_doc(sibling))
+    if arguments(sibling) and "Args" not in documented:
+        return None
+    if returns_something(sibling) and not ("Returns" in documented or "Yields" in documented
+                                           or summary_describes_return(own_doc(sibling))):
+        return None
+    return cls
 
 
 def arguments(value) -> list[str]:
@@ -174,6 +258,18 @@ def returns_something(function) -> bool:
     return inspect.signature(function).return_annotation not in (None, "None")
 
 
+# Summaries that say what is returned (Google Python Style Guide, 3.8.3: "Returns:" may be omitted when the
+# docstring starts with "Return"/"Returns" and the opening sentence is sufficient to describe the return value); the
+# house style writes them as noun phrases of the value.
+RETURN_SUMMARY = ("The ", "A ", "An ", "Whether ", "Return ", "Returns ")
+
+
+def summary_describes_return(doc: str) -> bool:
+    """Whether the summary line of ``doc`` is the return value ("The ...", "Whether ...", "Returns ...")."""
+    lines = inspect.cleandoc(doc).splitlines()
+    return bool(lines) and lines[0].startswith(RETURN_SUMMARY)
+
+
 def style_problems(value) -> list[str]:
     """What the docstring of ``value`` lacks of the house style; empty when it has it all."""
     doc = inspect.cleandoc(own_doc(value))
@@ -190,9 +286,17 @@ def style_problems(value) -> list[str]:
     found = sections(doc)
     expected = arguments(value)
     parent = overridden_definer(value)
-    if parent is not None and "Args" not in found and "Returns" not in found:  # the parent's contract
-        return problems if parent.__name__ in doc else [
-            *problems, f"no Args: or Returns: section and no mention of {parent.__name__}, whose method it overrides"]
+    if "Args" not in found and "Returns" not in found:
+        if parent is not None and parent.__name__ in doc:  # the parent's contract
+            return problems
+        if sibling_definer(value) is not None:  # a sibling's contract
+            return problems
+        if parent is not None:
+            return [*problems,
+                    f"no Args: or Returns: section and no mention of {parent.__name__}, whose method it overrides"]
+    unresolved = "".join(f"; :meth:`{reference}` is no method of another torchformer class with these arguments, "
+                         f"documented there" for reference in sibling_references(value)
+                         if resolved_sibling(value, reference) is None)
     definer = constructor_definer(value) if inspect.isclass(value) else None
     if expected and definer is not None and "Args" not in found:
         if definer.__name__ not in doc:
@@ -208,14 +312,15 @@ def style_problems(value) -> list[str]:
     elif expected:
         documented = ENTRY.findall(found.get("Args", ""))
         if "Args" not in found:
-            problems.append(f"no Args: section (arguments {expected})")
+            problems.append(f"no Args: section (arguments {expected}{unresolved})")
         elif sorted(documented) != sorted(expected):
             problems.append(f"Args: lists {documented}, the signature has {expected}")
     if inspect.isclass(value) and issubclass(value, torch.nn.Module) and "Shapes" not in found:
         problems.append("no Shapes: section (a module)")
     if inspect.isfunction(inspect.unwrap(value)) and returns_something(value):
-        if "Returns" not in found and "Yields" not in found:
-            problems.append("no Returns: section (it returns something)")
+        if "Returns" not in found and "Yields" not in found and not summary_describes_return(doc):
+            problems.append(f"no Returns: section (it returns something, and the summary is not the return value, "
+                            f"\"The ...\" or \"Whether ...\"{unresolved})")
     named = NAMED_VALUE.match((found.get("Returns") or found.get("Yields") or "").strip())
     if named:
         problems.append(f"a Returns: section that starts {named.group(0)!r}, which the site reads as the name of the "
@@ -243,7 +348,7 @@ def test_a_docstring_without_its_sections_is_reported(monkeypatch):
     # what they lack.
     from torchformer.nn import masks, norms
 
-    monkeypatch.setattr(masks.causal_mask, "__doc__", "A causal mask.")
+    monkeypatch.setattr(masks.causal_mask, "__doc__", "Causal mask.")
     monkeypatch.setattr(norms.RMSNorm, "__doc__", "Root mean square\nnormalisation.")
     problems = all_style_problems()
     assert [p.split(" (")[0] for p in problems["torchformer.nn.masks.causal_mask"]] == ["no Args: section",
@@ -319,6 +424,64 @@ def test_an_overriding_method_documents_its_arguments_by_naming_the_parent(monke
     assert overridden_definer(relative.AttentionPositions.rotate) is None  # defines it
     assert overridden_definer(latent.LatentAttention.arguments_from_config.__func__) is attention.MultiHeadAttention
     assert overridden_definer(WiderRotation.rotate) is None  # an argument of its own: documented here
+
+
+def test_a_method_documents_its_arguments_by_naming_a_sibling_with_the_same_arguments(monkeypatch):
+    # GatedFeedForward is no FeedForward subclass, but its from_config takes FeedForward.from_config's arguments:
+    # naming that method in a :meth: reference (short, or qualified) it may leave out Args: and Returns:. A reference
+    # to a method with other arguments, or to a class without that method, leaves the normal rule, and says why.
+    from torchformer.nn import attention, blocks, feedforward, positions
+
+    method = feedforward.GatedFeedForward.from_config.__func__
+    monkeypatch.setattr(method, "__doc__", "As :meth:`FeedForward.from_config`, for the gated units.")
+    assert style_problems(method) == []
+    assert sibling_definer(method) is feedforward.FeedForward
+    monkeypatch.setattr(method, "__doc__", "As :meth:`~torchformer.nn.feedforward.FeedForward.from_config`.")
+    assert style_problems(method) == []
+    monkeypatch.setattr(method, "__doc__", "As the plain network's, for the gated units.")
+    assert [p.split(" (")[0] for p in style_problems(method)] == ["no Args: section", "no Returns: section"]
+    # A class without that method: the normal rule, and the reference named in the problem.
+    monkeypatch.setattr(method, "__doc__", "As :meth:`RMSNorm.from_config`, for the gated units.")
+    problems = style_problems(method)
+    assert [p.split(" (")[0] for p in problems] == ["no Args: section", "no Returns: section"]
+    assert ":meth:`RMSNorm.from_config` is no method of another torchformer class" in problems[0]
+    # A sibling with other arguments (TokenEmbedding.from_config takes num_tokens): the normal rule.
+    monkeypatch.setattr(method, "__doc__", "As :meth:`TokenEmbedding.from_config`, for the gated units.")
+    assert sibling_definer(method) is None
+    assert [p.split(" (")[0] for p in style_problems(method)] == ["no Args: section", "no Returns: section"]
+    # A sibling that defers itself documents nothing: no chain.
+    no_positions = positions.NoPositions.from_sizes.__func__
+    assert sibling_definer(no_positions) is positions.SinusoidalPositions
+    monkeypatch.setattr(positions.SinusoidalPositions.from_sizes.__func__, "__doc__",
+                        "As :meth:`LearnedPositions.from_sizes`.")
+    assert sibling_definer(no_positions) is None
+    assert ":meth:`SinusoidalPositions.from_sizes` is no method" in style_problems(no_positions)[0]
+    assert sibling_definer(feedforward.gated_hidden_size) is None  # a function, not a method
+    assert resolved_sibling(blocks.DecoderBlock.fill_cache, "CrossAttention.fill_cache") is attention.CrossAttention
+    assert resolved_sibling(blocks.DecoderBlock.fill_cache, "DecoderBlock.fill_cache") is None  # itself
+
+
+def test_a_summary_that_is_the_return_value_may_stand_for_returns(monkeypatch):
+    # Google's style guide (3.8.3): Returns: may be left out when the opening sentence describes the return value.
+    # The house style's summaries of that kind are noun phrases ("The ...", "A ...", "Whether ...") or begin
+    # "Return(s)"; a summary in another form ("Compute ...") still needs its Returns: section.
+    from torchformer.nn import blocks, masks
+
+    function = masks.causal_mask
+    args = "\n\nArgs:\n    t: queries.\n    u: keys.\n    device: where.\n"
+    for summary in ("The causal mask.", "A causal mask.", "Returns the causal mask.", "Return the causal mask."):
+        monkeypatch.setattr(function, "__doc__", summary + args)
+        assert style_problems(function) == [], summary
+    for summary in ("Compute the causal mask.", "Causal mask.", "Theoretically a mask.", "``(t, u)`` bool."):
+        monkeypatch.setattr(function, "__doc__", summary + args)
+        assert [p.split(" (")[0] for p in style_problems(function)] == ["no Returns: section"], summary
+    monkeypatch.setattr(blocks.TransformerBlock.needs_final_norm.__func__, "__doc__",
+                        "Whether a stack of these blocks ends with a norm.\n\nArgs:\n    config: the architecture.\n")
+    assert style_problems(blocks.TransformerBlock.needs_final_norm.__func__) == []
+    # The waiver is for Returns: alone: a missing argument is still reported.
+    monkeypatch.setattr(function, "__doc__", "The causal mask.\n\nArgs:\n    t: queries.\n")
+    assert [p.split(" (")[0] for p in style_problems(function)] == ["Args: lists ['t'], the signature has ['t', 'u', "
+                                                                     "'device']"]
 
 
 class WiderRotation(torchformer.nn.relative.AttentionPositions):

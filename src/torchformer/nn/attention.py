@@ -251,9 +251,6 @@ class MultiHeadAttention(nn.Module):
             causal: query ``i`` attends only to keys ``<= i`` (a decoder's self-attention).
             layer: the block's index, from 0 at the input; unused here, read by variants that differ with depth.
             positions: a built scheme shared with other layers (``relative_shared``); ``None``: the layer's own.
-
-        Returns:
-            A layer of the class this is called on.
         """
         arguments = cls.arguments_from_config(config, causal=causal, layer=layer, positions=positions)
         return cls(config.emb, config.heads, **arguments)._zero_init_output(config)
@@ -268,9 +265,6 @@ class MultiHeadAttention(nn.Module):
             causal: whether the layer is causal.
             layer: the block's index, from 0 at the input.
             positions: a shared position scheme, or ``None`` (:meth:`positions_from_config` builds one).
-
-        Returns:
-            ``{name: value}`` for every keyword argument of the constructor.
         """
         scheme = cls.positions_from_config(config, causal=causal) if positions is None else positions
         return {**cls.projection_arguments(config), "causal": causal, "positions": scheme, "window": config.window,
@@ -299,14 +293,11 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def positions_from_config(cls, config: TransformerConfig, *, causal: bool) -> AttentionPositions:
-        """The scheme :attr:`position_classes` names for ``config.positions``, built by its ``from_config``.
+        """The scheme :attr:`position_classes` names for ``config.positions``, a new one built by its ``from_config``.
 
         Args:
-            config: the model's architecture.
+            config: the model's architecture; absolute ``positions`` get the base :class:`AttentionPositions` (a no-op).
             causal: whether the layer is causal.
-
-        Returns:
-            The scheme, a new module (the base :class:`AttentionPositions`, which does nothing, for absolute schemes).
         """
         scheme = cls.position_classes.get(config.positions, AttentionPositions)  # absolute schemes act elsewhere
         return scheme.from_config(config, causal=causal)
@@ -329,13 +320,10 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def pattern_from_config(cls, config: TransformerConfig) -> AttentionPattern | None:
-        """The sparse pattern ``config.sparse`` names (:attr:`pattern_classes`), or ``None``.
+        """The sparse pattern ``config.sparse`` names (:attr:`pattern_classes`), a new one, or ``None``.
 
         Args:
             config: the model's architecture: ``sparse``, ``sparse_stride``, ``sparse_summary``.
-
-        Returns:
-            A new pattern, or ``None`` when ``config.sparse`` is ``None``.
         """
         if config.sparse is None:
             return None
@@ -345,11 +333,7 @@ class MultiHeadAttention(nn.Module):
         return pattern(config.sparse_stride)  # type: ignore[call-arg]
 
     def score_value_widths(self) -> tuple[int, int]:
-        """The widths a query meets the keys with, and the values' (for FLOP counts).
-
-        Returns:
-            ``(h * s, h * s)`` here; a variant with other sizes says its own.
-        """
+        """The widths a query meets the keys with, and the values' (for FLOP counts): ``(h * s, h * s)`` here."""
         return self.heads * self.head_size, self.heads * self.head_size
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -388,24 +372,18 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, h * s)
 
     def project_queries(self, x: Tensor) -> Tensor:
-        """The queries of ``x``, split into heads (and normalised with ``kqnorm``).
+        """The queries ``(b, h, t, s)`` of ``x``, split into heads (and normalised with ``kqnorm``).
 
         Args:
             x: the sequence whose positions ask, ``(b, t, e)``.
-
-        Returns:
-            The queries ``(b, h, t, s)``.
         """
         return self.qnorm(self.split_heads(self.toqueries(x)))  # (b, t, e) -> (b, h, t, s)
 
     def project_keys_values(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys (normalised with ``kqnorm``) and values of ``y``, split into the key/value heads.
+        """The keys (normalised with ``kqnorm``) and values of ``y``, split into the key/value heads ``(b, g, u, s)``.
 
         Args:
             y: the sequence looked at, ``(b, u, e)``: ``x`` for self-attention, the context for cross-attention.
-
-        Returns:
-            ``(keys, values)``, each ``(b, g, u, s)``.
         """
         k = self.knorm(self.split_heads(self.tokeys(y)))  # (b, u, e) -> (b, g, u, s)
         v = self.split_heads(self.tovalues(y))  # (b, u, e) -> (b, g, u, s)
@@ -525,14 +503,11 @@ class SelfAttention(MultiHeadAttention):
         return (out, weights) if return_weights else out  # type: ignore[return-value]
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        """The queries of ``x``, projected and rotated by their positions (``self.relative.rotate``).
+        """The queries ``(b, h, t, s)`` of ``x``, projected and rotated by their positions (``self.relative.rotate``).
 
         Args:
             x: the layer's input ``(b, t, e)``.
             positions: ``(t,)``, the absolute positions of ``x``'s tokens.
-
-        Returns:
-            The queries ``(b, h, t, s)``.
         """
         return self.relative.rotate(self.project_queries(x), positions)
 
@@ -550,13 +525,10 @@ class SelfAttention(MultiHeadAttention):
         return self.relative.rotate(k, positions), v
 
     def keys_values(self, entries: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        """The keys and values attention reads, from the entries of this call or every cache slot.
+        """The keys and values ``(b, g, u, s)`` attention reads, from the entries of this call or every cache slot.
 
         Args:
             entries: what :meth:`entries` made, each ``(b, n, u, d)`` (``u``: the positions, or the cache's slots).
-
-        Returns:
-            ``(keys, values)``, each ``(b, g, u, s)``.
         """
         k, v = entries
         return k, v
@@ -637,14 +609,11 @@ class CrossAttention(MultiHeadAttention):
         return cls.projection_arguments(config)
 
     def project_context(self, context: Tensor, context_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The keys and values of ``context``, its padding zeroed first.
+        """The keys and values ``(b, g, u, s)`` of ``context``, its padding zeroed first.
 
         Args:
             context: the sequence the queries look at, ``(b, u, e)``.
             context_mask: ``(b, u)``, True at real context tokens; ``None``: all real.
-
-        Returns:
-            ``(keys, values)``, each ``(b, g, u, s)``.
         """
         if context_mask is not None:  # padding never reaches the output, even when it holds NaN or inf
             context = context.masked_fill(~context_mask[:, :, None], 0.0)

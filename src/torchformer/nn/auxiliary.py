@@ -67,13 +67,10 @@ def _records(model: nn.Module) -> list[AuxiliaryLosses]:
 
 
 def auxiliary_loss(model: nn.Module) -> Union[Tensor, float]:
-    """The sum of every recorded term of ``model``'s parts, each times its weight: what joins the training loss.
+    """The sum of the terms ``model``'s parts recorded, each times its weight: a scalar tensor (``0.0`` without terms).
 
     Args:
         model: the model (or a DDP or ``torch.compile`` wrapper of it), after its forward pass.
-
-    Returns:
-        A scalar tensor, or ``0.0`` when no part recorded a term.
     """
     total: Union[Tensor, float] = 0.0
     for record in _records(model):

@@ -86,22 +86,15 @@ class TransformerBlock(nn.Module):
         return scheme if config.relative_shared or scheme.shareable else None
 
     def share_positions(self, scheme: AttentionPositions) -> None:
-        """Use the stack's parameter-free ``scheme`` in the self-attention (:meth:`MultiHeadAttention.share_positions`).
-
-        Args:
-            scheme: the scheme :meth:`stack_positions` built.
-        """
+        """Use the stack's shareable ``scheme`` in the self-attention (:meth:`MultiHeadAttention.share_positions`)."""
         self.attention.share_positions(scheme)
 
     @classmethod
     def needs_final_norm(cls, config: TransformerConfig) -> bool:
-        """Whether a stack of these blocks ends with a norm.
+        """Whether a stack of these blocks ends with a norm: ``config.prenorm`` here (pre-norm output is unnormalised).
 
         Args:
             config: the architecture of the blocks.
-
-        Returns:
-            ``config.prenorm`` here (a pre-norm block leaves its output unnormalised); a variant may override it.
         """
         return config.prenorm
 
@@ -171,20 +164,17 @@ class TransformerBlock(nn.Module):
         return self.sublayer(x, self.norm2, lambda y: self.feed_forward(y, mask))
 
     def feed_forward(self, y: Tensor, mask: Tensor | None) -> Tensor:
-        """The feed-forward sublayer alone: ``self.ff(y, mask)`` (a mixture of experts routes real tokens only).
+        """The feed-forward sublayer alone: ``self.ff(y, mask)`` ``(b, t, e)``, before dropout and the residual.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
-            mask: ``(b, t)``, True for real tokens; ``None``: all real.
-
-        Returns:
-            The network's output ``(b, t, e)``, before dropout and the residual.
+            mask: ``(b, t)``, True for real tokens (a mixture of experts routes only those); ``None``: all real.
         """
         return self.ff(y, mask)
 
     def self_attend(self, y: Tensor, mask: Tensor | None, positions: Tensor | None, cache: BlockCache | None,
                     documents: Tensor | None = None) -> Tensor:
-        """The self-attention sublayer alone, with its part of the block's cache.
+        """The self-attention sublayer alone, ``(b, t, e)`` before dropout and the residual, with its part of the cache.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
@@ -192,9 +182,6 @@ class TransformerBlock(nn.Module):
             positions: ``(t,)``, the absolute positions; ``None``: ``0 .. t-1``.
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
             documents: ``(b, t)``, the document of each token of packed rows; ``None``: one per row.
-
-        Returns:
-            Self-attention's output ``(b, t, e)``, before dropout and the residual.
         """
         packed = {} if documents is None else {"documents": documents}  # (see forward)
         return self.attention(y, mask, positions=positions, cache=None if cache is None else cache.self_attention,
@@ -226,16 +213,7 @@ class DecoderBlock(TransformerBlock):
         self.norm_cross = make_norm(config.norm, config.emb, eps=config.norm_eps)
 
     def fill_cache(self, cache: BlockCache, context: Tensor, context_mask: Tensor | None = None) -> None:
-        """Compute the cross-attention's keys and values of ``context`` once, into ``cache.cross_attention``.
-
-        Args:
-            cache: the block's :class:`~torchformer.nn.cache.BlockCache`, its cross-attention part empty.
-            context: the encoder's output ``(b, u, e)``.
-            context_mask: ``(b, u)``, True for real context tokens, kept by the cache; ``None``: all real.
-
-        Raises:
-            ValueError: the cache's cross-attention part is already filled, or a shape is wrong.
-        """
+        """As :meth:`CrossAttention.fill_cache`, into ``cache.cross_attention`` (``cache``: the block's BlockCache)."""
         self.cross_attention.fill_cache(cache.cross_attention, context, context_mask)  # type: ignore[attr-defined]
 
     def forward(  # type: ignore[override]
@@ -259,7 +237,7 @@ class DecoderBlock(TransformerBlock):
     def cross_attend(self, y: Tensor, context: Tensor | None, context_mask: Tensor | None, positions: Tensor | None,
                      cache: BlockCache | None, documents: Tensor | None = None,
                      context_documents: Tensor | None = None) -> Tensor:
-        """The cross-attention sublayer alone, with its part of the block's cache.
+        """The cross-attention sublayer alone, ``(b, t, e)`` before dropout and residual, with its part of the cache.
 
         Args:
             y: the (normalised) activations ``(b, t, e)``.
@@ -269,9 +247,6 @@ class DecoderBlock(TransformerBlock):
             cache: the block's :class:`~torchformer.nn.cache.BlockCache`, or ``None``.
             documents: ``(b, t)``, each target token's document in packed rows; ``None``: one per row.
             context_documents: ``(b, u)``, each context token's document (with ``documents``).
-
-        Returns:
-            Cross-attention's output ``(b, t, e)``, before dropout and the residual.
         """
         kv = None if cache is None else cache.cross_attention
         packed = ({} if documents is None and context_documents is None else

@@ -349,11 +349,7 @@ class ContextCache:
                              f"to its rows")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` as :meth:`KVCache.reorder` does; an empty cache is left as it is.
-
-        Args:
-            index: ``(n,)`` long, the rows to keep, in order (repeats allowed).
-        """
+        """Keep the batch rows ``index`` as :meth:`KVCache.reorder` does; an empty cache is left as it is."""
         if self.keys is None or self.values is None:
             return
         self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
@@ -390,20 +386,11 @@ class BlockCache:
         return self.self_attention.position_limit
 
     def set_horizon(self, horizon: Optional[int], *, span: Optional[tuple[int, int]] = None) -> None:
-        """As :meth:`KVCache.set_horizon`, for the self-attention cache.
-
-        Args:
-            horizon: an int in ``[1, capacity]``; ``None``: every slot.
-            span: ``(first, end)``, the positions the call writes, when the host knows them; ``None``: unknown.
-        """
+        """As :meth:`KVCache.set_horizon`, for the self-attention cache (a ring's takes only ``horizon=None``)."""
         self.self_attention.set_horizon(horizon, span=span)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` of both caches, as :meth:`KVCache.reorder` does.
-
-        Args:
-            index: ``(n,)`` long, the rows to keep, in their new order; a row may appear several times.
-        """
+        """Keep the batch rows ``index`` of both caches, as :meth:`KVCache.reorder` does."""
         self.self_attention.reorder(index)
         self.cross_attention.reorder(index)
 

@@ -31,13 +31,10 @@ class EmbeddingPositions:
     }
 
     def position_class(self, positions: str) -> type[nn.Module]:
-        """The class of the scheme ``positions`` names.
+        """The class of the scheme ``positions`` names, which builds itself with ``from_sizes(emb, max_len)``.
 
         Args:
             positions: the config's ``positions``, a key of ``position_classes``.
-
-        Returns:
-            The class, which builds itself with ``from_sizes(emb, max_len)``.
 
         Raises:
             ValueError: ``positions`` is not a key of ``position_classes`` (the message lists them).
@@ -47,15 +44,13 @@ class EmbeddingPositions:
 
     @staticmethod
     def embedding_norm(norm: Optional[str], emb: int, eps: float) -> Optional[nn.Module]:
-        """The norm of the summed embedding (``config.embedding_norm``), or ``None`` for none.
+        """The norm ``(..., e) -> (..., e)`` of the summed embedding (``config.embedding_norm``), or ``None`` for none.
 
         Args:
-            norm: ``"layer"`` or ``"rms"`` (``config.norm``), or ``None``: no norm.
+            norm: ``"layer"`` or ``"rms"`` (``config.norm``), or ``None``: no norm, and no module (the parameters stay
+                those without the norm).
             emb: the embedding size ``e``.
             eps: added before the square root (``config.norm_eps``).
-
-        Returns:
-            The norm, ``(..., e) -> (..., e)``, or ``None`` (no module: the parameters stay those without the norm).
 
         Raises:
             ValueError: ``norm`` is neither ``None`` nor one of the norms, or ``eps`` is not a positive float.
@@ -106,9 +101,6 @@ class TokenEmbedding(EmbeddingPositions, nn.Module):
         Args:
             config: gives the constructor's arguments (the norm if ``embedding_norm``).
             num_tokens: the vocabulary size ``v``; ``None``: ``config.num_tokens``.
-
-        Returns:
-            The embedding, ``(b, t) -> (b, t, e)``.
 
         Raises:
             ValueError: the vocabulary size or ``config.seq_length`` is ``None``.
@@ -188,9 +180,6 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
         Args:
             config: gives the constructor's arguments (the norm if ``embedding_norm``).
 
-        Returns:
-            The embedding, ``(b, t, d) -> (b, t, e)``.
-
         Raises:
             ValueError: ``config.input_dim`` or ``config.seq_length`` is ``None``.
         """
@@ -204,13 +193,10 @@ class VectorEmbedding(EmbeddingPositions, nn.Module):
 
 
 def input_embedding(config: TransformerConfig) -> Union[TokenEmbedding, VectorEmbedding]:
-    """The embedding of a model's input: :class:`VectorEmbedding` if ``config.input_dim`` is set, else tokens.
+    """The input embedding: :class:`VectorEmbedding` if ``config.input_dim`` is set, else :class:`TokenEmbedding`.
 
     Args:
         config: the model's configuration.
-
-    Returns:
-        The embedding, a :class:`VectorEmbedding` or :class:`TokenEmbedding` of ``config.num_tokens`` tokens.
 
     Raises:
         ValueError: a field the embedding needs (``num_tokens`` or ``input_dim``, ``seq_length``) is ``None``.

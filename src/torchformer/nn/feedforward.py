@@ -102,9 +102,6 @@ class FeedForward(nn.Module):
             config: the architecture; ``emb``, ``ff_mult`` (or ``ff_hidden``), ``activation``, ``dropout``, ``ff_bias``.
             layer: the block's index, from 0 at the input; unused here.
 
-        Returns:
-            The feed-forward network of one block.
-
         Raises:
             ValueError: ``config.activation`` is a gated unit (``"swiglu"``, ``"geglu"``, ``"geglu_tanh"``).
         """
@@ -166,13 +163,6 @@ class GatedFeedForward(nn.Module):
     def from_config(cls, config: TransformerConfig, *, layer: int = 0) -> GatedFeedForward:
         """As :meth:`FeedForward.from_config`, for the gated units; ``config.ff_bias`` is not read.
 
-        Args:
-            config: the architecture.
-            layer: the block's index, from 0 at the input; unused here.
-
-        Returns:
-            The gated feed-forward network of one block.
-
         Raises:
             ValueError: ``config.activation`` is not a gated unit.
         """
@@ -184,15 +174,7 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, layer: int) -> dict[str, Any]:
-        """As :meth:`FeedForward.arguments_from_config`, without ``bias``.
-
-        Args:
-            config: the architecture.
-            layer: the block's index, from 0 at the input.
-
-        Returns:
-            ``{name: value}``: ``ff_mult``, ``activation``, ``dropout``, ``hidden``.
-        """
+        """As :meth:`FeedForward.arguments_from_config`, without ``bias``."""
         return {"ff_mult": config.ff_mult, "activation": config.activation, "dropout": config.dropout,
                 "hidden": config.ff_hidden}
 

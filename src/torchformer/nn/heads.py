@@ -50,14 +50,11 @@ class ClassifierHead(nn.Module):
         self.toprobs = nn.Linear(emb, num_classes)
 
     def pooled(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """The pooled sequence vector, ``(b, t, e) -> (b, e)``.
+        """The pooled sequence vector, ``(b, t, e) -> (b, e)``, as ``self.pool`` says (zero without a real token).
 
         Args:
             x: the last block's vectors ``(b, t, e)``.
             mask: ``(b, t)``, True for real tokens (padding is left out); ``None``: every position is real.
-
-        Returns:
-            One vector per sequence ``(b, e)``, pooled as ``self.pool`` says (zero without a real token).
         """
         if self.pool == "first":
             return x[:, 0]

@@ -23,9 +23,6 @@ class AttentionPattern:
         Args:
             i: query positions, a long tensor.
             j: key positions, a long tensor broadcastable with ``i``.
-
-        Returns:
-            Bool, of the broadcast shape of ``i`` and ``j``.
         """
         raise NotImplementedError(f"{type(self).__name__} must define rule(i, j)")
 
@@ -205,10 +202,7 @@ class AttentionMask:
         return allowed
 
     def mask_mod(self) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-        """The same rule as :meth:`allowed`, one (batch, head, query, key) index at a time: flex attention's form.
-
-        Returns:
-            ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``, for ``flex_attention.create_block_mask``.
+        """The same rule as :meth:`allowed` in flex attention's form, ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``.
 
         Raises:
             ValueError: the keys have no positions (cross-attention).

@@ -268,15 +268,10 @@ class MoEFeedForward(nn.Module):
 
     @classmethod
     def from_config(cls, config: TransformerConfig, *, layer: int = 0) -> MoEFeedForward:
-        """The mixture of one block of ``config``, its options ``config.options_of(MoEOptions)``.
+        """As :meth:`FeedForward.from_config`: the mixture of one block of ``config``, with its :class:`MoEOptions`.
 
-        Args:
-            config: the architecture: ``emb``, ``activation`` (a gated unit), ``dropout``, ``ff_hidden`` or
-                ``ff_mult`` (an expert's size unless the options give one), ``zero_init_residual``, and the options.
-            layer: the block's index, from 0 at the input.
-
-        Returns:
-            A module of the class this is called on.
+        Raises:
+            ValueError: ``config.activation`` is not a gated unit.
         """
         network = cls(config.emb, **cls.arguments_from_config(config, layer=layer))
         if config.zero_init_residual:  # the block starts as the identity
@@ -287,15 +282,7 @@ class MoEFeedForward(nn.Module):
 
     @classmethod
     def arguments_from_config(cls, config: TransformerConfig, *, layer: int) -> dict[str, Any]:
-        """The keyword arguments :meth:`from_config` builds ``cls(config.emb, **arguments)`` with.
-
-        Args:
-            config: the architecture and its :class:`MoEOptions`.
-            layer: the block's index.
-
-        Returns:
-            ``{name: value}``.
-        """
+        """As :meth:`FeedForward.arguments_from_config`, for this class: from ``config`` and its :class:`MoEOptions`."""
         o = config.options_of(MoEOptions)
         hidden = o.expert_hidden or config.ff_hidden or gated_hidden_size(config.emb, config.ff_mult)
         return {"experts": o.experts, "top_k": o.top_k, "hidden": hidden, "activation": config.activation,
@@ -311,11 +298,7 @@ class MoEFeedForward(nn.Module):
         return self.router.experts
 
     def idle_parameters(self) -> int:
-        """The weights a token does not use: those of the ``E - k`` routed experts it is not sent to.
-
-        Returns:
-            ``(E - k) * 3 e h``.
-        """
+        """The weights a token does not use, ``(E - k) * 3 e h``: those of the routed experts it is not sent to."""
         return (self.experts - self.router.top_k) * 3 * self.emb * self.hidden
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
@@ -331,9 +314,6 @@ class MoEFeedForward(nn.Module):
         Args:
             x: ``(b, t, e)``.
             mask: ``(b, t)``, True at real tokens; ``None``: all real.
-
-        Returns:
-            ``(b, t, e)``.
         """
         tokens, real = self._tokens(x, mask)
         routing = self.router(tokens, real)
@@ -406,15 +386,12 @@ class MoEFeedForward(nn.Module):
         return out.new_zeros(n, tokens.size(1)).index_add_(0, token, out)  # (n, e), in the products' dtype
 
     def experts_apply(self, rows: Tensor, counts: Tensor, valid: Tensor) -> Tensor:
-        """The experts on their rows, ``rows`` sorted by expert with ``counts`` ``(E,)`` of each (then the rest).
+        """The experts on their rows ``(m, e)``, sorted by expert with ``counts`` ``(E,)`` of each; 0 for the rest.
 
         Args:
             rows: ``(m, e)``.
             counts: ``(E,)`` long, summing to at most ``m``.
             valid: ``(m, 1)`` bool, True for the first ``counts.sum()`` rows.
-
-        Returns:
-            ``(m, e)``: expert ``j`` applied to its rows; 0 past ``counts.sum()``.
         """
         cast = autocast_dtype(rows.device.type)  # autocast runs matrix products in its dtype; _grouped_mm too
         rows = rows if cast is None else rows.to(cast)

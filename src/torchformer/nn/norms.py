@@ -161,15 +161,12 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, emb: int, *, eps: float = 1e-5) -> nn.Module:
-    """The normalisation ``config.norm`` names, over vectors of size ``emb``.
+    """The normalisation layer ``config.norm`` names, ``(..., e) -> (..., e)`` over vectors of size ``emb``.
 
     Args:
         kind: ``"layer"`` for :class:`torch.nn.LayerNorm` (gain and bias), ``"rms"`` for :class:`RMSNorm` (gain only).
         emb: the size ``e`` of the vectors normalised (the last dimension).
         eps: added before the square root (``config.norm_eps``).
-
-    Returns:
-        The normalisation layer, ``(..., e) -> (..., e)``.
 
     Raises:
         ValueError: ``kind`` is neither.

@@ -66,9 +66,6 @@ class SinusoidalPositions(nn.Module):
         Args:
             emb: the embedding size ``e``.
             max_len: the positions the model takes (unused: every position has a vector).
-
-        Returns:
-            A module of the class this is called on.
         """
         return cls(emb)
 
@@ -103,15 +100,7 @@ class LearnedPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, emb: int, max_len: int) -> LearnedPositions:
-        """As :meth:`SinusoidalPositions.from_sizes`: a table of ``max_len`` vectors of size ``emb``.
-
-        Args:
-            emb: the embedding size ``e``.
-            max_len: how many positions have a vector.
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`SinusoidalPositions.from_sizes`: a table of ``max_len`` vectors of size ``emb``."""
         return cls(emb, max_len)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -137,15 +126,7 @@ class NoPositions(nn.Module):
 
     @classmethod
     def from_sizes(cls, emb: int, max_len: int) -> NoPositions:
-        """As :meth:`SinusoidalPositions.from_sizes`; nothing to size.
-
-        Args:
-            emb: unused.
-            max_len: unused.
-
-        Returns:
-            A module of the class this is called on.
-        """
+        """As :meth:`SinusoidalPositions.from_sizes`; nothing to size (both arguments unused)."""
         return cls()
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -40,9 +40,6 @@ class AttentionPositions(nn.Module):
             heads: the number of heads ``h``.
             head_size: the head size ``s``.
             causal: whether the layer is causal.
-
-        Returns:
-            A module of the class this is called on.
         """
         return cls()
 
@@ -53,9 +50,6 @@ class AttentionPositions(nn.Module):
         Args:
             config: the model's architecture.
             causal: whether the layer is causal.
-
-        Returns:
-            A module of the class this is called on.
         """
         return cls.from_sizes(heads=config.heads, head_size=config.head_size, causal=causal)
 
@@ -72,13 +66,10 @@ class AttentionPositions(nn.Module):
         return x
 
     def bias(self, mask: AttentionMask) -> Optional[Tensor]:
-        """The float bias added to the scores, or ``None``: none here.
+        """The float bias ``(h, t, u)`` on the scores; ``None`` here, and for keys without positions (cross-attention).
 
         Args:
             mask: the query positions ``i`` and key positions ``j`` of this attention call.
-
-        Returns:
-            ``(h, t, u)``, or ``None`` for no bias: always here, and for keys without positions (cross-attention).
         """
         return None
 
@@ -147,13 +138,10 @@ class RotateHalves(torch.autograd.Function):
 
     @staticmethod
     def heads_side_by_side(x: Tensor) -> bool:
-        """Whether ``x`` ``(b, h, t, s)`` is a view of ``(b, t, h * s)`` rows: the heads of a position side by side.
+        """Whether ``x`` ``(b, h, t, s)`` views ``(b, t, h * s)`` rows, heads side by side (``split_heads``' layout).
 
         Args:
             x: queries or keys.
-
-        Returns:
-            True for the layout attention's ``split_heads`` makes (a transposed view of the projection).
         """
         return x.dim() == 4 and x.stride(-1) == 1 and x.stride(1) == x.size(-1)
 
@@ -404,16 +392,13 @@ class InterleavedRotary(Rotary):
 
 
 def alibi_slopes(heads: int, *, device: torch.device | str | None = None) -> Tensor:
-    """The paper's slopes ``(h,)``, one per head: ``2^(-8/h), ..., 2^(-8)`` for ``h`` a power of two.
+    """The paper's slopes ``m_h`` ``(h,)`` float32, one per head: ``2^(-8/h), ..., 2^(-8)`` for ``h`` a power of two.
 
     Otherwise those of the next lower power of two ``n``, then every other slope of ``2n`` heads.
 
     Args:
         heads: the number of heads ``h``.
         device: where the result goes; ``None``: the default device.
-
-    Returns:
-        ``(h,)`` float32, the slopes ``m_h`` in the paper's order (steepest first for a power of two).
     """
     n = 2 ** int(math.floor(math.log2(heads)))  # the largest power of two up to h
     k = torch.arange(heads, device=device, dtype=torch.float64)  # head k
