@@ -11,9 +11,11 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import io
 import pathlib
 import re
 import textwrap
+import tokenize
 
 import pytest
 import torch
@@ -490,3 +492,36 @@ class WiderRotation(torchformer.nn.relative.AttentionPositions):
     def rotate(self, x, positions, scale):
         """Rotate, then scale."""
         return x * scale
+
+
+def docstring_and_code_lines(path: pathlib.Path) -> tuple[int, int]:
+    """The lines of a file's module, class and function docstrings, and its other lines holding code."""
+    source = path.read_text()
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    code = set()
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            code.update(line for line in range(token.start[0], token.end[0] + 1) if line not in docstrings)
+    return len(docstrings), len(code)
+
+
+def test_the_building_blocks_hold_more_code_than_docstring():
+    # The modules a reader studies (torchformer/nn) keep their docstrings to contracts: at most 0.8 docstring lines
+    # (blank ones inside included) per line of code (comments and blank lines not counted); the explanations live
+    # on the docs pages.
+    sample = pathlib.Path(torchformer.__file__).parent / "nn"
+    docstrings, code = map(sum, zip(*(docstring_and_code_lines(path) for path in sample.glob("*.py"))))
+    assert docstrings <= 0.8 * code, f"torchformer/nn: {docstrings} docstring lines against {code} of code"
+
+
+def test_the_line_count_separates_docstrings_comments_and_code(tmp_path):
+    path = tmp_path / "sample.py"
+    path.write_text('def f(x):\n    """Twice x.\n    """\n    # a comment\n\n    y = (x +\n         x)\n    return y\n')
+    assert docstring_and_code_lines(path) == (2, 4)  # def, the two lines of y, return
