@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from script_loader import ROOT, load_script
-from torchformer.scripts.ablation import Ablation, Variant, markdown_table, read_ablation, summarize
+from torchformer.scripts.ablation import Ablation, Variant, _command, markdown_table, read_ablation, summarize
 
 SCRIPT = ROOT / "examples" / "generate_enwik8.py"
 TINY = ["-N", "12", "-b", "4", "-C", "32", "-E", "32", "-H", "2", "-d", "1", "--lr-warmup", "2", "--test-every", "3",
@@ -45,6 +45,18 @@ def test_the_table_has_the_seeds_mean_and_spread_and_paired_differences_from_the
     assert "†: some of the variant's runs were made at another code commit" in table
     one_seed = summarize(Ablation(SCRIPT, (), (Variant("base"),), (1,)), [record("base", 1, 2.0)])[0]
     assert one_seed["spread"] is None and not math.isnan(one_seed["mean"])
+
+
+def test_seed_in_a_flag_is_the_runs_seed_in_its_command_only():
+    """A file made once per seed (a pretrained model) is named with ``{seed}``; the table shows the flag as written."""
+    ablation = Ablation(SCRIPT, ("--data", "d-{seed}"), (Variant("base"), Variant("pre", ("--pretrained",
+                                                                                          "p/seed-{seed}/m.pt"))), (1, 7))
+    commands = [_command(ablation, ablation.variants[1], seed, Path("out"), 1) for seed in ablation.seeds]
+    assert [c[2:6] for c in commands] == [["--data", "d-1", "--pretrained", "p/seed-1/m.pt"],
+                                          ["--data", "d-7", "--pretrained", "p/seed-7/m.pt"]]
+    assert commands[1][6:8] == ["--seed", "7"] and ablation.variants[1].flags[1] == "p/seed-{seed}/m.pt"
+    row = summarize(ablation, [record("pre", 1, 0.5)])[1]
+    assert "`--pretrained p/seed-{seed}/m.pt`" in markdown_table(ablation, [row])
 
 
 @pytest.mark.parametrize("text, message", [

@@ -27,6 +27,9 @@ The file (TOML)::
     [[variants]]
     name = "learned positions"
     flags = ["--positions", "learned"]
+
+``{seed}`` in a flag stands for the run's seed, for a file made once per seed: ``flags = ["--pretrained",
+"runs/pretrain/seed-{seed}/pretrained.pt"]``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = ["Ablation", "Variant", "markdown_table", "read_ablation", "run_ablati
            "write_outputs"]
 
 BASE = "base"  # the name of the base run's variant (no flags of its own)
+SEED = "{seed}"  # in a flag, stands for the run's seed: a file made once per seed (a pretrained model)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,8 @@ class Variant:
 
     Args:
         name: the variant's name in the table (and, lower-cased, its folder's).
-        flags: the command-line flags it adds after the base ones.
+        flags: the command-line flags it adds after the base ones; ``{seed}`` in a flag stands for the run's seed
+            (``"runs/pretrain/seed-{seed}/pretrained.pt"``: a file made once per seed).
     """
 
     name: str
@@ -79,7 +84,8 @@ class Ablation:
 
     Args:
         script: the example script every run calls.
-        base: its flags for every run (a preset, a step or time budget, data options).
+        base: its flags for every run (a preset, a step or time budget, data options); ``{seed}`` as in
+            :class:`Variant`.
         variants: the arms; the first is the base itself (``Variant("base")``, added by :func:`read_ablation`).
         seeds: each variant runs once per seed (``--seed S``).
         metric: the key of the script's ``results.json`` the table compares (``"bpb"``, ``"accuracy"``).
@@ -171,8 +177,10 @@ def run_folder(out: Path, variant: Variant, seed: int) -> Path:
 
 
 def _command(ablation: Ablation, variant: Variant, seed: int, folder: Path, threads: int) -> list[str]:
-    """The run's command line: the script, the base flags, the variant's, then the seed, folders and threads."""
-    return [sys.executable, str(ablation.script), *ablation.base, *variant.flags, "--seed", str(seed),
+    """The run's command line: the script, the base flags, the variant's (``{seed}`` in one replaced by the seed),
+    then the seed, folders and threads."""
+    flags = [flag.replace(SEED, str(seed)) for flag in (*ablation.base, *variant.flags)]
+    return [sys.executable, str(ablation.script), *flags, "--seed", str(seed),
             "--out", str(folder), "--checkpoint", str(folder / "checkpoints"), "--threads", str(threads)]
 
 
