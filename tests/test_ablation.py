@@ -128,6 +128,7 @@ def test_an_ablation_killed_mid_run_finishes_on_restart_with_the_uninterrupted_f
     assert resumed["metric"] == alone["bpb"] and resumed["command"][-6:] == ["--seed", "2", "--out", str(second),
                                                                               "--checkpoint", str(second / "checkpoints")]
     assert resumed["parameters"] > 0 and resumed["commit"] and resumed["torch"] and resumed["curve"]
+    assert resumed["machine"]["processor"] and resumed["machine"]["cpus"] == os.cpu_count()
     base = table["rows"][0]
     assert base["mean"] == pytest.approx(statistics.mean(json.loads((out / "runs" / "base" / f"seed-{s}" /
                                                                      "record.json").read_text())["metric"]
