@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from script_loader import ROOT, load_script
-from torchformer.scripts.ablation import Ablation, Variant, _command, markdown_table, read_ablation, summarize
+from torchformer.scripts.ablation import (Ablation, Variant, markdown_table, read_ablation, run_ablation,
+                                          summarize)
 
 SCRIPT = ROOT / "examples" / "generate_enwik8.py"
 TINY = ["-N", "12", "-b", "4", "-C", "32", "-E", "32", "-H", "2", "-d", "1", "--lr-warmup", "2", "--test-every", "3",
@@ -47,16 +48,24 @@ def test_the_table_has_the_seeds_mean_and_spread_and_paired_differences_from_the
     assert one_seed["spread"] is None and not math.isnan(one_seed["mean"])
 
 
-def test_seed_in_a_flag_is_the_runs_seed_in_its_command_only():
-    """A file made once per seed (a pretrained model) is named with ``{seed}``; the table shows the flag as written."""
-    ablation = Ablation(SCRIPT, ("--data", "d-{seed}"), (Variant("base"), Variant("pre", ("--pretrained",
-                                                                                          "p/seed-{seed}/m.pt"))), (1, 7))
-    commands = [_command(ablation, ablation.variants[1], seed, Path("out"), 1) for seed in ablation.seeds]
-    assert [c[2:6] for c in commands] == [["--data", "d-1", "--pretrained", "p/seed-1/m.pt"],
-                                          ["--data", "d-7", "--pretrained", "p/seed-7/m.pt"]]
-    assert commands[1][6:8] == ["--seed", "7"] and ablation.variants[1].flags[1] == "p/seed-{seed}/m.pt"
-    row = summarize(ablation, [record("pre", 1, 0.5)])[1]
-    assert "`--pretrained p/seed-{seed}/m.pt`" in markdown_table(ablation, [row])
+def test_seed_in_a_flag_is_the_runs_seed_in_its_command_only(tmp_path):
+    """A file made once per seed (a pretrained model) is named with ``{seed}``: each run's script is given its own
+    seed there, and the table shows the flag as written."""
+    script = tmp_path / "echo.py"  # a script that reports the arguments it was called with as its results
+    script.write_text("import json, pathlib, sys\n"
+                      "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+                      "out.mkdir(parents=True, exist_ok=True)\n"
+                      "(out / 'results.json').write_text(json.dumps({'bpb': 1.0, 'argv': sys.argv[1:]}))\n")
+    ablation = Ablation(script, ("--data", "d-{seed}"), (Variant("base"), Variant("pre", ("--pretrained",
+                                                                                          "p/seed-{seed}/m.pt"))), (1, 7),
+                        curve=None)
+    records = run_ablation(ablation, tmp_path / "out", echo=lambda line: None)
+    given = {(r["variant"], r["seed"]): r["results"]["argv"] for r in records}
+    assert given[("pre", 1)][:4] == ["--data", "d-1", "--pretrained", "p/seed-1/m.pt"]
+    assert given[("pre", 7)][:6] == ["--data", "d-7", "--pretrained", "p/seed-7/m.pt", "--seed", "7"]
+    assert given[("base", 7)][:4] == ["--data", "d-7", "--seed", "7"]
+    assert next(r for r in records if r["variant"] == "pre")["flags"] == ["--pretrained", "p/seed-{seed}/m.pt"]
+    assert "`--pretrained p/seed-{seed}/m.pt`" in markdown_table(ablation, summarize(ablation, records))
 
 
 @pytest.mark.parametrize("text, message", [
@@ -65,6 +74,7 @@ def test_seed_in_a_flag_is_the_runs_seed_in_its_command_only():
     ('script = "s.py"\nseeds = [1, 1]', "seeds must differ"),
     ('script = "s.py"\nseeds = []', "seeds must be a non-empty list"),
     ('script = "s.py"\nbase = "--preset cpu"', "base must be a list of strings"),
+    ('script = "s.py"\n[[variants]]\nname = "p"\nflags = ["m-{Seed}.pt"]', r"holds \{Seed\}; the one placeholder is"),
     ('script = "s.py"\n[[variants]]\nname = "Wide"\n[[variants]]\nname = "wide"', "two variants share the name"),
     ('script = "s.py"\n[[variants]]\nflags = ["-E", "64"]', r"variants\[0\] must be a table with a name"),
     ("script = [", "not a TOML file"),

@@ -154,6 +154,11 @@ def read_ablation(path: str | os.PathLike) -> Ablation:
 def _flags(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
         raise ValueError(f"{where} must be a list of strings (command-line flags), got {value!r}")
+    for flag in value:  # a misspelt placeholder would reach the script as it is, hours into an ablation
+        other = re.search(r"\{[^{}]*\}", flag.replace(SEED, ""))
+        if other:
+            raise ValueError(f"{where}: {flag!r} holds {other.group()}; the one placeholder is {SEED} (the run's "
+                             f"seed)")
     return tuple(value)
 
 
